@@ -1,0 +1,159 @@
+"""Run configuration: one dataclass, filled from task defaults, a YAML file and CLI flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """Bad configuration; the message is meant for the user."""
+
+
+def _f(default, help: str, **kw):
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class RunConfig:
+    method: str = _f("crad", "Method name (hfl-bench list methods).")
+    task: str = _f("digits", "Task name (hfl-bench list tasks).")
+    pool: str | None = _f(None, "Architecture pool (hfl-bench list pools); default: the task's.")
+    partition: str | None = _f(None, "Partitioner: dirichlet, classes or iid; default: the task's.")
+    alpha: float | None = _f(None, "Dirichlet concentration (smaller is more skewed); default: the task's.")
+    classes_per_client: int = _f(2, "k for the 'classes' partitioner (k = 1 allowed).")
+    clients: int | None = _f(None, "Number of clients N; default: the task's.")
+    clients_per_round: int | None = _f(None, "Active clients per round (seeded draw); default: all.")
+    rounds: int | None = _f(None, "Communication rounds R; default: the task's.")
+    local_epochs: int = _f(1, "Local epochs per round.")
+    batch_size: int = _f(64, "Local batch size.")
+    lr: float = _f(0.01, "SGD learning rate.")
+    momentum: float = _f(0.9, "SGD momentum.")
+    weight_decay: float = _f(5e-4, "SGD weight decay.")
+    grad_clip: float = _f(10.0, "Gradient clipping (global norm); 0 disables.")
+    heldout_fraction: float = _f(0.2, "Fraction of each client shard held out, split evenly into val and test.")
+    seed: int | None = _f(None, "Run seed (python, numpy, torch, partition); default: the task's, else 0.")
+    device: str = _f("auto", "auto, cpu, cuda or cuda:N.")
+    exec: str = _f("auto", "Peer-KD execution path: reference (per batch, as Algorithm 1), fast or auto.")
+    data_dir: str | None = _f(None, "Dataset folder; default: $HFL_BENCH_DATA or ~/.cache/hfl-bench/data.")
+    download: bool = _f(False, "Download the dataset if it is missing.")
+    out: str = _f("runs", "Folder the JSON record is written to.")
+    method_params: dict[str, Any] = _f(None, "Method hyperparameters (--set key=value).", )
+
+    def __post_init__(self):
+        if self.method_params is None:
+            self.method_params = {}
+
+
+# Fields that do not change what a run computes: left out of the config hash.
+NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec")
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings")
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown setting(s) in {path}: {', '.join(unknown)}. Known: {', '.join(FIELDS)}")
+    return data
+
+
+def resolve(cfg: RunConfig, task_defaults: dict[str, Any]) -> RunConfig:
+    """Fill the unset (None) fields from the task's protocol defaults, then from global ones."""
+    fallback = {"pool": "cpu", "partition": "dirichlet", "alpha": 0.3, "clients": 10, "rounds": 100, "seed": 0}
+    values = dataclasses.asdict(cfg)
+    for name, value in values.items():
+        if value is None and name in fallback:
+            values[name] = task_defaults.get(name, fallback[name])
+    out = RunConfig(**values)
+    validate(out)
+    return out
+
+
+def validate(cfg: RunConfig) -> None:
+    checks = [
+        (cfg.alpha is None or cfg.alpha > 0, f"--alpha must be > 0, got {cfg.alpha}"),
+        (cfg.clients is None or cfg.clients >= 1, f"--clients must be >= 1, got {cfg.clients}"),
+        (cfg.rounds is None or cfg.rounds >= 1, f"--rounds must be >= 1, got {cfg.rounds}"),
+        (cfg.local_epochs >= 1, f"--local-epochs must be >= 1, got {cfg.local_epochs}"),
+        (cfg.batch_size >= 2, f"--batch-size must be >= 2, got {cfg.batch_size}"),
+        (0 <= cfg.heldout_fraction < 1, f"heldout_fraction must be in [0, 1), got {cfg.heldout_fraction}"),
+        (cfg.exec in ("auto", "reference", "fast"), f"--exec must be auto, reference or fast, got {cfg.exec!r}"),
+        (cfg.clients_per_round is None or cfg.clients_per_round >= 1,
+         f"--clients-per-round must be >= 1, got {cfg.clients_per_round}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    if cfg.clients_per_round is not None and cfg.clients is not None and cfg.clients_per_round > cfg.clients:
+        raise ConfigError(f"--clients-per-round ({cfg.clients_per_round}) exceeds --clients ({cfg.clients})")
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def config_hash(cfg_dict: dict[str, Any]) -> str:
+    """Hash of everything that changes what a run computes (seed, paths and device excluded)."""
+    semantic = {k: v for k, v in cfg_dict.items() if k not in NON_SEMANTIC}
+    return hashlib.sha256(canonical_json(semantic).encode()).hexdigest()[:16]
+
+
+def parse_set(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def coerce_params(params_cls, raw: dict[str, Any], method: str):
+    """Build a method's hyperparameter dataclass from strings or YAML values, with clear errors."""
+    known = {f.name: f for f in dataclasses.fields(params_cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"unknown hyperparameter(s) for method {method!r}: {', '.join(unknown)}. "
+            f"Known: {', '.join(known) or '(none)'}"
+        )
+    values = {}
+    for key, value in raw.items():
+        default = known[key].default
+        values[key] = _coerce(value, default, key, method)
+    return params_cls(**values)
+
+
+def _coerce(value: Any, default: Any, key: str, method: str):
+    if not isinstance(value, str) or isinstance(default, str):
+        return value
+    try:
+        if isinstance(default, bool):
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if isinstance(default, int):
+            return int(value)
+        if isinstance(default, float) or default is None:
+            if default is None and value.lower() in ("none", "null", ""):
+                return None
+            return float(value)
+    except ValueError:
+        raise ConfigError(f"{method}: {key}={value!r} is not a valid {type(default).__name__}") from None
+    return value

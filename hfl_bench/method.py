@@ -1,0 +1,75 @@
+"""The method interface: a method sees a whole round; the engine owns everything else.
+
+A method is a class with a ``Params`` dataclass (its hyperparameters, with help text) and a
+``run_round`` that trains the round's active clients using the engine's primitives
+(``hfl_bench.training``, ``hfl_bench.peerkd``) and sends whatever crosses the network through
+``fed.channel``. Data, partition, evaluation, checkpoint selection and metering are the engine's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from torch import nn
+
+from hfl_bench.registry import METHODS
+
+if TYPE_CHECKING:
+    from hfl_bench.engine import Federation
+
+
+@dataclass
+class NoParams:
+    pass
+
+
+class Method:
+    """Base class of method plugins."""
+
+    name: ClassVar[str] = ""
+    fidelity: ClassVar[str] = "paper"  # "paper" or "reconstructed"
+    citation: ClassVar[str] = ""
+    topology: ClassVar[str] = "p2p"  # "p2p", "server" or "none"
+    # Choices made where the source is silent; copied into every record.
+    notes: ClassVar[tuple[str, ...]] = ()
+    Params: ClassVar[type] = NoParams
+
+    def __init__(self, params: Any = None):
+        self.params = params if params is not None else self.Params()
+
+    def check(self, fed: "Federation") -> None:
+        """Reject a setting the method cannot run (raise ConfigError with a clear message)."""
+
+    def setup(self, fed: "Federation") -> None:
+        """Called once after clients are built, before round 1."""
+
+    def run_round(self, fed: "Federation", rnd: int, active: list[int]) -> dict[str, float]:
+        """Train the active clients for one round; return optional scalars for the history."""
+        raise NotImplementedError
+
+    def changed_clients(self, fed: "Federation", active: list[int]) -> list[int]:
+        """Clients whose evaluated model changed this round (the others keep cached figures)."""
+        return active
+
+    def eval_models(self, fed: "Federation") -> list[nn.Module]:
+        """The model evaluated for each client (default: the client's own model)."""
+        return [c.model for c in fed.clients]
+
+    def hparams(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.params)
+
+
+def register_method(name: str):
+    """Class decorator: register a ``Method`` subclass under ``name``."""
+
+    def add(cls):
+        cls.name = name
+        return METHODS.register(name, cls)
+
+    return add
+
+
+def get_method_class(name: str) -> type[Method]:
+    return METHODS.get(name)

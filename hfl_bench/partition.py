@@ -1,0 +1,191 @@
+"""Label partitions of a task's training set over clients, and each client's train/val/test split.
+
+A partitioner maps the training labels to one index array per client. Everything is seeded by
+a ``numpy.random.Generator``; the resulting ``Partition`` has a stable content hash that every
+record carries, so two runs can be checked to have used identical client data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from hfl_bench.registry import PARTITIONERS
+
+PartitionFn = Callable[..., list[np.ndarray]]
+
+
+class PartitionError(ValueError):
+    """The partition cannot be made with these settings; the message says why."""
+
+
+def register_partitioner(name: str):
+    return PARTITIONERS.register(name)
+
+
+def _min_size(n: int, n_clients: int, wanted: int) -> int:
+    if n < n_clients:
+        raise PartitionError(f"{n_clients} clients but only {n} training samples: use fewer clients")
+    return max(1, min(wanted, n // n_clients // 2))
+
+
+@register_partitioner("dirichlet")
+def dirichlet(labels: np.ndarray, n_clients: int, rng: np.random.Generator, alpha: float = 0.3,
+              min_size: int = 10) -> list[np.ndarray]:
+    """Per class, client shares drawn from Dirichlet(alpha); bounded redraws, then a repair step.
+
+    Small alpha gives strong label skew. A draw that leaves a client with fewer than ``min_size``
+    samples is redrawn at most 100 times; after that the smallest clients take random samples
+    from the largest ones, so the partitioner always terminates.
+    """
+    if not alpha > 0:
+        raise PartitionError(f"alpha must be > 0, got {alpha}")
+    n = len(labels)
+    need = _min_size(n, n_clients, min_size)
+    classes = np.unique(labels)
+    by_class = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
+    for _ in range(100):
+        parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
+        for idx in by_class:
+            shares = rng.dirichlet(np.full(n_clients, alpha))
+            cuts = (np.cumsum(shares)[:-1] * len(idx)).astype(int)
+            for cid, piece in enumerate(np.split(idx, cuts)):
+                parts[cid].append(piece)
+        shards = [np.concatenate(p) for p in parts]
+        if min(len(s) for s in shards) >= need:
+            return shards
+    return _repair(shards, need, rng)
+
+
+def _repair(shards: list[np.ndarray], need: int, rng: np.random.Generator) -> list[np.ndarray]:
+    shards = [s.copy() for s in shards]
+    while True:
+        sizes = np.array([len(s) for s in shards])
+        small, large = int(sizes.argmin()), int(sizes.argmax())
+        if sizes[small] >= need:
+            return shards
+        take = min(need - sizes[small], sizes[large] - need)
+        pick = rng.choice(sizes[large], size=take, replace=False)
+        moved = shards[large][pick]
+        shards[large] = np.delete(shards[large], pick)
+        shards[small] = np.concatenate([shards[small], moved])
+
+
+@register_partitioner("classes")
+def classes(labels: np.ndarray, n_clients: int, rng: np.random.Generator, k: int = 2) -> list[np.ndarray]:
+    """Each client holds exactly ``k`` classes (k = 1 included); a class's samples are split evenly
+    among the clients that hold it. Classes are dealt round-robin over a seeded class order, so
+    every class is held by someone whenever n_clients * k >= number of classes."""
+    all_classes = np.unique(labels)
+    if not 1 <= k <= len(all_classes):
+        raise PartitionError(f"k must be in 1..{len(all_classes)}, got {k}")
+    _min_size(len(labels), n_clients, 1)
+    order = rng.permutation(all_classes)
+    held = [[order[(cid * k + j) % len(order)] for j in range(k)] for cid in range(n_clients)]
+    holders: dict[int, list[int]] = {int(c): [] for c in all_classes}
+    for cid, cs in enumerate(held):
+        for c in cs:
+            holders[int(c)].append(cid)
+    parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
+    for c, who in holders.items():
+        if not who:
+            continue
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        for cid, piece in zip(who, np.array_split(idx, len(who))):
+            parts[cid].append(piece)
+    return [np.concatenate(p) if p else np.zeros(0, dtype=np.int64) for p in parts]
+
+
+@register_partitioner("iid")
+def iid(labels: np.ndarray, n_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """A uniformly random split into equal-size shards."""
+    _min_size(len(labels), n_clients, 1)
+    return list(np.array_split(rng.permutation(len(labels)), n_clients))
+
+
+@dataclass(frozen=True)
+class ClientSplit:
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+
+
+@dataclass(frozen=True)
+class Partition:
+    scheme: str
+    params: dict[str, Any]
+    seed: int
+    heldout_fraction: float
+    clients: tuple[ClientSplit, ...]
+    hash: str
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.clients)
+
+    def class_counts(self, labels: np.ndarray, num_classes: int, part: str = "train") -> np.ndarray:
+        """[n_clients, num_classes] label counts of one part (train / val / test / all)."""
+        out = np.zeros((self.n_clients, num_classes), dtype=np.int64)
+        for cid, split in enumerate(self.clients):
+            idx = np.concatenate([split.train, split.val, split.test]) if part == "all" else getattr(split, part)
+            out[cid] = np.bincount(labels[idx], minlength=num_classes)
+        return out
+
+
+def split_client(idx: np.ndarray, labels: np.ndarray, heldout_fraction: float,
+                 rng: np.random.Generator) -> ClientSplit:
+    """Per class, hold out ``heldout_fraction`` of a shard and split it evenly into val and test
+    (val takes the odd sample). Stratifying keeps every class's validation count meaningful."""
+    train, val, test = [], [], []
+    for c in np.unique(labels[idx]):
+        members = rng.permutation(idx[labels[idx] == c])
+        n_held = int(round(len(members) * heldout_fraction))
+        n_val = (n_held + 1) // 2
+        val.append(members[:n_val])
+        test.append(members[n_val:n_held])
+        train.append(members[n_held:])
+
+    def cat(parts):
+        return np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    return ClientSplit(cat(train), cat(val), cat(test))
+
+
+def partition_hash(scheme: str, params: dict[str, Any], clients: tuple[ClientSplit, ...]) -> str:
+    h = hashlib.sha256(f"{scheme}|{sorted(params.items())}".encode())
+    for split in clients:
+        for part in (split.train, split.val, split.test):
+            h.update(np.int64(len(part)).tobytes())
+            h.update(np.ascontiguousarray(part, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+def partition_params(scheme: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters a partitioner actually takes, with its defaults filled in."""
+    fn = PARTITIONERS.get(scheme)
+    sig = inspect.signature(fn)
+    accepted = {n: p.default for n, p in sig.parameters.items()
+                if n not in ("labels", "n_clients", "rng") and p.default is not inspect.Parameter.empty}
+    return {name: params.get(name, default) for name, default in accepted.items()}
+
+
+def make_partition(labels: np.ndarray, n_clients: int, scheme: str = "dirichlet", seed: int = 0,
+                   heldout_fraction: float = 0.2, **params) -> Partition:
+    if n_clients < 1:
+        raise PartitionError(f"need at least one client, got {n_clients}")
+    if not 0 <= heldout_fraction < 1:
+        raise PartitionError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
+    fn = PARTITIONERS.get(scheme)
+    used = partition_params(scheme, params)
+    rng = np.random.default_rng(seed)
+    shards = fn(np.asarray(labels), n_clients, rng, **used)
+    clients = tuple(split_client(s, np.asarray(labels), heldout_fraction, rng) for s in shards)
+    empty = [cid for cid, s in enumerate(clients) if len(s.train) == 0]
+    if empty:
+        raise PartitionError(f"clients {empty} got no training samples: use fewer clients or another partition")
+    key = dict(used, heldout_fraction=heldout_fraction, seed=seed)
+    return Partition(scheme, used, seed, heldout_fraction, clients, partition_hash(scheme, key, clients))

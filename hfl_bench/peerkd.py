@@ -1,0 +1,118 @@
+"""The decentralized peer-KD backbone (CRAD paper, Sec. 3.2, Algorithm 1), shared by every
+method that distills from its peers' round r-1 snapshots on its own data.
+
+Two execution paths compute identical targets:
+- ``reference``: Algorithm 1 as written. Per student, per batch, every peer snapshot runs on the
+  batch, the targets are aggregated and the student takes one step. Needs a frozen copy of every
+  active model (students train while their snapshots still teach).
+- ``fast`` (teacher-major): every student's epoch is fixed first (batch order and augmented
+  views); each teacher then runs once over all its students' views in large no-grad batches,
+  before any student trains, so the live models are the round r-1 snapshots and no copy is made;
+  targets are aggregated for each student's whole epoch in one vectorized call; students then
+  train on the precomputed targets.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from torch import nn
+
+from hfl_bench.aggregation import Aggregator
+from hfl_bench.training import EpochPlan, make_plan, predict_logits, soft_targets, train_on_plan
+
+if TYPE_CHECKING:
+    from hfl_bench.engine import Federation
+
+
+def peers_of(cid: int, active: list[int]) -> list[int]:
+    return [j for j in active if j != cid]
+
+
+def exchange_snapshots(fed: "Federation", active: list[int], stats: torch.Tensor | None) -> None:
+    """Every active client sends its snapshot (and its 2C statistics, if any) to every active peer."""
+    for j in active:
+        payload = {"snapshot": fed.clients[j].model, "stats": None if stats is None else stats[j]}
+        fed.channel.send(j, peers_of(j, active), payload)
+
+
+def teacher_major_probs(
+    fed: "Federation", plans: dict[int, EpochPlan], teachers: dict[int, nn.Module], temperature: float,
+    students_of: Callable[[int], list[int]],
+) -> dict[int, dict[int, torch.Tensor]]:
+    """probs[i][j]: teacher j's softened predictions on all of student i's epoch views [n_i, C]."""
+    views = {i: plan.view(fed) for i, plan in plans.items()}
+    probs: dict[int, dict[int, torch.Tensor]] = {i: {} for i in plans}
+    for j, model in teachers.items():
+        students = students_of(j)
+        if not students:
+            continue
+        x = torch.cat([views[i] for i in students])
+        p = soft_targets(predict_logits(model, x), temperature)
+        for i, part in zip(students, p.split([len(views[i]) for i in students])):
+            probs[i][j] = part
+    return probs
+
+
+def fast_targets(
+    fed: "Federation", plans: dict[int, EpochPlan], active: list[int], aggregate: Aggregator,
+    temperature: float, counts: torch.Tensor, accs: torch.Tensor,
+) -> dict[int, torch.Tensor]:
+    """Aggregated targets [n_i, C] for every active student, computed teacher by teacher."""
+    teachers = {j: fed.clients[j].model for j in active}
+    probs = teacher_major_probs(fed, plans, teachers, temperature, lambda j: peers_of(j, plans))
+    targets = {}
+    for i in plans:
+        peers = peers_of(i, active)
+        if peers:
+            stacked = torch.stack([probs[i][j] for j in peers])
+            targets[i] = aggregate(stacked, counts[peers], accs[peers])
+    return targets
+
+
+def reference_target_fn(
+    snapshots: dict[int, nn.Module], peers: list[int], aggregate: Aggregator, temperature: float,
+    counts: torch.Tensor, accs: torch.Tensor,
+) -> Callable[[int, int, torch.Tensor], torch.Tensor]:
+    """Per-batch targets as Algorithm 1 computes them."""
+
+    def targets(start: int, end: int, x: torch.Tensor) -> torch.Tensor:
+        stacked = torch.stack([soft_targets(predict_logits(snapshots[j], x), temperature) for j in peers])
+        return aggregate(stacked, counts[peers], accs[peers])
+
+    return targets
+
+
+def frozen_snapshots(fed: "Federation", ids: list[int]) -> dict[int, nn.Module]:
+    snaps = {}
+    for j in ids:
+        snap = copy.deepcopy(fed.clients[j].model).eval()
+        snap.requires_grad_(False)
+        snaps[j] = snap
+    return snaps
+
+
+def peer_kd_round(
+    fed: "Federation", rnd: int, active: list[int], aggregate: Aggregator, *, lam: float,
+    temperature: float, counts: torch.Tensor, accs: torch.Tensor,
+) -> dict[str, float]:
+    """One round of the backbone: exchange, teacher inference, aggregation, student training."""
+    stats = torch.stack([counts, accs], dim=1)  # [N, 2, C]: what a client shares besides its snapshot
+    exchange_snapshots(fed, active, stats)
+    plans = {i: make_plan(fed, i, rnd) for i in active}
+    losses = []
+    if fed.exec_path() == "fast":
+        targets = fast_targets(fed, plans, active, aggregate, temperature, counts, accs)
+        for i in active:
+            losses.append(train_on_plan(fed, fed.clients[i], plans[i], targets=targets.get(i),
+                                        lam=lam, temperature=temperature))
+    else:
+        snapshots = frozen_snapshots(fed, active)
+        for i in active:
+            peers = peers_of(i, active)
+            fn = reference_target_fn(snapshots, peers, aggregate, temperature, counts, accs) if peers else None
+            losses.append(train_on_plan(fed, fed.clients[i], plans[i], targets=fn, lam=lam,
+                                        temperature=temperature))
+    return {"train_loss": sum(losses) / len(losses)}

@@ -1,0 +1,219 @@
+"""Architecture pools: lists of timm model names assigned round-robin to clients.
+
+Our own small models are registered into timm's model registry, so every pool member is built
+by ``timm.create_model``. Members adapt to the task: input channels (``in_chans``), classes
+(``num_classes``) and input size (``img_size``, used by the models that need it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import timm
+import torch
+from timm.models import register_model
+from timm.models.resnet import BasicBlock, ResNet
+from torch import nn
+
+from hfl_bench.data import TaskInfo
+from hfl_bench.registry import POOLS
+
+# Arguments timm.create_model passes that our constructors have no use for.
+_TIMM_ONLY_KWARGS = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "features_only")
+
+
+def _clean(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in kwargs.items() if k not in _TIMM_ONLY_KWARGS}
+
+
+def _pool_kernel(size: tuple[int, int]) -> tuple[int, int]:
+    """2x2 pooling, except along a dimension that is already 1 (1-D signals as 1xL images)."""
+    return tuple(2 if s >= 2 else 1 for s in size)  # type: ignore[return-value]
+
+
+def _conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:
+    return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+
+
+class PlainCNN(nn.Module):
+    """Conv-BN-ReLU stack without residuals, 2x2 max-pool after the listed layers, GAP, linear."""
+
+    def __init__(self, channels, pool_after, num_classes, in_chans, img_size):
+        super().__init__()
+        layers: list[nn.Module] = []
+        size = tuple(img_size)
+        cin = in_chans
+        for i, cout in enumerate(channels):
+            layers += _conv_bn_relu(cin, cout)
+            if i in pool_after:
+                kernel = _pool_kernel(size)
+                layers.append(nn.MaxPool2d(kernel))
+                size = tuple(s // k for s, k in zip(size, kernel))
+            cin = cout
+        self.features = nn.Sequential(*layers)
+        self.num_features = cin
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).mean(dim=(2, 3)))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden, num_classes, in_chans, img_size):
+        super().__init__()
+        dims = [in_chans * img_size[0] * img_size[1], *hidden]
+        layers: list[nn.Module] = [nn.Flatten()]
+        for a, b in zip(dims[:-1], dims[1:]):
+            layers += [nn.Linear(a, b), nn.ReLU(inplace=True)]
+        layers.append(nn.Linear(dims[-1], num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def _small_input_resnet(channels, layers, num_classes, in_chans, **kwargs) -> ResNet:
+    """timm's ResNet with a CIFAR-style stem: 3x3 stride-1 conv and no max-pool.
+
+    The stem keeps timm's 64 channels: its first stage expects them.
+    """
+    model = ResNet(
+        BasicBlock, layers=layers, channels=channels, num_classes=num_classes,
+        in_chans=in_chans, **kwargs,
+    )
+    model.conv1 = nn.Conv2d(in_chans, model.conv1.out_channels, 3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    return model
+
+
+@register_model
+def resnet18_cifar(pretrained=False, num_classes=10, in_chans=3, img_size=None, **kwargs):
+    """ResNet-18 (timm) with a CIFAR-style stem for small inputs: ~11.2M parameters."""
+    return _small_input_resnet((64, 128, 256, 512), (2, 2, 2, 2), num_classes, in_chans, **_clean(kwargs))
+
+
+@register_model
+def resnet18_half_cifar(pretrained=False, num_classes=10, in_chans=3, img_size=None, **kwargs):
+    """ResNet-18 at half channel width (stem stays 64, as timm's BN requires): ~2.8M parameters."""
+    return _small_input_resnet((32, 64, 128, 256), (2, 2, 2, 2), num_classes, in_chans, **_clean(kwargs))
+
+
+@register_model
+def cnn6(pretrained=False, num_classes=10, in_chans=3, img_size=(32, 32), **kwargs):
+    """CNN-6: five 3x3 conv-BN-ReLU layers and a linear head, no residuals (~0.76M parameters).
+
+    Reconstructed: the CRAD paper gives only the name, "no residuals" and ~0.8M parameters.
+    """
+    return PlainCNN((32, 64, 128, 192, 256), {1, 2, 3}, num_classes, in_chans, img_size)
+
+
+@register_model
+def mlp_small(pretrained=False, num_classes=10, in_chans=1, img_size=(8, 8), **kwargs):
+    """Two hidden layers (256, 128) on the flattened input: a CPU-sized non-convolutional member."""
+    return MLP((256, 128), num_classes, in_chans, img_size)
+
+
+@register_model
+def cnn_small(pretrained=False, num_classes=10, in_chans=1, img_size=(8, 8), **kwargs):
+    """Three conv-BN-ReLU layers (16, 32, 64 channels), one max-pool, GAP: a CPU-sized CNN."""
+    return PlainCNN((16, 32, 64), {1}, num_classes, in_chans, img_size)
+
+
+class TinyResNet(nn.Module):
+    """A 16-channel 3x3 stem, then two stages of timm's ``BasicBlock`` (16 and 32 channels)."""
+
+    def __init__(self, num_classes, in_chans, widths=(16, 32)):
+        super().__init__()
+        self.stem = nn.Sequential(*_conv_bn_relu(in_chans, widths[0]))
+        blocks, cin = [], widths[0]
+        for i, cout in enumerate(widths):
+            stride = 1 if i == 0 else 2
+            down = None
+            if stride != 1 or cin != cout:
+                down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+            blocks.append(BasicBlock(cin, cout, stride=stride, downsample=down))
+            cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.num_features = cin
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.blocks(self.stem(x)).mean(dim=(2, 3)))
+
+
+@register_model
+def resnet_tiny(pretrained=False, num_classes=10, in_chans=1, img_size=None, **kwargs):
+    """A tiny residual network from timm's BasicBlock: 16-channel stem, stages of 16 and 32."""
+    return TinyResNet(num_classes, in_chans)
+
+
+@dataclass(frozen=True)
+class PoolMember:
+    model: str  # a timm model name
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    label: str = ""  # display name; defaults to the model name
+
+    @property
+    def name(self) -> str:
+        return self.label or self.model
+
+
+@dataclass(frozen=True)
+class ArchPool:
+    """An ordered list of architectures; client i gets ``members[i % len(members)]``."""
+
+    name: str
+    members: tuple[PoolMember, ...]
+    description: str = ""
+
+    def assign(self, n_clients: int) -> list[PoolMember]:
+        return [self.members[i % len(self.members)] for i in range(n_clients)]
+
+    @property
+    def homogeneous(self) -> bool:
+        return len({(m.model, tuple(sorted(m.kwargs.items()))) for m in self.members}) == 1
+
+
+def build_model(member: PoolMember, info: TaskInfo) -> nn.Module:
+    in_chans, *size = info.input_shape
+    return timm.create_model(
+        member.model,
+        pretrained=False,
+        num_classes=info.num_classes,
+        in_chans=in_chans,
+        img_size=tuple(size),
+        **member.kwargs,
+    )
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def register_pool(pool: ArchPool) -> ArchPool:
+    return POOLS.register(pool.name, pool, origin=__name__)
+
+
+def get_pool(name: str) -> ArchPool:
+    return POOLS.get(name)
+
+
+register_pool(ArchPool(
+    "paper",
+    (PoolMember("resnet18_cifar", label="resnet18"), PoolMember("resnet18_half_cifar", label="resnet18-half"),
+     PoolMember("cnn6")),
+    "CRAD paper pool (Sec. 4.1): ResNet-18, ResNet-18 at half width, CNN-6, round-robin.",
+))
+register_pool(ArchPool(
+    "cpu",
+    (PoolMember("mlp_small"), PoolMember("cnn_small"), PoolMember("resnet_tiny")),
+    "CPU-sized heterogeneous pool for the offline tasks: an MLP, a plain CNN and a tiny ResNet.",
+))
+register_pool(ArchPool(
+    "cpu-cnn", (PoolMember("cnn_small"),), "Homogeneous CPU pool (every client a cnn_small), e.g. for fedavg."
+))
+register_pool(ArchPool(
+    "paper-resnet18", (PoolMember("resnet18_cifar", label="resnet18"),),
+    "Homogeneous paper-scale pool (every client a CIFAR-stem ResNet-18), e.g. for fedavg.",
+))

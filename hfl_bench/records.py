@@ -1,0 +1,206 @@
+"""Leaderboard records: one schema-versioned JSON file per run, written atomically."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import hfl_bench
+from hfl_bench.config import RunConfig, config_hash
+from hfl_bench.engine import RunResult
+from hfl_bench.pools import n_params
+
+SCHEMA_VERSION = "1.0"
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "leaderboards" / "schema" / "record-1.0.schema.json"
+
+
+def git_info() -> dict[str, Any]:
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+
+    try:
+        sha = git("rev-parse", "HEAD")
+        if sha.returncode != 0:
+            return {"git_sha": None, "git_dirty": None}
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return {"git_sha": sha.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_sha": None, "git_dirty": None}
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    import timm
+
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "timm": timm.__version__,
+        "numpy": np.__version__,
+        "device": str(device),
+        "gpu_name": gpu,
+        "platform": platform.platform(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def _pct(x: float) -> float | None:
+    return None if x is None or not np.isfinite(x) else round(float(x), 4)
+
+
+def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
+    fed, method, best = result.fed, result.method, result.best
+    cfg_dict = dataclasses.asdict(cfg)
+    chash = config_hash(cfg_dict)
+    labels = fed.data.train_y.cpu().numpy()
+    assignment = [c.arch.name for c in fed.clients]
+    metrics: dict[str, Any] | None = None
+    if best is not None:
+        per_arch: dict[str, list[float]] = {}
+        for c in fed.clients:
+            per_arch.setdefault(c.arch.name, []).append(float(best.global_acc[c.cid]))
+        metrics = {
+            "unit": "percent",
+            "global_acc": _pct(float(np.mean(best.global_acc))),
+            "local_acc": _pct(float(np.nanmean(best.local_acc))),
+            "mean_val_acc": _pct(best.mean_val),
+            "per_client": [
+                {"cid": c.cid, "arch": c.arch.name, "global_acc": _pct(best.global_acc[c.cid]),
+                 "local_acc": _pct(best.local_acc[c.cid]), "val_acc": _pct(best.val_acc[c.cid])}
+                for c in fed.clients
+            ],
+            "per_class_global_acc": [_pct(v) for v in best.global_class_acc.mean(axis=0)],
+            "per_arch_global_acc": {a: _pct(float(np.mean(v))) for a, v in per_arch.items()},
+            "extra_endpoints": result.extra.get("endpoints", {}),
+        }
+    sent = result.extra["bytes_sent_per_client_round"]
+    rounds_run = len(result.history) - 1
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "record_id": hashlib.sha256(f"{chash}|{cfg.seed}|reproduced".encode()).hexdigest()[:16],
+        "source": {"kind": "reproduced", "citation": None},
+        "status": result.status,
+        "error": result.error,
+        "method": {
+            "name": method.name,
+            "fidelity": method.fidelity,
+            "citation": method.citation,
+            "notes": list(method.notes),
+            "plugin_dist": _plugin_dist(type(method).__module__),
+            "hparams": method.hparams(),
+        },
+        "task": dict(fed.info.as_record(), n_train=int(len(labels)), n_test=int(len(fed.data.test_y))),
+        "arch_pool": {
+            "name": fed.pool.name,
+            "assignment": assignment,
+            "n_params": [n_params(c.model) for c in fed.clients],
+        },
+        "partition": {
+            "scheme": fed.partition.scheme,
+            "params": fed.partition.params,
+            "seed": fed.partition.seed,
+            "hash": fed.partition.hash,
+            "heldout_fraction": fed.partition.heldout_fraction,
+            "public_size": 0,
+            "train_counts": fed.partition.class_counts(labels, fed.num_classes, "train").tolist(),
+            "val_counts": fed.partition.class_counts(labels, fed.num_classes, "val").tolist(),
+        },
+        "federation": {
+            "n_clients": cfg.clients,
+            "clients_per_round": cfg.clients_per_round or cfg.clients,
+            "rounds": cfg.rounds,
+            "rounds_run": rounds_run,
+            "local_epochs": cfg.local_epochs,
+            "topology": method.topology,
+            "exec": fed.exec_path(),
+        },
+        "seeds": {"python": cfg.seed, "numpy": cfg.seed, "torch": cfg.seed, "partition": cfg.seed},
+        "selection": {"rule": "best_mean_local_val", "round": best.round if best else None},
+        "metrics": metrics,
+        "cost": {
+            "bytes_sent_per_client_per_round": float(sent.mean()) if sent.size else 0.0,
+            "bytes_total": int(fed.channel.total),
+            "wall_time_per_round_s": round(result.wall_time_s / max(rounds_run, 1), 4),
+            "wall_time_total_s": round(result.wall_time_s, 3),
+            "peak_memory": result.peak_memory,
+        },
+        "history": result.history,
+        "config": cfg_dict,
+        "config_hash": chash,
+        "code": {"hfl_bench_version": hfl_bench.__version__, **git_info()},
+        "environment": environment(fed.device),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    return json.loads(json.dumps(record, default=_jsonable))
+
+
+def _jsonable(obj):
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return None if not np.isfinite(obj) else float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    return str(obj)
+
+
+def _plugin_dist(module: str) -> str | None:
+    import importlib.metadata
+
+    top = module.split(".")[0]
+    dists = importlib.metadata.packages_distributions().get(top)
+    return dists[0] if dists else None
+
+
+def record_filename(record: dict[str, Any]) -> str:
+    cfg = record["config"]
+    return f"{cfg['task']}__{cfg['method']}__{record['config_hash']}__seed{cfg['seed']}.json"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write to a temporary file in the same folder, then rename: never a half-written record."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_record(record: dict[str, Any], out_dir: str | Path) -> Path:
+    path = Path(out_dir) / record_filename(record)
+    write_atomic(path, json.dumps(record, indent=1, allow_nan=False) + "\n")
+    return path
+
+
+def load_record(path: str | Path) -> dict[str, Any]:
+    try:
+        record = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"record not found: {path}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(record, dict) or "schema_version" not in record:
+        raise ValueError(f"{path} is not an hfl-bench record (no schema_version)")
+    return record
+

@@ -1,0 +1,160 @@
+"""Engine primitives methods compose: epoch plans, local training, teacher inference, losses.
+
+An ``EpochPlan`` fixes a client's epoch before any training: the batch order and the
+augmentation parameters of every sample. Both the per-batch reference path and the
+teacher-major fast path read views from the same plan, which is what makes them equivalent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hfl_bench import augment
+
+if TYPE_CHECKING:
+    from hfl_bench.engine import Client, Federation
+
+INFERENCE_CHUNK = 4096
+
+
+class Diverged(RuntimeError):
+    """A loss became NaN or infinite; the engine records the run as diverged."""
+
+
+def derive_seed(*parts) -> int:
+    """A stable 63-bit seed from any parts (run seed, round, client, purpose)."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """Consecutive batches; a trailing batch of one sample joins the previous one (BatchNorm
+    cannot train on a single sample)."""
+    bounds = [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2] = (bounds[-2][0], n)
+        bounds.pop()
+    return bounds
+
+
+@dataclass
+class EpochPlan:
+    cid: int
+    indices: torch.Tensor  # global train indices in training order, on the data's device
+    bounds: list[tuple[int, int]]  # batch boundaries (positions within ``indices``)
+    aug: augment.AugParams  # per-position augmentation parameters (CPU)
+    augmentation: str
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def view(self, fed: "Federation", start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Augmented inputs of positions [start, end) of the epoch."""
+        end = len(self.indices) if end is None else end
+        x = fed.data.train_x[self.indices[start:end]]
+        if self.augmentation == "none":
+            return x
+        pos = torch.arange(start, end)
+        return augment.apply(self.augmentation, x, augment.select(self.aug, pos))
+
+    def labels(self, fed: "Federation", start: int = 0, end: int | None = None) -> torch.Tensor:
+        return fed.data.train_y[self.indices[start:end]]
+
+
+def make_plan(fed: "Federation", cid: int, rnd: int, epochs: int | None = None, purpose: str = "train") -> EpochPlan:
+    """The seeded plan of client ``cid``'s local epochs in round ``rnd``."""
+    epochs = fed.cfg.local_epochs if epochs is None else epochs
+    client = fed.clients[cid]
+    gen = torch.Generator().manual_seed(derive_seed(fed.cfg.seed, "plan", purpose, rnd, cid))
+    n = len(client.train_idx)
+    orders, bounds = [], []
+    for e in range(epochs):
+        orders.append(torch.randperm(n, generator=gen))
+        bounds += [(s + e * n, t + e * n) for s, t in batch_bounds(n, fed.cfg.batch_size)]
+    order = torch.cat(orders).to(client.train_idx.device)
+    name = fed.info.augmentation
+    aug = augment.draw(name, len(order), fed.info.input_shape, gen)
+    return EpochPlan(cid, client.train_idx[order], bounds, aug, name)
+
+
+@torch.no_grad()
+def predict_logits(model: nn.Module, x: torch.Tensor, chunk: int = INFERENCE_CHUNK) -> torch.Tensor:
+    """Eval-mode logits in large chunks; the model's train/eval mode is restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        outs = [model(x[i : i + chunk]) for i in range(0, len(x), chunk)]
+    finally:
+        model.train(was_training)
+    return torch.cat(outs) if outs else x.new_zeros((0,))
+
+
+def soft_targets(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+def kd_loss(student_logits: torch.Tensor, target_probs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """T^2 * KL(target || softmax(z / T)), averaged over the batch."""
+    log_p = F.log_softmax(student_logits / temperature, dim=-1)
+    return F.kl_div(log_p, target_probs, reduction="batchmean") * temperature**2
+
+
+TargetFn = Callable[[int, int, torch.Tensor], torch.Tensor]
+
+
+def train_on_plan(
+    fed: "Federation",
+    client: "Client",
+    plan: EpochPlan,
+    *,
+    targets: torch.Tensor | TargetFn | None = None,
+    lam: float = 0.0,
+    temperature: float = 1.0,
+    extra_loss: Callable[[int, int, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> float:
+    """Train ``client`` over its plan with (1 - lam) CE + lam * KD(targets).
+
+    ``targets`` is either one tensor for the whole epoch ([len(plan), C], fast path) or a
+    function ``(start, end, x_view) -> [B, C]`` evaluated per batch (reference path).
+    ``extra_loss(start, end, x_view, logits)`` adds a method-specific term.
+    Returns the mean training loss; raises ``Diverged`` on a non-finite loss.
+    """
+    model, opt = client.model, client.optimizer
+    model.train()
+    total, batches = 0.0, 0
+    for start, end in plan.bounds:
+        x = plan.view(fed, start, end)
+        y = plan.labels(fed, start, end)
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        if targets is not None and lam > 0:
+            q = targets[start:end] if isinstance(targets, torch.Tensor) else targets(start, end, x)
+            loss = (1 - lam) * loss + lam * kd_loss(logits, q, temperature)
+        if extra_loss is not None:
+            loss = loss + extra_loss(start, end, x, logits)
+        if not torch.isfinite(loss):
+            raise Diverged(f"client {client.cid}: loss became {loss.item()}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if fed.cfg.grad_clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), fed.cfg.grad_clip)
+        opt.step()
+        total += float(loss.detach())
+        batches += 1
+    return total / max(batches, 1)
+
+
+def state_bytes(model: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
+def seeded_choice(seed: int, n: int, k: int, *parts) -> list[int]:
+    rng = np.random.default_rng(derive_seed(seed, *parts))
+    return sorted(int(i) for i in rng.choice(n, size=k, replace=False))

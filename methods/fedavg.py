@@ -1,0 +1,54 @@
+"""FedAvg (McMahan et al., AISTATS 2017): sample-weighted parameter averaging at a server.
+
+Only defined for homogeneous pools; a heterogeneous pool is rejected with a clear error.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hfl_bench.config import ConfigError
+from hfl_bench.engine import SERVER
+from hfl_bench.method import Method, register_method
+from hfl_bench.training import make_plan, train_on_plan
+
+
+@register_method("fedavg")
+class FedAvg(Method):
+    """Server averages the active clients' weights (by training size) and broadcasts to all."""
+
+    fidelity = "paper"
+    topology = "server"
+    citation = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, 2017"
+
+    def check(self, fed):
+        if not fed.pool.homogeneous:
+            members = ", ".join(m.name for m in fed.pool.members)
+            raise ConfigError(
+                f"fedavg needs one architecture for every client; pool {fed.pool.name!r} mixes {members}. "
+                "Use a homogeneous pool such as --pool cpu-cnn or --pool paper-resnet18."
+            )
+
+    def setup(self, fed):
+        first = fed.clients[0].model.state_dict()
+        for c in fed.clients[1:]:
+            c.model.load_state_dict(first)
+
+    def run_round(self, fed, rnd, active):
+        losses = [train_on_plan(fed, fed.clients[i], make_plan(fed, i, rnd)) for i in active]
+        states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict()) for i in active]
+        weights = torch.tensor([len(fed.clients[i].train_idx) for i in active], dtype=torch.float64)
+        weights = weights / weights.sum()
+        avg = {}
+        for key, ref in states[0].items():
+            if ref.is_floating_point():
+                avg[key] = sum(w * s[key].double() for w, s in zip(weights.tolist(), states)).to(ref.dtype)
+            else:
+                avg[key] = ref.clone()  # e.g. BatchNorm's num_batches_tracked
+        fed.channel.send(SERVER, list(range(fed.n_clients)), avg)
+        for c in fed.clients:
+            c.model.load_state_dict(avg)
+        return {"train_loss": sum(losses) / len(losses)}
+
+    def changed_clients(self, fed, active):
+        return list(range(fed.n_clients))

@@ -1,0 +1,22 @@
+"""Local training only: every client trains on its own data and communicates nothing.
+
+The floor every collaborative method must beat (methods spec, Sec. 9).
+"""
+
+from __future__ import annotations
+
+from hfl_bench.method import Method, register_method
+from hfl_bench.training import make_plan, train_on_plan
+
+
+@register_method("local")
+class Local(Method):
+    """No communication: cross-entropy on each client's own data (the floor)."""
+
+    fidelity = "paper"
+    topology = "none"
+    citation = "Reference point; no paper."
+
+    def run_round(self, fed, rnd, active):
+        losses = [train_on_plan(fed, fed.clients[i], make_plan(fed, i, rnd)) for i in active]
+        return {"train_loss": sum(losses) / len(losses)}

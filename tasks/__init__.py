@@ -1,0 +1,5 @@
+"""Built-in task plugins, one module per dataset family (installed as ``hfl_bench.tasks``)."""
+
+# Importing a module runs its @register_task decorator; the entry point loads this package.
+from hfl_bench.tasks import digits  # noqa: E402,F401
+from hfl_bench.tasks import cifar, mnist1d, pathmnist  # noqa: E402,F401

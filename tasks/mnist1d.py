@@ -1,0 +1,117 @@
+"""MNIST-1D: 1-D signals of the ten digits, generated offline by the ``mnist1d`` package."""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from hfl_bench.data import DatasetError, Task, TaskInfo, register_task
+
+# The package's default generation seed; fixed here so a package update cannot change the data.
+SEED = 42
+SIGNAL_LENGTH = 40
+_KEYS = ("train_x", "train_y", "test_x", "test_y")
+
+
+@register_task("mnist1d")
+class MNIST1D(Task):
+    """4000 train / 1000 test signals of length 40, stored as 1x1x40 images."""
+
+    info = TaskInfo(
+        name="mnist1d",
+        version="1.0",
+        num_classes=10,
+        input_shape=(1, 1, SIGNAL_LENGTH),
+        source="mnist1d.data.make_dataset(get_dataset_args()) (https://github.com/greydanus/mnist1d)",
+        citation="Greydanus, Scaling down Deep Learning, arXiv:2011.14439, 2020",
+        license="Apache-2.0",
+        description=(
+            f"Offline: generated from templates with the package's default arguments and seed "
+            f"{SEED}; the package's own 4000/1000 train/test split. Each signal is a 1x1x40 image. "
+            f"Cached as <data-dir>/mnist1d/mnist1d-{SEED}.npz."
+        ),
+        augmentation="none",
+        defaults={"pool": "cpu", "rounds": 150, "clients": 10, "partition": "dirichlet", "alpha": 0.3},
+    )
+
+    def load_arrays(self, data_dir: Path, download: bool):
+        cache = data_dir / "mnist1d" / f"mnist1d-{SEED}.npz"
+        arrays = _load_cache(cache)
+        if arrays is None:
+            arrays = _generate()
+            _save_cache(cache, arrays)
+        return tuple(arrays[k] for k in _KEYS)
+
+    def class_names(self):
+        return [str(i) for i in range(10)]
+
+
+def _generate() -> dict[str, np.ndarray]:
+    try:
+        from mnist1d.data import get_dataset_args, make_dataset
+    except ImportError as e:
+        raise DatasetError(
+            f"mnist1d: the 'mnist1d' package is not installed ({e}). "
+            "Run `pip install mnist1d` (or install hfl-bench[mnist1d])."
+        ) from None
+    args = get_dataset_args()
+    args.seed = SEED
+    # make_dataset reseeds the global random and numpy generators: restore them afterwards.
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        d = make_dataset(args)
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+    arrays = {
+        "train_x": np.asarray(d["x"], dtype=np.float32).reshape(-1, 1, 1, SIGNAL_LENGTH),
+        "train_y": np.asarray(d["y"], dtype=np.int64),
+        "test_x": np.asarray(d["x_test"], dtype=np.float32).reshape(-1, 1, 1, SIGNAL_LENGTH),
+        "test_y": np.asarray(d["y_test"], dtype=np.int64),
+    }
+    return arrays
+
+
+def _valid(arrays: dict[str, np.ndarray]) -> bool:
+    for split in ("train", "test"):
+        x, y = arrays[f"{split}_x"], arrays[f"{split}_y"]
+        if x.ndim != 4 or x.shape[1:] != (1, 1, SIGNAL_LENGTH) or y.shape != (len(x),):
+            return False
+    return True
+
+
+def _load_cache(path: Path) -> dict[str, np.ndarray] | None:
+    """The cached arrays, or None when the cache is absent or unreadable (then regenerate)."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as z:
+            arrays = {k: z[k] for k in _KEYS}
+    except Exception:
+        return None
+    return arrays if _valid(arrays) else None
+
+
+def _save_cache(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write atomically (temp file + rename); a read-only data dir just skips the cache."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if not isinstance(e, OSError):
+            raise
