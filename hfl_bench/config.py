@@ -39,8 +39,10 @@ class RunConfig:
     grad_clip: float = _f(10.0, "Gradient clipping (global norm); 0 disables.")
     heldout_fraction: float = _f(0.2, "Fraction of each client shard held out, split evenly into val and test.")
     seed: int | None = _f(None, "Run seed (python, numpy, torch, partition); default: the task's, else 0.")
+    eval_every: int = _f(1, "Evaluate the global test set every k rounds (and at every new best validation round).")
     device: str = _f("auto", "auto, cpu, cuda or cuda:N.")
     exec: str = _f("auto", "Peer-KD execution path: reference (per batch, as Algorithm 1), fast or auto.")
+    vmap: str = _f("auto", "Stacked teacher inference per architecture: on, off or auto (on for CUDA).")
     data_dir: str | None = _f(None, "Dataset folder; default: $HFL_BENCH_DATA or ~/.cache/hfl-bench/data.")
     download: bool = _f(False, "Download the dataset if it is missing.")
     out: str = _f("runs", "Folder the JSON record is written to.")
@@ -52,7 +54,7 @@ class RunConfig:
 
 
 # Fields that do not change what a run computes: left out of the config hash.
-NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec")
+NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "vmap")
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
@@ -89,9 +91,11 @@ def validate(cfg: RunConfig) -> None:
         (cfg.clients is None or cfg.clients >= 1, f"--clients must be >= 1, got {cfg.clients}"),
         (cfg.rounds is None or cfg.rounds >= 1, f"--rounds must be >= 1, got {cfg.rounds}"),
         (cfg.local_epochs >= 1, f"--local-epochs must be >= 1, got {cfg.local_epochs}"),
+        (cfg.eval_every >= 1, f"--eval-every must be >= 1, got {cfg.eval_every}"),
         (cfg.batch_size >= 2, f"--batch-size must be >= 2, got {cfg.batch_size}"),
         (0 <= cfg.heldout_fraction < 1, f"heldout_fraction must be in [0, 1), got {cfg.heldout_fraction}"),
         (cfg.exec in ("auto", "reference", "fast"), f"--exec must be auto, reference or fast, got {cfg.exec!r}"),
+        (cfg.vmap in ("auto", "on", "off"), f"--vmap must be auto, on or off, got {cfg.vmap!r}"),
         (cfg.clients_per_round is None or cfg.clients_per_round >= 1,
          f"--clients-per-round must be >= 1, got {cfg.clients_per_round}"),
     ]

@@ -18,61 +18,11 @@ from torch import nn
 from hfl_bench import config as config_mod
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.data import TaskData, TaskInfo, get_task
+from hfl_bench.metering import Channel, PhaseTimer
 from hfl_bench.method import Method, get_method_class
 from hfl_bench.partition import Partition, make_partition
 from hfl_bench.pools import ArchPool, PoolMember, build_model, get_pool, n_params
 from hfl_bench.training import Diverged, derive_seed, predict_logits, seeded_choice
-
-SERVER = -1
-
-
-def payload_bytes(obj: Any) -> int:
-    """Bytes of what would cross the network: tensors by storage size, containers summed."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, nn.Module):
-        return payload_bytes(obj.state_dict())
-    if isinstance(obj, dict):
-        return sum(payload_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(payload_bytes(v) for v in obj)
-    if isinstance(obj, (int, float, bool)):
-        return 8
-    if obj is None:
-        return 0
-    raise TypeError(f"cannot meter a payload of type {type(obj).__name__}")
-
-
-class Channel:
-    """The one metered path for everything a method sends. ``send`` returns the payload."""
-
-    def __init__(self, n_clients: int):
-        self.n = n_clients
-        self.sent = np.zeros(n_clients, dtype=np.int64)  # this round, per client
-        self.received = np.zeros(n_clients, dtype=np.int64)
-        self.server_sent = 0
-        self.total = 0
-
-    def send(self, src: int, dsts: int | list[int], payload: Any) -> Any:
-        dsts = [dsts] if isinstance(dsts, int) else list(dsts)
-        nbytes = payload_bytes(payload)
-        for dst in dsts:
-            if src == SERVER:
-                self.server_sent += nbytes
-            else:
-                self.sent[src] += nbytes
-            if dst != SERVER:
-                self.received[dst] += nbytes
-            self.total += nbytes
-        return payload
-
-    def start_round(self) -> None:
-        self.sent[:] = 0
-        self.received[:] = 0
-        self.server_sent = 0
-
 
 @dataclass
 class Client:
@@ -98,6 +48,7 @@ class Federation:
     channel: Channel
     val_counts: torch.Tensor  # [N, C] per-class validation counts (fixed)
     val_correct: torch.Tensor  # [N, C] per-class correct, current models (updated by evaluation)
+    timer: PhaseTimer = None  # type: ignore[assignment]  # set by build_federation
     state: dict[str, Any] = field(default_factory=dict)  # method-owned state
 
     @property
@@ -117,6 +68,12 @@ class Federation:
 
     def exec_path(self) -> str:
         return "fast" if self.cfg.exec == "auto" else self.cfg.exec
+
+    @property
+    def use_vmap(self) -> bool:
+        """Stacked (vmapped) teacher inference: on by default on CUDA only (on CPU a loop over
+        conv nets measured faster; see README, Performance)."""
+        return self.device.type == "cuda" if self.cfg.vmap == "auto" else self.cfg.vmap == "on"
 
 
 def pick_device(name: str) -> torch.device:
@@ -143,12 +100,20 @@ def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: tor
                                heldout_fraction=cfg.heldout_fraction, **params)
     pool = get_pool(cfg.pool)
     data = data.to(device)
+    cuda = device.type == "cuda"
+    if cuda:  # channels-last convolutions are faster on tensor cores; indexing keeps the layout
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        data = dataclasses.replace(data, train_x=_channels_last(data.train_x), test_x=_channels_last(data.test_x))
     clients = []
     fed = Federation(cfg, info, data, partition, pool, device, clients, Channel(cfg.clients),
-                     torch.zeros(0), torch.zeros(0))
+                     torch.zeros(0), torch.zeros(0), PhaseTimer(device))
     for cid, (split, arch) in enumerate(zip(partition.clients, pool.assign(cfg.clients))):
         torch.manual_seed(derive_seed(cfg.seed, "init", cid))
         model = build_model(arch, info).to(device)
+        if cuda:
+            model = model.to(memory_format=torch.channels_last)
         as_tensor = lambda a: torch.as_tensor(a, dtype=torch.long, device=device)  # noqa: E731
         clients.append(Client(
             cid, arch, model, fed.make_optimizer(model), as_tensor(split.train), as_tensor(split.val),
@@ -160,6 +125,10 @@ def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: tor
     return fed
 
 
+def _channels_last(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+
+
 # ----------------------------------------------------------------------------- evaluation
 
 
@@ -168,69 +137,77 @@ def class_correct(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> to
     return torch.bincount(y[hit], minlength=num_classes).float()
 
 
-@dataclass
-class ClientEval:
-    val_correct: torch.Tensor  # [C]
-    local_correct: int
-    local_total: int
-    global_class_correct: torch.Tensor  # [C]
-
-
-def evaluate_client(fed: Federation, model: nn.Module, client: Client) -> ClientEval:
-    """Validation half, local test half and the task's global test set, in large batches."""
-    c = fed.num_classes
-    local_idx = torch.cat([client.val_idx, client.test_idx])
-    local_logits = predict_logits(model, fed.data.train_x[local_idx]) if len(local_idx) else None
+def evaluate_local(fed: Federation, model: nn.Module, client: Client) -> tuple[torch.Tensor, int]:
+    """Per-class correct counts on the validation half and correct count on the test half."""
+    idx = torch.cat([client.val_idx, client.test_idx])
+    if len(idx) == 0:
+        return torch.zeros(fed.num_classes, device=fed.device), 0
+    logits = predict_logits(model, fed.data.train_x[idx])
+    y = fed.data.train_y[idx]
     n_val = len(client.val_idx)
-    if local_logits is None:
-        val_correct, local_correct = torch.zeros(c, device=fed.device), 0
-    else:
-        y = fed.data.train_y[local_idx]
-        val_correct = class_correct(local_logits[:n_val], y[:n_val], c)
-        local_correct = int((local_logits[n_val:].argmax(-1) == y[n_val:]).sum())
-    global_logits = predict_logits(model, fed.data.test_x)
-    return ClientEval(val_correct, local_correct, len(client.test_idx),
-                      class_correct(global_logits, fed.data.test_y, c))
+    return class_correct(logits[:n_val], y[:n_val], fed.num_classes), int((logits[n_val:].argmax(-1) == y[n_val:]).sum())
+
+
+def evaluate_global(fed: Federation, model: nn.Module) -> torch.Tensor:
+    """Per-class correct counts on the task's standard test set, in large batches."""
+    return class_correct(predict_logits(model, fed.data.test_x), fed.data.test_y, fed.num_classes)
 
 
 @dataclass
 class RoundMetrics:
-    """Every client's figures after one round (kept for the best round only)."""
+    """Every client's figures after one round (kept for the selected round only)."""
 
     round: int
-    val_acc: np.ndarray  # [N] percent
+    val_acc: np.ndarray  # [N] percent (nan for a client without a validation half)
     local_acc: np.ndarray  # [N] percent (nan for a client without a test half)
-    global_acc: np.ndarray  # [N] percent
-    global_class_acc: np.ndarray  # [N, C] percent
+    global_acc: np.ndarray | None  # [N] percent; None when the global test was skipped this round
+    global_class_acc: np.ndarray | None  # [N, C] percent
 
     @property
     def mean_val(self) -> float:
-        return float(np.nanmean(self.val_acc))
+        return float(np.nanmean(self.val_acc)) if np.isfinite(self.val_acc).any() else float("nan")
 
 
 class Evaluator:
-    """Evaluates client models; clients whose model did not change keep their cached figures."""
+    """Evaluates client models each round, re-evaluating only the clients whose model changed.
 
-    def __init__(self, fed: Federation):
-        self.fed = fed
+    The validation and local test halves are evaluated every round. The global test set is
+    evaluated every ``eval_every`` rounds, at the last round, and at every round that improves
+    the best mean validation accuracy, so the selected round always has exact global figures.
+    """
+
+    def __init__(self, fed: Federation, timer: PhaseTimer, eval_every: int = 1):
+        self.fed, self.timer, self.eval_every = fed, timer, eval_every
         n, c = fed.n_clients, fed.num_classes
-        test_counts = torch.bincount(fed.data.test_y, minlength=c).float()
-        self.test_class_counts = test_counts.cpu().numpy()
-        self.cache: list[ClientEval | None] = [None] * n
+        self.test_class_counts = torch.bincount(fed.data.test_y, minlength=c).float().cpu().numpy()
+        self.local_correct = np.zeros(n)
+        self.local_total = np.array([len(cl.test_idx) for cl in fed.clients])
+        self.global_correct = np.zeros((n, c))
+        self.global_stale: set[int] = set(range(n))
+        self.best_val = -np.inf
 
-    def __call__(self, rnd: int, models: list[nn.Module], changed: list[int]) -> RoundMetrics:
+    def __call__(self, rnd: int, models: list[nn.Module], changed: list[int], last: bool = False) -> RoundMetrics:
         fed = self.fed
-        for cid in changed:
-            self.cache[cid] = evaluate_client(fed, models[cid], fed.clients[cid])
-            fed.val_correct[cid] = self.cache[cid].val_correct
-        evals = self.cache
-        val_tot = fed.val_counts.sum(1).cpu().numpy()
-        val = np.array([float(e.val_correct.sum()) for e in evals]) / np.maximum(val_tot, 1) * 100
-        val[val_tot == 0] = np.nan
-        local = np.array([e.local_correct / e.local_total * 100 if e.local_total else np.nan for e in evals])
-        cls = torch.stack([e.global_class_correct for e in evals]).cpu().numpy()
-        global_class = cls / np.maximum(self.test_class_counts, 1) * 100
-        global_acc = cls.sum(1) / max(self.test_class_counts.sum(), 1) * 100
+        with self.timer("evaluation"):
+            for cid in changed:
+                val_correct, self.local_correct[cid] = evaluate_local(fed, models[cid], fed.clients[cid])
+                fed.val_correct[cid] = val_correct
+            self.global_stale.update(changed)
+            val_tot = fed.val_counts.sum(1).cpu().numpy()
+            val = fed.val_correct.sum(1).cpu().numpy() / np.maximum(val_tot, 1) * 100
+            val[val_tot == 0] = np.nan
+            local = np.where(self.local_total > 0, self.local_correct / np.maximum(self.local_total, 1) * 100, np.nan)
+            mean_val = float(np.nanmean(val)) if np.isfinite(val).any() else -np.inf
+            improves = rnd > 0 and mean_val > self.best_val  # round 0 (initial models) is never selected
+            if improves:
+                self.best_val = mean_val
+            global_acc = global_class = None
+            if rnd % self.eval_every == 0 or last or improves:
+                for cid in sorted(self.global_stale):
+                    self.global_correct[cid] = evaluate_global(fed, models[cid]).cpu().numpy()
+                self.global_stale.clear()
+                global_class = self.global_correct / np.maximum(self.test_class_counts, 1) * 100
+                global_acc = self.global_correct.sum(1) / max(self.test_class_counts.sum(), 1) * 100
         return RoundMetrics(rnd, val, local, global_acc, global_class)
 
 
@@ -270,62 +247,89 @@ def peak_memory(device: torch.device) -> dict[str, int | None]:
     return {"cpu_rss_bytes": int(rss), "cuda_bytes": cuda}
 
 
-def run(cfg: RunConfig, progress: ProgressFn | None = None) -> RunResult:
-    """Run one method on one task under the standard protocol. ``cfg`` must be resolved."""
-    device = pick_device(cfg.device)
-    task = get_task(cfg.task)
-    method = make_method(cfg)
-    data = task.load(cfg.data_dir, cfg.download)
-    seed_everything(cfg.seed)
-    fed = build_federation(cfg, task.info, data, device)
-    method.check(fed)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    t0 = time.perf_counter()
-    method.setup(fed)
-    evaluator = Evaluator(fed)
-    all_clients = list(range(fed.n_clients))
-    initial = evaluator(0, method.eval_models(fed), all_clients)
-    history = [_history_entry(initial, 0, 0.0, {})]
-    best: RoundMetrics | None = None
-    status, error = "ok", None
-    per_round_sent = []
-    k = cfg.clients_per_round or cfg.clients
-    for rnd in range(1, cfg.rounds + 1):
-        active = all_clients if k >= fed.n_clients else seeded_choice(cfg.seed, fed.n_clients, k, "active", rnd)
+class Simulation:
+    """One run, stepped round by round: ``run`` for the whole budget, ``step`` for drivers such
+    as benchmarks. Building it loads the data, partitions it, builds every client and evaluates
+    the initial models (round 0)."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        device = pick_device(cfg.device)
+        task = get_task(cfg.task)
+        self.method = make_method(cfg)
+        data = task.load(cfg.data_dir, cfg.download)
+        seed_everything(cfg.seed)
+        self.fed = fed = build_federation(cfg, task.info, data, device)
+        self.method.check(fed)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        self.t0 = time.perf_counter()
+        self.method.setup(fed)
+        self.evaluator = Evaluator(fed, fed.timer, cfg.eval_every)
+        self.all_clients = list(range(fed.n_clients))
+        initial = self.evaluator(0, self.method.eval_models(fed), self.all_clients)
+        self.history = [_history_entry(initial, 0, 0.0, {}, fed.timer.pop())]
+        self.best: RoundMetrics | None = None
+        self.sent: list[np.ndarray] = []
+
+    def active_clients(self, rnd: int) -> list[int]:
+        k = self.cfg.clients_per_round or self.cfg.clients
+        if k >= self.fed.n_clients:
+            return self.all_clients
+        return seeded_choice(self.cfg.seed, self.fed.n_clients, k, "active", rnd)
+
+    def step(self, rnd: int) -> dict[str, Any]:
+        """Run round ``rnd`` and evaluate; raises ``Diverged``."""
+        fed, method = self.fed, self.method
+        active = self.active_clients(rnd)
         fed.channel.start_round()
         t_round = time.perf_counter()
-        try:
-            scalars = method.run_round(fed, rnd, active) or {}
-        except Diverged as e:
-            status, error = "diverged", f"round {rnd}: {e}"
-            break
+        scalars = method.run_round(fed, rnd, active) or {}
         changed = sorted(set(method.changed_clients(fed, active)))
-        metrics = evaluator(rnd, method.eval_models(fed), changed)
+        metrics = self.evaluator(rnd, method.eval_models(fed), changed, last=rnd == self.cfg.rounds)
         seconds = time.perf_counter() - t_round
-        per_round_sent.append(fed.channel.sent.copy())
-        entry = _history_entry(metrics, int(fed.channel.sent.sum() + fed.channel.server_sent), seconds, scalars)
-        history.append(entry)
-        if not np.isfinite(metrics.mean_val):
-            pass
-        elif best is None or metrics.mean_val > best.mean_val:
-            best = metrics
-        if progress:
-            progress(rnd, cfg.rounds, entry)
-    wall = time.perf_counter() - t0
-    sent = np.stack(per_round_sent) if per_round_sent else np.zeros((0, fed.n_clients))
-    extra = {"bytes_sent_per_client_round": sent}
-    return RunResult(status, error, best, history, fed, method, wall, peak_memory(device), extra)
+        self.sent.append(fed.channel.sent.copy())
+        nbytes = int(fed.channel.sent.sum() + fed.channel.server_sent)
+        entry = _history_entry(metrics, nbytes, seconds, scalars, fed.timer.pop())
+        self.history.append(entry)
+        if np.isfinite(metrics.mean_val) and (self.best is None or metrics.mean_val > self.best.mean_val):
+            self.best = metrics
+        return entry
+
+    def run(self, progress: ProgressFn | None = None) -> RunResult:
+        status, error = "ok", None
+        for rnd in range(len(self.history), self.cfg.rounds + 1):
+            try:
+                entry = self.step(rnd)
+            except Diverged as e:
+                status, error = "diverged", f"round {rnd}: {e}"
+                break
+            if progress:
+                progress(rnd, self.cfg.rounds, entry)
+        return self.result(status, error)
+
+    def result(self, status: str = "ok", error: str | None = None) -> RunResult:
+        fed = self.fed
+        sent = np.stack(self.sent) if self.sent else np.zeros((0, fed.n_clients))
+        return RunResult(status, error, self.best, self.history, fed, self.method, time.perf_counter() - self.t0,
+                         peak_memory(fed.device), {"bytes_sent_per_client_round": sent})
 
 
-def _history_entry(m: RoundMetrics, nbytes: int, seconds: float, scalars: dict[str, float]) -> dict[str, Any]:
+def run(cfg: RunConfig, progress: ProgressFn | None = None) -> RunResult:
+    """Run one method on one task under the standard protocol. ``cfg`` must be resolved."""
+    return Simulation(cfg).run(progress)
+
+
+def _history_entry(m: RoundMetrics, nbytes: int, seconds: float, scalars: dict[str, float],
+                   phases: dict[str, float]) -> dict[str, Any]:
     entry = {
         "round": m.round,
         "mean_val_acc": _round(m.mean_val),
-        "local_acc": _round(float(np.nanmean(m.local_acc))),
-        "global_acc": _round(float(np.mean(m.global_acc))),
+        "local_acc": _round(float(np.nanmean(m.local_acc))) if np.isfinite(m.local_acc).any() else None,
+        "global_acc": None if m.global_acc is None else _round(float(np.mean(m.global_acc))),
         "bytes": int(nbytes),
         "seconds": round(seconds, 4),
+        "phases": phases,
     }
     entry.update({k: _round(float(v)) for k, v in scalars.items()})
     return entry

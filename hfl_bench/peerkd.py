@@ -21,7 +21,14 @@ import torch
 from torch import nn
 
 from hfl_bench.aggregation import Aggregator
-from hfl_bench.training import EpochPlan, make_plan, predict_logits, soft_targets, train_on_plan
+from hfl_bench.training import (
+    EpochPlan,
+    make_plan,
+    predict_logits,
+    predict_logits_stacked,
+    soft_targets,
+    train_on_plan,
+)
 
 if TYPE_CHECKING:
     from hfl_bench.engine import Federation
@@ -42,18 +49,44 @@ def teacher_major_probs(
     fed: "Federation", plans: dict[int, EpochPlan], teachers: dict[int, nn.Module], temperature: float,
     students_of: Callable[[int], list[int]],
 ) -> dict[int, dict[int, torch.Tensor]]:
-    """probs[i][j]: teacher j's softened predictions on all of student i's epoch views [n_i, C]."""
+    """probs[i][j]: teacher j's softened predictions on all of student i's epoch views [n_i, C].
+
+    Each teacher runs once over the concatenation of its students' views. With ``fed.use_vmap``,
+    teachers of one architecture run together in one vmapped call over the union of their
+    students' views (each then discards the rows it does not teach).
+    """
     views = {i: plan.view(fed) for i, plan in plans.items()}
     probs: dict[int, dict[int, torch.Tensor]] = {i: {} for i in plans}
-    for j, model in teachers.items():
-        students = students_of(j)
-        if not students:
-            continue
-        x = torch.cat([views[i] for i in students])
-        p = soft_targets(predict_logits(model, x), temperature)
+    bf16 = fed.device.type == "cuda"
+
+    def scatter(j: int, students: list[int], p: torch.Tensor) -> None:
         for i, part in zip(students, p.split([len(views[i]) for i in students])):
             probs[i][j] = part
+
+    groups = _arch_groups(fed, teachers) if fed.use_vmap else [[j] for j in teachers]
+    for group in groups:
+        if len(group) == 1:
+            j = group[0]
+            students = students_of(j)
+            if students:
+                x = torch.cat([views[i] for i in students])
+                scatter(j, students, soft_targets(predict_logits(teachers[j], x, bf16=bf16), temperature))
+            continue
+        union = sorted({i for j in group for i in students_of(j)})
+        x = torch.cat([views[i] for i in union])
+        offsets = dict(zip(union, torch.tensor([0] + [len(views[i]) for i in union]).cumsum(0).tolist()))
+        stacked = soft_targets(predict_logits_stacked([teachers[j] for j in group], x, bf16=bf16), temperature)
+        for g, j in enumerate(group):
+            for i in students_of(j):
+                probs[i][j] = stacked[g, offsets[i] : offsets[i] + len(views[i])]
     return probs
+
+
+def _arch_groups(fed: "Federation", teachers: dict[int, nn.Module]) -> list[list[int]]:
+    groups: dict[str, list[int]] = {}
+    for j in teachers:
+        groups.setdefault(fed.clients[j].arch.name, []).append(j)
+    return list(groups.values())
 
 
 def fast_targets(
@@ -62,24 +95,26 @@ def fast_targets(
 ) -> dict[int, torch.Tensor]:
     """Aggregated targets [n_i, C] for every active student, computed teacher by teacher."""
     teachers = {j: fed.clients[j].model for j in active}
-    probs = teacher_major_probs(fed, plans, teachers, temperature, lambda j: peers_of(j, plans))
+    with fed.timer("teacher_inference"):
+        probs = teacher_major_probs(fed, plans, teachers, temperature, lambda j: peers_of(j, plans))
     targets = {}
-    for i in plans:
-        peers = peers_of(i, active)
-        if peers:
-            stacked = torch.stack([probs[i][j] for j in peers])
-            targets[i] = aggregate(stacked, counts[peers], accs[peers])
+    with fed.timer("aggregation"):
+        for i in plans:
+            peers = peers_of(i, active)
+            if peers:
+                stacked = torch.stack([probs[i][j] for j in peers])
+                targets[i] = aggregate(stacked, counts[peers], accs[peers])
     return targets
 
 
 def reference_target_fn(
     snapshots: dict[int, nn.Module], peers: list[int], aggregate: Aggregator, temperature: float,
-    counts: torch.Tensor, accs: torch.Tensor,
+    counts: torch.Tensor, accs: torch.Tensor, bf16: bool = False,
 ) -> Callable[[int, int, torch.Tensor], torch.Tensor]:
     """Per-batch targets as Algorithm 1 computes them."""
 
     def targets(start: int, end: int, x: torch.Tensor) -> torch.Tensor:
-        stacked = torch.stack([soft_targets(predict_logits(snapshots[j], x), temperature) for j in peers])
+        stacked = torch.stack([soft_targets(predict_logits(snapshots[j], x, bf16=bf16), temperature) for j in peers])
         return aggregate(stacked, counts[peers], accs[peers])
 
     return targets
@@ -105,14 +140,17 @@ def peer_kd_round(
     losses = []
     if fed.exec_path() == "fast":
         targets = fast_targets(fed, plans, active, aggregate, temperature, counts, accs)
-        for i in active:
-            losses.append(train_on_plan(fed, fed.clients[i], plans[i], targets=targets.get(i),
-                                        lam=lam, temperature=temperature))
+        with fed.timer("training"):
+            for i in active:
+                losses.append(train_on_plan(fed, fed.clients[i], plans[i], targets=targets.get(i),
+                                            lam=lam, temperature=temperature))
     else:
         snapshots = frozen_snapshots(fed, active)
-        for i in active:
-            peers = peers_of(i, active)
-            fn = reference_target_fn(snapshots, peers, aggregate, temperature, counts, accs) if peers else None
-            losses.append(train_on_plan(fed, fed.clients[i], plans[i], targets=fn, lam=lam,
-                                        temperature=temperature))
+        with fed.timer("training_with_teachers"):  # the reference path interleaves the phases
+            for i in active:
+                peers = peers_of(i, active)
+                fn = reference_target_fn(snapshots, peers, aggregate, temperature, counts, accs,
+                                         bf16=fed.device.type == "cuda") if peers else None
+                losses.append(train_on_plan(fed, fed.clients[i], plans[i], targets=fn, lam=lam,
+                                            temperature=temperature))
     return {"train_loss": sum(losses) / len(losses)}

@@ -116,8 +116,8 @@ def mlp_small(pretrained=False, num_classes=10, in_chans=1, img_size=(8, 8), **k
 
 @register_model
 def cnn_small(pretrained=False, num_classes=10, in_chans=1, img_size=(8, 8), **kwargs):
-    """Three conv-BN-ReLU layers (16, 32, 64 channels), one max-pool, GAP: a CPU-sized CNN."""
-    return PlainCNN((16, 32, 64), {1}, num_classes, in_chans, img_size)
+    """Three conv-BN-ReLU layers (16, 32, 64 channels), max-pool after the first two, GAP."""
+    return PlainCNN((16, 32, 64), {0, 1}, num_classes, in_chans, img_size)
 
 
 class TinyResNet(nn.Module):

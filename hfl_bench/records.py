@@ -95,7 +95,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         "status": result.status,
         "error": result.error,
         "method": {
-            "name": method.name,
+            "name": cfg.method,  # the registry key: right also for an entry point that names a class
             "fidelity": method.fidelity,
             "citation": method.citation,
             "notes": list(method.notes),
@@ -126,6 +126,8 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "local_epochs": cfg.local_epochs,
             "topology": method.topology,
             "exec": fed.exec_path(),
+            "eval_every": cfg.eval_every,
+            "vmap": fed.use_vmap,
         },
         "seeds": {"python": cfg.seed, "numpy": cfg.seed, "torch": cfg.seed, "partition": cfg.seed},
         "selection": {"rule": "best_mean_local_val", "round": best.round if best else None},

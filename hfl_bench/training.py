@@ -85,15 +85,44 @@ def make_plan(fed: "Federation", cid: int, rnd: int, epochs: int | None = None, 
 
 
 @torch.no_grad()
-def predict_logits(model: nn.Module, x: torch.Tensor, chunk: int = INFERENCE_CHUNK) -> torch.Tensor:
-    """Eval-mode logits in large chunks; the model's train/eval mode is restored afterwards."""
+def predict_logits(model: nn.Module, x: torch.Tensor, chunk: int = INFERENCE_CHUNK, bf16: bool = False) -> torch.Tensor:
+    """Eval-mode logits in large chunks; the model's train/eval mode is restored afterwards.
+
+    ``bf16`` runs the forward under CUDA bf16 autocast (teacher inference on a GPU); logits
+    come back as float32 either way.
+    """
     was_training = model.training
     model.eval()
     try:
-        outs = [model(x[i : i + chunk]) for i in range(0, len(x), chunk)]
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16 and x.is_cuda):
+            outs = [model(x[i : i + chunk]).float() for i in range(0, len(x), chunk)]
     finally:
         model.train(was_training)
     return torch.cat(outs) if outs else x.new_zeros((0,))
+
+
+@torch.no_grad()
+def predict_logits_stacked(models: list[nn.Module], x: torch.Tensor, chunk: int = INFERENCE_CHUNK,
+                           bf16: bool = False) -> torch.Tensor:
+    """Logits of several same-architecture models on the same inputs [G, len(x), C] in one
+    vmapped call over their stacked parameters (torch.func); eval mode, like predict_logits."""
+    from torch.func import functional_call, stack_module_state
+
+    params, buffers = stack_module_state(models)
+    base = models[0]
+    was_training = base.training
+    base.eval()
+
+    def one(p, b, xb):
+        return functional_call(base, (p, b), (xb,))
+
+    try:
+        batched = torch.func.vmap(one, in_dims=(0, 0, None))
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16 and x.is_cuda):
+            outs = [batched(params, buffers, x[i : i + chunk]).float() for i in range(0, len(x), chunk)]
+    finally:
+        base.train(was_training)
+    return torch.cat(outs, dim=1)
 
 
 def soft_targets(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from hfl_bench.config import ConfigError
-from hfl_bench.engine import SERVER
+from hfl_bench.metering import SERVER
 from hfl_bench.method import Method, register_method
 from hfl_bench.training import make_plan, train_on_plan
 

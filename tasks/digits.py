@@ -27,7 +27,7 @@ class Digits(Task):
         license="CC BY 4.0",
         description="Offline; a stratified 80/20 train/test split with a fixed seed.",
         augmentation="none",
-        defaults={"pool": "cpu", "rounds": 150, "clients": 10, "partition": "dirichlet", "alpha": 0.3},
+        defaults={"pool": "cpu", "rounds": 300, "clients": 10, "partition": "dirichlet", "alpha": 0.3},
     )
 
     def load_arrays(self, data_dir: Path, download: bool):

@@ -1,0 +1,122 @@
+"""Record files: atomic writes (no temp files, no partial records) and clear load errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from hfl_bench import records
+from hfl_bench.records import load_record, record_filename, write_atomic, write_record
+
+
+def _record(**extra):
+    rec = {
+        "schema_version": "1.0",
+        "config": {"task": "digits", "method": "local", "seed": 0},
+        "config_hash": "0123456789abcdef",
+        "status": "ok",
+    }
+    rec.update(extra)
+    return rec
+
+
+def test_write_atomic_leaves_only_the_target(tmp_path):
+    target = tmp_path / "sub" / "rec.json"
+    write_atomic(target, "first\n")
+    assert target.read_text() == "first\n"
+    write_atomic(target, "second\n")  # overwrite in place
+    assert target.read_text() == "second\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["rec.json"]
+
+
+def test_write_atomic_failure_cleans_up_and_keeps_old_file(tmp_path, monkeypatch):
+    target = tmp_path / "rec.json"
+    target.write_text("old\n")
+
+    def broken_fsync(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(records.os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(target, "new\n")
+    assert target.read_text() == "old\n"  # never half-replaced
+    assert [p.name for p in tmp_path.iterdir()] == ["rec.json"]  # no temp file left behind
+
+    fresh = tmp_path / "fresh.json"
+    with pytest.raises(OSError):
+        write_atomic(fresh, "new\n")
+    assert not fresh.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["rec.json"]
+
+
+def test_write_atomic_failure_in_rename(tmp_path, monkeypatch):
+    target = tmp_path / "rec.json"
+
+    def broken_replace(src, dst):
+        raise OSError("rename failed")
+
+    monkeypatch.setattr(records.os, "replace", broken_replace)
+    with pytest.raises(OSError, match="rename failed"):
+        write_atomic(target, "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_record_round_trip(tmp_path):
+    rec = _record(metrics={"global_acc": 12.5})
+    path = write_record(rec, tmp_path / "runs")
+    assert path.name == record_filename(rec) == "digits__local__0123456789abcdef__seed0.json"
+    assert path.read_text().endswith("\n")
+    assert load_record(path) == rec
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_write_record_rejects_non_finite_without_a_file(tmp_path, bad):
+    out = tmp_path / "runs"
+    rec = _record(metrics={"global_acc": bad})
+    with pytest.raises(ValueError):
+        write_record(rec, out)
+    assert not (out / record_filename(rec)).exists()
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_write_record_keeps_previous_record_on_failure(tmp_path):
+    out = tmp_path / "runs"
+    good = write_record(_record(metrics={"global_acc": 1.0}), out)
+    before = good.read_text()
+    with pytest.raises(ValueError):
+        write_record(_record(metrics={"global_acc": float("nan")}), out)  # same file name
+    assert good.read_text() == before
+    assert [p.name for p in out.iterdir()] == [good.name]
+
+
+@pytest.mark.parametrize("content", ['{"hello": 1}', "[1, 2, 3]", '"schema_version"', "42", "null"])
+def test_load_record_rejects_non_records(tmp_path, content):
+    path = tmp_path / "x.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match="not an hfl-bench record") as e:
+        load_record(path)
+    assert str(path) in str(e.value)
+
+
+def test_load_record_invalid_json(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="is not valid JSON") as e:
+        load_record(path)
+    assert str(path) in str(e.value)
+    assert not isinstance(e.value, json.JSONDecodeError)  # a clean message, not the raw parser error
+
+
+def test_load_record_missing(tmp_path):
+    with pytest.raises(ValueError, match="record not found"):
+        load_record(tmp_path / "missing.json")
+
+
+def test_load_record_accepts_minimal(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"schema_version": "1.0"}))
+    assert load_record(path) == {"schema_version": "1.0"}
+    assert os.listdir(tmp_path) == ["x.json"]
