@@ -29,10 +29,11 @@ PRESETS = {
     "cpu": [
         dict(task="digits", pool="cpu", clients=[10, 20, 50, 100], rounds=6, paths=["reference", "fast"]),
         dict(task="synthetic-cifar10", pool="paper", clients=[10], rounds=2, paths=["reference", "fast"],
-             train_size=1000, test_size=200),
+             train_size=400, test_size=100),
     ],
     "gpu": [
         dict(task="synthetic-cifar10", pool="paper", clients=[10, 20, 50, 100], rounds=3, paths=["fast"]),
+        dict(task="synthetic-cifar10", pool="paper", clients=[10], rounds=3, paths=["fast"], vmap="off"),
         dict(task="synthetic-cifar10", pool="paper", clients=[10], rounds=2, paths=["reference"]),
     ],
 }
@@ -123,7 +124,9 @@ def main() -> None:
     ap.add_argument("--method", default="crad")
     ap.add_argument("--device", default=None, help="default: cuda for the gpu preset, else cpu")
     ap.add_argument("--active", type=int, default=10, help="active clients per round")
-    ap.add_argument("--vmap", default="auto", choices=["auto", "on", "off"])
+    ap.add_argument("--vmap", default="auto", choices=["auto", "on", "off"], help="unless a preset row sets it")
+    ap.add_argument("--clients", default=None, help="comma-separated N values to keep (default: the preset's)")
+    ap.add_argument("--paths", default=None, help="comma-separated paths to keep: reference, fast")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (1 is the steady choice on 2 cores)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-flops", action="store_true", help="skip the FLOP count")
@@ -134,26 +137,32 @@ def main() -> None:
         print(json.dumps(child(json.loads(args.child))))
         return
     device = args.device or ("cuda" if args.preset == "gpu" else "cpu")
-    rows = []
+    out = Path(args.out or f"benchmarks/results/{args.preset}-{dt.datetime.now():%Y%m%d-%H%M%S}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": device,
+              "matmul_flops": matmul_ceiling(device), "platform": platform_info(device), "rows": []}
+    keep = {int(n) for n in args.clients.split(",")} if args.clients else None
     for block in PRESETS[args.preset]:
         for n in block["clients"]:
-            spec = dict(block, clients=n, method=args.method, device=device, active=args.active, vmap=args.vmap,
-                        threads=args.threads, seed=args.seed, flops=not args.no_flops)
+            if keep is not None and n not in keep:
+                continue
+            spec = dict(dict(vmap=args.vmap, flops=not args.no_flops), **block)
+            if args.paths:
+                spec["paths"] = [p for p in spec["paths"] if p in args.paths.split(",")]
+                if not spec["paths"]:
+                    continue
+            spec.update(clients=n, method=args.method, device=device, active=args.active, threads=args.threads,
+                        seed=args.seed)
             env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
             proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
                                   text=True, env=env)
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
-                rows.append({"spec": spec, "error": proc.stderr[-500:]})
-                continue
-            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            print_row(rows[-1])
-    ceiling = matmul_ceiling(device)
-    report = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": device,
-              "matmul_flops": ceiling, "platform": platform_info(device), "rows": rows}
-    out = Path(args.out or f"benchmarks/results/{args.preset}-{dt.datetime.now():%Y%m%d-%H%M%S}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+                report["rows"].append({"spec": spec, "error": proc.stderr[-2000:]})
+            else:
+                report["rows"].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                print_row(report["rows"][-1])
+            out.write_text(json.dumps(report, indent=1) + "\n")  # after every row: partial results survive
     print_table(report)
     print(f"written to {out}")
 
@@ -181,25 +190,25 @@ def print_table(report: dict) -> None:
     from rich.table import Table
 
     t = Table(title=f"per-round cost on {report['device']} ({report['platform'].get('gpu', 'CPU')})")
-    for col in ("task", "N", "path", "s/round", "teacher", "aggregation", "training", "evaluation",
+    for col in ("task", "N", "path", "vmap", "s/round", "teacher", "aggregation", "training", "evaluation",
                 "MB sent", "peak mem MB", "GFLOP/s", "% of matmul"):
         t.add_column(col, justify="right")
     peak = max(report["matmul_flops"].values())
     for row in report["rows"]:
         s = row["spec"]
         if "error" in row:
-            t.add_row(s["task"], str(s["clients"]), "error", "-", "-", "-", "-", "-", "-", "-", "-", "-")
+            t.add_row(s["task"], str(s["clients"]), "error", *["-"] * 10)
             continue
         for path, r in row["paths"].items():
             ph = r["phases_s"]
             mem = r["cuda_peak_bytes"] if r["cuda_peak_bytes"] is not None else row["cpu_peak_rss_bytes"]
             fl = r.get("achieved_flops")
-            t.add_row(s["task"], str(s["clients"]), path, f"{r['round_s']:.3f}",
+            t.add_row(s["task"], str(s["clients"]), path, str(r["vmap"]), f"{r['round_s']:.3f}",
                       f"{ph.get('teacher_inference', 0):.3f}", f"{ph.get('aggregation', 0):.3f}",
                       f"{ph.get('training', ph.get('training_with_teachers', 0)):.3f}",
                       f"{ph.get('evaluation', 0):.3f}", f"{r['bytes_per_round'] / 1e6:.1f}", f"{mem / 2**20:.0f}",
                       "-" if fl is None else f"{fl / 1e9:.1f}", "-" if fl is None else f"{100 * fl / peak:.1f}")
-    Console().print(t)
+    Console(width=200).print(t)
     print("matmul ceiling (FLOP/s):", {k: f"{v / 1e12:.2f} T" for k, v in report["matmul_flops"].items()})
     for row in report["rows"]:
         p = row.get("paths", {})

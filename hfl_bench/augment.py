@@ -72,8 +72,3 @@ def draw(name: str, n: int, shape, gen: torch.Generator) -> AugParams:
 
 def apply(name: str, x: torch.Tensor, params: AugParams) -> torch.Tensor:
     return AUGMENTATIONS[name][1](x, params)
-
-
-def select(params: AugParams, positions: torch.Tensor) -> AugParams:
-    """The parameters of a subset of an epoch's samples (positions within the epoch)."""
-    return {k: v[positions.cpu()] for k, v in params.items()}

@@ -70,7 +70,7 @@ def run(
     eval_every: Optional[int] = typer.Option(None, help="Global test every k rounds (and at each new best val round). \\[default: 1]"),
     device: Optional[str] = typer.Option(None, help="auto, cpu, cuda or cuda:N. \\[default: auto]"),
     exec_path: Optional[str] = typer.Option(None, "--exec", help="Peer-KD path: reference, fast or auto. \\[default: auto]"),
-    vmap: Optional[str] = typer.Option(None, help="Stacked teacher inference per architecture: on, off or auto (on for CUDA). \\[default: auto]"),
+    vmap: Optional[str] = typer.Option(None, help="Vmapped teacher inference per architecture: on, off or auto (= off, measured slower). \\[default: auto]"),
     data_dir: Optional[Path] = typer.Option(None, help="Dataset folder; default: $HFL_BENCH_DATA or ~/.cache/hfl-bench/data."),
     download: bool = typer.Option(False, "--download", help="Download the dataset if it is missing."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Folder for the JSON record. \\[default: runs]"),

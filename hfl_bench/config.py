@@ -42,7 +42,7 @@ class RunConfig:
     eval_every: int = _f(1, "Evaluate the global test set every k rounds (and at every new best validation round).")
     device: str = _f("auto", "auto, cpu, cuda or cuda:N.")
     exec: str = _f("auto", "Peer-KD execution path: reference (per batch, as Algorithm 1), fast or auto.")
-    vmap: str = _f("auto", "Stacked teacher inference per architecture: on, off or auto (on for CUDA).")
+    vmap: str = _f("auto", "Stacked (vmapped) teacher inference per architecture: on, off or auto (= off; measured slower).")
     data_dir: str | None = _f(None, "Dataset folder; default: $HFL_BENCH_DATA or ~/.cache/hfl-bench/data.")
     download: bool = _f(False, "Download the dataset if it is missing.")
     out: str = _f("runs", "Folder the JSON record is written to.")

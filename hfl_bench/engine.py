@@ -71,9 +71,9 @@ class Federation:
 
     @property
     def use_vmap(self) -> bool:
-        """Stacked (vmapped) teacher inference: on by default on CUDA only (on CPU a loop over
-        conv nets measured faster; see README, Performance)."""
-        return self.device.type == "cuda" if self.cfg.vmap == "auto" else self.cfg.vmap == "on"
+        """Stacked (vmapped) teacher inference per architecture. ``auto`` leaves it off: a plain
+        loop of large-batch calls measured faster on this CPU and on an H200 (README, Performance)."""
+        return self.cfg.vmap == "on"
 
 
 def pick_device(name: str) -> torch.device:
@@ -102,7 +102,8 @@ def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: tor
     data = data.to(device)
     cuda = device.type == "cuda"
     if cuda:  # channels-last convolutions are faster on tensor cores; indexing keeps the layout
-        torch.backends.cudnn.benchmark = True
+        # No cudnn.benchmark: client shards give many batch shapes, and re-tuning each new one
+        # made partially participating rounds ~3x slower on an H200 (README, Performance).
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         data = dataclasses.replace(data, train_x=_channels_last(data.train_x), test_x=_channels_last(data.test_x))

@@ -51,9 +51,10 @@ def teacher_major_probs(
 ) -> dict[int, dict[int, torch.Tensor]]:
     """probs[i][j]: teacher j's softened predictions on all of student i's epoch views [n_i, C].
 
-    Each teacher runs once over the concatenation of its students' views. With ``fed.use_vmap``,
-    teachers of one architecture run together in one vmapped call over the union of their
-    students' views (each then discards the rows it does not teach).
+    Each teacher runs once over the concatenation of its students' views. With ``fed.use_vmap``
+    (``--vmap on``), teachers of one architecture run together in one vmapped call over the union
+    of their students' views (each then discards the rows it does not teach); it computes the same
+    targets but measured slower on a CPU and on an H200, so it is off by default.
     """
     views = {i: plan.view(fed) for i, plan in plans.items()}
     probs: dict[int, dict[int, torch.Tensor]] = {i: {} for i in plans}
