@@ -254,7 +254,10 @@ class Simulation:
     the initial models (round 0)."""
 
     def __init__(self, cfg: RunConfig):
+        from hfl_bench.records import git_info  # the code version when the run starts
+
         self.cfg = cfg
+        self.code = git_info()
         device = pick_device(cfg.device)
         task = get_task(cfg.task)
         self.method = make_method(cfg)
@@ -313,7 +316,7 @@ class Simulation:
         fed = self.fed
         sent = np.stack(self.sent) if self.sent else np.zeros((0, fed.n_clients))
         return RunResult(status, error, self.best, self.history, fed, self.method, time.perf_counter() - self.t0,
-                         peak_memory(fed.device), {"bytes_sent_per_client_round": sent})
+                         peak_memory(fed.device), {"bytes_sent_per_client_round": sent, "code": self.code})
 
 
 def run(cfg: RunConfig, progress: ProgressFn | None = None) -> RunResult:

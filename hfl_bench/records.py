@@ -142,7 +142,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         "history": result.history,
         "config": cfg_dict,
         "config_hash": chash,
-        "code": {"hfl_bench_version": hfl_bench.__version__, **git_info()},
+        "code": {"hfl_bench_version": hfl_bench.__version__, **result.extra.get("code", git_info())},
         "environment": environment(fed.device),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
