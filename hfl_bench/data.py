@@ -98,6 +98,11 @@ class Task:
                     f"{self.info.name}: {split} images have shape {tuple(x.shape[1:])}, "
                     f"expected {expected}"
                 )
+        c = self.info.num_classes
+        for split, y in (("train", train_y), ("test", test_y)):
+            y = np.asarray(y)
+            if len(y) and (y.min() < 0 or y.max() >= c):
+                raise DatasetError(f"{self.info.name}: {split} labels in {root} lie outside 0..{c - 1}")
         mean, std = channel_stats(train_x)
         return TaskData(
             train_x=normalize(train_x, mean, std),
@@ -131,6 +136,16 @@ def missing_dataset(task: str, path: Path, extra: str = "") -> DatasetError:
     return DatasetError(
         f"{task} data not found at {path}. Pass --download to fetch it (needs internet), "
         f"or point --data-dir / ${DATA_DIR_ENV} at a folder that holds it.{extra}"
+    )
+
+
+def unreadable_dataset(task: str, path: Path, error: Exception, download: bool) -> DatasetError:
+    """A dataset file that exists but cannot be read (or fetched): one line naming the path."""
+    what = "could not be downloaded or read" if download else "is missing or corrupt"
+    detail = " ".join(str(error).split())
+    return DatasetError(
+        f"{task}: the data at {path} {what} ({type(error).__name__}: {detail}). "
+        "Pass --download to fetch it again (needs internet)."
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from hfl_bench.data import DatasetError, Task, TaskInfo, missing_dataset, register_task
+from hfl_bench.data import DatasetError, Task, TaskInfo, missing_dataset, register_task, unreadable_dataset
 
 # Dataset class per task name, overriding torchvision's CIFAR10 / CIFAR100 (tests put
 # subclasses without MD5 checks here to run the real parsing code on small fake files).
@@ -54,16 +54,7 @@ class _CIFAR(Task):
             classes = [str(c) for c in train.classes]
             splits = [_arrays(d) for d in (train, test)]
         except Exception as e:  # torchvision: RuntimeError on a missing file or an MD5 mismatch
-            what = "could not be downloaded or read" if download else "is missing or corrupt"
-            raise DatasetError(
-                f"{name}: the data at {folder} {what} ({type(e).__name__}: {e}). "
-                "Pass --download to fetch it again (needs internet)."
-            ) from e
-        for split, (_, y) in zip(("train", "test"), splits):
-            if len(y) and (y.min() < 0 or y.max() >= self.info.num_classes):
-                raise DatasetError(
-                    f"{name}: {split} labels in {folder} lie outside 0..{self.info.num_classes - 1}"
-                )
+            raise unreadable_dataset(name, folder, e, download) from e
         if len(classes) != self.info.num_classes:
             raise DatasetError(
                 f"{name}: {folder} names {len(classes)} classes, expected {self.info.num_classes}"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hfl_bench.data import DatasetError, Task, TaskInfo, missing_dataset, register_task
+from hfl_bench.data import Task, TaskInfo, missing_dataset, register_task, unreadable_dataset
 
 FILE_NAME = "pathmnist.npz"
 SIZE = 28
@@ -58,17 +58,7 @@ class PathMNIST(Task):
                 for s, d in (("train", download), ("test", False))
             ]
         except Exception as e:  # a truncated / garbage npz, missing keys, a failed download
-            msg = " ".join(str(e).split())
-            what = "could not be downloaded or read" if download else "is unreadable or corrupt"
-            raise DatasetError(
-                f"pathmnist: {path} {what} ({type(e).__name__}: {msg}). "
-                "Pass --download to fetch it again (needs internet)."
-            ) from e
-        for split, (_, y) in zip(("train", "test"), splits):
-            if len(y) and (y.min() < 0 or y.max() >= self.info.num_classes):
-                raise DatasetError(
-                    f"pathmnist: {split} labels in {path} lie outside 0..{self.info.num_classes - 1}"
-                )
+            raise unreadable_dataset(self.info.name, path, e, download) from e
         (train_x, train_y), (test_x, test_y) = splits
         return train_x, train_y, test_x, test_y
 
