@@ -19,6 +19,9 @@ from hfl_bench.registry import TASKS
 
 DATA_DIR_ENV = "HFL_BENCH_DATA"
 
+# The CRAD paper's protocol (Sec. 4.1): the default of the tasks it ran.
+PAPER_PROTOCOL = {"pool": "paper", "rounds": 300, "clients": 10, "partition": "dirichlet", "alpha": 0.3, "seed": 1024}
+
 
 class DatasetError(RuntimeError):
     """A dataset is missing or unreadable; the message names the path and what to do."""

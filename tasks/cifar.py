@@ -7,21 +7,20 @@ from typing import Any
 
 import numpy as np
 
-from hfl_bench.data import DatasetError, Task, TaskInfo, missing_dataset, register_task, unreadable_dataset
+from hfl_bench.data import (
+    PAPER_PROTOCOL,
+    DatasetError,
+    Task,
+    TaskInfo,
+    missing_dataset,
+    register_task,
+    unreadable_dataset,
+)
 
 # Dataset class per task name, overriding torchvision's CIFAR10 / CIFAR100 (tests put
 # subclasses without MD5 checks here to run the real parsing code on small fake files).
 _DATASETS: dict[str, Any] = {}
 
-# The CRAD paper protocol.
-PAPER_DEFAULTS = {
-    "pool": "paper",
-    "rounds": 300,
-    "clients": 10,
-    "partition": "dirichlet",
-    "alpha": 0.3,
-    "seed": 1024,
-}
 CITATION = (
     "Krizhevsky, Learning Multiple Layers of Features from Tiny Images, "
     "Tech. Report, University of Toronto, 2009"
@@ -89,7 +88,7 @@ class CIFAR10(_CIFAR):
         license=LICENSE,
         description="The official 50000/10000 train/test split; expects <data-dir>/cifar-10-batches-py.",
         augmentation="crop-flip",
-        defaults=dict(PAPER_DEFAULTS),
+        defaults=dict(PAPER_PROTOCOL),
     )
 
 
@@ -110,5 +109,5 @@ class CIFAR100(_CIFAR):
             "expects <data-dir>/cifar-100-python."
         ),
         augmentation="crop-flip",
-        defaults=dict(PAPER_DEFAULTS),
+        defaults=dict(PAPER_PROTOCOL),
     )

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hfl_bench.data import Task, TaskInfo, missing_dataset, register_task, unreadable_dataset
+from hfl_bench.data import PAPER_PROTOCOL, Task, TaskInfo, missing_dataset, register_task, unreadable_dataset
 
 FILE_NAME = "pathmnist.npz"
 SIZE = 28
@@ -34,14 +34,7 @@ class PathMNIST(Task):
             "(10004) is not used. Expects <data-dir>/pathmnist.npz."
         ),
         augmentation="flips",
-        defaults={
-            "pool": "paper",
-            "rounds": 300,
-            "clients": 10,
-            "partition": "dirichlet",
-            "alpha": 0.3,
-            "seed": 1024,
-        },
+        defaults=dict(PAPER_PROTOCOL),
     )
 
     def load_arrays(self, data_dir: Path, download: bool):

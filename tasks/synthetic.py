@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hfl_bench.data import Task, TaskInfo, register_task
+from hfl_bench.data import PAPER_PROTOCOL, Task, TaskInfo, register_task
 
 SEED = 7
 
@@ -25,7 +25,7 @@ class SyntheticCIFAR10(Task):
         license="public domain",
         description="50,000 train / 10,000 test random images; CIFAR's shapes, augmentation and protocol.",
         augmentation="crop-flip",
-        defaults={"pool": "paper", "rounds": 300, "clients": 10, "partition": "dirichlet", "alpha": 0.3, "seed": 1024},
+        defaults=dict(PAPER_PROTOCOL),
     )
     n_train, n_test = 50_000, 10_000
 
