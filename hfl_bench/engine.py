@@ -163,6 +163,7 @@ class RoundMetrics:
     local_acc: np.ndarray  # [N] percent (nan for a client without a test half)
     global_acc: np.ndarray | None  # [N] percent; None when the global test was skipped this round
     global_class_acc: np.ndarray | None  # [N, C] percent
+    endpoints: dict[str, dict[str, float]] = field(default_factory=dict)  # extra endpoints (Method.endpoints)
 
     @property
     def mean_val(self) -> float:
@@ -187,7 +188,8 @@ class Evaluator:
         self.global_stale: set[int] = set(range(n))
         self.best_val = -np.inf
 
-    def __call__(self, rnd: int, models: list[nn.Module], changed: list[int], last: bool = False) -> RoundMetrics:
+    def __call__(self, rnd: int, models: list[nn.Module], changed: list[int], last: bool = False,
+                 endpoints: dict[str, list[nn.Module]] | None = None) -> RoundMetrics:
         fed = self.fed
         with self.timer("evaluation"):
             for cid in changed:
@@ -209,7 +211,19 @@ class Evaluator:
                 self.global_stale.clear()
                 global_class = self.global_correct / np.maximum(self.test_class_counts, 1) * 100
                 global_acc = self.global_correct.sum(1) / max(self.test_class_counts.sum(), 1) * 100
-        return RoundMetrics(rnd, val, local, global_acc, global_class)
+                extra = {name: self.endpoint(predictors) for name, predictors in (endpoints or {}).items()}
+        return RoundMetrics(rnd, val, local, global_acc, global_class, extra if global_acc is not None else {})
+
+    def endpoint(self, predictors: list[nn.Module]) -> dict[str, float]:
+        """Mean global and local test accuracy (percent) of an extra endpoint's per-client predictors."""
+        fed = self.fed
+        g = [float(evaluate_global(fed, p).sum()) / max(self.test_class_counts.sum(), 1) * 100 for p in predictors]
+        local = []
+        for p, client in zip(predictors, fed.clients):
+            if len(client.test_idx):
+                hits = predict_logits(p, fed.data.train_x[client.test_idx]).argmax(-1) == fed.data.train_y[client.test_idx]
+                local.append(float(hits.float().mean()) * 100)
+        return {"global_acc": round(float(np.mean(g)), 4), "local_acc": round(float(np.mean(local)), 4) if local else None}
 
 
 # ----------------------------------------------------------------------------- the run
@@ -271,7 +285,8 @@ class Simulation:
         self.method.setup(fed)
         self.evaluator = Evaluator(fed, fed.timer, cfg.eval_every)
         self.all_clients = list(range(fed.n_clients))
-        initial = self.evaluator(0, self.method.eval_models(fed), self.all_clients)
+        initial = self.evaluator(0, self.method.eval_models(fed), self.all_clients,
+                                 endpoints=self.method.endpoints(fed))
         self.history = [_history_entry(initial, 0, 0.0, {}, fed.timer.pop())]
         self.best: RoundMetrics | None = None
         self.sent: list[np.ndarray] = []
@@ -290,7 +305,8 @@ class Simulation:
         t_round = time.perf_counter()
         scalars = method.run_round(fed, rnd, active) or {}
         changed = sorted(set(method.changed_clients(fed, active)))
-        metrics = self.evaluator(rnd, method.eval_models(fed), changed, last=rnd == self.cfg.rounds)
+        metrics = self.evaluator(rnd, method.eval_models(fed), changed, last=rnd == self.cfg.rounds,
+                                 endpoints=method.endpoints(fed))
         seconds = time.perf_counter() - t_round
         self.sent.append(fed.channel.sent.copy())
         nbytes = int(fed.channel.sent.sum() + fed.channel.server_sent)

@@ -57,6 +57,11 @@ class Method:
         """The model evaluated for each client (default: the client's own model)."""
         return [c.model for c in fed.clients]
 
+    def endpoints(self, fed: "Federation") -> dict[str, list[nn.Module]]:
+        """Extra per-client predictors reported beside the headline metric (e.g. a shared model or
+        an ensemble), evaluated whenever the global test set is; reported at the selected round."""
+        return {}
+
     def hparams(self) -> dict[str, Any]:
         return dataclasses.asdict(self.params)
 

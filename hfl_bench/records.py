@@ -84,7 +84,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             ],
             "per_class_global_acc": [_pct(v) for v in best.global_class_acc.mean(axis=0)],
             "per_arch_global_acc": {a: _pct(float(np.mean(v))) for a, v in per_arch.items()},
-            "extra_endpoints": result.extra.get("endpoints", {}),
+            "extra_endpoints": best.endpoints,
         }
     sent = result.extra["bytes_sent_per_client_round"]
     rounds_run = len(result.history) - 1

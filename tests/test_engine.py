@@ -168,3 +168,24 @@ def test_vmapped_teachers_equal_looped_teachers(tiny_cfg, rule):
     vmapped = peerkd.fast_targets(fed, plans, active, agg, 2.0, fed.val_counts, fed.val_accs())
     for i in active:
         assert torch.allclose(looped[i], vmapped[i], atol=1e-5), f"client {i}"
+
+
+def test_extra_endpoints_are_evaluated_and_recorded(tiny_cfg):
+    from hfl_bench import records
+    from hfl_bench.methods.local import Local
+
+    class LocalWithShadow(Local):
+        """Local training, plus an endpoint that is client 0's model for everyone."""
+
+        def endpoints(self, fed):
+            return {"client0": [fed.clients[0].model] * fed.n_clients}
+
+    task = get_task("digits")
+    cfg = resolve(tiny_cfg(method="local"), task.info.defaults)
+    sim = engine.Simulation(cfg)
+    sim.method = LocalWithShadow()
+    result = sim.run()
+    shadow = result.best.endpoints["client0"]
+    assert shadow["global_acc"] == pytest.approx(result.best.global_acc[0], abs=1e-3)
+    record = records.build_record(cfg, result)
+    assert record["metrics"]["extra_endpoints"]["client0"]["global_acc"] == pytest.approx(shadow["global_acc"])
