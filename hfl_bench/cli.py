@@ -289,18 +289,15 @@ def partition(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Print the client x class count table of a task's partition (train part; val/test totals)."""
-    from hfl_bench.data import get_task
-    from hfl_bench.partition import make_partition
+    from hfl_bench.engine import load_task, partition_for
 
     try:
-        t = get_task(task)
-        cfg = config_mod.resolve(
-            RunConfig(task=task, partition=scheme, alpha=alpha, classes_per_client=k, clients=clients, seed=seed,
-                      heldout_fraction=heldout_fraction), t.info.defaults)
+        t, cfg = load_task(RunConfig(task=task, partition=scheme, alpha=alpha, classes_per_client=k, clients=clients,
+                                     seed=seed, heldout_fraction=heldout_fraction,
+                                     data_dir=str(data_dir) if data_dir else None))
         data = t.load(data_dir, download)
         labels = data.train_y.numpy()
-        part = make_partition(labels, cfg.clients, cfg.partition, seed=cfg.seed,
-                              heldout_fraction=cfg.heldout_fraction, alpha=cfg.alpha, k=cfg.classes_per_client)
+        part = partition_for(cfg, t.info, data)
     except USER_ERRORS as e:
         fail(str(e))
     c = t.info.num_classes

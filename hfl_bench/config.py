@@ -154,9 +154,14 @@ def _coerce(value: Any, default: Any, key: str, method: str):
             raise ValueError(value)
         if isinstance(default, int):
             return int(value)
-        if isinstance(default, float) or default is None:
-            if default is None and value.lower() in ("none", "null", ""):
+        if default is None:  # an optional field: "none" unsets it, a number is a number, else a string
+            if value.lower() in ("none", "null", ""):
                 return None
+            try:
+                return float(value)
+            except ValueError:
+                return value
+        if isinstance(default, float):
             return float(value)
     except ValueError:
         raise ConfigError(f"{method}: {key}={value!r} is not a valid {type(default).__name__}") from None

@@ -60,6 +60,9 @@ class TaskData:
     test_x: torch.Tensor
     test_y: torch.Tensor
     class_names: list[str] | None = None
+    # A task that ships its own client partition (pfl-npz) sets one train index array per client;
+    # the engine then keeps it (partition "given") instead of drawing one.
+    client_indices: list[np.ndarray] | None = None
 
     def to(self, device: torch.device | str) -> "TaskData":
         return dataclasses.replace(
@@ -88,6 +91,11 @@ class Task:
 
     def class_names(self) -> list[str] | None:
         return None
+
+    def folder_defaults(self, data_dir: Path | str | None) -> dict[str, Any]:
+        """Protocol defaults that depend on the data folder (pfl-npz: its number of clients);
+        they override ``info.defaults``. Most tasks have none."""
+        return {}
 
     def load(self, data_dir: Path | str | None = None, download: bool = False) -> TaskData:
         root = resolve_data_dir(data_dir)

@@ -20,7 +20,7 @@ from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.data import TaskData, TaskInfo, get_task
 from hfl_bench.metering import Channel, PhaseTimer
 from hfl_bench.method import Method, get_method_class
-from hfl_bench.partition import Partition, make_partition
+from hfl_bench.partition import Partition, given_partition, make_partition
 from hfl_bench.pools import ArchPool, PoolMember, build_model, get_pool, n_params
 from hfl_bench.training import Diverged, derive_seed, predict_logits, seeded_choice
 
@@ -95,9 +95,7 @@ def seed_everything(seed: int) -> None:
 
 def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: torch.device) -> Federation:
     labels = data.train_y.numpy()
-    params = {"alpha": cfg.alpha, "k": cfg.classes_per_client}
-    partition = make_partition(labels, cfg.clients, cfg.partition, seed=cfg.seed,
-                               heldout_fraction=cfg.heldout_fraction, **params)
+    partition = partition_for(cfg, info, data)
     pool = get_pool(cfg.pool)
     data = data.to(device)
     cuda = device.type == "cuda"
@@ -124,6 +122,23 @@ def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: tor
                                      dtype=torch.float32, device=device)
     fed.val_correct = torch.zeros_like(fed.val_counts)
     return fed
+
+
+def partition_for(cfg: RunConfig, info: TaskInfo, data: TaskData) -> Partition:
+    """The run's client partition: drawn by the configured partitioner, or the one the task ships."""
+    labels = data.train_y.numpy()
+    if data.client_indices is None:
+        params = {"alpha": cfg.alpha, "k": cfg.classes_per_client}
+        return make_partition(labels, cfg.clients, cfg.partition, seed=cfg.seed,
+                              heldout_fraction=cfg.heldout_fraction, **params)
+    n = len(data.client_indices)
+    if cfg.partition != "given":
+        raise ConfigError(f"task {info.name} ships its own client partition: use --partition given "
+                          f"(its default), not --partition {cfg.partition}")
+    if cfg.clients != n:
+        raise ConfigError(f"task {info.name}: --clients {cfg.clients}, but its data holds {n} clients: "
+                          f"drop --clients or pass --clients {n}")
+    return given_partition(data.client_indices, labels, seed=cfg.seed, heldout_fraction=cfg.heldout_fraction)
 
 
 def _channels_last(x: torch.Tensor) -> torch.Tensor:
@@ -253,7 +268,7 @@ def make_method(cfg: RunConfig) -> Method:
 
 def load_task(cfg: RunConfig):
     task = get_task(cfg.task)
-    return task, config_mod.resolve(cfg, task.info.defaults)
+    return task, config_mod.resolve(cfg, {**task.info.defaults, **task.folder_defaults(cfg.data_dir)})
 
 
 def peak_memory(device: torch.device) -> dict[str, int | None]:

@@ -107,6 +107,16 @@ def iid(labels: np.ndarray, n_clients: int, rng: np.random.Generator) -> list[np
     return list(np.array_split(rng.permutation(len(labels)), n_clients))
 
 
+@register_partitioner("given")
+def given(labels: np.ndarray, n_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """The client partition a task ships (pfl-npz: one client per file), kept exactly as it is.
+
+    Only a task whose data carries ``client_indices`` supports it; the engine then builds the
+    partition with ``given_partition``. It cannot be drawn from labels, so calling it is an error."""
+    raise PartitionError("partition 'given' cannot be drawn from labels: it keeps the client partition a task "
+                         "ships (pfl-npz), which only a run builds; other tasks take dirichlet, classes or iid")
+
+
 @dataclass(frozen=True)
 class ClientSplit:
     train: np.ndarray
@@ -189,3 +199,29 @@ def make_partition(labels: np.ndarray, n_clients: int, scheme: str = "dirichlet"
         raise PartitionError(f"clients {empty} got no training samples: use fewer clients or another partition")
     key = dict(used, heldout_fraction=heldout_fraction, seed=seed)
     return Partition(scheme, used, seed, heldout_fraction, clients, partition_hash(scheme, key, clients))
+
+
+def given_partition(indices: list[np.ndarray], labels: np.ndarray, seed: int = 0,
+                    heldout_fraction: float = 0.2) -> Partition:
+    """A partition whose client shards are exactly ``indices`` (a task's own partition), each
+    split into train / val / test by the usual seeded per-class ``split_client``. The hash also
+    covers the labels: shards are given, not drawn, so their sizes alone do not identify the data."""
+    labels = np.asarray(labels)
+    if not indices:
+        raise PartitionError("the given partition has no clients")
+    if not 0 <= heldout_fraction < 1:
+        raise PartitionError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
+    shards = [np.asarray(s, dtype=np.int64).reshape(-1) for s in indices]
+    joined = np.concatenate(shards)
+    if len(joined) and (joined.min() < 0 or joined.max() >= len(labels)):
+        raise PartitionError("the given client index arrays point outside the training set")
+    if len(np.unique(joined)) < len(joined):
+        raise PartitionError("the given client index arrays overlap")
+    rng = np.random.default_rng(seed)
+    clients = tuple(split_client(s, labels, heldout_fraction, rng) for s in shards)
+    empty = [cid for cid, s in enumerate(clients) if len(s.train) == 0]
+    if empty:
+        raise PartitionError(f"clients {empty} of the given partition have no training samples")
+    digest = hashlib.sha256(np.ascontiguousarray(labels, dtype=np.int64).tobytes()).hexdigest()[:16]
+    key = {"heldout_fraction": heldout_fraction, "seed": seed, "labels": digest}
+    return Partition("given", {}, seed, heldout_fraction, clients, partition_hash("given", key, clients))

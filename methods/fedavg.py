@@ -30,7 +30,8 @@ class FedAvg(Method):
             )
 
     def setup(self, fed):
-        first = fed.clients[0].model.state_dict()
+        # The server's initial model (client 0's initialization) goes to every other client.
+        first = fed.channel.send(SERVER, list(range(1, fed.n_clients)), fed.clients[0].model.state_dict())
         for c in fed.clients[1:]:
             c.model.load_state_dict(first)
 

@@ -1,0 +1,224 @@
+"""DFML: Decentralized Federated Mutual Learning (Khalil et al., arXiv 2402.01863).
+
+Serverless mutual learning (methods spec, Sec. 2). Each round one of the round's active clients,
+the aggregator a, is drawn at random; every other participant sends it its model. At a, for K
+local epochs over a's own training data, every participating model n (a's own included) takes a
+step on each batch with
+
+    L_n = (1 - alpha_t) * NLL(WSM_a(f_n(x)), y) + alpha_t * mean_{m != n} KL(p_m(x) || p_n(x)),
+
+where WSM_a is the softmax weighted by a's class proportions beta_a,
+log p_c = log beta_{a,c} + z_c - logsumexp_k(log beta_{a,k} + z_k), and p = softmax(f(x)).
+The models then go back to their owners. alpha_t cycles between supervision and distillation,
+and the model each client is evaluated with is its "peak model", stored when alpha_t peaks.
+
+Taken from the spec: the loss above, the WSM formula, one aggregator per round, models travel to
+the aggregator and back.
+
+Reconstructed (the spec marks these [reconstructed] or is silent; each is in ``notes``):
+
+- alpha schedule: alpha_t = alpha_max * (1 - cos(2 pi t / P)) / 2 with alpha_max = 0.8, P = 10,
+  where t = rnd - 1 counts completed rounds, so the first round is pure supervision (alpha 0)
+  and alpha peaks at t mod P == P / 2. P must be even so that the peak falls on a round.
+- peak models: after a round where alpha_t peaks, each participant's returned model is copied
+  as its peak model; a client is evaluated with its latest peak model, and with its current
+  model until its first peak. A client that sits out a peak round keeps its earlier peak model
+  (or, without one, is still evaluated with its current model).
+- WSM clamp: class proportions are floored at 1e-8 before the log (log beta >= -18.4). A class
+  absent at a then gets probability <= 1e-8 * exp(z_c - max_k z_k) relative to the others:
+  effectively zero, so a's labels never push an absent class's logit down, yet the log-prior is
+  finite, so no NaN or inf even for huge logits. An aggregator with no training data at all
+  gives every class the floor, i.e. the plain softmax.
+- teachers: synchronous mutual learning. On each batch every model's prediction is computed
+  once (train mode, one forward per model) before any model steps, and the peers' softmaxes
+  enter the KL detached. Within a batch no model sees another's update (the result does not
+  depend on the order models are updated); across batches the teachers are the peers' current
+  models. KL at temperature 1, averaged over the batch and over the peers.
+- the aggregator is drawn uniformly from the round's active clients, seeded by
+  derive_seed(seed, "dfml-aggregator", rnd); all active clients participate.
+- K (``epochs``) defaults to 1, the shared protocol's local epoch budget per round; the batch
+  order and views are a's seeded epoch plan (make_plan), the same for every model.
+- each model is stepped by its owner's optimizer (SGD lr 0.01, momentum 0.9, weight decay 5e-4;
+  the optimizer state stays with the model's owner), with gradient clipping at fed.cfg.grad_clip.
+- a round with a single participant trains it with the WSM loss alone (no peers to distill from).
+- metering: each participant other than a sends its state dict to a, and a sends each one back.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hfl_bench.config import ConfigError
+from hfl_bench.method import Method, register_method
+from hfl_bench.training import Diverged, derive_seed, make_plan
+
+BETA_FLOOR = 1e-8  # smallest class proportion entering log beta (absent classes)
+
+
+# ----------------------------------------------------------------------------- pure pieces
+
+
+def log_class_prior(class_counts, floor: float = BETA_FLOOR) -> torch.Tensor:
+    """log beta_c from per-class counts, with proportions floored at ``floor`` (absent classes)."""
+    counts = torch.as_tensor(np.asarray(class_counts), dtype=torch.float32)
+    beta = counts / counts.sum().clamp_min(1.0)  # no data at all: every class gets the floor
+    return beta.clamp_min(floor).log()
+
+
+def weighted_log_softmax(logits: torch.Tensor, class_counts, floor: float = BETA_FLOOR) -> torch.Tensor:
+    """WSM log-probabilities: log beta_c + z_c - logsumexp_k(log beta_k + z_k), beta from counts."""
+    log_beta = log_class_prior(class_counts, floor).to(logits.device)
+    return _wsm_log_probs(logits, log_beta)
+
+
+def _wsm_log_probs(logits: torch.Tensor, log_beta: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits.float() + log_beta, dim=-1)
+
+
+def alpha_at(t: int, alpha_max: float, period: int) -> float:
+    """Cyclic distillation weight: 0 at t = 0, alpha_max at t = period / 2."""
+    return alpha_max * (1.0 - math.cos(2.0 * math.pi * t / period)) / 2.0
+
+
+def is_peak(t: int, period: int) -> bool:
+    return t % period == period // 2
+
+
+def draw_aggregator(seed: int, rnd: int, active: list[int]) -> int:
+    rng = np.random.default_rng(derive_seed(seed, "dfml-aggregator", rnd))
+    return int(active[int(rng.integers(len(active)))])
+
+
+def dfml_loss(logits: torch.Tensor, y: torch.Tensor, log_beta: torch.Tensor,
+              peer_probs: list[torch.Tensor], alpha: float) -> torch.Tensor:
+    """(1 - alpha) NLL under WSM + alpha * mean over peers of KL(peer || student)."""
+    nll = F.nll_loss(_wsm_log_probs(logits, log_beta), y)
+    if not peer_probs:  # a lone participant has nothing to distill from
+        return nll
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    kl = sum(F.kl_div(log_p, q, reduction="batchmean") for q in peer_probs) / len(peer_probs)
+    return (1.0 - alpha) * nll + alpha * kl
+
+
+# ----------------------------------------------------------------------------- the round
+
+
+def mutual_learning(fed, plan, members: list[int], log_beta: torch.Tensor, alpha: float) -> list[float]:
+    """Train every member's model over ``plan`` (the aggregator's data); mean loss per member."""
+    models = [fed.clients[n].model for n in members]
+    for model in models:
+        model.train()
+    totals = torch.zeros(len(members), device=plan.indices.device)  # summed on the device
+    for start, end in plan.bounds:
+        x = plan.view(fed, start, end)
+        y = plan.labels(fed, start, end)
+        logits = [model(x) for model in models]
+        # Every prediction is taken before any model steps: no model teaches with an update
+        # made on this very batch, and the update order does not matter.
+        probs = [torch.softmax(z.detach().float(), dim=-1) for z in logits]
+        for i, n in enumerate(members):
+            peers = [q for j, q in enumerate(probs) if j != i]
+            loss = dfml_loss(logits[i], y, log_beta, peers, alpha)
+            opt = fed.clients[n].optimizer
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if fed.cfg.grad_clip > 0:
+                nn.utils.clip_grad_norm_(models[i].parameters(), fed.cfg.grad_clip)
+            opt.step()
+            totals[i] += loss.detach()
+    means = (totals / max(len(plan.bounds), 1)).tolist()  # one sync per round, not per step
+    for n, mean in zip(members, means):
+        if not math.isfinite(mean):
+            raise Diverged(f"client {n}: loss became {mean}")
+    return means
+
+
+def _help(default, text):
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class DFMLParams:
+    epochs: int = _help(1, "Local epochs K at the aggregator per round (the protocol's budget: 1).")
+    alpha_max: float = _help(0.8, "Peak distillation weight of the cyclic alpha schedule.")
+    period: int = _help(10, "Period P of the alpha cycle in rounds (even; peaks at t mod P = P/2).")
+
+
+@register_method("dfml")
+class DFML(Method):
+    """Decentralized mutual learning at a random aggregator, WSM supervision, cyclic alpha, peak models."""
+
+    fidelity = "reconstructed"
+    citation = "Khalil et al., DFML: Decentralized Federated Mutual Learning, arXiv 2402.01863, 2024"
+    topology = "p2p"
+    Params = DFMLParams
+    notes = (
+        "alpha_t = alpha_max (1 - cos(2 pi t / P)) / 2, alpha_max 0.8, P 10, t = rounds completed (reconstructed)",
+        "peak model: a participant's model is copied at rounds with t mod P = P/2 and is what is evaluated; "
+        "current model until the first peak (reconstructed)",
+        "WSM: class proportions floored at 1e-8 before the log, so absent classes get ~0 probability (spec: clamp)",
+        "teachers: every model's train-mode prediction on the batch, taken before any model steps, detached; "
+        "KL at temperature 1, mean over peers (reconstructed)",
+        "aggregator drawn uniformly from the active clients, seeded; every active client participates (reconstructed)",
+        "K = 1 local epoch over the aggregator's data per round (protocol budget); owner's optimizer state kept",
+        "a lone participant trains with the WSM loss alone",
+        "optimizer SGD lr 0.01 momentum 0.9 weight decay 5e-4, batch 64, grad-norm clip 10 (protocol defaults)",
+    )
+
+    def check(self, fed):
+        p = self.params
+        if not 0 <= p.alpha_max <= 1:
+            raise ConfigError(f"alpha_max must be in [0, 1], got {p.alpha_max}")
+        if p.period < 2 or p.period % 2:
+            raise ConfigError(f"period must be an even integer >= 2 (alpha peaks at P/2), got {p.period}")
+        if p.epochs < 1:
+            raise ConfigError(f"epochs must be >= 1, got {p.epochs}")
+
+    def setup(self, fed):
+        self.peaks: dict[int, nn.Module] = {}
+        self.changed: list[int] = []
+
+    def run_round(self, fed, rnd, active):
+        p = self.params
+        t = rnd - 1
+        alpha = alpha_at(t, p.alpha_max, p.period)
+        a = draw_aggregator(fed.cfg.seed, rnd, active)
+        members = [a] + [n for n in active if n != a]
+        for n in members[1:]:
+            fed.channel.send(n, a, fed.clients[n].model.state_dict())
+        log_beta = log_class_prior(fed.clients[a].train_counts).to(fed.device)
+        plan = make_plan(fed, a, rnd, epochs=p.epochs)
+        with fed.timer("training"):
+            losses = mutual_learning(fed, plan, members, log_beta, alpha)
+        for n in members[1:]:
+            fed.channel.send(a, n, fed.clients[n].model.state_dict())
+        peak = is_peak(t, p.period)
+        if peak:
+            for n in members:
+                self._store_peak(fed, n)
+        # The evaluated model changes at a peak, or every round for a client without a peak yet.
+        self.changed = sorted(n for n in members if peak or n not in self.peaks)
+        return {"train_loss": sum(losses) / len(losses), "alpha": alpha, "aggregator": float(a)}
+
+    def _store_peak(self, fed, n: int) -> None:
+        model = fed.clients[n].model
+        if n in self.peaks:
+            self.peaks[n].load_state_dict(model.state_dict())
+        else:
+            self.peaks[n] = copy.deepcopy(model)
+            for q in self.peaks[n].parameters():  # a stored predictor needs no gradients
+                q.grad = None
+                q.requires_grad_(False)
+
+    def changed_clients(self, fed, active):
+        return self.changed
+
+    def eval_models(self, fed):
+        return [self.peaks.get(i, c.model) for i, c in enumerate(fed.clients)]

@@ -1,0 +1,201 @@
+"""FML: Federated Mutual Learning (Shen, Zhang, Jin, Ke, Wang, Wu; arXiv 2006.16765, 2020).
+
+Each client keeps a private model of its own architecture and a "meme" model whose architecture
+is the same for every client. In local training both models see the same batches and teach each
+other (deep mutual learning):
+
+    L_private = alpha * CE(private) + (1 - alpha) * KL(p_meme || p_private)
+    L_meme    = beta  * CE(meme)    + (1 - beta)  * KL(p_private || p_meme)
+
+with alpha = beta = 0.5, softmax at temperature 1, KL averaged over the batch ('batchmean'), and
+the other model's prediction treated as a constant in each term. A server averages the active
+clients' trained memes weighted by their training-set sizes (as FedAvg does) and broadcasts the
+average; the private models never leave their clients. The headline metric evaluates each
+client's private model; the meme is reported as the extra endpoint ``meme``.
+
+Fidelity: paper, for the method as specified here. Choices where the paper leaves room (each also
+in ``notes``, so every record carries them):
+
+- meme architecture: by default the pool's smallest member by parameter count; the Params field
+  ``meme_arch`` names another (a pool member's label or any timm model name, e.g. one registered
+  in ``hfl_bench.pools``); the record's hparams carry the one used (``meme_arch_used``);
+- every client's meme starts from one seeded initialization (``derive_seed(seed, "meme-init")``):
+  clients that share a seed need no initial download, so it costs no bytes;
+- the server broadcasts the average to every client after each round (an inactive client holds
+  the current global meme when it is next drawn), metered as one download per client;
+- each client keeps its own meme optimizer across rounds (SGD momentum buffers persist while the
+  weights are replaced by the average, as this suite's FedAvg does with its clients' optimizers);
+- both models train in train mode on the same augmented views, one optimizer step each per batch,
+  each clipped to the shared global norm; the other suite settings are the shared protocol.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import timm
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hfl_bench.config import ConfigError
+from hfl_bench.metering import SERVER
+from hfl_bench.method import Method, register_method
+from hfl_bench.pools import ArchPool, PoolMember, build_model, n_params
+from hfl_bench.training import Diverged, EpochPlan, derive_seed, kd_loss, make_plan
+
+if TYPE_CHECKING:
+    from hfl_bench.data import TaskInfo
+    from hfl_bench.engine import Client, Federation
+
+
+def _help(default, text):
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class FMLParams:
+    alpha: float = _help(0.5, "Private model's loss: alpha * CE + (1 - alpha) * KL(p_meme || p_private).")
+    beta: float = _help(0.5, "Meme model's loss: beta * CE + (1 - beta) * KL(p_private || p_meme).")
+    meme_arch: str = _help("auto", "Meme architecture shared by all clients: a pool member's label or a timm "
+                                   "model name; 'auto' = the pool's smallest member by parameter count.")
+
+
+def param_count(member: PoolMember, info: "TaskInfo") -> int:
+    """Parameters of ``member`` on this task, built on the meta device (no memory, no RNG draws)."""
+    with torch.device("meta"):
+        return n_params(build_model(member, info))
+
+
+def smallest_member(pool: ArchPool, info: "TaskInfo") -> PoolMember:
+    """The pool's smallest member by parameter count (the first one on a tie)."""
+    sizes = [param_count(m, info) for m in pool.members]
+    return pool.members[sizes.index(min(sizes))]
+
+
+def resolve_meme_arch(name: str, pool: ArchPool, info: "TaskInfo") -> PoolMember:
+    if name == "auto":
+        return smallest_member(pool, info)
+    for member in pool.members:  # a member keeps its kwargs
+        if name in (member.name, member.model):
+            return member
+    if not timm.is_model(name):
+        known = ", ".join(m.name for m in pool.members)
+        raise ConfigError(f"fml: meme_arch {name!r} is neither a member of pool {pool.name!r} ({known}) "
+                          "nor a registered timm model; use 'auto' for the smallest member")
+    return PoolMember(name)
+
+
+def mutual_losses(private_logits: torch.Tensor, meme_logits: torch.Tensor, y: torch.Tensor,
+                  alpha: float, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L_private, L_meme): CE plus KL toward the other model's detached prediction at T = 1."""
+    p_meme = torch.softmax(meme_logits.detach().float(), dim=-1)
+    p_private = torch.softmax(private_logits.detach().float(), dim=-1)
+    # kd_loss at T = 1 is exactly KL(target || softmax(z)) with reduction 'batchmean'.
+    l_private = alpha * F.cross_entropy(private_logits, y) + (1 - alpha) * kd_loss(private_logits, p_meme, 1.0)
+    l_meme = beta * F.cross_entropy(meme_logits, y) + (1 - beta) * kd_loss(meme_logits, p_private, 1.0)
+    return l_private, l_meme
+
+
+def mutual_train(fed: "Federation", client: "Client", meme: nn.Module, meme_opt: torch.optim.Optimizer,
+                 plan: EpochPlan, alpha: float, beta: float) -> tuple[float, float]:
+    """Train the private model and the meme together over the client's plan; mean losses."""
+    private, private_opt = client.model, client.optimizer
+    private.train()
+    meme.train()
+    totals = torch.zeros(2, device=plan.indices.device)  # summed on the device: no sync per step
+    for start, end in plan.bounds:
+        x, y = plan.view(fed, start, end), plan.labels(fed, start, end)
+        l_private, l_meme = mutual_losses(private(x), meme(x), y, alpha, beta)
+        private_opt.zero_grad(set_to_none=True)
+        meme_opt.zero_grad(set_to_none=True)
+        # The cross terms are detached, so one backward gives each model only its own loss's gradient.
+        (l_private + l_meme).backward()
+        if fed.cfg.grad_clip > 0:
+            nn.utils.clip_grad_norm_(private.parameters(), fed.cfg.grad_clip)
+            nn.utils.clip_grad_norm_(meme.parameters(), fed.cfg.grad_clip)
+        private_opt.step()
+        meme_opt.step()
+        totals += torch.stack([l_private.detach(), l_meme.detach()])
+    means = (totals / max(len(plan.bounds), 1)).tolist()
+    if not all(math.isfinite(v) for v in means):  # checked once per epoch, not per step
+        raise Diverged(f"client {client.cid}: loss became {means} (private, meme)")
+    return means[0], means[1]
+
+
+def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict[str, torch.Tensor]:
+    """Weighted mean of floating-point entries (in float64); other entries (e.g. BatchNorm's
+    num_batches_tracked) are taken from the first state."""
+    total = sum(weights)
+    avg = {}
+    for key, ref in states[0].items():
+        if ref.is_floating_point():
+            avg[key] = sum((w / total) * s[key].double() for w, s in zip(weights, states)).to(ref.dtype)
+        else:
+            avg[key] = ref.clone()
+    return avg
+
+
+@register_method("fml")
+class FML(Method):
+    """Private models plus one shared-architecture meme per client, trained by mutual KL; a server
+    averages the memes."""
+
+    fidelity = "paper"
+    topology = "server"
+    citation = "Shen et al., Federated Mutual Learning, arXiv 2006.16765, 2020"
+    notes = (
+        "meme architecture: the pool's smallest member by parameter count unless meme_arch names one",
+        "mutual KL at temperature 1, reduction batchmean, the other model's prediction detached",
+        "private and meme trained on the same batches and augmented views, one step each per batch",
+        "memes start from one shared seeded initialization (no initial download metered)",
+        "server averages active memes weighted by training-set size and broadcasts to every client",
+        "each client keeps its meme optimizer's momentum across rounds",
+        "optimizer SGD lr 0.01 momentum 0.9 weight decay 5e-4, batch 64, grad-norm clip 10 (suite protocol)",
+    )
+    Params = FMLParams
+
+    def check(self, fed):
+        p = self.params
+        for name in ("alpha", "beta"):
+            if not 0 <= getattr(p, name) <= 1:
+                raise ConfigError(f"fml: {name} must be in [0, 1], got {getattr(p, name)}")
+        self.meme_member = resolve_meme_arch(p.meme_arch, fed.pool, fed.info)
+
+    def setup(self, fed):
+        if not hasattr(self, "meme_member"):
+            self.check(fed)
+        with torch.random.fork_rng(devices=[]):  # the meme's init must not shift the run's global RNG
+            torch.manual_seed(derive_seed(fed.cfg.seed, "meme-init"))
+            base = build_model(self.meme_member, fed.info).to(fed.device)
+        if fed.device.type == "cuda":  # as the engine lays out the client models
+            base = base.to(memory_format=torch.channels_last)
+        self.memes = [copy.deepcopy(base) for _ in fed.clients]
+        self.meme_opts = [fed.make_optimizer(m) for m in self.memes]
+
+    def run_round(self, fed, rnd, active):
+        p = self.params
+        with fed.timer("training"):
+            losses = [mutual_train(fed, fed.clients[i], self.memes[i], self.meme_opts[i], make_plan(fed, i, rnd),
+                                   p.alpha, p.beta) for i in active]
+        with fed.timer("aggregation"):
+            states = [fed.channel.send(i, SERVER, self.memes[i].state_dict()) for i in active]
+            avg = weighted_average(states, [float(len(fed.clients[i].train_idx)) for i in active])
+            fed.channel.send(SERVER, list(range(fed.n_clients)), avg)
+            for meme in self.memes:
+                meme.load_state_dict(avg)
+        return {"train_loss": sum(l for l, _ in losses) / len(losses),
+                "meme_loss": sum(m for _, m in losses) / len(losses)}
+
+    def endpoints(self, fed):
+        return {"meme": list(self.memes)}
+
+    def hparams(self):
+        out = super().hparams()
+        member = getattr(self, "meme_member", None)
+        if member is not None:
+            out["meme_arch_used"] = member.model
+        return out

@@ -1,0 +1,238 @@
+"""A dataset already partitioned over clients in the PFLlib / HtFLlib folder layout, kept as it is.
+
+Layout (as written by those suites' data generators)::
+
+    <folder>/config.json        num_clients, num_classes, per-client label counts, ...
+    <folder>/train/<cid>.npz    cid = 0 .. num_clients-1
+    <folder>/test/<cid>.npz
+
+Each npz holds one member, ``data.npy``: a 0-d object array whose item is a pickled dict
+``{'x': float [n, 1, 28, 28], 'y': int [n]}``. The folder is ``--data-dir`` itself when it holds a
+``config.json``, else ``<data dir>/pfl-npz``. The shipped example is real MNIST over 20 clients
+(/work/shared/data/mnist-htfl: Dirichlet 0.1, 70,000 images).
+
+Safe loading: ``np.load(allow_pickle=True)`` would run whatever a pickle asks for. We never call it.
+Each npz is opened with ``zipfile``, the ``.npy`` header is parsed with numpy's header readers
+(``np.lib.format``, which use ``ast.literal_eval``), and the pickled payload is read by
+``SafeUnpickler``, whose ``find_class`` admits only ``ndarray``, ``dtype`` and numpy's array
+``_reconstruct`` (under its numpy 1 and numpy 2 module names) and raises ``UnpicklingError`` for any
+other global; a rejected file is a ``DatasetError`` naming it. No other callable can be reached,
+so a file cannot run code. The result must be the expected dict of numeric arrays.
+
+Choices where the layout or the protocol leaves a gap:
+
+- The client partition is exactly the files' membership: the training set is the concatenation of
+  the clients' train files in cid order and client i's shard is the whole of train/i.npz
+  (``TaskData.client_indices``; the engine builds partition ``given`` from it, the only partition
+  this task accepts). Its hash covers the indices, the seed, the held-out fraction and the labels.
+- Within a shard, the protocol's usual seeded per-class split applies: 80% train, 20% held out and
+  halved into validation and local test (``--seed`` changes only this split, not the membership).
+  So clients train on 80% of their PFLlib train file, not all of it.
+- The global test set is the union of all clients' test files (the layout has no standard one: the
+  generator merged MNIST's train and test before partitioning). It is disjoint from everything a
+  method trains, validates or selects on; had the test files been the clients' validation halves,
+  a method that trains with validation statistics (CRAD's reliability weights) would have seen
+  global-test labels. Local accuracy is measured on the held-out test half of the train file, not
+  on the client's PFLlib test file, so it is not PFLlib's own per-client test accuracy.
+- Metadata is static (registered with the shipped example's kind: 10 classes, 1x28x28); ``load``
+  checks the folder against it (num_classes, image shape, label range) with a clear error. The
+  number of clients comes from ``config.json`` (``folder_defaults``); a ``--clients`` that
+  disagrees with the number of client files is an error. When ``config.json`` lists per-client
+  label counts, the files must match them (train + test).
+- Images are normalized per channel with the training statistics like every task, although PFLlib
+  already scaled them to [-1, 1].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from hfl_bench.data import DatasetError, Task, TaskData, TaskInfo, register_task, resolve_data_dir
+
+NAME = "pfl-npz"
+MEMBER = "data.npy"
+
+# numpy's array reconstructor, whatever module this numpy keeps it in.
+_RECONSTRUCT = np.empty(0).__reduce__()[0]
+# The only globals an array-of-dict pickle written by numpy 1.x or 2.x refers to.
+ALLOWED_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+}
+
+
+class SafeUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays, dtypes and plain containers, and nothing that could run code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return ALLOWED_GLOBALS[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"refused to load global {module}.{name}") from None
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("refused a persistent id")
+
+
+def find_folder(data_dir: Path | str | None) -> Path:
+    """``data_dir`` itself when it holds a config.json, else ``<data_dir>/pfl-npz``."""
+    root = resolve_data_dir(data_dir)
+    for folder in (root, root / NAME):
+        if (folder / "config.json").is_file():
+            return folder
+    raise DatasetError(
+        f"{NAME}: no PFLlib/HtFLlib folder at {root} or {root / NAME} (no config.json in either). Point "
+        "--data-dir at the folder that holds config.json, train/<cid>.npz and test/<cid>.npz."
+    )
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise DatasetError(f"{NAME}: {path} is not readable JSON ({e})") from None
+    n = config.get("num_clients") if isinstance(config, dict) else None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise DatasetError(f"{NAME}: {path} must give num_clients as a positive integer")
+    return config
+
+
+def read_client_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` of one client file, read without letting the file run code (module docstring)."""
+    if not path.is_file():
+        raise DatasetError(f"{NAME}: missing client file {path}")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if archive.namelist() != [MEMBER]:
+                raise DatasetError(f"{NAME}: {path} should hold only {MEMBER}, found {archive.namelist()}")
+            with archive.open(MEMBER) as member:
+                obj = _read_pickled_npy(member, path)
+    except DatasetError:
+        raise
+    except Exception as e:  # untrusted bytes can fail anywhere in zip, header or pickle: all are bad files
+        raise DatasetError(f"{NAME}: {path} is not a valid client file ({type(e).__name__}: {e})") from None
+    return _client_arrays(obj, path)
+
+
+def _read_pickled_npy(stream: BinaryIO, path: Path) -> Any:
+    version = np.lib.format.read_magic(stream)
+    readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    if version not in readers:
+        raise DatasetError(f"{NAME}: {path}: unsupported .npy format version {version}")
+    shape, _, dtype = readers[version](stream)
+    if dtype != np.dtype(object) or shape != ():
+        raise DatasetError(f"{NAME}: {path}: expected a pickled dict (0-d object array), found {dtype} {shape}")
+    return SafeUnpickler(stream).load()
+
+
+def _client_arrays(obj: Any, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    item = obj.item() if isinstance(obj, np.ndarray) and obj.dtype == object and obj.shape == () else None
+    if not isinstance(item, dict) or not {"x", "y"} <= set(item):
+        raise DatasetError(f"{NAME}: {path} should hold a dict with keys 'x' and 'y'")
+    x, y = item["x"], item["y"]
+    if not (isinstance(x, np.ndarray) and x.dtype.kind in "fiu" and x.ndim == 4):
+        raise DatasetError(f"{NAME}: {path}: 'x' must be a numeric [n, C, H, W] array")
+    if not (isinstance(y, np.ndarray) and y.dtype.kind in "iu" and y.ndim == 1 and len(y) == len(x)):
+        raise DatasetError(f"{NAME}: {path}: 'y' must be an integer array with one label per image")
+    return x, y.astype(np.int64)
+
+
+def read_split(folder: Path, split: str, n_clients: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every client's arrays of one split, in cid order; the files must be exactly 0..n-1."""
+    wanted = {f"{cid}.npz" for cid in range(n_clients)}
+    found = {p.name for p in (folder / split).glob("*.npz")}
+    if found != wanted:
+        missing, extra = sorted(wanted - found), sorted(found - wanted)
+        raise DatasetError(
+            f"{NAME}: {folder / split} should hold exactly 0.npz .. {n_clients - 1}.npz (config.json: "
+            f"num_clients {n_clients}); missing {missing or 'none'}, unexpected {extra or 'none'}"
+        )
+    return [read_client_file(folder / split / f"{cid}.npz") for cid in range(n_clients)]
+
+
+def check_label_counts(config: dict[str, Any], labels: list[np.ndarray], folder: Path) -> None:
+    """config.json's per-client [label, count] pairs (train + test) must match the files."""
+    listed = config.get("Size of samples for labels in clients")
+    if listed is None:
+        return
+    if len(listed) != len(labels):
+        raise DatasetError(f"{NAME}: {folder}/config.json lists {len(listed)} clients' label counts, "
+                           f"but there are {len(labels)} clients")
+    for cid, (pairs, y) in enumerate(zip(listed, labels)):
+        expected = {int(c): int(k) for c, k in pairs if int(k)}
+        classes, counts = np.unique(y, return_counts=True)
+        if expected != dict(zip(classes.tolist(), counts.tolist())):
+            raise DatasetError(f"{NAME}: client {cid}'s files in {folder} do not match the label counts "
+                               "in its config.json: the folder is mixed up or incomplete")
+
+
+@register_task(NAME)
+class PflNpz(Task):
+    """A PFLlib / HtFLlib client folder, its client partition kept as it is (see module docstring)."""
+
+    info = TaskInfo(
+        name=NAME,
+        version="1.0",
+        num_classes=10,
+        input_shape=(1, 28, 28),
+        source="A PFLlib / HtFLlib folder (config.json, train/<cid>.npz, test/<cid>.npz) from --data-dir; "
+               "shipped example: MNIST over 20 clients, Dirichlet 0.1",
+        citation="Zhang et al., PFLlib, JMLR 26(50), 2025 (arXiv 2312.04992); Zhang et al., HtFLlib, KDD 2025 "
+                 "(arXiv 2506.03954); data: LeCun, Cortes & Burges, MNIST, 1998",
+        license="MNIST: CC BY-SA 3.0",
+        description="The folder's own client partition (one client per file); each client's train file is "
+                    "split 80/10/10 into train/val/test; the union of the test files is the global test set.",
+        augmentation="none",
+        defaults={"partition": "given", "pool": "cpu", "rounds": 100, "clients": 20},
+    )
+
+    def __init__(self) -> None:
+        self._client_indices: list[np.ndarray] | None = None
+
+    def folder_defaults(self, data_dir: Path | str | None) -> dict[str, Any]:
+        """The folder's number of clients as the default --clients (nothing if it is unreadable:
+        ``load`` then says what is wrong)."""
+        try:
+            return {"clients": read_config(find_folder(data_dir))["num_clients"]}
+        except DatasetError:
+            return {}
+
+    def load_arrays(self, data_dir: Path, download: bool):
+        folder = find_folder(data_dir)
+        config = read_config(folder)
+        n = config["num_clients"]
+        if config.get("num_classes", self.info.num_classes) != self.info.num_classes:
+            raise DatasetError(f"{NAME}: {folder}/config.json has num_classes {config['num_classes']}, "
+                               f"but this task is registered for {self.info.num_classes}")
+        train, test = read_split(folder, "train", n), read_split(folder, "test", n)
+        check_label_counts(config, [np.concatenate([a[1], b[1]]) for a, b in zip(train, test)], folder)
+        bounds = np.cumsum([0] + [len(y) for _, y in train])
+        self._client_indices = [np.arange(lo, hi, dtype=np.int64) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        return (*self._join(train, folder / "train"), *self._join(test, folder / "test"))
+
+    def _join(self, parts: list[tuple[np.ndarray, np.ndarray]], where: Path) -> tuple[np.ndarray, np.ndarray]:
+        for cid, (x, _) in enumerate(parts):
+            if tuple(x.shape[1:]) != self.info.input_shape:
+                raise DatasetError(f"{NAME}: {where / f'{cid}.npz'} holds images of shape {tuple(x.shape[1:])}, "
+                                   f"but this task is registered for {self.info.input_shape}")
+        # float32 per file: a float64 copy of 70k MNIST images would take ~440 MB
+        x = np.concatenate([x.astype(np.float32, copy=False) for x, _ in parts])
+        return x, np.concatenate([y for _, y in parts])
+
+    def load(self, data_dir: Path | str | None = None, download: bool = False) -> TaskData:
+        self._client_indices = None
+        data = super().load(data_dir, download)
+        return dataclasses.replace(data, client_indices=self._client_indices)
+
+    def class_names(self) -> list[str]:
+        return [str(i) for i in range(self.info.num_classes)]

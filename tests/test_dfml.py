@@ -1,0 +1,183 @@
+"""DFML (methods/dfml.py): CLI record, WSM by hand, alpha schedule, seeded aggregator and its
+traffic, peak models."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import hfl_bench.methods.dfml  # noqa: F401  registers the method
+from hfl_bench import engine
+from hfl_bench.cli import app
+from hfl_bench.config import resolve
+from hfl_bench.data import get_task
+from hfl_bench.methods.dfml import (BETA_FLOOR, alpha_at, dfml_loss, draw_aggregator, is_peak,
+                                    log_class_prior, weighted_log_softmax)
+from hfl_bench.records import SCHEMA_PATH
+from hfl_bench.training import state_bytes
+
+jsonschema = pytest.importorskip("jsonschema")
+
+
+def _simulation(tiny_cfg, **params) -> engine.Simulation:
+    cfg = resolve(tiny_cfg(method="dfml", method_params=params), get_task("digits").info.defaults)
+    return engine.Simulation(cfg)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_two_rounds_writes_valid_record(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["run", "--method", "dfml", "--task", "digits", "--clients", "4", "--rounds", "2",
+                                 "--out", str(tmp_path), "--json", "-q"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(getattr(result, "stdout", result.output))
+    record = json.loads(Path(summary["record"]).read_text())
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+    errors = [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(record)]
+    assert not errors, errors
+    assert record["status"] == "ok" and record["error"] is None
+    assert record["method"]["name"] == "dfml"
+    assert record["method"]["fidelity"] == "reconstructed"
+    assert any("peak model" in note for note in record["method"]["notes"])
+    acc = record["metrics"]["global_acc"]
+    assert isinstance(acc, (int, float)) and 0 <= acc <= 100
+    assert [h["round"] for h in record["history"]] == [0, 1, 2]
+    assert all(h["bytes"] > 0 for h in record["history"][1:])
+    assert [h["alpha"] for h in record["history"][1:]] == [0.0, pytest.approx(alpha_at(1, 0.8, 10), abs=1e-4)]
+
+
+def test_cli_rejects_odd_period(tmp_path):
+    result = CliRunner().invoke(app, ["run", "--method", "dfml", "--task", "digits", "--clients", "3", "--rounds", "1",
+                                      "--set", "period=3", "--out", str(tmp_path), "-q"])
+    assert result.exit_code != 0
+    assert "period must be an even integer" in result.output
+    assert not list(tmp_path.rglob("*.json"))
+
+
+# --------------------------------------------------------------------------- WSM
+
+
+def test_wsm_with_a_class_absent_at_the_aggregator():
+    # Aggregator counts: class 0 three times, class 1 once, class 2 never -> beta = (3/4, 1/4, 0).
+    counts = np.array([3, 1, 0])
+    logits = torch.tensor([[1.0, 2.0, 0.0], [0.0, 0.0, 60.0]], requires_grad=True)
+    log_p = weighted_log_softmax(logits, counts)
+    assert torch.isfinite(log_p).all()
+    p = log_p.exp()
+    # By hand, row 0: p_c proportional to beta_c e^{z_c}: (0.75 e, 0.25 e^2, ~0), so
+    # p_0 = 3 / (3 + e) = 0.524633, p_1 = e / (3 + e) = 0.475367, and the absent class gets
+    # 1e-8 / (0.75 e + 0.25 e^2) = 2.5734e-9.
+    assert p[0, 0].item() == pytest.approx(0.524633, abs=1e-6)
+    assert p[0, 1].item() == pytest.approx(0.475367, abs=1e-6)
+    assert p[0, 2].item() == pytest.approx(2.5734e-9, rel=1e-3)
+    # Row 1: even a huge logit on the absent class stays finite and is scaled by the floor:
+    # log p_2 = log 1e-8 + 60 - log(0.75 + 0.25 + 1e-8 e^60).
+    expected = math.log(1e-8) + 60 - math.log(1.0 + 1e-8 * math.exp(60))
+    assert log_p[1, 2].item() == pytest.approx(expected, abs=1e-4)
+    # The present classes keep their 3:1 ratio in row 1 (equal logits), whatever the absent one does.
+    assert (log_p[1, 0] - log_p[1, 1]).item() == pytest.approx(math.log(3), abs=1e-5)
+    # The NLL of label 0 in row 0 is -log(3 / (3 + e)) = 0.645056; gradients are finite.
+    nll = -log_p[0, 0]
+    assert nll.item() == pytest.approx(0.645056, abs=1e-6)
+    (-log_p[:, 0].sum()).backward()
+    assert torch.isfinite(logits.grad).all()
+    assert log_class_prior(counts)[2].item() == pytest.approx(math.log(BETA_FLOOR))
+
+
+def test_dfml_loss_mixes_wsm_and_peer_kl():
+    counts = np.array([2, 2, 0])
+    log_beta = log_class_prior(counts)
+    z = torch.tensor([[0.5, -0.5, 1.0]], requires_grad=True)
+    y = torch.tensor([1])
+    q1, q2 = torch.tensor([[0.7, 0.2, 0.1]]), torch.tensor([[0.1, 0.1, 0.8]])
+    wsm_nll = -weighted_log_softmax(z, counts)[0, 1]
+    p = torch.softmax(z, -1)[0]
+    kl = lambda q: sum(qc * math.log(qc / pc) for qc, pc in zip(q[0].tolist(), p.tolist()))  # noqa: E731
+    expected = 0.75 * wsm_nll.item() + 0.25 * (kl(q1) + kl(q2)) / 2
+    assert dfml_loss(z, y, log_beta, [q1, q2], 0.25).item() == pytest.approx(expected, abs=1e-5)
+    # No peers: the WSM loss alone, whatever alpha says.
+    assert dfml_loss(z, y, log_beta, [], 0.8).item() == pytest.approx(wsm_nll.item(), abs=1e-6)
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+def test_alpha_schedule():
+    assert alpha_at(0, 0.8, 10) == 0.0
+    assert alpha_at(5, 0.8, 10) == pytest.approx(0.8)
+    assert alpha_at(10, 0.8, 10) == pytest.approx(0.0, abs=1e-12)
+    assert alpha_at(2, 0.8, 10) == pytest.approx(0.8 * (1 - math.cos(0.4 * math.pi)) / 2)
+    assert alpha_at(3, 0.8, 10) == pytest.approx(alpha_at(7, 0.8, 10))  # symmetric about the peak
+    assert [t for t in range(25) if is_peak(t, 10)] == [5, 15]
+    assert alpha_at(1, 0.8, 2) == pytest.approx(0.8) and is_peak(1, 2) and not is_peak(0, 2)
+
+
+# --------------------------------------------------------------------------- aggregator and bytes
+
+
+def test_aggregator_draw_is_seeded():
+    active = [0, 1, 2, 3, 4, 5]
+    first = [draw_aggregator(7, r, active) for r in range(1, 41)]
+    assert first == [draw_aggregator(7, r, active) for r in range(1, 41)]
+    assert first != [draw_aggregator(8, r, active) for r in range(1, 41)]
+    assert set(first) <= set(active) and len(set(first)) > 1  # varies over rounds
+    assert draw_aggregator(7, 3, [4]) == 4
+
+
+def test_each_participant_sends_its_model_to_the_aggregator(tiny_cfg):
+    sim = _simulation(tiny_cfg)
+    fed = sim.fed
+    entry = sim.step(1)
+    active = sim.active_clients(1)
+    a = draw_aggregator(fed.cfg.seed, 1, active)
+    assert entry["aggregator"] == a
+    size = [state_bytes(c.model) for c in fed.clients]
+    others = [n for n in active if n != a]
+    for n in others:  # to a, and nothing else (the return trip is a's)
+        assert fed.channel.sent[n] == size[n]
+        assert fed.channel.received[n] == size[n]
+    assert fed.channel.sent[a] == sum(size[n] for n in others)
+    assert fed.channel.received[a] == sum(size[n] for n in others)
+    assert entry["bytes"] == 2 * sum(size[n] for n in others)
+
+
+# --------------------------------------------------------------------------- peak models
+
+
+def _state(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _same(model, state) -> bool:
+    return all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+
+
+def test_evaluated_model_is_the_peak_model(tiny_cfg):
+    sim = _simulation(tiny_cfg, period=2)  # t = rnd - 1: round 1 has alpha 0, round 2 is a peak
+    fed, method = sim.fed, sim.method
+    sim.step(1)
+    assert sim.history[-1]["alpha"] == 0.0
+    assert all(m is c.model for m, c in zip(method.eval_models(fed), fed.clients))  # no peak yet
+    assert method.changed_clients(fed, sim.active_clients(1)) == sim.active_clients(1)
+
+    sim.step(2)
+    assert sim.history[-1]["alpha"] == pytest.approx(0.8)
+    at_peak = [_state(c.model) for c in fed.clients]
+    evaluated = method.eval_models(fed)
+    for model, client, state in zip(evaluated, fed.clients, at_peak):
+        assert model is not client.model
+        assert _same(model, state)
+
+    sim.step(3)  # a trough round: the models train on, the evaluated ones stay at the peak
+    assert method.changed_clients(fed, sim.active_clients(3)) == []
+    for model, client, state in zip(method.eval_models(fed), fed.clients, at_peak):
+        assert _same(model, state)
+        assert not _same(client.model, state)

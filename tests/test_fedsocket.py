@@ -1,0 +1,165 @@
+"""FedSocket style (methods spec, Sec. 8): CLI end to end, ownership-aware aggregation, Joint
+weights, reliability weights, cached features and what crosses the channel."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import hfl_bench.methods.fedsocket as fs  # noqa: F401  registers the method
+from hfl_bench import engine
+from hfl_bench.cli import app
+from hfl_bench.config import ConfigError, resolve
+from hfl_bench.data import get_task
+from hfl_bench.metering import payload_bytes
+from hfl_bench.records import SCHEMA_PATH, build_record
+from hfl_bench.training import state_bytes
+
+jsonschema = pytest.importorskip("jsonschema")
+
+
+def test_cli_run_writes_a_valid_record_with_three_endpoints(tmp_path):
+    args = ["run", "--method", "fedsocket", "--task", "digits", "--clients", "4", "--rounds", "2",
+            "--set", "warmup_epochs=1", "--out", str(tmp_path), "--json", "-q"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    record = json.loads(Path(json.loads(result.stdout)["record"]).read_text())
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+    errors = [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(record)]
+    assert not errors, errors
+    assert record["status"] == "ok" and record["method"]["name"] == "fedsocket"
+    assert record["method"]["fidelity"] == "reconstructed"
+    assert record["federation"]["topology"] == "server"
+    assert record["method"]["hparams"]["endpoint"] == "private"
+    assert record["method"]["hparams"]["warmup_epochs"] == 1
+    assert any("random conv" in n for n in record["method"]["notes"])
+    acc = record["metrics"]["global_acc"]
+    assert 0 <= acc <= 100
+    extra = record["metrics"]["extra_endpoints"]
+    assert set(extra) == {"private", "q", "joint"}
+    for scores in extra.values():
+        assert 0 <= scores["global_acc"] <= 100 and 0 <= scores["local_acc"] <= 100
+    # The headline is Private: the same figure as the "private" endpoint.
+    assert extra["private"]["global_acc"] == pytest.approx(acc, abs=1e-3)
+    assert all(h["bytes"] > 0 for h in record["history"][1:])
+
+
+def test_head_row_of_a_class_nobody_holds_is_unchanged():
+    old = {"head.weight": torch.arange(6.0).view(3, 2), "head.bias": torch.tensor([10.0, 20.0, 30.0]),
+           "body.weight": torch.zeros(2)}
+    a = {"head.weight": torch.full((3, 2), 100.0), "head.bias": torch.full((3,), 100.0),
+         "body.weight": torch.tensor([1.0, 1.0])}
+    b = {"head.weight": torch.full((3, 2), 200.0), "head.bias": torch.full((3,), 200.0),
+         "body.weight": torch.tensor([4.0, 4.0])}
+    counts = [[5, 3, 0],   # client a: 8 samples, classes 0 and 1
+              [0, 2, 0]]   # client b: 2 samples, class 1 only; nobody holds class 2
+    new = fs.aggregate_q(old, [a, b], [8, 2], counts, keep=0.5)
+    assert torch.equal(new["head.weight"][2], old["head.weight"][2])
+    assert new["head.bias"][2] == 30.0
+    # class 0: only a holds it -> 0.5 old + 0.5 * 100
+    assert torch.allclose(new["head.weight"][0], 0.5 * torch.tensor([0.0, 1.0]) + 50.0)
+    assert new["head.bias"][0] == pytest.approx(0.5 * 10 + 50)
+    # class 1: both hold it, sample-weighted 0.8 / 0.2 -> 120
+    assert torch.allclose(new["head.weight"][1], 0.5 * torch.tensor([2.0, 3.0]) + 60.0)
+    # other blocks: sample-weighted over all uploads (0.8 * 1 + 0.2 * 4 = 1.6), then stabilized
+    assert torch.allclose(new["body.weight"], torch.tensor([0.8, 0.8]))
+
+
+def test_joint_weights_follow_the_formula():
+    # positive counts 10, 20, 40: median 20; rho 0.5 -> rho * med = 10
+    omega = fs.joint_weights([0, 10, 20, 40], rho=0.5)
+    assert omega.tolist() == pytest.approx([1.0, 10 / 20, 10 / 30, 10 / 50])
+    # an even number of positive counts: the median is the mean of the middle two (5)
+    omega = fs.joint_weights([2, 4, 0, 6, 8], rho=2.0)
+    assert omega.tolist() == pytest.approx([10 / 12, 10 / 14, 1.0, 10 / 16, 10 / 18])
+    assert fs.joint_weights([0, 0, 0], rho=1.0).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_joint_predictor_mixes_private_and_q_by_class():
+    private, q = torch.nn.Linear(2, 3, bias=False), torch.nn.Linear(2, 3, bias=False)
+    x = torch.tensor([[1.0, -2.0], [0.5, 0.3]])
+    omega = torch.tensor([1.0, 0.25, 0.5])
+    joint = fs.JointPredictor(private, q, omega)
+    expected = (1 - omega) * torch.softmax(private(x), -1) + omega * torch.softmax(q(x), -1)
+    assert torch.allclose(joint(x).exp(), expected, atol=1e-6)
+
+
+def test_reliability_weight_hand_computed():
+    t = torch.tensor([[0.7, 0.1, 0.1, 0.1], [0.7, 0.1, 0.1, 0.1], [0.25] * 4, [1.0, 0.0, 0.0, 0.0]])
+    y = torch.tensor([0, 2, 1, 0])
+    # H = -(0.7 ln 0.7 + 3 * 0.1 ln 0.1) = 0.940446; 1 - H / ln 4 = 0.321611
+    w = fs.reliability_weights(t, y)
+    assert w.tolist() == pytest.approx([0.321611, 0.25 * 0.321611, 0.0, 1.0], abs=1e-5)
+
+
+def test_weighted_kd_scales_each_sample_by_its_weight():
+    s, t = torch.randn(3, 4, generator=torch.Generator().manual_seed(0)), torch.softmax(torch.randn(3, 4), -1)
+    per = [fs.weighted_kd(s[i : i + 1], t[i : i + 1], torch.ones(1), 2.0) for i in range(3)]
+    w = torch.tensor([0.0, 0.5, 1.0])
+    assert float(fs.weighted_kd(s, t, w, 2.0)) == pytest.approx(float(sum(wi * p for wi, p in zip(w, per)) / 3))
+
+
+@pytest.mark.parametrize("kind", fs.EXTRACTORS)
+def test_extractor_is_seeded_and_fits_any_input_shape(kind):
+    for shape in [(1, 8, 8), (1, 1, 40), (3, 32, 32)]:
+        x = torch.randn(5, *shape)
+        a, b = fs.build_extractor(kind, shape, 256, 7), fs.build_extractor(kind, shape, 256, 7)
+        assert a(x).shape == (5, 256)
+        assert torch.equal(a(x), b(x))
+        assert not torch.allclose(a(x), fs.build_extractor(kind, shape, 256, 8)(x))
+        assert not any(p.requires_grad for p in a.parameters())
+
+
+def test_feature_bank_answers_slices_from_cache_and_computes_the_rest():
+    extractor = fs.build_extractor("random-conv", (1, 8, 8), 16, 0)
+    base = torch.randn(50, 1, 8, 8)
+    bank = fs.FeatureBank(extractor, [base])
+    hit = bank._lookup(base[10:20])
+    assert hit is not None and torch.allclose(hit, extractor(base[10:20]), atol=1e-6)
+    assert bank._lookup(base[[3, 1, 2]]) is None  # a gathered copy is computed, never guessed
+    assert bank._lookup(base[::2]) is None  # other strides too
+    assert torch.allclose(bank(base[[3, 1, 2]]), extractor(base[[3, 1, 2]]), atol=1e-6)
+
+
+def test_only_q_and_counts_cross_the_channel_and_joint_headline(tiny_cfg):
+    task = get_task("digits")
+    cfg = resolve(tiny_cfg(method="fedsocket", clients=4, clients_per_round=2, method_params={
+        "warmup_epochs": 0, "local_epochs": 1, "endpoint": "joint"}), task.info.defaults)
+    sim = engine.Simulation(cfg)
+    fed, method = sim.fed, sim.method
+    q_bytes = state_bytes(method.held[0])
+    counts_bytes = 8 + 8 * fed.num_classes  # sample count + int64 class counts
+    assert q_bytes == payload_bytes(fs.SharedPredictor(256, 256, 32, fed.num_classes).state_dict())
+    assert fed.channel.total == q_bytes * fed.n_clients  # setup: the initial Q to every client
+    seen: set[int] = set()
+    for rnd in (1, 2):
+        active = sim.active_clients(rnd)
+        stale = [k for k in active if k not in seen and rnd > 1]
+        total_before = fed.channel.total
+        entry = sim.step(rnd)
+        sent = fed.channel.sent
+        for k in range(fed.n_clients):
+            assert sent[k] == (q_bytes + counts_bytes if k in active else 0)
+        assert fed.channel.server_sent == q_bytes * (len(active) + len(stale))
+        assert fed.channel.total - total_before == entry["bytes"]
+        seen.update(active)
+    assert all(isinstance(m, fs.JointPredictor) for m in method.eval_models(fed))
+    result = sim.result()
+    record = build_record(cfg, result)
+    assert record["metrics"]["extra_endpoints"]["joint"]["global_acc"] == pytest.approx(
+        record["metrics"]["global_acc"], abs=1e-3)
+
+
+def test_bad_settings_are_rejected():
+    for bad in ({"extractor": "resnet18"}, {"endpoint": "q"}, {"rho_grid": "1,x"}, {"rho_grid": "0"},
+                {"warmup_epochs": -1}, {"server_keep": 1.5}):
+        with pytest.raises(ConfigError):
+            fs.FedSocket(fs.FedSocketParams(**bad)).check(None)
+    fs.FedSocket().check(None)
+    d = fs.FedSocketParams()  # the spec's defaults
+    assert (d.lambda_kd, d.lambda_fus, d.lambda_rel, d.private_lr, d.q_lr) == (0.5, 0.25, 0.2, 5e-2, 3e-4)
+    assert (d.local_epochs, d.warmup_epochs, d.server_keep, d.feature_dim) == (2, 10, 0.5, 256)
