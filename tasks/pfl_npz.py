@@ -9,7 +9,7 @@ Layout (as written by those suites' data generators)::
 Each npz holds one member, ``data.npy``: a 0-d object array whose item is a pickled dict
 ``{'x': float [n, 1, 28, 28], 'y': int [n]}``. The folder is ``--data-dir`` itself when it holds a
 ``config.json``, else ``<data dir>/pfl-npz``. The shipped example is real MNIST over 20 clients
-(/work/shared/data/mnist-htfl: Dirichlet 0.1, 70,000 images).
+(the project's shared/data/mnist-htfl: Dirichlet 0.1, 70,000 images).
 
 Safe loading: ``np.load(allow_pickle=True)`` would run whatever a pickle asks for. We never call it.
 Each npz is opened with ``zipfile``, the ``.npy`` header is parsed with numpy's header readers
