@@ -141,8 +141,7 @@ def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]
 
 @register_method("fml")
 class FML(Method):
-    """Private models plus one shared-architecture meme per client, trained by mutual KL; a server
-    averages the memes."""
+    """Private model plus a shared-architecture meme per client (mutual KL); a server averages memes."""
 
     fidelity = "paper"
     topology = "server"
