@@ -21,7 +21,7 @@ from hfl_bench.data import TaskData, TaskInfo, get_task
 from hfl_bench.metering import Channel, PhaseTimer
 from hfl_bench.method import Method, get_method_class
 from hfl_bench.partition import Partition, given_partition, make_partition
-from hfl_bench.pools import ArchPool, PoolMember, build_model, get_pool, n_params
+from hfl_bench.pools import ArchPool, PoolMember, build_model, get_pool
 from hfl_bench.training import Diverged, derive_seed, predict_logits, seeded_choice
 
 @dataclass

@@ -9,7 +9,7 @@ A method is a class with a ``Params`` dataclass (its hyperparameters, with help 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import nn
@@ -18,6 +18,11 @@ from hfl_bench.registry import METHODS
 
 if TYPE_CHECKING:
     from hfl_bench.engine import Federation
+
+
+def param(default: Any, help: str):
+    """A hyperparameter field with help text: ``lam: float = param(0.7, "Distillation weight.")``."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass

@@ -98,9 +98,17 @@ def fast_targets(
     teachers = {j: fed.clients[j].model for j in active}
     with fed.timer("teacher_inference"):
         probs = teacher_major_probs(fed, plans, teachers, temperature, lambda j: peers_of(j, plans))
+    return aggregate_peer_targets(fed, probs, active, aggregate, counts, accs)
+
+
+def aggregate_peer_targets(
+    fed: "Federation", probs: dict[int, dict[int, torch.Tensor]], active: list[int], aggregate: Aggregator,
+    counts: torch.Tensor, accs: torch.Tensor,
+) -> dict[int, torch.Tensor]:
+    """Each student's peers' predictions (from ``teacher_major_probs``) aggregated into targets."""
     targets = {}
     with fed.timer("aggregation"):
-        for i in plans:
+        for i in probs:
             peers = peers_of(i, active)
             if peers:
                 stacked = torch.stack([probs[i][j] for j in peers])

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl_bench.config import ConfigError
-from hfl_bench.method import Method, register_method
+from hfl_bench.method import Method, param, register_method
 from hfl_bench.training import Diverged, derive_seed, make_plan
 
 BETA_FLOOR = 1e-8  # smallest class proportion entering log beta (absent classes)
@@ -140,15 +140,12 @@ def mutual_learning(fed, plan, members: list[int], log_beta: torch.Tensor, alpha
     return means
 
 
-def _help(default, text):
-    return field(default=default, metadata={"help": text})
-
 
 @dataclass
 class DFMLParams:
-    epochs: int = _help(1, "Local epochs K at the aggregator per round (the protocol's budget: 1).")
-    alpha_max: float = _help(0.8, "Peak distillation weight of the cyclic alpha schedule.")
-    period: int = _help(10, "Period P of the alpha cycle in rounds (even; peaks at t mod P = P/2).")
+    epochs: int = param(1, "Local epochs K at the aggregator per round (the protocol's budget: 1).")
+    alpha_max: float = param(0.8, "Peak distillation weight of the cyclic alpha schedule.")
+    period: int = param(10, "Period P of the alpha cycle in rounds (even; peaks at t mod P = P/2).")
 
 
 @register_method("dfml")

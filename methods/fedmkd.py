@@ -43,15 +43,16 @@ students' epoch views before any student trains).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from hfl_bench.aggregation import Aggregator, get_aggregator
 from hfl_bench.config import ConfigError
-from hfl_bench.method import Method, register_method
+from hfl_bench.method import Method, param, register_method
 from hfl_bench.peerkd import (
+    aggregate_peer_targets,
     exchange_snapshots,
     frozen_snapshots,
     peers_of,
@@ -67,15 +68,12 @@ if TYPE_CHECKING:
 Targets = torch.Tensor | Callable[[int, int, torch.Tensor], torch.Tensor] | None
 
 
-def _help(default, text):
-    return field(default=default, metadata={"help": text})
-
 
 @dataclass
 class FedMKDParams:
-    lam: float = _help(0.5, "Weight lambda of the peer-distillation term (added to CE).")
-    mu: float = _help(0.5, "Weight mu of the memory term: distillation from the client's own previous-round model.")
-    temperature: float = _help(2.0, "Distillation temperature T of both terms.")
+    lam: float = param(0.5, "Weight lambda of the peer-distillation term (added to CE).")
+    mu: float = param(0.5, "Weight mu of the memory term: distillation from the client's own previous-round model.")
+    temperature: float = param(2.0, "Distillation temperature T of both terms.")
 
 
 def fedmkd_extra_loss(peer: Targets, memory: Targets, lam: float, mu: float, temperature: float):
@@ -122,16 +120,9 @@ def fast_fedmkd_targets(
 
     with fed.timer("teacher_inference"):
         probs = teacher_major_probs(fed, plans, teachers, temperature, students_of)
-    peer_targets, memory_targets = {}, {}
-    counts, accs = fed.val_counts, fed.val_accs()  # unused by the uniform mean; the Aggregator API takes them
-    with fed.timer("aggregation"):
-        for i in plans:
-            peers = peers_of(i, active)
-            if peers:
-                stacked = torch.stack([probs[i][j] for j in peers])
-                peer_targets[i] = aggregate(stacked, counts[peers], accs[peers])
-            if i in with_memory:
-                memory_targets[i] = probs[i][i]
+    memory_targets = {i: probs[i].pop(i) for i in plans if i in with_memory}
+    # counts and accuracies are unused by the uniform mean; the Aggregator API takes them
+    peer_targets = aggregate_peer_targets(fed, probs, active, aggregate, fed.val_counts, fed.val_accs())
     return peer_targets, memory_targets
 
 

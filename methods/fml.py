@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import timm
@@ -43,7 +43,7 @@ from torch import nn
 
 from hfl_bench.config import ConfigError
 from hfl_bench.metering import SERVER
-from hfl_bench.method import Method, register_method
+from hfl_bench.method import Method, param, register_method
 from hfl_bench.pools import ArchPool, PoolMember, build_model, n_params
 from hfl_bench.training import Diverged, EpochPlan, derive_seed, kd_loss, make_plan
 
@@ -52,15 +52,12 @@ if TYPE_CHECKING:
     from hfl_bench.engine import Client, Federation
 
 
-def _help(default, text):
-    return field(default=default, metadata={"help": text})
-
 
 @dataclass
 class FMLParams:
-    alpha: float = _help(0.5, "Private model's loss: alpha * CE + (1 - alpha) * KL(p_meme || p_private).")
-    beta: float = _help(0.5, "Meme model's loss: beta * CE + (1 - beta) * KL(p_private || p_meme).")
-    meme_arch: str = _help("auto", "Meme architecture shared by all clients: a pool member's label or a timm "
+    alpha: float = param(0.5, "Private model's loss: alpha * CE + (1 - alpha) * KL(p_meme || p_private).")
+    beta: float = param(0.5, "Meme model's loss: beta * CE + (1 - beta) * KL(p_private || p_meme).")
+    meme_arch: str = param("auto", "Meme architecture shared by all clients: a pool member's label or a timm "
                                    "model name; 'auto' = the pool's smallest member by parameter count.")
 
 

@@ -20,13 +20,13 @@ mean; optional Laplace noise of scale 1/epsilon on the shared counts, drawn once
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from hfl_bench.aggregation import get_aggregator
 from hfl_bench.config import ConfigError
-from hfl_bench.method import Method, register_method
+from hfl_bench.method import Method, param, register_method
 from hfl_bench.peerkd import peer_kd_round
 from hfl_bench.registry import AGGREGATORS, RegistryError
 from hfl_bench.training import derive_seed
@@ -39,17 +39,14 @@ COMMON_NOTES = (
 )
 
 
-def _help(default, text):
-    return field(default=default, metadata={"help": text})
-
 
 @dataclass
 class PeerKDParams:
-    lam: float = _help(0.7, "Distillation weight lambda.")
-    temperature: float = _help(2.0, "Distillation temperature T.")
-    aggregator: str = _help("uniform", "Aggregation rule (hfl-bench list aggregators).")
-    min_support: float = _help(2.0, "CRAD rules: validation samples of a class a teacher needs.")
-    dp_epsilon: float | None = _help(None, "CRAD rules: Laplace noise of scale 1/epsilon on shared counts.")
+    lam: float = param(0.7, "Distillation weight lambda.")
+    temperature: float = param(2.0, "Distillation temperature T.")
+    aggregator: str = param("uniform", "Aggregation rule (hfl-bench list aggregators).")
+    min_support: float = param(2.0, "CRAD rules: validation samples of a class a teacher needs.")
+    dp_epsilon: float | None = param(None, "CRAD rules: Laplace noise of scale 1/epsilon on shared counts.")
 
 
 class PeerKD(Method):
@@ -89,17 +86,17 @@ class PeerKD(Method):
 
 @dataclass
 class UniformParams(PeerKDParams):
-    aggregator: str = _help("uniform", "Aggregation rule (hfl-bench list aggregators).")
+    aggregator: str = param("uniform", "Aggregation rule (hfl-bench list aggregators).")
 
 
 @dataclass
 class UncertaintyParams(PeerKDParams):
-    aggregator: str = _help("entropy", "Aggregation rule (hfl-bench list aggregators).")
+    aggregator: str = param("entropy", "Aggregation rule (hfl-bench list aggregators).")
 
 
 @dataclass
 class CRADParams(PeerKDParams):
-    aggregator: str = _help("crad", "Aggregation rule (hfl-bench list aggregators).")
+    aggregator: str = param("crad", "Aggregation rule (hfl-bench list aggregators).")
 
 
 @register_method("uniform-kd")

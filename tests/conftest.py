@@ -21,3 +21,31 @@ def tiny_cfg():
         return RunConfig(**values)
 
     return make
+
+
+@pytest.fixture
+def run_record(tmp_path):
+    """Run the real CLI (`hfl-bench run ARGS --out TMP --json -q`) in-process, check it exits 0,
+    and return the record it wrote after validating it against the JSON Schema."""
+    import json
+    from pathlib import Path
+
+    jsonschema = pytest.importorskip("jsonschema")
+    from typer.testing import CliRunner
+
+    from hfl_bench.cli import app
+    from hfl_bench.records import SCHEMA_PATH
+
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+
+    def run(*args: str, out: Path | None = None) -> dict:
+        result = CliRunner().invoke(app, ["run", *args, "--out", str(out or tmp_path / "runs"), "--json", "-q"])
+        assert result.exit_code == 0, result.output
+        summary = json.loads(getattr(result, "stdout", result.output))
+        record = json.loads(Path(summary["record"]).read_text())
+        errors = [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(record)]
+        assert not errors, errors
+        assert summary["metrics"]["global_acc"] == record["metrics"]["global_acc"]
+        return record
+
+    return run

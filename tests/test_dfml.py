@@ -3,26 +3,21 @@ traffic, peak models."""
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
 
-import hfl_bench.methods.dfml  # noqa: F401  registers the method
 from hfl_bench import engine
 from hfl_bench.cli import app
 from hfl_bench.config import resolve
 from hfl_bench.data import get_task
 from hfl_bench.methods.dfml import (BETA_FLOOR, alpha_at, dfml_loss, draw_aggregator, is_peak,
                                     log_class_prior, weighted_log_softmax)
-from hfl_bench.records import SCHEMA_PATH
 from hfl_bench.training import state_bytes
 
-jsonschema = pytest.importorskip("jsonschema")
 
 
 def _simulation(tiny_cfg, **params) -> engine.Simulation:
@@ -33,16 +28,8 @@ def _simulation(tiny_cfg, **params) -> engine.Simulation:
 # --------------------------------------------------------------------------- CLI
 
 
-def test_cli_two_rounds_writes_valid_record(tmp_path):
-    runner = CliRunner()
-    result = runner.invoke(app, ["run", "--method", "dfml", "--task", "digits", "--clients", "4", "--rounds", "2",
-                                 "--out", str(tmp_path), "--json", "-q"])
-    assert result.exit_code == 0, result.output
-    summary = json.loads(getattr(result, "stdout", result.output))
-    record = json.loads(Path(summary["record"]).read_text())
-    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
-    errors = [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(record)]
-    assert not errors, errors
+def test_cli_two_rounds_writes_valid_record(run_record):
+    record = run_record("--method", "dfml", "--task", "digits", "--clients", "4", "--rounds", "2")
     assert record["status"] == "ok" and record["error"] is None
     assert record["method"]["name"] == "dfml"
     assert record["method"]["fidelity"] == "reconstructed"
