@@ -28,6 +28,7 @@ PRESETS = {
     # digits with the CPU pool and a small CIFAR-shaped synthetic set with the paper pool
     "cpu": [
         dict(task="digits", pool="cpu", clients=[10, 20, 50, 100], rounds=6, paths=["reference", "fast"]),
+        dict(task="digits", pool="cpu", clients=[10], rounds=6, paths=["fast"], vmap="on"),
         dict(task="synthetic-cifar10", pool="paper", clients=[10], rounds=2, paths=["reference", "fast"],
              train_size=400, test_size=100),
     ],
