@@ -203,6 +203,13 @@ def show(
             t.add_row(str(c["cid"]), c["arch"], _fmt(c.get("global_acc")), _fmt(c.get("local_acc")),
                       _fmt(c.get("val_acc")))
         out.print(t)
+    if m.get("extra_endpoints"):
+        t = Table(title="extra endpoints (selected round)")
+        for col in ("endpoint", "global acc", "local acc"):
+            t.add_column(col, justify="right")
+        for name, e in m["extra_endpoints"].items():
+            t.add_row(name, _fmt(e.get("global_acc")), _fmt(e.get("local_acc")))
+        out.print(t)
     if m.get("per_arch_global_acc"):
         t = Table(title="global accuracy per architecture")
         t.add_column("arch")
