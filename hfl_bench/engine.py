@@ -233,11 +233,8 @@ class Evaluator:
         """Mean global and local test accuracy (percent) of an extra endpoint's per-client predictors."""
         fed = self.fed
         g = [float(evaluate_global(fed, p).sum()) / max(self.test_class_counts.sum(), 1) * 100 for p in predictors]
-        local = []
-        for p, client in zip(predictors, fed.clients):
-            if len(client.test_idx):
-                hits = predict_logits(p, fed.data.train_x[client.test_idx]).argmax(-1) == fed.data.train_y[client.test_idx]
-                local.append(float(hits.float().mean()) * 100)
+        local = [evaluate_local(fed, p, client)[1] / len(client.test_idx) * 100
+                 for p, client in zip(predictors, fed.clients) if len(client.test_idx)]
         return {"global_acc": round(float(np.mean(g)), 4), "local_acc": round(float(np.mean(local)), 4) if local else None}
 
 

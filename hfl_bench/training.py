@@ -152,6 +152,24 @@ def kd_loss(student_logits: torch.Tensor, target_probs: torch.Tensor, temperatur
 TargetFn = Callable[[int, int, torch.Tensor], torch.Tensor]
 
 
+def optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, clip: float) -> None:
+    """One update: backward, clip the global gradient norm (if clip > 0), step."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+
+
+def finite_mean(total: torch.Tensor | float, batches: int, who: str) -> float:
+    """Mean of summed losses; raises ``Diverged`` if it is not finite. Callers sum losses on the
+    device and call this once per epoch, so a GPU never waits on each step."""
+    mean = float(total) / max(batches, 1)
+    if not math.isfinite(mean):
+        raise Diverged(f"{who}: loss became {mean}")
+    return mean
+
+
 def train_on_plan(
     fed: "Federation",
     client: "Client",
@@ -183,17 +201,10 @@ def train_on_plan(
             loss = (1 - lam) * loss + lam * kd_loss(logits, q, temperature)
         if extra_loss is not None:
             loss = loss + extra_loss(start, end, x, logits)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if fed.cfg.grad_clip > 0:
-            nn.utils.clip_grad_norm_(model.parameters(), fed.cfg.grad_clip)
-        opt.step()
+        optimizer_step(model, opt, loss, fed.cfg.grad_clip)
         total += loss.detach()
         batches += 1
-    mean = float(total) / max(batches, 1)
-    if not math.isfinite(mean):  # checked once per epoch, so a GPU never waits on each step
-        raise Diverged(f"client {client.cid}: loss became {mean}")
-    return mean
+    return finite_mean(total, batches, f"client {client.cid}")
 
 
 def state_bytes(model: nn.Module) -> int:

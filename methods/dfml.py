@@ -57,7 +57,7 @@ from torch import nn
 
 from hfl_bench.config import ConfigError
 from hfl_bench.method import Method, param, register_method
-from hfl_bench.training import Diverged, derive_seed, make_plan
+from hfl_bench.training import derive_seed, finite_mean, make_plan, optimizer_step
 
 BETA_FLOOR = 1e-8  # smallest class proportion entering log beta (absent classes)
 
@@ -126,18 +126,10 @@ def mutual_learning(fed, plan, members: list[int], log_beta: torch.Tensor, alpha
         for i, n in enumerate(members):
             peers = [q for j, q in enumerate(probs) if j != i]
             loss = dfml_loss(logits[i], y, log_beta, peers, alpha)
-            opt = fed.clients[n].optimizer
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if fed.cfg.grad_clip > 0:
-                nn.utils.clip_grad_norm_(models[i].parameters(), fed.cfg.grad_clip)
-            opt.step()
+            optimizer_step(models[i], fed.clients[n].optimizer, loss, fed.cfg.grad_clip)
             totals[i] += loss.detach()
-    means = (totals / max(len(plan.bounds), 1)).tolist()  # one sync per round, not per step
-    for n, mean in zip(members, means):
-        if not math.isfinite(mean):
-            raise Diverged(f"client {n}: loss became {mean}")
-    return means
+    sums = totals.tolist()  # one sync per round, not per step
+    return [finite_mean(total, len(plan.bounds), f"client {n}") for n, total in zip(members, sums)]
 
 
 

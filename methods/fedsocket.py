@@ -91,7 +91,7 @@ from torch import nn
 from hfl_bench.config import ConfigError
 from hfl_bench.metering import SERVER
 from hfl_bench.method import Method, register_method
-from hfl_bench.training import Diverged, derive_seed, make_plan, predict_logits
+from hfl_bench.training import derive_seed, finite_mean, make_plan, optimizer_step, predict_logits
 
 HEAD_KEYS = ("head.weight", "head.bias")
 EXTRACTORS = ("random-conv", "random-projection")
@@ -353,21 +353,6 @@ class JointPredictor(nn.Module):
 # ----------------------------------------------------------------------------- local stages
 
 
-def _step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, clip: float) -> None:
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if clip > 0:
-        nn.utils.clip_grad_norm_(model.parameters(), clip)
-    opt.step()
-
-
-def _finite_mean(total: torch.Tensor, batches: int, who: str) -> float:
-    mean = float(total) / max(batches, 1)
-    if not math.isfinite(mean):  # checked once per stage: no host sync per step on a GPU
-        raise Diverged(f"{who}: loss became {mean}")
-    return mean
-
-
 def warm_up_private(fed, cid: int, epochs: int, smoothing: float) -> float:
     """Stage I: Private alone with CE_ls (no communication)."""
     client = fed.clients[cid]
@@ -377,10 +362,10 @@ def warm_up_private(fed, cid: int, epochs: int, smoothing: float) -> float:
     for start, end in plan.bounds:
         loss = F.cross_entropy(client.model(plan.view(fed, start, end)), plan.labels(fed, start, end),
                                label_smoothing=smoothing)
-        _step(client.model, client.optimizer, loss, fed.cfg.grad_clip)
+        optimizer_step(client.model, client.optimizer, loss, fed.cfg.grad_clip)
         total += loss.detach()
         batches += 1
-    return _finite_mean(total, batches, f"client {cid} warm-up")
+    return finite_mean(total, batches, f"client {cid} warm-up")
 
 
 def teach_private(fed, cid: int, rnd: int, q: nn.Module, feats: torch.Tensor, p: FedSocketParams,
@@ -402,10 +387,10 @@ def teach_private(fed, cid: int, rnd: int, q: nn.Module, feats: torch.Tensor, p:
         loss = (F.cross_entropy(logits, y, label_smoothing=p.label_smoothing)
                 + p.lambda_kd * weighted_kd(logits, q_soft[start:end], rel[start:end], p.temperature)
                 + p.lambda_fus * fusion_ce(logits, q_probs[start:end], omega_fus, y))
-        _step(client.model, client.optimizer, loss, fed.cfg.grad_clip)
+        optimizer_step(client.model, client.optimizer, loss, fed.cfg.grad_clip)
         total += loss.detach()
         batches += 1
-    return _finite_mean(total, batches, f"client {cid} private")
+    return finite_mean(total, batches, f"client {cid} private")
 
 
 def teach_q(fed, cid: int, rnd: int, q_copy: nn.Module, feats: torch.Tensor, p: FedSocketParams) -> float:
@@ -428,10 +413,10 @@ def teach_q(fed, cid: int, rnd: int, q_copy: nn.Module, feats: torch.Tensor, p: 
         logits = q_copy(feats[plan.indices[start:end]])
         loss = (F.cross_entropy(logits, y, label_smoothing=p.label_smoothing)
                 + p.lambda_rel * weighted_kd(logits, t_soft[start:end], rel[start:end], p.temperature))
-        _step(q_copy, opt, loss, fed.cfg.grad_clip)
+        optimizer_step(q_copy, opt, loss, fed.cfg.grad_clip)
         total += loss.detach()
         batches += 1
-    return _finite_mean(total, batches, f"client {cid} Q copy")
+    return finite_mean(total, batches, f"client {cid} Q copy")
 
 
 # ----------------------------------------------------------------------------- the method
