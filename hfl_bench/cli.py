@@ -66,6 +66,7 @@ def run(
     batch_size: Optional[int] = typer.Option(None, help="Local batch size. \\[default: 64]"),
     lr: Optional[float] = typer.Option(None, help="SGD learning rate. \\[default: 0.01]"),
     seed: Optional[int] = typer.Option(None, help="Seed of python, numpy, torch and the partition; default: the task's."),
+    public_size: Optional[int] = typer.Option(None, help="Hold out this many training samples (stratified, before partitioning) as a public transfer set; needed by fedmd, msfkd, fedcc. \\[default: 0]"),
     eval_every: Optional[int] = typer.Option(None, help="Global test every k rounds (and at each new best val round). \\[default: 1]"),
     device: Optional[str] = typer.Option(None, help="auto, cpu, cuda or cuda:N. \\[default: auto]"),
     exec_path: Optional[str] = typer.Option(None, "--exec", help="Peer-KD path: reference, fast or auto. \\[default: auto]"),
@@ -77,6 +78,8 @@ def run(
     sets: list[str] = typer.Option([], "--set", help="Method hyperparameter key=value (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of tables."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    checkpoint_every: Optional[int] = typer.Option(None, help="Checkpoint every k rounds under <out>/.checkpoints; 0 = never. \\[default: 10]"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from this exact config's checkpoint, if there is one."),
 ):
     """Run one method on one task and write one JSON record."""
     from hfl_bench import engine, records
@@ -84,17 +87,18 @@ def run(
     flags = dict(
         method=method, task=task, pool=pool, partition=partition, alpha=alpha, classes_per_client=k,
         clients=clients, clients_per_round=clients_per_round, rounds=rounds, local_epochs=local_epochs,
-        batch_size=batch_size, lr=lr, seed=seed, eval_every=eval_every, device=device, exec=exec_path, vmap=vmap,
+        batch_size=batch_size, lr=lr, seed=seed, public_size=public_size, eval_every=eval_every, device=device, exec=exec_path, vmap=vmap,
         data_dir=str(data_dir) if data_dir else None, download=download or None,
-        out=str(out_dir) if out_dir else None,
+        out=str(out_dir) if out_dir else None, checkpoint_every=checkpoint_every,
     )
     try:
         cfg = build_config(config_file, flags, sets)
         _, cfg = engine.load_task(cfg)
         engine.make_method(cfg)  # unknown method or hyperparameter: fail before loading data
         show_bar = not (quiet or as_json)
+        _say_checkpoint(records.checkpoint_path(cfg), resume)
         with _progress(show_bar, cfg) as update:
-            result = engine.run(cfg, progress=update)
+            result = engine.run(cfg, progress=update, resume=resume)
     except USER_ERRORS as e:
         fail(str(e))
     record = records.build_record(cfg, result)
@@ -106,6 +110,16 @@ def run(
         out.print(f"record written to [bold]{path}[/]", highlight=False)
     if record["status"] != "ok":
         err.print(f"[yellow]run {record['status']}:[/] {record['error']}", highlight=False)
+
+
+def _say_checkpoint(path: Path, resume: bool) -> None:
+    if resume and path.exists():
+        err.print(f"resuming from checkpoint {path}", highlight=False)
+    elif resume:
+        err.print(f"no checkpoint for this configuration at {path}: starting from round 0", highlight=False)
+    elif path.exists():
+        err.print(f"[yellow]note:[/] this configuration has a checkpoint ({path}); this run starts over "
+                  "(--resume would continue from it)", highlight=False)
 
 
 def _headline(record: dict[str, Any]) -> dict[str, Any]:
@@ -290,6 +304,7 @@ def partition(
     clients: Optional[int] = typer.Option(None, help="Number of clients; default: the task's."),
     seed: Optional[int] = typer.Option(None, help="Partition seed; default: the task's."),
     heldout_fraction: float = typer.Option(0.2, help="Held-out fraction of each shard (val + test)."),
+    public_size: int = typer.Option(0, help="Public transfer set held out before partitioning (0 = none)."),
     data_dir: Optional[Path] = typer.Option(None, help="Dataset folder."),
     download: bool = typer.Option(False, "--download", help="Download the dataset if it is missing."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -299,7 +314,7 @@ def partition(
 
     try:
         t, cfg = load_task(RunConfig(task=task, partition=scheme, alpha=alpha, classes_per_client=k, clients=clients,
-                                     seed=seed, heldout_fraction=heldout_fraction,
+                                     seed=seed, heldout_fraction=heldout_fraction, public_size=public_size,
                                      data_dir=str(data_dir) if data_dir else None))
         data = t.load(data_dir, download)
         labels = data.train_y.numpy()
@@ -312,10 +327,11 @@ def partition(
     test = part.class_counts(labels, c, "test").sum(1)
     if as_json:
         emit_json({"task": task, "scheme": part.scheme, "params": part.params, "seed": part.seed,
-                   "hash": part.hash, "train_counts": train.tolist(), "val_sizes": val.tolist(),
+                   "hash": part.hash, "public_size": part.public_size, "train_counts": train.tolist(), "val_sizes": val.tolist(),
                    "test_sizes": test.tolist()})
         return
-    table = Table(title=f"{task}: {part.scheme} {part.params}, seed {part.seed}, hash {part.hash}")
+    public = f", public set {part.public_size}" if part.public_size else ""
+    table = Table(title=f"{task}: {part.scheme} {part.params}, seed {part.seed}{public}, hash {part.hash}")
     table.add_column("client", justify="right")
     for j in range(c):
         table.add_column(str(j), justify="right")
@@ -324,6 +340,19 @@ def partition(
     for cid in range(part.n_clients):
         table.add_row(str(cid), *[str(v) for v in train[cid]], str(train[cid].sum()), str(val[cid]), str(test[cid]))
     out.print(table)
+
+
+# ----------------------------------------------------------------------------- command groups in their own modules
+
+from hfl_bench.leaderboard import app as leaderboard_app  # noqa: E402
+
+app.add_typer(leaderboard_app, name="leaderboard")
+from hfl_bench.matrix import matrix as matrix_command  # noqa: E402  (imports cli's helpers lazily)
+
+app.command("matrix")(matrix_command)
+from hfl_bench.plots import plot_command  # noqa: E402  (after app: plots imports cli's helpers lazily)
+
+app.command("plot")(plot_command)
 
 
 def main() -> None:

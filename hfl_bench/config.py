@@ -38,6 +38,8 @@ class RunConfig:
     weight_decay: float = _f(5e-4, "SGD weight decay.")
     grad_clip: float = _f(10.0, "Gradient clipping (global norm); 0 disables.")
     heldout_fraction: float = _f(0.2, "Fraction of each client shard held out, split evenly into val and test.")
+    public_size: int = _f(0, "Samples held out of the training set (stratified, before partitioning) as a public "
+                             "transfer set for the methods that use one; 0 = none. CRAD setup: 500.")
     seed: int | None = _f(None, "Run seed (python, numpy, torch, partition); default: the task's, else 0.")
     eval_every: int = _f(1, "Evaluate the global test set every k rounds (and at every new best validation round).")
     device: str = _f("auto", "auto, cpu, cuda or cuda:N.")
@@ -46,6 +48,8 @@ class RunConfig:
     data_dir: str | None = _f(None, "Dataset folder; default: $HFL_BENCH_DATA or ~/.cache/hfl-bench/data.")
     download: bool = _f(False, "Download the dataset if it is missing.")
     out: str = _f("runs", "Folder the JSON record is written to.")
+    checkpoint_every: int = _f(10, "Save a checkpoint every k rounds (under <out>/.checkpoints; --resume continues "
+                                   "from it); 0 = never.")
     method_params: dict[str, Any] = _f(None, "Method hyperparameters (--set key=value).", )
 
     def __post_init__(self):
@@ -54,19 +58,28 @@ class RunConfig:
 
 
 # Fields that do not change what a run computes: left out of the config hash.
-NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "vmap")
+NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "vmap", "checkpoint_every")
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+# Fields added after the first records: left out of the hash at their default, so a config that
+# does not use them keeps the hash it always had (older records stay comparable).
+HASH_NEUTRAL_DEFAULTS = {"public_size": 0}
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
+def read_yaml_mapping(path: str | Path, what: str, expected: str) -> dict[str, Any]:
+    """A YAML file holding a mapping (an empty file is an empty one); ConfigError otherwise."""
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
+        raise ConfigError(f"{what} not found: {path}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        raise ConfigError(f"{what} {path} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of settings")
+        raise ConfigError(f"{what} {path} must hold a mapping {expected}")
+    return data
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    data = read_yaml_mapping(path, "config file", "of settings")
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise ConfigError(f"unknown setting(s) in {path}: {', '.join(unknown)}. Known: {', '.join(FIELDS)}")
@@ -92,8 +105,10 @@ def validate(cfg: RunConfig) -> None:
         (cfg.rounds is None or cfg.rounds >= 1, f"--rounds must be >= 1, got {cfg.rounds}"),
         (cfg.local_epochs >= 1, f"--local-epochs must be >= 1, got {cfg.local_epochs}"),
         (cfg.eval_every >= 1, f"--eval-every must be >= 1, got {cfg.eval_every}"),
+        (cfg.checkpoint_every >= 0, f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
         (cfg.batch_size >= 2, f"--batch-size must be >= 2, got {cfg.batch_size}"),
         (0 <= cfg.heldout_fraction < 1, f"heldout_fraction must be in [0, 1), got {cfg.heldout_fraction}"),
+        (cfg.public_size >= 0, f"--public-size must be >= 0, got {cfg.public_size}"),
         (cfg.exec in ("auto", "reference", "fast"), f"--exec must be auto, reference or fast, got {cfg.exec!r}"),
         (cfg.vmap in ("auto", "on", "off"), f"--vmap must be auto, on or off, got {cfg.vmap!r}"),
         (cfg.clients_per_round is None or cfg.clients_per_round >= 1,
@@ -112,7 +127,8 @@ def canonical_json(obj: Any) -> str:
 
 def config_hash(cfg_dict: dict[str, Any]) -> str:
     """Hash of everything that changes what a run computes (seed, paths and device excluded)."""
-    semantic = {k: v for k, v in cfg_dict.items() if k not in NON_SEMANTIC}
+    semantic = {k: v for k, v in cfg_dict.items()
+                if k not in NON_SEMANTIC and not (k in HASH_NEUTRAL_DEFAULTS and v == HASH_NEUTRAL_DEFAULTS[k])}
     return hashlib.sha256(canonical_json(semantic).encode()).hexdigest()[:16]
 
 

@@ -9,6 +9,7 @@ import random
 import resource
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -50,6 +51,18 @@ class Federation:
     val_correct: torch.Tensor  # [N, C] per-class correct, current models (updated by evaluation)
     timer: PhaseTimer = None  # type: ignore[assignment]  # set by build_federation
     state: dict[str, Any] = field(default_factory=dict)  # method-owned state
+    # Training indices of the public transfer set (--public-size), on the device; empty if none.
+    public_idx: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+
+    @property
+    def public_x(self) -> torch.Tensor:
+        """Inputs of the public transfer set (normalized like all data; never augmented)."""
+        return self.data.train_x[self.public_idx]
+
+    @property
+    def public_y(self) -> torch.Tensor:
+        """Labels of the public transfer set: only for methods that use it labeled (FedMD)."""
+        return self.data.train_y[self.public_idx]
 
     @property
     def n_clients(self) -> int:
@@ -118,6 +131,7 @@ def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: tor
             cid, arch, model, fed.make_optimizer(model), as_tensor(split.train), as_tensor(split.val),
             as_tensor(split.test), np.bincount(labels[split.train], minlength=info.num_classes),
         ))
+    fed.public_idx = torch.as_tensor(partition.public, dtype=torch.long, device=device)
     fed.val_counts = torch.as_tensor(partition.class_counts(labels, info.num_classes, "val"),
                                      dtype=torch.float32, device=device)
     fed.val_correct = torch.zeros_like(fed.val_counts)
@@ -130,8 +144,11 @@ def partition_for(cfg: RunConfig, info: TaskInfo, data: TaskData) -> Partition:
     if data.client_indices is None:
         params = {"alpha": cfg.alpha, "k": cfg.classes_per_client}
         return make_partition(labels, cfg.clients, cfg.partition, seed=cfg.seed,
-                              heldout_fraction=cfg.heldout_fraction, **params)
+                              heldout_fraction=cfg.heldout_fraction, public_size=cfg.public_size, **params)
     n = len(data.client_indices)
+    if cfg.public_size:
+        raise ConfigError(f"task {info.name} ships its own client partition, so no public set can be held out "
+                          f"of it: drop --public-size")
     if cfg.partition != "given":
         raise ConfigError(f"task {info.name} ships its own client partition: use --partition given "
                           f"(its default), not --partition {cfg.partition}")
@@ -260,6 +277,9 @@ ProgressFn = Callable[[int, int, dict[str, Any]], None]
 def make_method(cfg: RunConfig) -> Method:
     cls = get_method_class(cfg.method)
     params = config_mod.coerce_params(cls.Params, cfg.method_params, cfg.method)
+    if cls.needs_public and not cfg.public_size:
+        raise ConfigError(f"method {cfg.method} needs a public transfer set: pass --public-size N "
+                          f"(samples held out of the training set; the CRAD setup uses 500)")
     return cls(params)
 
 
@@ -302,6 +322,7 @@ class Simulation:
         self.history = [_history_entry(initial, 0, 0.0, {}, fed.timer.pop())]
         self.best: RoundMetrics | None = None
         self.sent: list[np.ndarray] = []
+        self.resumed_from: list[int] = []  # rounds of the checkpoints this run was resumed from
 
     def active_clients(self, rnd: int) -> list[int]:
         k = self.cfg.clients_per_round or self.cfg.clients
@@ -328,7 +349,8 @@ class Simulation:
             self.best = metrics
         return entry
 
-    def run(self, progress: ProgressFn | None = None) -> RunResult:
+    def run(self, progress: ProgressFn | None = None, checkpoint: str | Path | None = None) -> RunResult:
+        """Run the remaining rounds; with ``checkpoint``, save there every ``checkpoint_every`` rounds."""
         status, error = "ok", None
         for rnd in range(len(self.history), self.cfg.rounds + 1):
             try:
@@ -336,20 +358,45 @@ class Simulation:
             except Diverged as e:
                 status, error = "diverged", f"round {rnd}: {e}"
                 break
+            every = self.cfg.checkpoint_every
+            if checkpoint and every and rnd % every == 0 and rnd < self.cfg.rounds:
+                self.save_checkpoint(checkpoint)
             if progress:
                 progress(rnd, self.cfg.rounds, entry)
         return self.result(status, error)
 
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Write everything needed to continue after the last completed round (atomically)."""
+        from hfl_bench import checkpoint
+
+        checkpoint.write(path, checkpoint.simulation_state(self))
+
+    def load_checkpoint(self, path: str | Path) -> int:
+        """Continue from a checkpoint of this exact config; returns the round it was written at.
+        Call it on a freshly built simulation, before any ``step``."""
+        from hfl_bench import checkpoint
+
+        checkpoint.restore_simulation(self, checkpoint.read(path), f"checkpoint {path}")
+        return len(self.history) - 1
+
     def result(self, status: str = "ok", error: str | None = None) -> RunResult:
         fed = self.fed
         sent = np.stack(self.sent) if self.sent else np.zeros((0, fed.n_clients))
+        extra = {"bytes_sent_per_client_round": sent, "code": self.code, "resumed_from_rounds": list(self.resumed_from)}
         return RunResult(status, error, self.best, self.history, fed, self.method, time.perf_counter() - self.t0,
-                         peak_memory(fed.device), {"bytes_sent_per_client_round": sent, "code": self.code})
+                         peak_memory(fed.device), extra)
 
 
-def run(cfg: RunConfig, progress: ProgressFn | None = None) -> RunResult:
-    """Run one method on one task under the standard protocol. ``cfg`` must be resolved."""
-    return Simulation(cfg).run(progress)
+def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False) -> RunResult:
+    """Run one method on one task under the standard protocol. ``cfg`` must be resolved.
+    Checkpoints go to ``records.checkpoint_path(cfg)``; ``resume`` continues from the one there."""
+    from hfl_bench.records import checkpoint_path
+
+    sim = Simulation(cfg)
+    path = checkpoint_path(cfg)
+    if resume and path.exists():
+        sim.load_checkpoint(path)
+    return sim.run(progress, checkpoint=path)
 
 
 def _history_entry(m: RoundMetrics, nbytes: int, seconds: float, scalars: dict[str, float],

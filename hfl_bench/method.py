@@ -40,6 +40,8 @@ class Method:
     # Choices made where the source is silent; copied into every record.
     notes: ClassVar[tuple[str, ...]] = ()
     Params: ClassVar[type] = NoParams
+    # True for a method that cannot run without the public transfer set (``--public-size``).
+    needs_public: ClassVar[bool] = False
 
     def __init__(self, params: Any = None):
         self.params = params if params is not None else self.Params()
@@ -69,6 +71,26 @@ class Method:
 
     def hparams(self) -> dict[str, Any]:
         return dataclasses.asdict(self.params)
+
+    def state_dict(self, fed: "Federation") -> dict[str, Any]:
+        """The method's state for a checkpoint, as plain data (it loads with weights_only=True).
+
+        The default walks the attributes (``vars(self)`` but ``params``) and keeps modules,
+        optimizers, tensors, arrays, RNGs, numbers, strings and containers of them; anything else
+        (functions, other objects) is left out, since ``setup`` rebuilds it deterministically.
+        Override (and ``load_state_dict``) for state that this does not cover.
+        """
+        from hfl_bench.checkpoint import pack_attrs
+
+        return pack_attrs(self, fed, skip=("params",))
+
+    def load_state_dict(self, state: dict[str, Any], fed: "Federation") -> None:
+        """Load ``state_dict``'s output into this method right after a fresh ``setup(fed)``:
+        modules and optimizers are loaded in place, other values replaced. A module that the
+        checkpoint holds but setup did not create is an error: create it here first (``dfml``)."""
+        from hfl_bench.checkpoint import load_attrs
+
+        load_attrs(self, state, fed, where=f"method {self.name}")
 
 
 def register_method(name: str):

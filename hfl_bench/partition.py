@@ -7,6 +7,7 @@ record carries, so two runs can be checked to have used identical client data.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 from dataclasses import dataclass
@@ -132,6 +133,12 @@ class Partition:
     heldout_fraction: float
     clients: tuple[ClientSplit, ...]
     hash: str
+    # Training indices held out as the public transfer set (``--public-size``); no client's data.
+    public: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @property
+    def public_size(self) -> int:
+        return len(self.public)
 
     @property
     def n_clients(self) -> int:
@@ -183,21 +190,50 @@ def partition_params(scheme: str, params: dict[str, Any]) -> dict[str, Any]:
     return {name: params.get(name, default) for name, default in accepted.items()}
 
 
+def hold_out_public(labels: np.ndarray, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A stratified public set of exactly ``size`` training indices and the remaining (private)
+    indices, both sorted. Each class gives its share of ``size`` (largest remainders round up),
+    drawn by a generator of its own, so the client partition's random stream is untouched."""
+    labels = np.asarray(labels)
+    if not 0 < size < len(labels):
+        raise PartitionError(f"--public-size must be between 1 and {len(labels) - 1} (the training set has "
+                             f"{len(labels)} samples), got {size}")
+    classes, counts = np.unique(labels, return_counts=True)
+    exact = counts * size / len(labels)
+    take = np.floor(exact).astype(int)
+    for c in np.argsort(-(exact - take), kind="stable")[: size - take.sum()]:
+        take[c] += 1
+    rng = np.random.default_rng([seed, 0x5EED_9B])
+    public = np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in zip(classes, take)])
+    public = np.sort(public).astype(np.int64)
+    return public, np.setdiff1d(np.arange(len(labels)), public).astype(np.int64)
+
+
 def make_partition(labels: np.ndarray, n_clients: int, scheme: str = "dirichlet", seed: int = 0,
-                   heldout_fraction: float = 0.2, **params) -> Partition:
+                   heldout_fraction: float = 0.2, public_size: int = 0, **params) -> Partition:
+    """Partition the training labels over clients; with ``public_size`` > 0 a stratified public
+    set is held out first and only the rest is partitioned (its indices are in the hash)."""
     if n_clients < 1:
         raise PartitionError(f"need at least one client, got {n_clients}")
     if not 0 <= heldout_fraction < 1:
         raise PartitionError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
+    labels = np.asarray(labels)
     fn = PARTITIONERS.get(scheme)
     used = partition_params(scheme, params)
+    public, private = (hold_out_public(labels, public_size, seed) if public_size
+                       else (np.zeros(0, np.int64), np.arange(len(labels))))
     rng = np.random.default_rng(seed)
-    shards = fn(np.asarray(labels), n_clients, rng, **used)
-    clients = tuple(split_client(s, np.asarray(labels), heldout_fraction, rng) for s in shards)
+    shards = [private[s] for s in fn(labels[private], n_clients, rng, **used)]
+    clients = tuple(split_client(s, labels, heldout_fraction, rng) for s in shards)
     empty = [cid for cid, s in enumerate(clients) if len(s.train) == 0]
     if empty:
         raise PartitionError(f"clients {empty} got no training samples: use fewer clients or another partition")
     key = dict(used, heldout_fraction=heldout_fraction, seed=seed)
+    if public_size:  # without a public set the key (and so the hash) is what it always was
+        key["public_size"] = public_size
+        clients_and_public = clients + (ClientSplit(public, np.zeros(0, np.int64), np.zeros(0, np.int64)),)
+        return Partition(scheme, used, seed, heldout_fraction, clients,
+                         partition_hash(scheme, key, clients_and_public), public)
     return Partition(scheme, used, seed, heldout_fraction, clients, partition_hash(scheme, key, clients))
 
 

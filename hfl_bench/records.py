@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
@@ -114,7 +115,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "seed": fed.partition.seed,
             "hash": fed.partition.hash,
             "heldout_fraction": fed.partition.heldout_fraction,
-            "public_size": 0,
+            "public_size": fed.partition.public_size,
             "train_counts": fed.partition.class_counts(labels, fed.num_classes, "train").tolist(),
             "val_counts": fed.partition.class_counts(labels, fed.num_classes, "val").tolist(),
         },
@@ -128,6 +129,8 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "exec": fed.exec_path(),
             "eval_every": cfg.eval_every,
             "vmap": fed.use_vmap,
+            # present only for a resumed run: the rounds of the checkpoints it continued from
+            **({"resumed_from_rounds": resumed} if (resumed := result.extra.get("resumed_from_rounds")) else {}),
         },
         "seeds": {"python": cfg.seed, "numpy": cfg.seed, "torch": cfg.seed, "partition": cfg.seed},
         "selection": {"rule": "best_mean_local_val", "round": best.round if best else None},
@@ -161,7 +164,9 @@ def _jsonable(obj):
     return str(obj)
 
 
+@functools.lru_cache(maxsize=None)
 def _plugin_dist(module: str) -> str | None:
+    # Cached: scanning every installed distribution takes about a second, once per record otherwise.
     import importlib.metadata
 
     top = module.split(".")[0]
@@ -169,9 +174,71 @@ def _plugin_dist(module: str) -> str | None:
     return dists[0] if dists else None
 
 
+def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
+    """A ``status: "failed"`` record from just a config and an error (a run that raised, or a
+    config that could not be resolved). Method and task details are filled in when their names
+    are registered; fidelity, task version and class count are null otherwise."""
+    from hfl_bench.config import coerce_params
+    from hfl_bench.data import get_task
+    from hfl_bench.engine import pick_device
+    from hfl_bench.method import get_method_class
+
+    cfg_dict = dataclasses.asdict(cfg)
+    chash = config_hash(cfg_dict)
+    method: dict[str, Any] = {"name": cfg.method, "fidelity": None, "hparams": dict(cfg.method_params)}
+    task: dict[str, Any] = {"name": cfg.task, "version": None, "num_classes": None}
+    try:
+        cls = get_method_class(cfg.method)
+        method.update(fidelity=cls.fidelity, citation=cls.citation, notes=list(cls.notes),
+                      plugin_dist=_plugin_dist(cls.__module__))
+        method["hparams"] = dataclasses.asdict(coerce_params(cls.Params, cfg.method_params, cfg.method))
+    except Exception:  # noqa: BLE001 - unknown method or bad hyperparameters: keep what we have
+        pass
+    try:
+        task = get_task(cfg.task).info.as_record()
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        device = pick_device(cfg.device)
+    except Exception:  # noqa: BLE001 - e.g. CUDA asked for but absent (maybe the very error)
+        device = torch.device("cpu")
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "record_id": hashlib.sha256(f"{chash}|{cfg.seed}|reproduced".encode()).hexdigest()[:16],
+        "source": {"kind": "reproduced", "citation": None},
+        "status": "failed",
+        "error": error,
+        "method": method,
+        "task": task,
+        "selection": {"rule": "best_mean_local_val", "round": None},
+        "metrics": None,
+        "config": cfg_dict,
+        "config_hash": chash,
+        "code": {"hfl_bench_version": hfl_bench.__version__, **git_info()},
+        "environment": environment(device),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    return json.loads(json.dumps(record, default=_jsonable))
+
+
 def record_filename(record: dict[str, Any]) -> str:
     cfg = record["config"]
-    return f"{cfg['task']}__{cfg['method']}__{record['config_hash']}__seed{cfg['seed']}.json"
+    return f"{_stem(cfg['task'], cfg['method'], record['config_hash'], cfg['seed'])}.json"
+
+
+def _stem(task: str, method: str, chash: str, seed: int | None) -> str:
+    return f"{task}__{method}__{chash}__seed{seed}"
+
+
+def record_path(cfg: RunConfig) -> Path:
+    """Where the record of a (resolved) config is written: ``<out>/<task>__<method>__<hash>__seed<S>.json``."""
+    return Path(cfg.out) / f"{_stem(cfg.task, cfg.method, config_hash(dataclasses.asdict(cfg)), cfg.seed)}.json"
+
+
+def checkpoint_path(cfg: RunConfig) -> Path:
+    """Where a run's checkpoint is kept: ``<out>/.checkpoints/<record file stem>.pt``."""
+    record = record_path(cfg)
+    return record.parent / ".checkpoints" / f"{record.stem}.pt"
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -191,8 +258,12 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def write_record(record: dict[str, Any], out_dir: str | Path) -> Path:
+    """Write the record; for a run that ended (ok or diverged), then delete its checkpoint, which
+    the record makes obsolete (a failed run keeps it: ``--resume`` may still continue it)."""
     path = Path(out_dir) / record_filename(record)
     write_atomic(path, json.dumps(record, indent=1, allow_nan=False) + "\n")
+    if record.get("status") != "failed":
+        (path.parent / ".checkpoints" / f"{path.stem}.pt").unlink(missing_ok=True)
     return path
 
 

@@ -209,5 +209,12 @@ class DFML(Method):
     def changed_clients(self, fed, active):
         return self.changed
 
+    def load_state_dict(self, state, fed):
+        # Peak models are created lazily (at a client's first peak): create the checkpoint's
+        # ones first, so that the generic load fills them in place.
+        for n in state.get("peaks", {}):
+            self._store_peak(fed, n)
+        super().load_state_dict(state, fed)
+
     def eval_models(self, fed):
         return [self.peaks.get(i, c.model) for i, c in enumerate(fed.clients)]

@@ -564,6 +564,10 @@ class FedSocket(Method):
                     self.rho[k] = self.params.fusion_rho
                 self.joint[k].omega.copy_(joint_weights(c.train_counts, self.rho[k]))
 
+    def state_dict(self, fed):
+        # The frozen extractor and its cached features are rebuilt identically by setup: not stored.
+        return {k: v for k, v in super().state_dict(fed).items() if k not in ("bank", "feats")}
+
     def eval_models(self, fed):
         if self.params.endpoint == "joint":
             return self.joint

@@ -1,0 +1,385 @@
+"""Checkpoints of a running simulation, so that an interrupted run can be resumed.
+
+A checkpoint holds everything a round reads that the deterministic rebuild (``Simulation(cfg)``:
+data, partition, client models, ``Method.setup``) does not restore by itself: every client's model
+and optimizer, the method's state (``Method.state_dict``), ``fed.state``, the evaluator's cached
+figures, the history so far, the channel's counters and the RNG states of python, numpy and torch.
+Loading it into a freshly built simulation continues the run exactly where the checkpoint left it.
+
+The file holds only tensors, numbers, strings, None and containers of them, so it loads with
+``torch.load(path, weights_only=True)``: opening a checkpoint never runs code from the file.
+Objects that are not plain data are stored as tagged dicts (``{"__ckpt__": kind, ...}``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hfl_bench.config import ConfigError, config_hash
+
+if TYPE_CHECKING:
+    from hfl_bench.engine import Federation, Simulation
+
+FORMAT = 1
+TAG = "__ckpt__"
+# Settings that may differ between the interrupted and the resuming process: where things are,
+# and how often checkpoints are written. Everything else must match.
+MAY_DIFFER = ("checkpoint_every", "data_dir", "download", "out")
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be resumed from; the message is meant for the user."""
+
+
+class _Skip:
+    """Marks a value the walk does not store (setup rebuilds it)."""
+
+
+SKIP = _Skip()
+MISSING = object()
+
+
+# ----------------------------------------------------------------------------- the generic walk
+
+
+def module_tensor_ids(modules: list[nn.Module]) -> set[int]:
+    """Ids of the parameters and buffers of ``modules``: a later walk stores them only once."""
+    return {id(t) for m in modules for t in m.state_dict(keep_vars=True).values()}
+
+
+def pack(value: Any, seen: set[int]) -> Any:
+    """``value`` as plain data (tensors, numbers, strings, None, lists, tuples, dicts), or SKIP.
+
+    ``seen`` holds the ids of module tensors already stored elsewhere (the client models, or an
+    earlier module of the same walk); a module that wraps them (e.g. a joint predictor around a
+    client's model) stores only its own tensors.
+    """
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, nn.Module):
+        return _pack_module(value, seen)
+    if isinstance(value, torch.optim.Optimizer):
+        return {TAG: "optimizer", "state": value.state_dict()}
+    if isinstance(value, torch.Tensor):
+        if id(value) in seen:  # a model's parameter held by reference: restored with the model
+            return {TAG: "shared"}
+        return _detached(value)
+    if isinstance(value, np.ndarray):
+        return _pack_array(value)
+    if isinstance(value, torch.Generator):
+        return {TAG: "torch_generator", "state": value.get_state(), "device": str(value.device)}
+    if isinstance(value, np.random.Generator):
+        return {TAG: "numpy_generator", "state": value.bit_generator.state}
+    if isinstance(value, random.Random):
+        return {TAG: "python_random", "state": _pack_python_rng(value.getstate())}
+    if isinstance(value, (set, frozenset)):
+        items = [pack(v, seen) for v in sorted(value, key=repr)]
+        return SKIP if any(v is SKIP for v in items) else {TAG: "set", "items": items}
+    if isinstance(value, (list, tuple)):
+        items = [pack(v, seen) for v in value]
+        if any(v is SKIP for v in items):
+            return SKIP  # a container holding objects setup rebuilds: rebuilt whole
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, dict):
+        if not all(k is None or type(k) in (bool, int, float, str) for k in value):
+            return SKIP
+        items = {k: pack(v, seen) for k, v in value.items()}
+        return SKIP if any(v is SKIP for v in items.values()) else items
+    return SKIP  # callables, dataclasses and other objects: rebuilt deterministically by setup
+
+
+def _pack_module(module: nn.Module, seen: set[int]) -> dict[str, Any]:
+    state, shared = {}, []
+    for name, t in module.state_dict(keep_vars=True).items():
+        if id(t) in seen:
+            shared.append(name)
+        else:
+            seen.add(id(t))
+            state[name] = _detached(t)
+    return {
+        TAG: "module", "state": state, "shared": shared,
+        # train/eval mode and frozen parameters are state too: a round may rely on them
+        "training": [m.training for m in module.modules()],
+        "requires_grad": {name: p.requires_grad for name, p in module.named_parameters()},
+    }
+
+
+def _detached(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    # torch.save writes a view's whole storage: store a small slice of a big tensor on its own
+    whole = t.untyped_storage().nbytes()
+    return t.clone() if whole > t.numel() * t.element_size() else t
+
+
+def _pack_array(a: np.ndarray) -> Any:
+    if a.dtype == object:
+        return SKIP
+    try:
+        return {TAG: "ndarray", "data": torch.from_numpy(np.ascontiguousarray(a)).clone()}
+    except TypeError:  # a dtype torch lacks
+        return {TAG: "ndarray", "list": a.tolist(), "dtype": str(a.dtype), "shape": list(a.shape)}
+
+
+def unpack(saved: Any, current: Any, where: str, device: torch.device) -> Any:
+    """The value to hold after loading ``saved`` over ``current`` (what a fresh setup built,
+    or MISSING). Modules, optimizers, generators and containers are loaded in place."""
+    if isinstance(saved, dict) and TAG in saved:
+        return _unpack_tagged(saved, current, where, device)
+    if isinstance(saved, torch.Tensor):
+        return saved.to(current.device if isinstance(current, torch.Tensor) else device)
+    if isinstance(saved, dict):
+        target = current if isinstance(current, dict) else {}
+        for k in [k for k in target if k not in saved]:
+            del target[k]
+        for k, v in saved.items():
+            target[k] = unpack(v, target.get(k, MISSING), f"{where}[{k!r}]", device)
+        return target
+    if isinstance(saved, (list, tuple)):
+        fresh = current if isinstance(current, (list, tuple)) else ()
+        items = [unpack(v, fresh[i] if i < len(fresh) else MISSING, f"{where}[{i}]", device)
+                 for i, v in enumerate(saved)]
+        if isinstance(saved, tuple):
+            return tuple(items)
+        if isinstance(current, list):
+            current[:] = items  # keep the list object: something else may hold it
+            return current
+        return items
+    return saved
+
+
+def _unpack_tagged(saved: dict[str, Any], current: Any, where: str, device: torch.device) -> Any:
+    kind = saved[TAG]
+    if kind == "module":
+        if not isinstance(current, nn.Module):
+            raise CheckpointError(
+                f"{where}: the checkpoint holds a model that a fresh setup() does not create; the method "
+                "must override state_dict/load_state_dict to create it (see CONTRIBUTING.md)")
+        load_module(current, saved, where)
+        return current
+    if kind == "optimizer":
+        if not isinstance(current, torch.optim.Optimizer):
+            raise CheckpointError(
+                f"{where}: the checkpoint holds an optimizer that a fresh setup() does not create; the "
+                "method must override state_dict/load_state_dict to create it (see CONTRIBUTING.md)")
+        current.load_state_dict(saved["state"])
+        return current
+    if kind == "shared":
+        if current is MISSING:
+            raise CheckpointError(f"{where}: a model tensor held by reference is missing after setup()")
+        return current
+    if kind == "ndarray":
+        if "data" in saved:
+            return saved["data"].numpy().copy()
+        return np.array(saved["list"], dtype=saved["dtype"]).reshape(saved["shape"])
+    if kind == "set":
+        return {unpack(v, MISSING, where, device) for v in saved["items"]}
+    if kind == "torch_generator":
+        gen = current if isinstance(current, torch.Generator) else torch.Generator(saved["device"])
+        gen.set_state(saved["state"])
+        return gen
+    if kind == "numpy_generator":
+        gen = current if isinstance(current, np.random.Generator) else \
+            np.random.Generator(getattr(np.random, saved["state"]["bit_generator"])())
+        gen.bit_generator.state = saved["state"]
+        return gen
+    if kind == "python_random":
+        gen = current if isinstance(current, random.Random) else random.Random()
+        gen.setstate(_unpack_python_rng(saved["state"]))
+        return gen
+    raise CheckpointError(f"{where}: unknown entry kind {kind!r} (a checkpoint from a newer hfl-bench?)")
+
+
+def load_module(module: nn.Module, saved: dict[str, Any], where: str) -> None:
+    missing, unexpected = module.load_state_dict(saved["state"], strict=False)
+    wrong = sorted(set(missing) - set(saved["shared"])) + sorted(unexpected)
+    if wrong:
+        raise CheckpointError(f"{where}: the model built by setup() does not match the checkpoint "
+                              f"(differing entries: {', '.join(wrong[:5])})")
+    for m, training in zip(module.modules(), saved["training"]):
+        m.training = training
+    for name, p in module.named_parameters():
+        p.requires_grad_(saved["requires_grad"].get(name, p.requires_grad))
+
+
+def plain(value: Any, what: str) -> Any:
+    """``pack`` for the engine's own data, which must be stored whole."""
+    packed = pack(value, set())
+    if packed is SKIP:
+        raise TypeError(f"{what} holds a value a checkpoint cannot store")
+    return packed
+
+
+def pack_attrs(obj: Any, fed: "Federation", skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """An object's attributes as plain data (see ``pack``); the client models are stored by the
+    engine, so tensors of theirs that the object holds are stored as references."""
+    seen = module_tensor_ids([c.model for c in fed.clients])
+    out = {}
+    for name, value in vars(obj).items():
+        packed = SKIP if name in skip else pack(value, seen)
+        if packed is not SKIP:
+            out[name] = packed
+    return out
+
+
+def load_attrs(obj: Any, state: dict[str, Any], fed: "Federation", where: str) -> None:
+    """Load ``pack_attrs`` output into an object that a fresh setup has just built."""
+    for name, saved in state.items():
+        setattr(obj, name, unpack(saved, getattr(obj, name, MISSING), f"{where}.{name}", fed.device))
+
+
+# ----------------------------------------------------------------------------- RNG states
+
+
+def _pack_python_rng(state: tuple) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _unpack_python_rng(state: list) -> tuple:
+    version, internal, gauss = state
+    return version, tuple(internal), gauss
+
+
+def rng_states(device: torch.device) -> dict[str, Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": _pack_python_rng(random.getstate()),
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+    }
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    random.setstate(_unpack_python_rng(states["python"]))
+    name, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    if states.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"][: torch.cuda.device_count()])
+
+
+# ----------------------------------------------------------------------------- the simulation
+
+
+def simulation_state(sim: "Simulation") -> dict[str, Any]:
+    """Everything needed to continue ``sim`` after its last completed round."""
+    fed, ev = sim.fed, sim.evaluator
+    cfg_dict = dataclasses.asdict(sim.cfg)
+    seen = module_tensor_ids([c.model for c in fed.clients])
+    return {
+        "format": FORMAT,
+        "config_hash": config_hash(cfg_dict),
+        "config": plain(cfg_dict, "the config"),
+        "code": plain(sim.code, "the code version"),
+        "round": len(sim.history) - 1,
+        "elapsed_s": time.perf_counter() - sim.t0,
+        "resumed_from_rounds": list(sim.resumed_from),
+        "rng": rng_states(fed.device),
+        "clients": [{"model": _pack_module(c.model, set()), "optimizer": c.optimizer.state_dict()}
+                    for c in fed.clients],
+        "val_correct": fed.val_correct,
+        "fed_state": {k: v for k, v in ((k, pack(v, seen)) for k, v in fed.state.items()) if v is not SKIP},
+        "method": sim.method.state_dict(fed),
+        "channel": {"sent": torch.from_numpy(fed.channel.sent.copy()),
+                    "received": torch.from_numpy(fed.channel.received.copy()),
+                    "server_sent": int(fed.channel.server_sent), "total": int(fed.channel.total)},
+        "evaluator": {"local_correct": torch.from_numpy(ev.local_correct.copy()),
+                      "global_correct": torch.from_numpy(ev.global_correct.copy()),
+                      "global_stale": sorted(ev.global_stale), "best_val": float(ev.best_val)},
+        "history": plain(sim.history, "the history"),
+        "best": None if sim.best is None else plain(dataclasses.asdict(sim.best), "the best round"),
+        "sent": torch.from_numpy(np.stack(sim.sent)) if sim.sent else None,
+    }
+
+
+def restore_simulation(sim: "Simulation", state: dict[str, Any], where: str) -> None:
+    """Load ``simulation_state`` output into a freshly built ``Simulation`` of the same config."""
+    from hfl_bench.engine import RoundMetrics
+
+    check_compatible(sim, state, where)
+    fed, ev, dev = sim.fed, sim.evaluator, sim.fed.device
+    for client, saved in zip(fed.clients, state["clients"]):
+        load_module(client.model, saved["model"], f"client {client.cid} model")
+        client.optimizer.load_state_dict(saved["optimizer"])
+    fed.val_correct.copy_(state["val_correct"])
+    for key, saved in state["fed_state"].items():  # entries not stored are rebuilt by setup
+        fed.state[key] = unpack(saved, fed.state.get(key, MISSING), f"fed.state[{key!r}]", dev)
+    sim.method.load_state_dict(state["method"], fed)
+    ch = state["channel"]
+    fed.channel.sent[:], fed.channel.received[:] = ch["sent"].numpy(), ch["received"].numpy()
+    fed.channel.server_sent, fed.channel.total = ch["server_sent"], ch["total"]
+    e = state["evaluator"]
+    ev.local_correct, ev.global_correct = e["local_correct"].numpy().copy(), e["global_correct"].numpy().copy()
+    ev.global_stale, ev.best_val = set(e["global_stale"]), e["best_val"]
+    sim.history = list(state["history"])
+    sim.best = None if state["best"] is None else RoundMetrics(**unpack(state["best"], MISSING, "best", dev))
+    sim.sent = [] if state["sent"] is None else list(state["sent"].numpy().copy())
+    sim.resumed_from = [*state["resumed_from_rounds"], state["round"]]
+    sim.t0 = time.perf_counter() - state["elapsed_s"]  # the record's wall time covers both processes
+    set_rng_states(state["rng"])  # last: building the simulation drew from the global RNGs
+
+
+def check_compatible(sim: "Simulation", state: dict[str, Any], where: str) -> None:
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"{where} has checkpoint format {state.get('format')!r}; this hfl-bench "
+                              f"reads format {FORMAT}: rerun without --resume")
+    cfg = dataclasses.asdict(sim.cfg)
+    saved = state["config"]
+    differ = [k for k in sorted(set(cfg) | set(saved)) if k not in MAY_DIFFER and cfg.get(k) != saved.get(k)]
+    if differ or state["config_hash"] != config_hash(cfg):
+        changes = ", ".join(f"{k}: {saved.get(k)!r} -> {cfg.get(k)!r}" for k in differ) or "config hash"
+        raise CheckpointError(f"{where} was written for a different configuration ({changes}); "
+                              "rerun without --resume to start over")
+    old, new = (state.get("code") or {}).get("git_sha"), (sim.code or {}).get("git_sha")
+    if old and new and old != new:
+        raise CheckpointError(f"{where} was written by code at commit {old[:12]}, but the code is now at "
+                              f"{new[:12]}: resume with that commit, or rerun without --resume")
+
+
+def write(path: str | Path, state: dict[str, Any]) -> None:
+    """Save atomically: a temporary file in the same folder, then a rename (never half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``: plain data only, no code runs."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint not found: {path}") from None
+    except Exception as e:  # truncated, foreign or unsafe file: torch raises several kinds
+        raise CheckpointError(f"cannot read checkpoint {path} ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}); delete it or rerun without --resume") from None
+    if not isinstance(state, dict) or "format" not in state:
+        raise CheckpointError(f"{path} is not an hfl-bench checkpoint")
+    return state

@@ -1,0 +1,78 @@
+"""Shared machinery of the methods that exchange predictions on a transfer set (FedMD, FedGD,
+MSFKD, FedCC): every client predicts on the same inputs, the predictions cross the metered
+channel, targets are formed from them, and each client trains on the transfer set.
+
+The transfer set is the public hold-out (``fed.public_x``, from ``--public-size``) or a set a
+method synthesizes (FedGD). It is never augmented: every client must predict on identical inputs
+for the per-sample aggregation to mean anything.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from torch import nn
+
+from hfl_bench.metering import SERVER
+from hfl_bench.training import batch_bounds, derive_seed, finite_mean, optimizer_step, predict_logits
+
+if TYPE_CHECKING:
+    from hfl_bench.engine import Federation
+
+# loss_fn(logits [B, C'], batch positions [B] into the transfer set) -> scalar loss
+TransferLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def transfer_logits(fed: "Federation", models: dict[int, nn.Module], x: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Each model's eval-mode logits on the transfer inputs ``x`` ([M, C'] per client), in
+    large batches. On CUDA the forward runs in bf16 autocast like every teacher inference."""
+    bf16 = fed.device.type == "cuda"
+    with fed.timer("teacher_inference"):
+        return {cid: predict_logits(model, x, bf16=bf16) for cid, model in models.items()}
+
+
+def share_all_to_all(fed: "Federation", outputs: dict[int, torch.Tensor]) -> None:
+    """Decentralized exchange: every client sends its output matrix to every other client in
+    ``outputs`` (what a server-free FedMD / MSFKD puts on the network)."""
+    senders = list(outputs)
+    for cid, out in outputs.items():
+        fed.channel.send(cid, [j for j in senders if j != cid], out)
+
+
+def upload_and_broadcast(fed: "Federation", outputs: dict[int, torch.Tensor], consensus: torch.Tensor,
+                         receivers: list[int]) -> None:
+    """Server exchange: each client uploads its output matrix, the server broadcasts one
+    aggregate to ``receivers``."""
+    for cid, out in outputs.items():
+        fed.channel.send(cid, SERVER, out)
+    fed.channel.send(SERVER, receivers, consensus)
+
+
+def train_on_transfer(
+    fed: "Federation", model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, loss_fn: TransferLoss, *,
+    epochs: int, batch_size: int, seed_parts: tuple, who: str, clip: float | None = None,
+) -> float:
+    """Train ``model`` on the transfer inputs ``x`` for ``epochs`` seeded shuffled epochs.
+
+    ``loss_fn`` gets the logits and the batch's positions in ``x`` (to index its targets).
+    Returns the mean loss; raises ``Diverged`` if it is not finite. ``seed_parts`` (e.g.
+    ``("digest", rnd, cid)``) fix the batch order independently of any global RNG state.
+    """
+    n = len(x)
+    if n == 0 or epochs <= 0:
+        return 0.0
+    clip = fed.cfg.grad_clip if clip is None else clip
+    gen = torch.Generator().manual_seed(derive_seed(fed.cfg.seed, "transfer", *seed_parts))
+    model.train()
+    total = torch.zeros((), device=x.device)
+    batches = 0
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=gen).to(x.device)
+        for start, end in batch_bounds(n, batch_size):
+            pos = order[start:end]
+            loss = loss_fn(model(x[pos]), pos)
+            optimizer_step(model, opt, loss, clip)
+            total += loss.detach()
+            batches += 1
+    return finite_mean(total, batches, who)

@@ -1,0 +1,399 @@
+"""FedCC: an "unknown" class and calibrated pseudo-labels on unlabeled public data against label
+skew in distillation-based FL (Ye, Ayan, An, Carle, arXiv 2608.23031; methods spec, Sec. 7).
+
+Every model has C + 1 outputs; the last one is "unknown". Per round, each active client k:
+
+1. sync: distills toward the soft targets the server broadcast last round (KL on the public set;
+   the targets are 0 on "unknown"); skipped in round 1, when there are none;
+2. trains CE on its private data D_k;
+3. computes its constants: w_l = H((1 - delta) p + delta / C) of its prediction p on a constant
+   probe image, C_J = its majority classes (> 2% of its local labels), w_u = log(C - |C_J| + 1);
+   and per public sample x: m = argmax over C_J of its prediction, w_x = min(w_l, H(x)),
+   alpha = (w_l - w_x) / (w_l + w_u), pseudo-label = alpha onehot(m) + (1 - alpha) onehot(unknown);
+4. trains CE(D_k) + lambda soft-CE(public, pseudo-labels);
+5. uploads softmax(f / tau) in R^{C+1} on the public set.
+
+The server weights client k on sample x by mu_k(x) = (1 - p_unk^k(x)) / sum_k' (1 - p_unk^k'(x)),
+averages, zeroes the unknown entry, renormalizes and broadcasts: the next round's sync targets.
+Evaluation drops the unknown logit (argmax over the C known classes): each client's own model is
+the suite's headline metric; the paper's predictor, the same confidence-weighted ensemble of all
+clients' models, is the extra endpoint ``ensemble``.
+
+Fidelity: paper, for the algorithm as summarized (spec Sec. 7 and the paper summary). Choices
+where the summary is silent (each also in ``notes``, so every record carries it):
+
+- optimizer: Adam, lr 1e-3 (the paper's; no weight decay) for every step, because FedCC's recipe
+  (lambda, delta, tau) was tuned with it; ``--set optimizer=sgd`` gives the suite's SGD instead.
+  Gradient clipping at the suite's norm (10). Each client keeps its optimizer across rounds;
+- models: every client's model is rebuilt in setup with C + 1 outputs from its pool member, seeded
+  like the engine's (derive_seed(seed, "init", cid)) under a forked RNG;
+- entropies use the natural log; H(x) is, like w_l, the entropy of the *smoothed* prediction over
+  the C known classes (the softmax of the C known logits, i.e. the C + 1 softmax with the unknown
+  entry dropped and renormalized): w_x = min(w_l, H(x)) compares the two, and the smoothing
+  delta / C spreads over C entries; the unknown entry plays no part in the weights;
+- the probe is the all-zeros input in normalized space (every pixel at the per-channel training
+  mean); w_l, H(x) and m come from the model after step 2, in eval mode;
+- C_J: classes whose share of the client's training labels is > 2%; if none is (e.g. more than 50
+  balanced classes), the classes the client holds at all;
+- alpha's denominator w_l + w_u is clamped at 1e-12 (alpha = 0 when both are 0);
+- budget: the paper's 15 rounds x 20 local epochs is not the suite's protocol. Here sync is 1
+  epoch over the public set, step 2 is the suite's ``--local-epochs`` CE epochs, and step 4 is 1
+  epoch over D_k (``sync_epochs``, ``pseudo_epochs``): per round two extra passes' worth of work;
+- step 4: each private batch is joined by an equal share of a seeded permutation of the public set
+  (one pass over the public set per epoch over D_k), run through the model as one batch
+  (BatchNorm sees both); loss = mean CE on the private rows + lambda mean soft-CE on the public rows;
+- sync loss: tau^2 KL(target || softmax(z / tau)) at tau = 1, one seeded shuffled epoch over the
+  public set in batches of the suite's size; public inputs are never augmented;
+- the server broadcasts to every client (inactive ones included) and every client keeps the latest
+  broadcast; uploads and predictions for the pseudo-labels are eval-mode;
+- server weights fall back to uniform where every client is certain of "unknown" (sum of
+  1 - p_unk = 0), and the target to uniform over the known classes where nothing is left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hfl_bench.config import ConfigError
+from hfl_bench.method import Method, param, register_method
+from hfl_bench.pools import build_model
+from hfl_bench.training import (
+    EpochPlan, derive_seed, finite_mean, kd_loss, make_plan, optimizer_step, predict_logits, soft_targets,
+    train_on_plan,
+)
+from hfl_bench.transfer import train_on_transfer, transfer_logits, upload_and_broadcast
+
+OPTIMIZERS = ("adam", "sgd")
+TINY = 1e-12
+
+
+@dataclass
+class FedCCParams:
+    optimizer: str = param("adam", "adam: Adam at adam_lr for every step (the paper's recipe); sgd: the suite's SGD.")
+    adam_lr: float = param(1e-3, "Adam learning rate (paper: 1e-3).")
+    tau: float = param(1.0, "Temperature of the uploaded predictions softmax(f / tau) and of the sync KL.")
+    lam: float = param(0.2, "Weight lambda of the soft-CE on the pseudo-labeled public set.")
+    delta: float = param(1e-3, "Smoothing of the predictions whose entropies give the weights: (1 - delta) p + delta / C.")
+    majority_share: float = param(0.02, "A class is a majority class of a client when its share of the client's "
+                                        "training labels is above this.")
+    sync_epochs: int = param(1, "Epochs over the public set toward the broadcast soft targets per round.")
+    pseudo_epochs: int = param(1, "Epochs over the private data (with pseudo-labeled public batches) per round.")
+
+
+# ----------------------------------------------------------------------------- pseudo-labels
+
+
+def known_probs(logits: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """The prediction over the C known classes: softmax of the known logits (unknown dropped)."""
+    return torch.softmax(logits[..., :num_classes].float(), dim=-1)
+
+
+def smoothed_entropy(p: torch.Tensor, delta: float) -> torch.Tensor:
+    """H((1 - delta) p + delta / C) in nats, over the last dimension."""
+    q = (1 - delta) * p + delta / p.shape[-1]
+    return -torch.special.xlogy(q, q).sum(dim=-1)
+
+
+def majority_classes(counts: np.ndarray, share: float) -> torch.Tensor:
+    """C_J as a [C] mask: classes above ``share`` of the client's labels; if none, the held ones
+    (all classes for a client without data)."""
+    counts = torch.as_tensor(np.asarray(counts), dtype=torch.float64)
+    mask = counts > share * counts.sum()
+    if not mask.any():
+        mask = counts > 0 if (counts > 0).any() else torch.ones_like(mask)
+    return mask
+
+
+class PseudoWeights(NamedTuple):
+    w_l: torch.Tensor  # [] entropy on the probe
+    w_u: float  # log(C - |C_J| + 1)
+    w_x: torch.Tensor  # [M] min(w_l, H(x))
+    alpha: torch.Tensor  # [M] weight of the majority class m; 1 - alpha goes to "unknown"
+    m: torch.Tensor  # [M] argmax over C_J
+
+
+def pseudo_label_weights(probe_logits: torch.Tensor, public_logits: torch.Tensor, majority: torch.Tensor,
+                         delta: float) -> PseudoWeights:
+    """FedCC's per-client and per-sample weights from [C + 1] probe logits, [M, C + 1] public
+    logits and the [C] majority mask."""
+    c = majority.numel()
+    majority = majority.to(public_logits.device)
+    w_l = smoothed_entropy(known_probs(probe_logits, c), delta)
+    w_u = math.log(c - int(majority.sum()) + 1)
+    p = known_probs(public_logits, c)
+    w_x = torch.minimum(smoothed_entropy(p, delta), w_l)
+    alpha = (w_l - w_x) / (w_l + w_u).clamp_min(TINY)
+    m = p.masked_fill(~majority, -1.0).argmax(dim=-1)  # probabilities are >= 0: -1 never wins
+    return PseudoWeights(w_l, w_u, w_x, alpha, m)
+
+
+def pseudo_labels(alpha: torch.Tensor, m: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """alpha onehot(m) + (1 - alpha) onehot(unknown): [M, C + 1]."""
+    y = torch.zeros((len(alpha), num_classes + 1), device=alpha.device)
+    y[torch.arange(len(alpha), device=alpha.device), m] = alpha
+    y[:, num_classes] += 1 - alpha
+    return y
+
+
+def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return -(target * F.log_softmax(logits, dim=-1)).sum(dim=-1).mean()
+
+
+# ----------------------------------------------------------------------------- server
+
+
+def aggregate_predictions(soft: torch.Tensor) -> torch.Tensor:
+    """The server's soft targets from K clients' [K, M, C + 1] predictions: confidence weights
+    mu_k(x) = (1 - p_unk^k(x)) / sum_k' (1 - p_unk^k'(x)), weighted mean, unknown entry zeroed,
+    renormalized over the known classes. Returns [M, C + 1] (last column 0)."""
+    k, c = soft.shape[0], soft.shape[-1] - 1
+    conf = (1 - soft[..., c]).clamp_min(0)  # [K, M]
+    total = conf.sum(dim=0, keepdim=True)
+    mu = torch.where(total > 0, conf / total.clamp_min(TINY), torch.full_like(conf, 1.0 / k))
+    agg = torch.einsum("km,kmc->mc", mu, soft)
+    agg[:, c] = 0
+    mass = agg.sum(dim=-1, keepdim=True)
+    uniform = torch.full_like(agg, 1.0 / c)
+    uniform[:, c] = 0
+    return torch.where(mass > 0, agg / mass.clamp_min(TINY), uniform)
+
+
+# ----------------------------------------------------------------------------- local steps
+
+
+def train_with_pseudo_labels(fed, cid: int, plan: EpochPlan, epochs: int, public_x: torch.Tensor,
+                             pseudo: torch.Tensor, lam: float, rnd: int) -> float:
+    """Step 4: CE on the plan's private batches + lam * soft-CE on pseudo-labeled public rows.
+
+    The public set is spread evenly over the plan's batches (one seeded permutation per epoch), and
+    each step runs private and public rows through the model as one batch."""
+    client = fed.clients[cid]
+    model, steps = client.model, len(plan.bounds)
+    if steps == 0:
+        return 0.0
+    gen = torch.Generator().manual_seed(derive_seed(fed.cfg.seed, "fedcc-public", rnd, cid))
+    order = torch.cat([torch.randperm(len(public_x), generator=gen) for _ in range(epochs)]).to(public_x.device)
+    model.train()
+    total = torch.zeros((), device=plan.indices.device)
+    for (start, end), pos in zip(plan.bounds, torch.tensor_split(order, steps)):
+        logits = model(torch.cat([plan.view(fed, start, end), public_x[pos]]))
+        b = end - start
+        loss = F.cross_entropy(logits[:b], plan.labels(fed, start, end))
+        if len(pos):
+            loss = loss + lam * soft_cross_entropy(logits[b:], pseudo[pos])
+        optimizer_step(model, client.optimizer, loss, fed.cfg.grad_clip)
+        total += loss.detach()
+    return finite_mean(total, steps, f"client {cid} pseudo-label step")
+
+
+# ----------------------------------------------------------------------------- predictors
+
+
+def row_slice_start(x: torch.Tensor, base: torch.Tensor) -> int | None:
+    """The first row of ``base`` that ``x`` starts at, if ``x`` is a row slice of ``base`` (same
+    storage, same strides); else None."""
+    if x.dim() != base.dim() or x.shape[1:] != base.shape[1:] or x.stride() != base.stride() or not len(base):
+        return None
+    if x.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
+        return None
+    offset = x.storage_offset() - base.storage_offset()
+    if offset < 0 or offset % base.stride(0):
+        return None
+    start = offset // base.stride(0)
+    return start if start + len(x) <= len(base) else None
+
+
+class KnownClasses(nn.Module):
+    """A C + 1-output model as a C-class predictor: the unknown logit is dropped.
+
+    The model is held in a plain list, not as a submodule, so the evaluator switching this
+    wrapper's train/eval mode never touches the client's model (predict_logits restores its mode)."""
+
+    def __init__(self, model: nn.Module, num_classes: int):
+        super().__init__()
+        self._model = [model]
+        self.num_classes = num_classes
+
+    def forward(self, x):
+        return predict_logits(self._model[0], x)[:, : self.num_classes]
+
+
+class ConfidenceEnsemble:
+    """The paper's predictor: all clients' softmax(f / tau) aggregated like the server does
+    (confidence-weighted, unknown zeroed, renormalized), as log-probabilities of the C known classes.
+
+    The evaluator asks the same ensemble once per client, on the global test set and on each
+    client's held-out rows, so the predictions on those inputs are computed once per state of the
+    models (one forward per model, not one per model and client). An input is answered from the
+    cache only when it is a row slice of the test set or equal to the client's held-out rows
+    (checked with torch.equal); anything else is computed, so the cache never changes an answer.
+    """
+
+    def __init__(self, models: list[nn.Module], num_classes: int, tau: float, test_x: torch.Tensor,
+                 train_x: torch.Tensor, heldout: list[torch.Tensor]):
+        self.models, self.num_classes, self.tau = list(models), num_classes, tau
+        self.test_x, self.train_x, self.heldout = test_x, train_x, heldout
+        ends = np.cumsum([0] + [len(rows) for rows in heldout])
+        self.spans = list(zip(ends[:-1].tolist(), ends[1:].tolist()))  # client k's rows in the heldout cache
+        self._cache: dict[str, tuple[tuple[int, ...], torch.Tensor]] = {}
+
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        soft = torch.stack([soft_targets(predict_logits(m, x), self.tau) for m in self.models])
+        return torch.log(aggregate_predictions(soft)[:, : self.num_classes].clamp_min(TINY))
+
+    def predictor(self, cid: int) -> nn.Module:
+        """The ensemble as client ``cid``'s predictor (the same function for every client)."""
+        return EnsembleView(self, cid)
+
+    def answer(self, x: torch.Tensor, cid: int) -> torch.Tensor:
+        start = row_slice_start(x, self.test_x)
+        if start is not None:
+            return self._cached("test", lambda: self.test_x)[start : start + len(x)]
+        rows = self.heldout[cid]
+        if len(rows) and x.shape == (len(rows), *self.train_x.shape[1:]) and torch.equal(x, self.train_x[rows]):
+            a, b = self.spans[cid]
+            return self._cached("heldout", lambda: self.train_x[torch.cat(self.heldout)])[a:b]
+        return self.predict(x)
+
+    def _cached(self, name: str, inputs) -> torch.Tensor:
+        # in-place updates (optimizer steps, BatchNorm statistics, load_state_dict) bump _version
+        version = tuple(t._version for m in self.models for t in (*m.parameters(), *m.buffers()))
+        hit = self._cache.get(name)
+        if hit is None or hit[0] != version:
+            hit = self._cache[name] = (version, self.predict(inputs()))
+        return hit[1]
+
+
+class EnsembleView(nn.Module):
+    """One client's handle on the shared ConfidenceEnsemble (holds no parameters of its own; the
+    ensemble is kept in a plain list, see KnownClasses)."""
+
+    def __init__(self, ensemble: ConfidenceEnsemble, cid: int):
+        super().__init__()
+        self._ensemble, self.cid = [ensemble], cid
+
+    def forward(self, x):
+        return self._ensemble[0].answer(x, self.cid)
+
+
+# ----------------------------------------------------------------------------- the method
+
+
+@register_method("fedcc")
+class FedCC(Method):
+    """C + 1 outputs, calibrated pseudo-labels on the unlabeled public set, confidence-weighted server."""
+
+    fidelity = "paper"
+    topology = "server"
+    citation = ("Ye, Ayan, An, Carle, FedCC: Towards Addressing Label Distribution Skews in Distillation-Based "
+                "Federated Learning, arXiv 2608.23031")
+    needs_public = True
+    notes = (
+        "public set used unlabeled (its labels are never read)",
+        "optimizer: Adam lr 1e-3, no weight decay (the paper's; optimizer=sgd gives the suite's SGD), kept across "
+        "rounds; gradient clipping at norm 10",
+        "models rebuilt in setup with C + 1 outputs from each client's pool member, seeded derive_seed(seed, "
+        "'init', cid)",
+        "entropies in nats; H(x) like w_l: entropy of the delta-smoothed prediction over the C known classes "
+        "(softmax of the known logits); the unknown entry plays no part in the weights",
+        "probe image: all zeros in normalized space (the per-channel training mean); w_l, H(x) and m from the "
+        "model after the CE step, eval mode",
+        "C_J: classes above 2% of the client's labels; if none, the classes it holds",
+        "budget: the paper's 15 rounds x 20 local epochs replaced by the suite's rounds and --local-epochs CE "
+        "epochs; sync 1 epoch over the public set and pseudo-label step 1 epoch over D_k per round",
+        "pseudo-label step: each private batch joined by an equal share of a seeded permutation of the public "
+        "set (one pass per epoch), one forward (BatchNorm sees both); CE mean + lambda soft-CE mean",
+        "sync loss tau^2 KL(target || softmax(z / tau)), tau = 1, one seeded epoch, suite batch size; no "
+        "augmentation of public inputs",
+        "server broadcasts to every client (inactive ones keep the latest); uploads and pseudo-label "
+        "predictions in eval mode",
+        "fallbacks: uniform server weights where sum(1 - p_unk) = 0, uniform known target where no known mass "
+        "is left; alpha = 0 when w_l + w_u = 0",
+        "headline: each client's own model, argmax over the C known classes; extra endpoint 'ensemble' = the "
+        "paper's confidence-weighted ensemble of all clients (the same predictor reported for each client)",
+    )
+    Params = FedCCParams
+
+    def check(self, fed):
+        p = self.params
+        if p.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"fedcc: optimizer={p.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if p.adam_lr <= 0 or p.tau <= 0:
+            raise ConfigError("fedcc: adam_lr and tau must be > 0")
+        if p.lam < 0:
+            raise ConfigError(f"fedcc: lam must be >= 0, got {p.lam}")
+        if not 0 <= p.delta < 1 or not 0 <= p.majority_share < 1:
+            raise ConfigError("fedcc: delta and majority_share must be in [0, 1)")
+        if p.sync_epochs < 0 or p.pseudo_epochs < 0:
+            raise ConfigError("fedcc: sync_epochs and pseudo_epochs must be >= 0")
+
+    def setup(self, fed):
+        p = self.params
+        c = fed.num_classes
+        info = dataclasses.replace(fed.info, num_classes=c + 1)  # the extra "unknown" output
+        for client in fed.clients:
+            with torch.random.fork_rng(devices=[]):  # seeded like the engine; the global stream is left alone
+                torch.manual_seed(derive_seed(fed.cfg.seed, "init", client.cid))
+                model = build_model(client.arch, info).to(fed.device)
+            if fed.device.type == "cuda":  # as the engine lays out client models
+                model = model.to(memory_format=torch.channels_last)
+            client.model = model
+            client.optimizer = (torch.optim.Adam(model.parameters(), lr=p.adam_lr) if p.optimizer == "adam"
+                                else fed.make_optimizer(model))
+        self.majority = [majority_classes(client.train_counts, p.majority_share).to(fed.device)
+                         for client in fed.clients]
+        self.probe = torch.zeros((1, *fed.info.input_shape), device=fed.device)
+        self.targets = torch.zeros((0, c + 1), device=fed.device)  # last broadcast; none before round 1
+
+    def run_round(self, fed, rnd, active):
+        p = self.params
+        c, x = fed.num_classes, fed.public_x
+        sync, ce, refine, alpha = [], [], [], []
+        for cid in active:
+            client = fed.clients[cid]
+            with fed.timer("training"):
+                if len(self.targets) and p.sync_epochs:
+                    sync.append(train_on_transfer(
+                        fed, client.model, client.optimizer, x,
+                        lambda z, pos: kd_loss(z, self.targets[pos], p.tau),
+                        epochs=p.sync_epochs, batch_size=fed.cfg.batch_size, seed_parts=("fedcc-sync", rnd, cid),
+                        who=f"client {cid} sync"))
+                ce.append(train_on_plan(fed, client, make_plan(fed, cid, rnd)))
+            if p.pseudo_epochs:
+                with fed.timer("pseudo_labels"):
+                    w = pseudo_label_weights(predict_logits(client.model, self.probe)[0],
+                                             predict_logits(client.model, x), self.majority[cid], p.delta)
+                    alpha.append(float(w.alpha.mean()))
+                with fed.timer("training"):
+                    plan = make_plan(fed, cid, rnd, epochs=p.pseudo_epochs, purpose="fedcc-pseudo")
+                    refine.append(train_with_pseudo_labels(fed, cid, plan, p.pseudo_epochs, x,
+                                                           pseudo_labels(w.alpha, w.m, c), p.lam, rnd))
+        logits = transfer_logits(fed, {cid: fed.clients[cid].model for cid in active}, x)
+        uploads = {cid: soft_targets(z, p.tau) for cid, z in logits.items()}  # float32 [M, C + 1]
+        with fed.timer("aggregation"):
+            targets = aggregate_predictions(torch.stack([uploads[cid] for cid in active]))
+        upload_and_broadcast(fed, uploads, targets, list(range(fed.n_clients)))
+        self.targets = targets
+        out = {"train_loss": float(np.mean(ce))}
+        for name, values in (("sync_loss", sync), ("pseudo_loss", refine), ("alpha_mean", alpha)):
+            if values:
+                out[name] = float(np.mean(values))
+        return out
+
+    def eval_models(self, fed):
+        return [KnownClasses(client.model, fed.num_classes) for client in fed.clients]
+
+    def endpoints(self, fed):
+        clients = fed.clients
+        ensemble = ConfidenceEnsemble([c.model for c in clients], fed.num_classes, self.params.tau, fed.data.test_x,
+                                      fed.data.train_x, [torch.cat([c.val_idx, c.test_idx]) for c in clients])
+        return {"ensemble": [ensemble.predictor(c.cid) for c in clients]}

@@ -1,0 +1,309 @@
+"""Leaderboards: grouping over seeds, failed runs counted apart, published figures beside groups,
+filters, output formats, rank, and schema validation of every shipped record (real CLI)."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import importlib.util
+import io
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hfl_bench.cli import app
+from hfl_bench.leaderboard import DEFAULT_DIRS, average_ranks
+
+REPO = Path(__file__).resolve().parent.parent
+REPRODUCED = REPO / "leaderboards" / "reproduced"
+PUBLISHED = REPO / "leaderboards" / "published"
+REAL = REPRODUCED / "digits" / "digits__crad__da48ac8fb4f0dad1__seed0.json"
+
+
+@pytest.fixture(scope="module")
+def real_record() -> dict:
+    record = json.loads(REAL.read_text())
+    record["history"] = record["history"][:3]  # keep the test files small; nothing here reads it
+    return record
+
+
+def variant(base: dict, seed: int, global_acc: float | None, local_acc: float | None = 90.0, *,
+            status: str = "ok", task: str | None = None, method: str | None = None, pool: str | None = None,
+            config_hash: str | None = None, partition_hash: str | None = None, date: str | None = None,
+            endpoints: dict | None = None) -> dict:
+    """A realistic record: the real one with its seed, figures and identity changed."""
+    r = copy.deepcopy(base)
+    r["config"]["seed"] = seed
+    r["seeds"] = {k: seed for k in r["seeds"]}
+    r["status"] = status
+    r["error"] = None if status == "ok" else f"run {status}"
+    r["metrics"]["global_acc"], r["metrics"]["local_acc"] = global_acc, local_acc
+    r["metrics"]["extra_endpoints"] = endpoints or {}
+    if task:
+        r["task"]["name"] = r["config"]["task"] = task
+    if method:
+        r["method"]["name"] = r["config"]["method"] = method
+    if pool:
+        r["arch_pool"]["name"] = r["config"]["pool"] = pool
+    r["config_hash"] = config_hash or f"{r['task']['name']}-{r['method']['name']}-{r['arch_pool']['name']}"
+    r["partition"]["hash"] = partition_hash or f"part-seed{seed}"  # the partition is drawn per seed
+    r["date"] = date or r["date"]
+    r["record_id"] = f"{r['config_hash']}-{seed}-{status}-{r['date']}"
+    return r
+
+
+def write(folder: Path, *records: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, r in enumerate(records):
+        name = f"{r['task']['name']}__{r['method']['name']}__{r['config_hash']}__seed{r['config']['seed']}__{i}.json"
+        (folder / name).write_text(json.dumps(r))
+    return folder
+
+
+def show(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["leaderboard", "show", *args])
+    return result.exit_code, result.stdout
+
+
+def show_json(*args: str) -> dict:
+    code, out = show(*args, "--format", "json")
+    assert code == 0, out
+    return json.loads(out)
+
+
+def group(board: dict, method: str, task: str = "digits") -> dict:
+    [g] = [g for g in board["groups"] if g["method"] == method and g["task"] == task]
+    return g
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+
+def test_mean_sample_sd_and_failed_counted_apart(real_record, tmp_path):
+    folder = write(tmp_path / "runs",
+                   variant(real_record, 0, 60.0, 90.0), variant(real_record, 1, 62.0, 94.0),
+                   variant(real_record, 2, 64.0, 98.0),
+                   variant(real_record, 3, 5.0, 5.0, status="failed"),
+                   variant(real_record, 4, 1.0, None, status="diverged"))
+    g = group(show_json(str(folder)), "crad")
+    assert g["seeds"] == [0, 1, 2] and g["n_seeds"] == 3
+    assert g["global_acc"] == {"mean": 62.0, "sd": 2.0, "n": 3}  # ddof = 1: sqrt(8 / 2)
+    assert g["local_acc"] == {"mean": 94.0, "sd": 4.0, "n": 3}
+    assert (g["n_failed"], g["n_diverged"]) == (1, 1)  # counted, never averaged in
+    assert g["partition_hashes"] == ["part-seed0", "part-seed1", "part-seed2"]
+
+
+def test_a_run_that_failed_before_loading_data_counts_in_its_group(real_record, tmp_path):
+    early = variant(real_record, 2, None, None, status="failed")  # the shape of records.build_failed_record
+    for block in ("partition", "federation", "arch_pool"):
+        del early[block]
+    early["metrics"] = None
+    del early["task"]["n_train"], early["task"]["n_test"]
+    folder = write(tmp_path / "runs", variant(real_record, 0, 60.0), variant(real_record, 1, 62.0), early)
+    [g] = show_json(str(folder))["groups"]
+    assert (g["n_seeds"], g["n_failed"], g["global_acc"]["mean"]) == (2, 1, 61.0)
+
+
+def test_one_seed_has_no_sd(real_record, tmp_path):
+    folder = write(tmp_path / "runs", variant(real_record, 0, 70.0, 80.0))
+    g = group(show_json(str(folder)), "crad")
+    assert g["global_acc"] == {"mean": 70.0, "sd": None, "n": 1}
+    code, md = show(str(folder), "--format", "markdown")
+    assert code == 0 and "| 70.00 ± - |" in md
+
+
+def test_groups_by_setting_and_newest_of_a_rerun_seed(real_record, tmp_path):
+    folder = write(tmp_path / "runs",
+                   variant(real_record, 0, 50.0, date="2026-01-01T00:00:00+00:00"),
+                   variant(real_record, 0, 54.0, date="2026-02-01T00:00:00+00:00"),  # rerun: newer wins
+                   variant(real_record, 1, 56.0),
+                   variant(real_record, 0, 80.0, method="uniform-kd"))
+    board = show_json(str(folder))
+    crad = group(board, "crad")
+    assert crad["global_acc"]["mean"] == 55.0 and crad["n_duplicates"] == 1
+    assert group(board, "uniform-kd")["global_acc"] == {"mean": 80.0, "sd": None, "n": 1}
+
+
+def test_same_config_on_different_data_is_split(real_record, tmp_path):
+    # Same config hash and seed, different partition hash: another data folder (data_dir is not in
+    # the config hash), so these two must not be averaged.
+    folder = write(tmp_path / "runs",
+                   variant(real_record, 0, 40.0, partition_hash="aaaa"),
+                   variant(real_record, 0, 90.0, partition_hash="bbbb"))
+    groups = [g for g in show_json(str(folder))["groups"] if g["method"] == "crad"]
+    assert sorted(g["global_acc"]["mean"] for g in groups) == [40.0, 90.0]
+    assert all(g["split_by_partition"] and g["n_seeds"] == 1 for g in groups)
+
+
+# ----------------------------------------------------------------------------- published
+
+
+def test_published_sits_beside_with_delta_never_averaged(real_record, tmp_path):
+    # A crad group in the CRAD paper's CIFAR-10 setting (N = 10, Dirichlet 0.3, R = 300, paper pool).
+    folder = write(tmp_path / "runs", *[variant(real_record, s, acc, task="cifar10", pool="paper")
+                                        for s, acc in ((0, 70.0), (1, 72.0))])
+    board = show_json(str(folder), str(PUBLISHED), "--task", "cifar10")
+    g = group(board, "crad", "cifar10")
+    assert g["global_acc"] == {"mean": 71.0, "sd": pytest.approx(1.4142, abs=1e-4), "n": 2}
+    [pub] = g["published"]  # not N = 100 (other clients), not epsilon = 1 (other hyperparameters)
+    assert (pub["citation_key"], pub["value"], pub["setting_match"]) == ("fan2026crad", 78.6, "exact")
+    assert pub["locator"].startswith("Table 1") and pub["delta"] == pytest.approx(71.0 - 78.6)
+    unmatched = {(p["method"], p["value"]) for p in board["unmatched_published"]}
+    assert ("crad", 22.19) in unmatched and ("uniform-kd", 77.19) in unmatched
+
+
+def test_published_match_is_approximate_where_the_setting_differs(real_record, tmp_path):
+    folder = write(tmp_path / "runs", variant(real_record, 0, 60.0, task="cifar10", pool="cpu"))
+    [pub] = group(show_json(str(folder), str(PUBLISHED)), "crad", "cifar10")["published"]
+    assert pub["setting_match"] == "approximate" and pub["differences"] == ["pool: published paper, here cpu"]
+    code, out = show(str(folder), str(PUBLISHED), "--format", "csv", "--task", "cifar10", "--method", "crad")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    [rep] = [r for r in rows if r["row_type"] == "reproduced"]
+    beside = [r for r in rows if r["row_type"] == "published" and r["group_id"] == rep["group_id"]]
+    assert [(r["published_value"], r["setting_match"], float(r["delta"])) for r in beside] == \
+        [("78.6", "approximate", pytest.approx(-18.6))]
+
+
+def test_published_endpoint_compares_with_the_same_endpoint(real_record, tmp_path):
+    endpoints = {"private": {"global_acc": 40.0, "local_acc": 80.0}, "q": {"global_acc": 55.0, "local_acc": 70.0},
+                 "joint": {"global_acc": 60.0, "local_acc": 85.0}}
+    folder = write(tmp_path / "runs", variant(real_record, 0, 40.0, task="cifar100", method="fedsocket",
+                                              endpoints=endpoints))
+    g = group(show_json(str(folder), str(PUBLISHED), "-m", "fedsocket"), "fedsocket", "cifar100")
+    deltas = {p["endpoint"]: p["delta"] for p in g["published"]}
+    assert deltas == pytest.approx({"private": 40.0 - 45.13, "q": 55.0 - 50.32, "joint": 60.0 - 53.59})
+
+
+# ----------------------------------------------------------------------------- filters, formats, rank
+
+
+def test_filters(real_record, tmp_path):
+    folder = write(tmp_path / "runs", variant(real_record, 0, 60.0), variant(real_record, 0, 61.0, method="local"),
+                   variant(real_record, 0, 62.0, pool="cpu-cnn", method="fedavg"),
+                   variant(real_record, 0, 63.0, task="cifar10"))
+    keys = lambda board: sorted((g["method"], g["task"]) for g in board["groups"])  # noqa: E731
+    assert keys(show_json(str(folder), "--task", "digits", "--method", "crad")) == [("crad", "digits")]
+    assert keys(show_json(str(folder), "--pool", "cpu-cnn")) == [("fedavg", "digits")]
+    assert keys(show_json(str(folder), "-m", "crad", "-m", "local", "-t", "digits")) == \
+        [("crad", "digits"), ("local", "digits")]
+    board = show_json(str(folder), str(PUBLISHED), "--task", "pathmnist")
+    assert board["groups"] == [] and {p["task"] for p in board["unmatched_published"]} == {"pathmnist"}
+    assert {p["metric"] for p in board["unmatched_published"]} == {"global_acc", "local_acc"}
+
+
+def test_every_format_parses(real_record, tmp_path):
+    folder = write(tmp_path / "runs", variant(real_record, 0, 60.0, task="cifar10", pool="paper"),
+                   variant(real_record, 1, 64.0, task="cifar10", pool="paper"))
+    args = (str(folder), str(PUBLISHED), "--task", "cifar10")
+    assert show_json(*args)["groups"][0]["global_acc"]["mean"] == 62.0
+    code, out = show(*args, "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and rows[0]["row_type"] == "reproduced" and float(rows[0]["global_mean"]) == 62.0
+    assert rows[0]["global_sd"] == "2.8284" and rows[0]["seeds"] == "0 1"
+    assert {r["row_type"] for r in rows} == {"reproduced", "published"}
+    code, out = show(*args, "--format", "markdown")
+    table = out.split("\n\n")[0].splitlines()  # the groups table; the unmatched figures follow it
+    assert code == 0 and table[0].startswith("| method | task |") and set(table[1]) <= set("|-")
+    assert "| 62.00 ± 2.83 |" in out and "fan2026crad" in out
+    assert len({len(re.split(r"(?<!\\)\|", line)) for line in table}) == 1  # same cell count on every row
+    code, out = show(*args, "--format", "table")
+    assert code == 0 and "crad" in out and "cifar10" in out
+    code, _ = show(*args, "--format", "yaml")
+    assert code == 2
+
+
+def test_rank_across_tasks(real_record, tmp_path):
+    folder = write(tmp_path / "runs",
+                   variant(real_record, 0, 60.0), variant(real_record, 0, 70.0, method="uniform-kd"),
+                   variant(real_record, 0, 60.0, method="local"),  # tied with crad on digits
+                   variant(real_record, 0, 80.0, task="cifar10"),
+                   variant(real_record, 0, 70.0, task="cifar10", method="uniform-kd"),
+                   variant(real_record, 0, 99.0, task="pathmnist"))  # alone on its protocol: not ranked
+    code, out = show(str(folder), "--rank", "--format", "json")
+    ranked = {r["method"]: r for r in json.loads(out)["rank"]}
+    assert [r["method"] for r in json.loads(out)["rank"]] == ["uniform-kd", "crad", "local"]
+    assert ranked["uniform-kd"]["mean_rank"] == 1.5 and ranked["crad"]["mean_rank"] == 1.75
+    assert ranked["local"]["mean_rank"] == 2.5 and ranked["local"]["n_protocols"] == 1
+    assert all(x["task"] != "pathmnist" for r in ranked.values() for x in r["ranks"])
+    code, out = show(str(folder), "--rank", "--format", "csv")
+    assert code == 0 and [r["method"] for r in csv.DictReader(io.StringIO(out))] == ["uniform-kd", "crad", "local"]
+
+
+def test_average_ranks_share_ties():
+    assert average_ranks({"a": 3.0, "b": 1.0, "c": 3.0, "d": 0.5}) == {"a": 1.5, "c": 1.5, "b": 3.0, "d": 4.0}
+
+
+def test_default_folders_and_bad_paths(tmp_path):
+    assert DEFAULT_DIRS == (REPRODUCED, PUBLISHED)
+    board = show_json()
+    assert {g["method"] for g in board["groups"]} >= {"crad", "fedavg", "local"}
+    assert all(g["n_seeds"] == 3 for g in board["groups"])
+    code, _ = show(str(tmp_path / "missing"))
+    assert code == 2
+    (tmp_path / "notes.json").write_text('{"hello": 1}')  # not a record: skipped with a warning
+    assert show_json(str(tmp_path))["skipped"]
+
+
+# ----------------------------------------------------------------------------- validate and the shipped records
+
+
+def validate(*args: str):
+    return CliRunner().invoke(app, ["leaderboard", "validate", *args])
+
+
+def test_validate_every_shipped_record():
+    pytest.importorskip("jsonschema")
+    result = validate()
+    n = len(list(REPRODUCED.rglob("*.json"))) + len(list(PUBLISHED.rglob("*.json")))
+    assert result.exit_code == 0, result.output
+    assert f"{n} of {n} records valid" in result.stdout
+    assert len(list(PUBLISHED.glob("*.json"))) >= 25
+
+
+def test_validate_fails_on_a_broken_record(real_record, tmp_path):
+    pytest.importorskip("jsonschema")
+    broken = variant(real_record, 0, 150.0)  # over 100 percent
+    del broken["method"]["fidelity"]
+    folder = write(tmp_path / "runs", variant(real_record, 1, 60.0), broken)
+    (folder / "garbage.json").write_text("{not json")
+    result = validate(str(folder), "--json")
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["checked"] == 3 and len(report["invalid"]) == 2
+    errors = " ".join(e for errs in report["invalid"].values() for e in errs)
+    assert "metrics/global_acc" in errors and "fidelity" in errors and "not readable JSON" in errors
+    result = validate(str(folder))
+    assert result.exit_code == 1 and "1 of 3 records valid" in result.stdout
+
+
+def test_validate_rejects_a_published_record_with_two_figures(tmp_path):
+    pytest.importorskip("jsonschema")
+    record = json.loads(next(PUBLISHED.glob("fan2026crad__pathmnist__crad__local_acc__*.json")).read_text())
+    record["metrics"]["global_acc"] = 89.44  # one figure per published record
+    (tmp_path / "two.json").write_text(json.dumps(record))
+    assert validate(str(tmp_path)).exit_code == 1
+
+
+def test_validate_without_jsonschema_names_the_fix(monkeypatch):
+    monkeypatch.setitem(sys.modules, "jsonschema", None)  # import jsonschema -> ImportError
+    result = validate()
+    assert result.exit_code == 2 and "pip install jsonschema" in result.output
+
+
+def test_published_records_are_what_the_generator_writes(tmp_path):
+    spec = importlib.util.spec_from_file_location("make_published", PUBLISHED / "make_published.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--out", str(tmp_path)]) == 0
+    generated = {p.name: p.read_text() for p in tmp_path.glob("*.json")}
+    shipped = {p.name: p.read_text() for p in PUBLISHED.glob("*.json")}
+    assert generated == shipped
+    records = [json.loads(t) for t in shipped.values()]
+    assert len({r["record_id"] for r in records}) == len(records)
+    suite = {"crad", "uncertainty-kd", "uniform-kd", "fedmkd", "dfml", "fedmd", "fedcc", "fedsocket"}
+    assert {r["method"]["name"] for r in records} <= suite
+    assert {r["task"]["name"] for r in records} == {"cifar10", "cifar100", "pathmnist"}

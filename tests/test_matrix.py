@@ -1,0 +1,321 @@
+"""`hfl-bench matrix`: suite parsing, the real CLI over a small matrix (records, resume by
+skipping, failed cells), the local process pool and the Ray executor on a loopback cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from hfl_bench import matrix
+from hfl_bench.cli import app
+from hfl_bench.config import ConfigError
+from hfl_bench.records import SCHEMA_PATH
+from hfl_bench.registry import METHODS
+
+jsonschema = pytest.importorskip("jsonschema")
+REPO = Path(__file__).resolve().parent.parent
+SMALL = {"rounds": 2, "clients": 4}
+
+
+@pytest.fixture(scope="module")
+def validator():
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+
+
+def _schema_errors(validator, record) -> list[str]:
+    return [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(record)]
+
+
+def _write_suite(path: Path, **suite) -> Path:
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    return path
+
+
+def _invoke(*args: str):
+    result = CliRunner().invoke(app, ["matrix", *args])
+    stdout = getattr(result, "stdout", result.output)
+    return result, stdout
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, str]]:
+    return {p.name: (p.stat().st_mtime_ns, p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+
+# --------------------------------------------------------------------------- suite parsing
+
+
+def test_unknown_keys_are_errors_that_list_the_known_ones(tmp_path):
+    base = {"methods": ["local"], "tasks": ["digits"]}
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) method\. Known: name, description, out, methods"):
+        matrix.parse_suite({**base, "method": "crad"})
+    with pytest.raises(ConfigError, match=r"settings: unknown key\(s\) roundz\. Known: .*rounds"):
+        matrix.parse_suite({**base, "settings": {"roundz": 3}})
+    with pytest.raises(ConfigError, match=r"method_overrides\.local: unknown key\(s\) pol"):
+        matrix.parse_suite({**base, "method_overrides": {"local": {"pol": "cpu"}}})
+    with pytest.raises(ConfigError, match="'seed' is set by the suite's seeds list"):
+        matrix.parse_suite({**base, "settings": {"seed": 3}})
+    with pytest.raises(ConfigError, match="method_overrides names crad, not in the suite's methods"):
+        matrix.parse_suite({**base, "method_overrides": {"crad": {"rounds": 1}}})
+    with pytest.raises(ConfigError, match="seeds lists 1 more than once"):
+        matrix.parse_suite({**base, "seeds": [1, 1]})
+    with pytest.raises(ConfigError, match="tasks must be a non-empty list"):
+        matrix.parse_suite({"methods": ["local"]})
+
+    # Through the CLI: exit code 2 and one line naming the problem.
+    suite = _write_suite(tmp_path / "bad.yaml", **base, output="x")
+    result, _ = _invoke(str(suite))
+    assert result.exit_code == 2
+    assert "unknown key(s) output. Known:" in result.output
+    result, _ = _invoke(str(tmp_path / "missing.yaml"))
+    assert result.exit_code == 2 and "suite file not found" in result.output
+
+
+def test_layers_merge_and_cells_resolve_against_task_defaults(tmp_path):
+    suite = matrix.parse_suite({
+        "methods": ["crad", "fedavg"], "tasks": ["digits", "mnist1d"], "seeds": [3, 4], "out": "somewhere",
+        "settings": {"rounds": 7, "method_params": {"lam": 0.5}},
+        "task_overrides": {"mnist1d": {"rounds": 9, "alpha": 0.5}},
+        "method_overrides": {"fedavg": {"pool": "cpu-cnn", "rounds": 11, "method_params": {}},
+                             "crad": {"method_params": {"min_support": 3}}},
+    })
+    cells = matrix.suite_cells(suite, out=tmp_path)
+    assert [(c.cfg.task, c.cfg.method, c.cfg.seed) for c in cells] == [
+        (t, m, s) for t in ("digits", "mnist1d") for m in ("crad", "fedavg") for s in (3, 4)]
+    by = {(c.cfg.task, c.cfg.method): c.cfg for c in cells}
+    assert all(c.error is None for c in cells)
+    assert by["digits", "crad"].rounds == 7 and by["mnist1d", "crad"].rounds == 9  # task over shared
+    assert by["mnist1d", "fedavg"].rounds == 11  # method over task
+    assert by["digits", "crad"].method_params == {"lam": 0.5, "min_support": 3}  # merged key by key
+    assert by["digits", "fedavg"].pool == "cpu-cnn" and by["digits", "crad"].pool == "cpu"  # task default
+    assert by["mnist1d", "crad"].alpha == 0.5 and by["digits", "crad"].alpha == 0.3
+    assert by["digits", "crad"].clients == 10  # resolved from the task's defaults
+    assert all(Path(c.cfg.out) == tmp_path for c in cells)
+    # The expected record path is known before the run: task__method__hash__seedS.json
+    name = cells[0].record_path().name
+    assert name.startswith("digits__crad__") and name.endswith("__seed3.json")
+
+
+def test_unresolvable_cell_becomes_a_failed_record(tmp_path, validator):
+    suite = matrix.parse_suite({"methods": ["local"], "tasks": ["digits", "no-such-task"], "seeds": [0]})
+    cells = matrix.suite_cells(suite, out=tmp_path)
+    assert cells[0].error is None
+    assert cells[1].error.startswith("RegistryError: unknown task 'no-such-task'")
+    [row] = matrix.run_matrix(cells[1:])  # nothing to run: written as failed straight away
+    assert row["status"] == "failed" and row["error"].startswith("RegistryError: unknown task")
+    record = json.loads(Path(row["record"]).read_text())
+    assert _schema_errors(validator, record) == []
+    assert record["task"] == {"name": "no-such-task", "version": None, "num_classes": None}
+    assert record["method"]["fidelity"] == "paper"  # local is registered: its details are filled in
+
+
+@pytest.mark.parametrize("name", ["mini", "crad-table1"])
+def test_shipped_suites_parse(name):
+    suite = matrix.load_suite(REPO / "suites" / f"{name}.yaml")
+    cells = matrix.suite_cells(suite)
+    assert len(cells) == len(suite.methods) * len(suite.tasks) * len(suite.seeds)
+    assert all(c.error is None for c in cells), [c.error for c in cells if c.error]
+    registered = set(METHODS.names())
+    for cell in cells:
+        if cell.cfg.method in registered:  # the rest are checked once their plugins exist
+            matrix.engine_check(cell.cfg)
+    if name == "mini":
+        assert suite.out == "leaderboards/reproduced/mini" and suite.seeds == [0, 1, 2]
+        assert set(suite.tasks) == {"digits", "mnist1d"}
+        assert registered <= set(suite.methods)  # every registered built-in method is in it
+        assert {c.cfg.rounds for c in cells} == {100}
+        assert {c.cfg.pool for c in cells if c.cfg.method == "fedavg"} == {"cpu-cnn"}
+        assert {c.cfg.public_size for c in cells if c.cfg.method in ("fedmd", "msfkd", "fedcc")} == {200}
+    else:
+        assert suite.seeds == [1024] and set(suite.tasks) == {"cifar10", "cifar100", "pathmnist"}
+        assert {c.cfg.pool for c in cells} == {"paper"} and {c.cfg.rounds for c in cells} == {300}
+        assert {c.cfg.public_size for c in cells if c.cfg.method in ("fedmd", "msfkd")} == {500}
+
+
+# --------------------------------------------------------------------------- the CLI, in-process
+
+
+@pytest.fixture(scope="module")
+def mnist1d_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("data"))  # mnist1d generates its cache here once
+
+
+def test_matrix_runs_resumes_and_records_failures(tmp_path, validator, mnist1d_dir):
+    out = tmp_path / "records"
+    suite = _write_suite(tmp_path / "small.yaml", methods=["local", "uniform-kd"], tasks=["digits", "mnist1d"],
+                         seeds=[0, 1], out=str(out), settings={**SMALL, "data_dir": mnist1d_dir})
+
+    result, stdout = _invoke(str(suite), "--json")  # in-process: --jobs 1, the default
+    assert result.exit_code == 0, result.output
+    summary = json.loads(stdout)
+    assert summary["counts"] == {"ok": 8} and summary["exit_code"] == 0
+    assert [(r["task"], r["method"], r["seed"]) for r in summary["cells"]] == [
+        (t, m, s) for t in ("digits", "mnist1d") for m in ("local", "uniform-kd") for s in (0, 1)]
+    files = sorted(out.glob("*.json"))
+    assert len(files) == 8
+    for row in summary["cells"]:
+        record = json.loads(Path(row["record"]).read_text())
+        assert _schema_errors(validator, record) == []
+        assert record["status"] == "ok" and record["federation"]["rounds_run"] == 2
+        assert (record["config"]["method"], record["config"]["task"], record["config"]["seed"]) == (
+            row["method"], row["task"], row["seed"])
+        assert row["global_acc"] == record["metrics"]["global_acc"]
+
+    # A rerun skips every cell and leaves the files untouched; the table says so.
+    before = _snapshot(out)
+    result, stdout = _invoke(str(suite))
+    assert result.exit_code == 0, result.output
+    assert "8 skipped in" in stdout
+    assert _snapshot(out) == before
+
+    # fedavg on the heterogeneous default pool raises a ConfigError at run time, an unknown
+    # method fails before: both become failed records, the other cells still run or skip.
+    suite2 = _write_suite(tmp_path / "failing.yaml", methods=["local", "fedavg", "no-such-method"],
+                          tasks=["digits"], seeds=[0, 2], out=str(out), settings=SMALL)
+    result, stdout = _invoke(str(suite2), "--json")
+    assert result.exit_code == 1, result.output
+    rows = {(r["method"], r["seed"]): r for r in json.loads(stdout)["cells"]}
+    assert rows["local", 0]["status"] == "skipped" and rows["local", 2]["status"] == "ok"
+    for key in [("fedavg", 0), ("fedavg", 2), ("no-such-method", 0)]:
+        row = rows[key]
+        assert row["status"] == "failed", row
+        record = json.loads(Path(row["record"]).read_text())
+        assert record["status"] == "failed" and record["metrics"] is None
+        assert _schema_errors(validator, record) == []
+        assert Path(row["record"]).name == matrix.expected_filename(matrix.resolve_cell(
+            {**SMALL, "method": key[0], "task": "digits", "seed": key[1], "out": str(out)}).cfg)
+    fedavg = json.loads(Path(rows["fedavg", 0]["record"]).read_text())
+    assert fedavg["error"].startswith("ConfigError: fedavg needs one architecture")
+    assert "Traceback" in fedavg["error"] and fedavg["method"]["fidelity"] == "paper"
+    unknown = json.loads(Path(rows["no-such-method", 0]["record"]).read_text())
+    assert unknown["method"]["fidelity"] is None and unknown["task"]["num_classes"] == 10
+    assert "unknown method 'no-such-method'" in rows["no-such-method", 0]["error"]
+
+    # Failed cells are retried on a rerun; the finished ones are not. --dry-run says which.
+    result, stdout = _invoke(str(suite2), "--dry-run", "--json")
+    assert result.exit_code == 1
+    plan = {(r["method"], r["seed"]): r["status"] for r in json.loads(stdout)["cells"]}
+    assert plan[("local", 0)] == plan[("local", 2)] == "would skip"
+    assert plan[("fedavg", 0)] == "would run"  # its pool problem only shows once clients exist
+    assert plan[("no-such-method", 0)] == "would fail"
+
+
+def test_interrupted_cell_continues_from_its_checkpoint(tmp_path, validator):
+    """A matrix killed inside a cell leaves that cell's checkpoint; the rerun continues from it
+    and ends with the record an uninterrupted cell writes (timings aside)."""
+    from hfl_bench.engine import Simulation
+    from hfl_bench.records import checkpoint_path
+
+    settings = {"rounds": 4, "clients": 4, "checkpoint_every": 2}
+    plain = _write_suite(tmp_path / "plain.yaml", methods=["uniform-kd"], tasks=["digits"], seeds=[0],
+                         out=str(tmp_path / "plain"), settings=settings)
+    assert _invoke(str(plain), "-q")[0].exit_code == 0
+    expected = json.loads(next((tmp_path / "plain").glob("*.json")).read_text())
+
+    suite = _write_suite(tmp_path / "cut.yaml", methods=["uniform-kd"], tasks=["digits"], seeds=[0],
+                         out=str(tmp_path / "cut"), settings=settings)
+    cfg = matrix.suite_cells(matrix.load_suite(suite))[0].cfg
+    sim = Simulation(cfg)  # the "killed" first attempt: rounds 1-2, then its checkpoint
+    for rnd in (1, 2):
+        sim.step(rnd)
+    sim.save_checkpoint(checkpoint_path(cfg))
+    result, _ = _invoke(str(suite), "-q")
+    assert result.exit_code == 0, result.output
+    record = json.loads(next((tmp_path / "cut").glob("*.json")).read_text())
+    assert record["federation"]["resumed_from_rounds"] == [2]
+    assert not checkpoint_path(cfg).exists()
+    assert _schema_errors(validator, record) == []
+    for key in ("metrics", "selection", "config_hash"):
+        assert record[key] == expected[key]
+    drop = ("seconds", "phases")
+    assert [{k: v for k, v in h.items() if k not in drop} for h in record["history"]] == \
+        [{k: v for k, v in h.items() if k not in drop} for h in expected["history"]]
+
+
+# --------------------------------------------------------------------------- local process pool
+
+
+def test_process_pool_executor(tmp_path, validator):
+    out = tmp_path / "records"
+    suite = _write_suite(tmp_path / "pool.yaml", methods=["local"], tasks=["digits"], seeds=[0, 1],
+                         out=str(out), settings=SMALL)
+    result, stdout = _invoke(str(suite), "--jobs", "2", "--threads", "1", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(stdout)
+    assert summary["counts"] == {"ok": 2}
+    records = [json.loads(Path(r["record"]).read_text()) for r in summary["cells"]]
+    assert [r["config"]["seed"] for r in records] == [0, 1]
+    assert all(_schema_errors(validator, r) == [] for r in records)
+    assert {r["environment"]["torch_threads"] for r in records} == {1}  # --threads, set in the worker
+    assert sorted(p.name for p in out.glob("*.json")) == sorted(Path(r["record"]).name for r in summary["cells"])
+
+
+def test_bad_flags_exit_2(tmp_path):
+    suite = _write_suite(tmp_path / "s.yaml", methods=["local"], tasks=["digits"], out=str(tmp_path / "o"))
+    for args, message in ([("--executor", "dask"), "--executor must be one of local, ray"],
+                          [("--jobs", "0"), "--jobs must be >= 1"],
+                          [("--address", "auto"), "are for --executor ray"]):
+        result, _ = _invoke(str(suite), *args)
+        assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- Ray
+
+
+@pytest.fixture
+def ray_cluster():
+    """A local Ray kept on loopback (environment notes): 2 CPUs, no dashboard, shut down after."""
+    # Read when ray is imported: with the node IP below, every Ray socket listens on 127.0.0.1.
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    ray = pytest.importorskip("ray")
+    context = ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        yield context.address_info["gcs_address"]
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.ray
+def test_ray_executor_returns_records_to_the_driver(tmp_path, validator, ray_cluster):
+    assert ray_cluster.startswith("127.0.0.1:")
+    out = tmp_path / "driver-records"
+    suite = _write_suite(tmp_path / "ray.yaml", methods=["local", "uniform-kd"], tasks=["digits"], seeds=[0],
+                         out=str(tmp_path / "unused"), settings={**SMALL, "rounds": 1, "device": "cpu"})
+    # A separate driver process connects to the running cluster by its address, as on a real cluster.
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.run(
+        [sys.executable, "-c", "from hfl_bench.cli import main; main()", "matrix", str(suite), "--executor", "ray",
+         "--address", ray_cluster, "--out", str(out), "--json"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["counts"] == {"ok": 2} and summary["out"] == str(out)
+    assert not (tmp_path / "unused").exists()  # --out wins over the suite's folder
+    assert sorted(p.name.split("__")[1] for p in out.glob("*.json")) == ["local", "uniform-kd"]
+    for row in summary["cells"]:
+        record = json.loads(Path(row["record"]).read_text())
+        assert Path(row["record"]).parent == out
+        assert _schema_errors(validator, record) == []
+        assert record["status"] == "ok" and record["federation"]["rounds_run"] == 1
+        assert record["environment"]["torch_threads"] == 1  # --cpus-per-cell 1
+
+
+def test_ray_gpu_request_defaults():
+    from hfl_bench.config import RunConfig
+
+    assert matrix.cell_gpus(RunConfig(device="cuda"), None, 0) == 1
+    assert matrix.cell_gpus(RunConfig(device="auto"), None, 8) == 1
+    assert matrix.cell_gpus(RunConfig(device="auto"), None, 0) == 0
+    assert matrix.cell_gpus(RunConfig(device="cpu"), None, 8) == 0
+    assert matrix.cell_gpus(RunConfig(device="cpu"), 0.5, 0) == 0.5
+    assert "cluster has 0" in matrix.unschedulable(1, 1, {"CPU": 4})
+    assert matrix.unschedulable(1, 0, {"CPU": 4}) is None
