@@ -233,7 +233,8 @@ def _make_group(records: list[dict[str, Any]], split: bool) -> Group:
         group_id=group_id, method=first["method"]["name"], task=first["task"]["name"],
         pool=(first.get("arch_pool") or {}).get("name") or cfg.get("pool") or "?",
         partition_scheme=part.get("scheme", cfg.get("partition") or "?"),
-        partition_params=dict(part.get("params") or _config_partition_params(cfg)),
+        partition_params=_with_public(dict(part.get("params") or _config_partition_params(cfg)),
+                                      part.get("public_size", cfg.get("public_size"))),
         n_clients=n_clients, clients_per_round=fed.get("clients_per_round", cfg.get("clients_per_round") or n_clients),
         rounds=fed.get("rounds", cfg.get("rounds")), local_epochs=fed.get("local_epochs", cfg.get("local_epochs")),
         method_params=dict(cfg.get("method_params") or {}), hparams=dict(first["method"].get("hparams") or {}),
@@ -254,6 +255,12 @@ def _make_group(records: list[dict[str, Any]], split: bool) -> Group:
         newest_ok[seed] = r
     g.ok = [newest_ok[s] for s in sorted(newest_ok)]
     return g
+
+
+def _with_public(params: dict[str, Any], public_size: Optional[int]) -> dict[str, Any]:
+    """A public hold-out changes every client's shard, so it is part of the setting (shown and
+    ranked on); published settings never name it, so it does not block a match."""
+    return {**params, "public": public_size} if public_size else params
 
 
 def _config_partition_params(cfg: dict[str, Any]) -> dict[str, Any]:

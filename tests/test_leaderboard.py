@@ -233,6 +233,26 @@ def test_rank_across_tasks(real_record, tmp_path):
     assert code == 0 and [r["method"] for r in csv.DictReader(io.StringIO(out))] == ["uniform-kd", "crad", "local"]
 
 
+def test_public_hold_out_is_part_of_the_setting(real_record, tmp_path):
+    """Runs on shards with a public set held out are another protocol: shown, never ranked with
+    runs on the full shards."""
+    def held_out(r):
+        r["partition"]["public_size"] = r["config"]["public_size"] = 200
+        return r
+
+    folder = write(tmp_path / "runs", variant(real_record, 0, 60.0), variant(real_record, 0, 50.0, method="local"),
+                   held_out(variant(real_record, 0, 70.0, method="fedmd", config_hash="p1")),
+                   held_out(variant(real_record, 0, 40.0, method="local", config_hash="p2")))
+    board = show_json(str(folder))
+    public = {g["method"]: g for g in board["groups"] if g["partition"]["params"].get("public") == 200}
+    assert set(public) == {"fedmd", "local"}
+    ranks = {r["method"]: r for r in json.loads(show(str(folder), "--rank", "--format", "json")[1])["rank"]}
+    assert ranks["local"]["n_protocols"] == 2 and ranks["fedmd"]["n_protocols"] == 1
+    assert ranks["fedmd"]["mean_rank"] == 1.0  # ranked against local on the held-out shards only
+    code, out = show(str(folder))
+    assert code == 0 and "public=200" in out
+
+
 def test_average_ranks_share_ties():
     assert average_ranks({"a": 3.0, "b": 1.0, "c": 3.0, "d": 0.5}) == {"a": 1.5, "c": 1.5, "b": 3.0, "d": 4.0}
 
