@@ -15,14 +15,14 @@ from hfl_bench.config import resolve
 from hfl_bench.data import get_task
 from hfl_bench.training import make_plan, predict_logits, soft_targets
 
+from helpers import cpu_federation
+
 RULES = ["uniform", "entropy", "crad", "crad-accuracy", "crad-support", "crad-softmax", "crad-lcb",
          "crad-inv-sigma", "crad-ce"]
 
 
 def build(cfg, augmentation: str | None = None):
-    task = get_task(cfg.task)
-    cfg = resolve(cfg, task.info.defaults)
-    fed = engine.build_federation(cfg, task.info, task.load(), torch.device("cpu"))
+    fed = cpu_federation(cfg)
     if augmentation:
         fed.info = dataclasses.replace(fed.info, augmentation=augmentation)
     # Give the clients different, non-trivial weights and statistics.

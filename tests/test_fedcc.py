@@ -12,30 +12,26 @@ import torch
 from torch import nn
 
 from hfl_bench import engine
-from hfl_bench.config import RunConfig, resolve
-from hfl_bench.data import get_task
+from hfl_bench.config import RunConfig
 from hfl_bench.metering import SERVER
 from hfl_bench.methods.fedcc import (
-    ConfidenceEnsemble, FedCC, FedCCParams, KnownClasses, aggregate_predictions, majority_classes,
-    pseudo_label_weights, pseudo_labels,
+    ConfidenceEnsemble, FedCC, KnownClasses, aggregate_predictions, majority_classes, pseudo_label_weights,
+    pseudo_labels,
 )
 from hfl_bench.training import predict_logits
+
+from helpers import cpu_federation, ready_method
 
 LN = math.log
 
 
 def build(**overrides):
-    task = get_task("digits")
-    cfg = resolve(RunConfig(**{"task": "digits", "method": "fedcc", "clients": 4, "rounds": 2, "seed": 0,
-                               "public_size": 60, **overrides}), task.info.defaults)
-    return engine.build_federation(cfg, task.info, task.load(), torch.device("cpu"))
+    return cpu_federation(RunConfig(**{"task": "digits", "method": "fedcc", "clients": 4, "rounds": 2, "seed": 0,
+                                        "public_size": 60, **overrides}))
 
 
 def method(fed, **params) -> FedCC:
-    m = FedCC(FedCCParams(**params))
-    m.check(fed)
-    m.setup(fed)
-    return m
+    return ready_method(FedCC, fed, **params)
 
 
 def test_pseudo_label_weights_one_majority_class_by_hand():

@@ -8,8 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from hfl_bench import engine
-from hfl_bench.config import ConfigError, resolve
+from hfl_bench.config import ConfigError
 from hfl_bench.data import get_task
 from hfl_bench.methods.fedgd import (
     BNStats,
@@ -25,21 +24,18 @@ from hfl_bench.metering import SERVER
 from hfl_bench.pools import PoolMember, build_model
 from hfl_bench.training import state_bytes
 
+from helpers import cpu_federation, ready_method
+
 PUBLIC = 100
 SYNTH = 500
 
 
 def build(cfg):
-    task = get_task(cfg.task)
-    cfg = resolve(cfg, task.info.defaults)
-    return engine.build_federation(cfg, task.info, task.load(), torch.device("cpu"))
+    return cpu_federation(cfg)
 
 
 def method(fed, **params) -> FedGD:
-    m = FedGD(FedGDParams(**params))
-    m.check(fed)
-    m.setup(fed)
-    return m
+    return ready_method(FedGD, fed, **params)
 
 
 def tiny_bn_model(seed: int = 0) -> nn.Module:

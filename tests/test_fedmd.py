@@ -7,28 +7,23 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from hfl_bench import engine
 from hfl_bench.cli import app
-from hfl_bench.config import ConfigError, resolve
-from hfl_bench.data import get_task
+from hfl_bench.config import ConfigError
 from hfl_bench.methods.fedmd import FedMD, FedMDParams, consensus, digest, make_digest_optimizers
 from hfl_bench.training import predict_logits
 from hfl_bench.transfer import transfer_logits
+
+from helpers import cpu_federation, ready_method
 
 PUBLIC = 100
 
 
 def build(cfg):
-    task = get_task(cfg.task)
-    cfg = resolve(cfg, task.info.defaults)
-    return engine.build_federation(cfg, task.info, task.load(), torch.device("cpu"))
+    return cpu_federation(cfg)
 
 
 def method(fed, **params) -> FedMD:
-    m = FedMD(FedMDParams(**params))
-    m.check(fed)
-    m.setup(fed)
-    return m
+    return ready_method(FedMD, fed, **params)
 
 
 def test_cli_two_rounds_writes_a_valid_record(run_record):

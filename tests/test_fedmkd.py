@@ -11,10 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import hfl_bench.methods.fedmkd as fedmkd_module  # registers the method
-from hfl_bench import engine, peerkd
+from hfl_bench import peerkd
 from hfl_bench.aggregation import get_aggregator
-from hfl_bench.config import resolve
-from hfl_bench.data import get_task
 from hfl_bench.methods.fedmkd import (
     FedMKD,
     FedMKDParams,
@@ -23,12 +21,12 @@ from hfl_bench.methods.fedmkd import (
 )
 from hfl_bench.training import make_plan, predict_logits, state_bytes, train_on_plan
 
+from helpers import cpu_federation, ready_method
+
 
 
 def build(cfg, augmentation: str | None = None, warm: bool = False):
-    task = get_task(cfg.task)
-    cfg = resolve(cfg, task.info.defaults)
-    fed = engine.build_federation(cfg, task.info, task.load(), torch.device("cpu"))
+    fed = cpu_federation(cfg)
     if augmentation:
         fed.info = dataclasses.replace(fed.info, augmentation=augmentation)
     if warm:  # distinct, non-trivial models
@@ -38,10 +36,7 @@ def build(cfg, augmentation: str | None = None, warm: bool = False):
 
 
 def method(fed, **params) -> FedMKD:
-    m = FedMKD(FedMKDParams(**params))
-    m.check(fed)
-    m.setup(fed)
-    return m
+    return ready_method(FedMKD, fed, **params)
 
 
 def states(fed):

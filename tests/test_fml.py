@@ -15,19 +15,16 @@ from hfl_bench.metering import SERVER
 from hfl_bench.methods.fml import FML, FMLParams, mutual_losses
 from hfl_bench.training import make_plan, state_bytes, train_on_plan
 
+from helpers import cpu_federation, ready_method
+
 
 
 def build(cfg):
-    task = get_task(cfg.task)
-    cfg = resolve(cfg, task.info.defaults)
-    return engine.build_federation(cfg, task.info, task.load(), torch.device("cpu"))
+    return cpu_federation(cfg)
 
 
 def method(fed, **params) -> FML:
-    m = FML(FMLParams(**params))
-    m.check(fed)
-    m.setup(fed)
-    return m
+    return ready_method(FML, fed, **params)
 
 
 def test_cli_two_rounds_writes_a_valid_record_with_the_meme_endpoint(run_record):

@@ -8,16 +8,15 @@ import pytest
 import torch
 
 from hfl_bench import engine
-from hfl_bench.config import RunConfig, resolve
-from hfl_bench.data import get_task
+from hfl_bench.config import RunConfig
 from hfl_bench.methods.msfkd import MSFKD, MSFKDParams, confidence, select_targets
+
+from helpers import cpu_federation
 
 
 def build(**overrides):
-    task = get_task("digits")
-    cfg = resolve(RunConfig(**{"task": "digits", "method": "msfkd", "clients": 4, "rounds": 2, "seed": 0,
-                               "public_size": 60, **overrides}), task.info.defaults)
-    return engine.build_federation(cfg, task.info, task.load(), torch.device("cpu"))
+    return cpu_federation(RunConfig(**{"task": "digits", "method": "msfkd", "clients": 4, "rounds": 2, "seed": 0,
+                                        "public_size": 60, **overrides}))
 
 
 def test_selection_rule_on_a_hand_made_case():
