@@ -174,8 +174,6 @@ class FedMD(Method):
         for name in ("transfer_epochs", "private_init_epochs", "alignment_size"):
             if getattr(p, name) < 0:
                 raise ConfigError(f"fedmd: {name} must be >= 0, got {getattr(p, name)}")
-        if len(fed.public_idx) == 0:
-            raise ConfigError("fedmd needs a public transfer set: pass --public-size N")
 
     def setup(self, fed):
         self.digest_opts = make_digest_optimizers(fed, self.params.digest_lr)
