@@ -71,6 +71,7 @@ def run(
     device: Optional[str] = typer.Option(None, help="auto, cpu, cuda or cuda:N. \\[default: auto]"),
     exec_path: Optional[str] = typer.Option(None, "--exec", help="Peer-KD path: reference, fast or auto. \\[default: auto]"),
     vmap: Optional[str] = typer.Option(None, help="Vmapped teacher inference per architecture: on, off or auto (= off, measured slower). \\[default: auto]"),
+    lockstep: Optional[str] = typer.Option(None, help="Train same-architecture students together (vmapped SGD steps): on, off or auto (= off: not faster on a CPU, not yet measured on a GPU). \\[default: auto]"),
     data_dir: Optional[Path] = typer.Option(None, help="Dataset folder; default: $HFL_BENCH_DATA or ~/.cache/hfl-bench/data."),
     download: bool = typer.Option(False, "--download", help="Download the dataset if it is missing."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Folder for the JSON record. \\[default: runs]"),
@@ -88,6 +89,7 @@ def run(
         method=method, task=task, pool=pool, partition=partition, alpha=alpha, classes_per_client=k,
         clients=clients, clients_per_round=clients_per_round, rounds=rounds, local_epochs=local_epochs,
         batch_size=batch_size, lr=lr, seed=seed, public_size=public_size, eval_every=eval_every, device=device, exec=exec_path, vmap=vmap,
+        lockstep=lockstep,
         data_dir=str(data_dir) if data_dir else None, download=download or None,
         out=str(out_dir) if out_dir else None, checkpoint_every=checkpoint_every,
     )

@@ -45,6 +45,8 @@ class RunConfig:
     device: str = _f("auto", "auto, cpu, cuda or cuda:N.")
     exec: str = _f("auto", "Peer-KD execution path: reference (per batch, as Algorithm 1), fast or auto.")
     vmap: str = _f("auto", "Stacked (vmapped) teacher inference per architecture: on, off or auto (= off; measured slower).")
+    lockstep: str = _f("auto", "Train same-architecture students together (vmapped SGD steps): on, off or auto (= off; "
+                               "not faster on a CPU, not yet measured on a GPU).")
     data_dir: str | None = _f(None, "Dataset folder; default: $HFL_BENCH_DATA or ~/.cache/hfl-bench/data.")
     download: bool = _f(False, "Download the dataset if it is missing.")
     out: str = _f("runs", "Folder the JSON record is written to.")
@@ -58,7 +60,8 @@ class RunConfig:
 
 
 # Fields that do not change what a run computes: left out of the config hash.
-NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "vmap", "checkpoint_every")
+NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "vmap", "lockstep",
+                "checkpoint_every")
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 # Fields added after the first records: left out of the hash at their default, so a config that
 # does not use them keeps the hash it always had (older records stay comparable).
@@ -111,6 +114,7 @@ def validate(cfg: RunConfig) -> None:
         (cfg.public_size >= 0, f"--public-size must be >= 0, got {cfg.public_size}"),
         (cfg.exec in ("auto", "reference", "fast"), f"--exec must be auto, reference or fast, got {cfg.exec!r}"),
         (cfg.vmap in ("auto", "on", "off"), f"--vmap must be auto, on or off, got {cfg.vmap!r}"),
+        (cfg.lockstep in ("auto", "on", "off"), f"--lockstep must be auto, on or off, got {cfg.lockstep!r}"),
         (cfg.clients_per_round is None or cfg.clients_per_round >= 1,
          f"--clients-per-round must be >= 1, got {cfg.clients_per_round}"),
     ]

@@ -88,6 +88,12 @@ class Federation:
         loop of large-batch calls measured faster on this CPU and on an H200 (README, Performance)."""
         return self.cfg.vmap == "on"
 
+    @property
+    def use_lockstep(self) -> bool:
+        """Same-architecture students train together (``hfl_bench.lockstep``). ``auto`` leaves it
+        off: not faster on this CPU, not yet measured on a GPU (README, Performance)."""
+        return self.cfg.lockstep == "on"
+
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":

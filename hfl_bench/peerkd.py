@@ -9,7 +9,8 @@ Two execution paths compute identical targets:
   views); each teacher then runs once over all its students' views in large no-grad batches,
   before any student trains, so the live models are the round r-1 snapshots and no copy is made;
   targets are aggregated for each student's whole epoch in one vectorized call; students then
-  train on the precomputed targets.
+  train on the precomputed targets (``lockstep.train_students``: one by one, or same-architecture
+  students together with ``--lockstep on``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from hfl_bench.aggregation import Aggregator
+from hfl_bench.lockstep import train_students
 from hfl_bench.training import (
     EpochPlan,
     make_plan,
@@ -150,9 +152,7 @@ def peer_kd_round(
     if fed.exec_path() == "fast":
         targets = fast_targets(fed, plans, active, aggregate, temperature, counts, accs)
         with fed.timer("training"):
-            for i in active:
-                losses.append(train_on_plan(fed, fed.clients[i], plans[i], targets=targets.get(i),
-                                            lam=lam, temperature=temperature))
+            losses = train_students(fed, active, plans, targets=targets, lam=lam, temperature=temperature)
     else:
         snapshots = frozen_snapshots(fed, active)
         with fed.timer("training_with_teachers"):  # the reference path interleaves the phases

@@ -221,7 +221,7 @@ MISSING: dict[str, Callable[[Loaded], Optional[str]]] = {
 # ----------------------------------------------------------------------------- grouping and labels
 
 # Config fields that say nothing about the setting (the same as the config hash leaves out).
-_NOT_SETTING = {"seed", "device", "data_dir", "download", "out", "exec", "eval_every", "vmap", "method", "method_params"}
+_NOT_SETTING = {"seed", "device", "data_dir", "download", "out", "exec", "eval_every", "vmap", "lockstep", "method", "method_params"}
 
 
 def group_seeds(records: list[Loaded]) -> list[Group]:

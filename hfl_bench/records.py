@@ -129,6 +129,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "exec": fed.exec_path(),
             "eval_every": cfg.eval_every,
             "vmap": fed.use_vmap,
+            "lockstep": fed.use_lockstep,
             # present only for a resumed run: the rounds of the checkpoints it continued from
             **({"resumed_from_rounds": resumed} if (resumed := result.extra.get("resumed_from_rounds")) else {}),
         },

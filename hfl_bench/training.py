@@ -146,7 +146,20 @@ def soft_targets(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def kd_loss(student_logits: torch.Tensor, target_probs: torch.Tensor, temperature: float) -> torch.Tensor:
     """T^2 * KL(target || softmax(z / T)), averaged over the batch."""
     log_p = F.log_softmax(student_logits / temperature, dim=-1)
-    return F.kl_div(log_p, target_probs, reduction="batchmean") * temperature**2
+    # F.kl_div(log_p, q, reduction="batchmean") written out (same values): it has no vmap
+    # batching rule, and lockstep training maps this loss over stacked students.
+    kl = (torch.xlogy(target_probs, target_probs) - target_probs * log_p).sum() / log_p.shape[0]
+    return kl * temperature**2
+
+
+def student_loss(logits: torch.Tensor, y: torch.Tensor, q: torch.Tensor | None, lam: float,
+                 temperature: float) -> torch.Tensor:
+    """(1 - lam) CE + lam KD(q) on one batch; plain CE without targets. Lockstep training maps
+    this same function over stacked students, so both paths share one definition of the loss."""
+    loss = F.cross_entropy(logits, y)
+    if q is None or lam <= 0:
+        return loss
+    return (1 - lam) * loss + lam * kd_loss(logits, q, temperature)
 
 
 TargetFn = Callable[[int, int, torch.Tensor], torch.Tensor]
@@ -195,10 +208,10 @@ def train_on_plan(
         x = plan.view(fed, start, end)
         y = plan.labels(fed, start, end)
         logits = model(x)
-        loss = F.cross_entropy(logits, y)
+        q = None
         if targets is not None and lam > 0:
             q = targets[start:end] if isinstance(targets, torch.Tensor) else targets(start, end, x)
-            loss = (1 - lam) * loss + lam * kd_loss(logits, q, temperature)
+        loss = student_loss(logits, y, q, lam, temperature)
         if extra_loss is not None:
             loss = loss + extra_loss(start, end, x, logits)
         optimizer_step(model, opt, loss, fed.cfg.grad_clip)

@@ -10,7 +10,8 @@ import torch
 from hfl_bench.config import ConfigError
 from hfl_bench.metering import SERVER
 from hfl_bench.method import Method, register_method
-from hfl_bench.training import make_plan, train_on_plan
+from hfl_bench.lockstep import train_students
+from hfl_bench.training import make_plan
 
 
 @register_method("fedavg")
@@ -36,7 +37,7 @@ class FedAvg(Method):
             c.model.load_state_dict(first)
 
     def run_round(self, fed, rnd, active):
-        losses = [train_on_plan(fed, fed.clients[i], make_plan(fed, i, rnd)) for i in active]
+        losses = train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
         states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict()) for i in active]
         weights = torch.tensor([len(fed.clients[i].train_idx) for i in active], dtype=torch.float64)
         weights = weights / weights.sum()

@@ -6,7 +6,8 @@ The floor every collaborative method must beat (methods spec, Sec. 9).
 from __future__ import annotations
 
 from hfl_bench.method import Method, register_method
-from hfl_bench.training import make_plan, train_on_plan
+from hfl_bench.lockstep import train_students
+from hfl_bench.training import make_plan
 
 
 @register_method("local")
@@ -18,5 +19,5 @@ class Local(Method):
     citation = "Reference point; no paper."
 
     def run_round(self, fed, rnd, active):
-        losses = [train_on_plan(fed, fed.clients[i], make_plan(fed, i, rnd)) for i in active]
+        losses = train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
         return {"train_loss": sum(losses) / len(losses)}
