@@ -59,7 +59,7 @@ def lockstep_groups(fed: "Federation", cids: list[int], with_targets: set[int] =
     for i in cids:
         client = fed.clients[i]
         settings = _sgd_settings(client.optimizer)
-        if settings is None or _stochastic(client.model):
+        if settings is None or _stochastic(client.model) or not _plain_float_params(client.model):
             continue
         key = (client.arch.model, tuple(sorted(client.arch.kwargs.items())), settings, i in with_targets)
         groups.setdefault(key, []).append(i)
@@ -76,6 +76,11 @@ def _sgd_settings(opt: torch.optim.Optimizer) -> tuple | None:
     return float(g["lr"]), float(g["momentum"]), float(g["weight_decay"])
 
 
+def _plain_float_params(model: nn.Module) -> bool:
+    """Every parameter trains and is float32 (they share one flat tensor)."""
+    return all(p.requires_grad and p.dtype == torch.float32 for p in model.parameters())
+
+
 def _stochastic(model: nn.Module) -> bool:
     for m in model.modules():
         p = getattr(m, "p", None) if isinstance(m, nn.modules.dropout._DropoutNd) else getattr(m, "drop_prob", None)
@@ -85,28 +90,53 @@ def _stochastic(model: nn.Module) -> bool:
 
 
 class _Stack:
-    """Parameters, buffers and momentum buffers of G same-architecture models, stacked on dim 0."""
+    """G same-architecture models stacked on dim 0. Parameters and SGD momentum are one flat
+    [G, P] tensor each, with per-parameter [G, *shape] views into it: clipping and the update are
+    a handful of kernels rather than a few per parameter tensor, and a subset of students is
+    gathered in one kernel. BatchNorm buffers stay one contiguous [G, *shape] tensor each: the
+    vmapped BatchNorm updates them in place through a reshape, which a strided view would turn
+    into a copy (and the update would be lost)."""
 
     def __init__(self, models: list[nn.Module], opts: list[torch.optim.Optimizer]):
         self.models, self.opts = models, opts
         named = [dict(m.named_parameters()) for m in models]
-        self.names = list(named[0])
-        self.params = {k: torch.stack([n[k].detach() for n in named]) for k in self.names}
-        bufs = [dict(m.named_buffers()) for m in models]
-        self.buffers = {k: torch.stack([b[k] for b in bufs]) for k in bufs[0]}
+        self.shapes = [(k, p.shape) for k, p in named[0].items()]
+        self.flat = _flatten(named, self.shapes)
         # A missing momentum buffer (first step) is zero: SGD's first step sets buf = g, and
         # momentum * 0 + g is exactly g.
-        self.momenta = {k: torch.stack([_momentum(o, n[k]) for o, n in zip(opts, named)]) for k in self.names}
+        self.momentum = _flatten([{k: _momentum(o, n[k]) for k in n} for o, n in zip(opts, named)], self.shapes)
+        bufs = [dict(m.named_buffers()) for m in models]
+        self.buffers = {k: torch.stack([b[k] for b in bufs]) for k in bufs[0]}
+
+    def views(self, flat: torch.Tensor, grad: bool = True) -> dict[str, torch.Tensor]:
+        """Per-parameter [G, *shape] views of ``flat`` (leaves autograd differentiates if ``grad``)."""
+        views = _views(flat, self.shapes)
+        return {k: v.requires_grad_() for k, v in views.items()} if grad else views
 
     def write_back(self) -> None:
         with torch.no_grad():
+            params, momenta = self.views(self.flat, grad=False), self.views(self.momentum, grad=False)
             for g, (model, opt) in enumerate(zip(self.models, self.opts)):
                 for k, p in model.named_parameters():
-                    p.copy_(self.params[k][g])
+                    p.copy_(params[k][g])
                     if opt.param_groups[0]["momentum"]:
-                        opt.state[p]["momentum_buffer"] = self.momenta[k][g].clone()
+                        opt.state[p]["momentum_buffer"] = momenta[k][g].clone()
                 for k, b in model.named_buffers():
                     b.copy_(self.buffers[k][g])
+
+
+def _flatten(tensors: list[dict[str, torch.Tensor]], shapes: list) -> torch.Tensor:
+    """[G, n]: row g holds model g's tensors (in ``shapes`` order), flattened and concatenated."""
+    return torch.stack([torch.cat([t[k].detach().reshape(-1) for k, _ in shapes]) for t in tensors])
+
+
+def _views(flat: torch.Tensor, shapes: list) -> dict[str, torch.Tensor]:
+    out, offset = {}, 0
+    for k, shape in shapes:
+        n = shape.numel()
+        out[k] = flat[:, offset : offset + n].view(len(flat), *shape)
+        offset += n
+    return out
 
 
 def _momentum(opt: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor:
@@ -162,35 +192,29 @@ def train_lockstep(
 def _step(stack: _Stack, members: list[int], forward, loss_of, x, y, q, lr: float, momentum: float,
           weight_decay: float, clip: float) -> torch.Tensor:
     """One SGD step of the stacked students ``members`` (positions in the stack); returns their
-    losses [len(members)]. The whole stack is used in place; a subset is gathered and scattered."""
+    losses [len(members)]. The whole stack is updated in place; a subset is gathered and scattered."""
     whole = len(members) == len(stack.models)
     idx = None if whole else torch.tensor(members, device=x.device)
-
-    def take(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return d if whole else {k: v[idx] for k, v in d.items()}
-
-    params = {k: v.detach().requires_grad_() for k, v in take(stack.params).items()}
-    buffers, momenta = take(stack.buffers), take(stack.momenta)  # BatchNorm updates these in place
-    logits = vmap(forward)(params, buffers, x)
+    flat = stack.flat if whole else stack.flat[idx]
+    buffers = stack.buffers if whole else {k: v[idx] for k, v in stack.buffers.items()}
+    params = stack.views(flat)
+    logits = vmap(forward)(params, buffers, x)  # BatchNorm updates the buffers in place
     losses = vmap(loss_of, in_dims=(0, 0, None if q is None else 0))(logits, y, q)
     grads = torch.autograd.grad(losses.sum(), list(params.values()))
     with torch.no_grad():
-        if clip > 0:  # as nn.utils.clip_grad_norm_, per student: norm of the per-tensor norms
-            norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads]).norm(dim=0)
-            coef = (clip / (norms + 1e-6)).clamp(max=1.0)
-            grads = [g * coef.view(-1, *[1] * (g.dim() - 1)) for g in grads]
-        for k, g in zip(params, grads):  # as torch.optim.SGD (no nesterov, no dampening)
-            p = params[k]
-            d = g.add(p, alpha=weight_decay) if weight_decay else g
-            if momentum:
-                d = momenta[k].mul_(momentum).add_(d)
-            p.add_(d, alpha=-lr)
+        g = torch.cat([gr.reshape(len(members), -1) for gr in grads], dim=1)
+        if clip > 0:  # as nn.utils.clip_grad_norm_, per student
+            g.mul_((clip / (g.norm(dim=1, keepdim=True) + 1e-6)).clamp(max=1.0))
+        if weight_decay:  # as torch.optim.SGD (no nesterov, no dampening)
+            g.add_(flat, alpha=weight_decay)
+        if momentum:
+            buf = stack.momentum if whole else stack.momentum[idx]
+            g = buf.mul_(momentum).add_(g)
+        flat.add_(g, alpha=-lr)
         if not whole:
-            for k in stack.params:
-                stack.params[k][idx] = params[k]
-                stack.momenta[k][idx] = momenta[k]
+            stack.flat[idx] = flat
+            if momentum:
+                stack.momentum[idx] = buf
             for k in stack.buffers:
                 stack.buffers[k][idx] = buffers[k]
-    if whole:
-        stack.params = {k: v.detach() for k, v in params.items()}
     return losses.detach()
