@@ -11,12 +11,13 @@ tolerance): only the number of kernel launches drops, and the kernels get G time
 
 Client shards differ in size, so students differ in batch count and last-batch size. Padding
 would change BatchNorm's batch statistics, so a step instead groups the students by the size of
-their batch at that step: students with equal-sized batches step together (all of them, for most
-steps), the rest step in their own smaller groups, gathered from and scattered back into the
-stacks.
+their batch at that step: students with equal-sized batches step together, the others in
+their own smaller groups, gathered from and scattered back into the stacks. A student whose
+epoch has ended drops out, so the group shrinks toward the end of a round.
 
-When it wins is measured, not assumed (``benchmarks/bench_round.py --lockstep on``): on this 2-core
-CPU the small conv nets are not faster stacked, so ``--lockstep auto`` leaves it off on every
+When it wins is measured, not assumed (``benchmarks/bench_lockstep.py`` per architecture,
+``benchmarks/bench_round.py`` per round): on a 2-core CPU no architecture of the CPU or paper pool
+trained faster stacked (0.75-0.89x the loop's speed), so ``--lockstep auto`` leaves it off on every
 device until a GPU measurement says otherwise (README, Performance).
 """
 
