@@ -108,6 +108,15 @@ class _Stack:
         self.momentum = _flatten([{k: _momentum(o, n[k]) for k in n} for o, n in zip(opts, named)], self.shapes)
         bufs = [dict(m.named_buffers()) for m in models]
         self.buffers = {k: torch.stack([b[k] for b in bufs]) for k in bufs[0]}
+        self._indices: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def index(self, positions: list[int]) -> torch.Tensor:
+        """``positions`` as an index tensor on the device, made once per distinct subset: a fresh
+        host-to-device copy at every step would make the host wait for the GPU."""
+        key = tuple(positions)
+        if key not in self._indices:
+            self._indices[key] = torch.tensor(positions, device=self.flat.device)
+        return self._indices[key]
 
     def views(self, flat: torch.Tensor, grad: bool = True) -> dict[str, torch.Tensor]:
         """Per-parameter [G, *shape] views of ``flat`` (leaves autograd differentiates if ``grad``)."""
@@ -179,23 +188,24 @@ def train_lockstep(
             if t < n_batches[g]:
                 s, e = plans[i].bounds[t]
                 by_size.setdefault(e - s, []).append(g)
-        for members in by_size.values():
-            ids = [group[g] for g in members]
+        for positions in by_size.values():
+            ids = [group[g] for g in positions]
+            members = stack.index(positions)
             x = torch.stack([batch(i, t, views) for i in ids])
             y = torch.stack([batch(i, t, labels) for i in ids])
             q = torch.stack([batch(i, t, targets) for i in ids]) if use_targets else None
-            totals[members] += _step(stack, members, forward, loss_of, x, y, q, lr, momentum, weight_decay,
-                                     fed.cfg.grad_clip)
+            losses = _step(stack, members, forward, loss_of, x, y, q, lr, momentum, weight_decay, fed.cfg.grad_clip)
+            totals.index_add_(0, members, losses)
     stack.write_back()
     return {i: finite_mean(totals[g], n_batches[g], f"client {i}") for g, i in enumerate(group)}
 
 
-def _step(stack: _Stack, members: list[int], forward, loss_of, x, y, q, lr: float, momentum: float,
+def _step(stack: _Stack, members: torch.Tensor, forward, loss_of, x, y, q, lr: float, momentum: float,
           weight_decay: float, clip: float) -> torch.Tensor:
-    """One SGD step of the stacked students ``members`` (positions in the stack); returns their
-    losses [len(members)]. The whole stack is updated in place; a subset is gathered and scattered."""
+    """One SGD step of the stacked students ``members`` (positions in the stack, on the device);
+    returns their losses. The whole stack is updated in place; a subset is gathered and scattered."""
     whole = len(members) == len(stack.models)
-    idx = None if whole else torch.tensor(members, device=x.device)
+    idx = members
     flat = stack.flat if whole else stack.flat[idx]
     buffers = stack.buffers if whole else {k: v[idx] for k, v in stack.buffers.items()}
     params = stack.views(flat)
