@@ -205,9 +205,8 @@ def _step(stack: _Stack, members: torch.Tensor, forward, loss_of, x, y, q, lr: f
     """One SGD step of the stacked students ``members`` (positions in the stack, on the device);
     returns their losses. The whole stack is updated in place; a subset is gathered and scattered."""
     whole = len(members) == len(stack.models)
-    idx = members
-    flat = stack.flat if whole else stack.flat[idx]
-    buffers = stack.buffers if whole else {k: v[idx] for k, v in stack.buffers.items()}
+    flat = stack.flat if whole else stack.flat[members]
+    buffers = stack.buffers if whole else {k: v[members] for k, v in stack.buffers.items()}
     params = stack.views(flat)
     logits = vmap(forward)(params, buffers, x)  # BatchNorm updates the buffers in place
     losses = vmap(loss_of, in_dims=(0, 0, None if q is None else 0))(logits, y, q)
@@ -219,13 +218,13 @@ def _step(stack: _Stack, members: torch.Tensor, forward, loss_of, x, y, q, lr: f
         if weight_decay:  # as torch.optim.SGD (no nesterov, no dampening)
             g.add_(flat, alpha=weight_decay)
         if momentum:
-            buf = stack.momentum if whole else stack.momentum[idx]
+            buf = stack.momentum if whole else stack.momentum[members]
             g = buf.mul_(momentum).add_(g)
         flat.add_(g, alpha=-lr)
         if not whole:
-            stack.flat[idx] = flat
+            stack.flat[members] = flat
             if momentum:
-                stack.momentum[idx] = buf
+                stack.momentum[members] = buf
             for k in stack.buffers:
-                stack.buffers[k][idx] = buffers[k]
+                stack.buffers[k][members] = buffers[k]
     return losses.detach()
