@@ -23,3 +23,12 @@ def ready_method(cls: type[Method], fed: engine.Federation, **params) -> Method:
     method.check(fed)
     method.setup(fed)
     return method
+
+
+def record_sends(fed: engine.Federation, monkeypatch) -> list[tuple]:
+    """The (source, destination) of every metered send on ``fed``'s channel from now on; the
+    sends still go through (and are counted) as usual."""
+    sends: list[tuple] = []
+    send = fed.channel.send
+    monkeypatch.setattr(fed.channel, "send", lambda src, dst, p: sends.append((src, dst)) or send(src, dst, p))
+    return sends

@@ -24,7 +24,7 @@ from hfl_bench.metering import SERVER
 from hfl_bench.pools import PoolMember, build_model
 from hfl_bench.training import state_bytes
 
-from helpers import cpu_federation, ready_method
+from helpers import cpu_federation, ready_method, record_sends
 
 PUBLIC = 100
 SYNTH = 500
@@ -118,9 +118,7 @@ def test_adversarial_term_rewards_disagreement_where_argmax_agrees():
 def test_round_meters_snapshots_up_and_synthetic_set_down(tiny_cfg, monkeypatch):
     fed = build(tiny_cfg(clients=5))
     m = method(fed, g_steps=1)
-    sends = []
-    send = fed.channel.send
-    monkeypatch.setattr(fed.channel, "send", lambda src, dst, p: sends.append((src, dst)) or send(src, dst, p))
+    sends = record_sends(fed, monkeypatch)
     active = [0, 2, 3]
     fed.channel.start_round()
     out = m.run_round(fed, 1, active)

@@ -13,7 +13,7 @@ from hfl_bench.methods.fedmd import FedMD, FedMDParams, consensus, digest, make_
 from hfl_bench.training import predict_logits
 from hfl_bench.transfer import transfer_logits
 
-from helpers import cpu_federation, ready_method
+from helpers import cpu_federation, ready_method, record_sends
 
 PUBLIC = 100
 
@@ -90,9 +90,7 @@ def test_consensus_is_the_mean_of_the_active_clients_logits():
 def test_bytes_per_round_are_the_all_to_all_logit_broadcast(tiny_cfg, monkeypatch, alignment_size):
     fed = build(tiny_cfg(clients=5, public_size=PUBLIC))
     m = method(fed, transfer_epochs=1, private_init_epochs=0, alignment_size=alignment_size)
-    sends = []
-    send = fed.channel.send
-    monkeypatch.setattr(fed.channel, "send", lambda src, dst, p: sends.append((src, dst)) or send(src, dst, p))
+    sends = record_sends(fed, monkeypatch)
     active = [0, 2, 3]
     fed.channel.start_round()
     out = m.run_round(fed, 1, active)
