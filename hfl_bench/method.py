@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import nn
 
+from hfl_bench.config import ConfigError
 from hfl_bench.registry import METHODS
 
 if TYPE_CHECKING:
@@ -23,6 +24,14 @@ if TYPE_CHECKING:
 def param(default: Any, help: str):
     """A hyperparameter field with help text: ``lam: float = param(0.7, "Distillation weight.")``."""
     return field(default=default, metadata={"help": help})
+
+
+def require_at_least(method: str, params: Any, names: tuple[str, ...], minimum: float) -> None:
+    """For ``Method.check``: each named hyperparameter must be >= ``minimum`` (ConfigError naming it)."""
+    for name in names:
+        value = getattr(params, name)
+        if value < minimum:
+            raise ConfigError(f"{method}: {name} must be >= {minimum}, got {value}")
 
 
 @dataclass

@@ -79,7 +79,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from hfl_bench.config import ConfigError
 from hfl_bench.metering import SERVER
-from hfl_bench.method import Method, param, register_method
+from hfl_bench.method import Method, param, register_method, require_at_least
 from hfl_bench.methods.fedmd import ExchangeParams, check_exchange, consensus, digest_and_revisit, \
     make_digest_optimizers
 from hfl_bench.peerkd import frozen_snapshots
@@ -288,12 +288,8 @@ class FedGD(Method):
     def check(self, fed):
         p = self.params
         check_exchange("fedgd", p)
-        for name in ("synthetic_size", "g_batch_size", "z_dim"):
-            if getattr(p, name) < 1:
-                raise ConfigError(f"fedgd: {name} must be >= 1, got {getattr(p, name)}")
-        for name in ("g_steps", "lambda_bn", "lambda_oh", "lambda_adv"):
-            if getattr(p, name) < 0:
-                raise ConfigError(f"fedgd: {name} must be >= 0, got {getattr(p, name)}")
+        require_at_least("fedgd", p, ("synthetic_size", "g_batch_size", "z_dim"), 1)
+        require_at_least("fedgd", p, ("g_steps", "lambda_bn", "lambda_oh", "lambda_adv"), 0)
         if p.lr_g <= 0 or p.output_range <= 0:
             raise ConfigError(f"fedgd: lr_g and output_range must be > 0, got {p.lr_g}, {p.output_range}")
         if len(fed.info.input_shape) != 3:

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from hfl_bench.config import ConfigError
-from hfl_bench.method import Method, param, register_method
+from hfl_bench.method import Method, param, register_method, require_at_least
 from hfl_bench.training import derive_seed, kd_loss, make_plan, soft_targets, train_on_plan
 from hfl_bench.transfer import share_all_to_all, train_on_transfer, transfer_logits
 
@@ -171,9 +171,7 @@ class FedMD(Method):
     def check(self, fed):
         p = self.params
         check_exchange("fedmd", p)
-        for name in ("transfer_epochs", "private_init_epochs", "alignment_size"):
-            if getattr(p, name) < 0:
-                raise ConfigError(f"fedmd: {name} must be >= 0, got {getattr(p, name)}")
+        require_at_least("fedmd", p, ("transfer_epochs", "private_init_epochs", "alignment_size"), 0)
 
     def setup(self, fed):
         self.digest_opts = make_digest_optimizers(fed, self.params.digest_lr)

@@ -50,7 +50,7 @@ import torch
 
 from hfl_bench.aggregation import Aggregator, get_aggregator
 from hfl_bench.config import ConfigError
-from hfl_bench.method import Method, param, register_method
+from hfl_bench.method import Method, param, register_method, require_at_least
 from hfl_bench.peerkd import (
     aggregate_peer_targets,
     exchange_snapshots,
@@ -146,9 +146,7 @@ class FedMKD(Method):
 
     def check(self, fed):
         p = self.params
-        for name in ("lam", "mu"):
-            if getattr(p, name) < 0:
-                raise ConfigError(f"fedmkd: {name} must be >= 0, got {getattr(p, name)}")
+        require_at_least("fedmkd", p, ("lam", "mu"), 0)
         if p.temperature <= 0:
             raise ConfigError(f"fedmkd: temperature must be > 0, got {p.temperature}")
 

@@ -90,7 +90,7 @@ from torch import nn
 
 from hfl_bench.config import ConfigError
 from hfl_bench.metering import SERVER
-from hfl_bench.method import Method, register_method
+from hfl_bench.method import Method, register_method, require_at_least
 from hfl_bench.training import derive_seed, finite_mean, make_plan, optimizer_step, predict_logits
 
 HEAD_KEYS = ("head.weight", "head.bias")
@@ -474,9 +474,7 @@ class FedSocket(Method):
         if p.endpoint not in ENDPOINTS:
             raise ConfigError(f"fedsocket: endpoint={p.endpoint!r}; choose one of {', '.join(ENDPOINTS)}")
         parse_grid(p.rho_grid)
-        for name in ("feature_dim", "hidden_dim", "rank", "local_epochs"):
-            if getattr(p, name) < 1:
-                raise ConfigError(f"fedsocket: {name} must be >= 1, got {getattr(p, name)}")
+        require_at_least("fedsocket", p, ("feature_dim", "hidden_dim", "rank", "local_epochs"), 1)
         if p.warmup_epochs < 0:
             raise ConfigError(f"fedsocket: warmup_epochs must be >= 0, got {p.warmup_epochs}")
         if not 0 <= p.server_keep <= 1:
