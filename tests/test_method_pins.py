@@ -1,0 +1,78 @@
+"""Every built-in method's results at a fixed seed and a small budget, pinned.
+
+A refactor must leave these bit for bit; a change to a method's numerics changes them, and the pin
+file is then regenerated in the same commit (``HFL_BENCH_UPDATE_PINS=1 pytest
+tests/test_method_pins.py``) with the reason in the commit message. The file lists built-in
+methods by name, so an installed plugin method is neither required nor pinned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hfl_bench import engine, records
+from hfl_bench.config import RunConfig
+
+PIN_FILE = Path(__file__).parent / "pins" / "methods.json"
+UPDATE = os.environ.get("HFL_BENCH_UPDATE_PINS") == "1"
+
+BUILTIN = ("crad", "dfml", "fedavg", "fedcc", "fedgd", "fedmd", "fedmkd", "fedsocket", "fml", "local",
+           "msfkd", "uncertainty-kd", "uniform-kd")
+# Settings that keep each case to a few seconds while every part of the method runs.
+PARAMS = {
+    "dfml": {"period": "2"},
+    "fedsocket": {"warmup_epochs": "1", "local_epochs": "1"},
+    "fedgd": {"g_steps": "2", "synthetic_size": "128"},
+    "fedmd": {"transfer_epochs": "1", "private_init_epochs": "1"},
+}
+POOL = {"fedavg": "cpu-cnn"}
+PUBLIC = {"fedcc", "fedmd", "msfkd"}
+# (case name, method, extra config): every method on the default path, and the per-batch
+# reference path of the two families that have one.
+CASES = [(m, m, {}) for m in BUILTIN] + [
+    ("crad@reference", "crad", {"exec": "reference"}),
+    ("fedmkd@reference", "fedmkd", {"exec": "reference"}),
+    ("uniform-kd@partial", "uniform-kd", {"clients_per_round": 3}),
+]
+
+
+def pinned_view(record: dict) -> dict:
+    """What a run computes, without timing, dates or provenance."""
+    history = [{k: v for k, v in entry.items() if k not in ("seconds", "phases")} for entry in record["history"]]
+    return {
+        "status": record["status"],
+        "selection": record["selection"],
+        "metrics": record["metrics"],
+        "history": history,
+        "bytes_total": record["cost"]["bytes_total"],
+        "partition_hash": record["partition"]["hash"],
+    }
+
+
+def run_case(method: str, extra: dict, out: Path) -> dict:
+    values = dict(method=method, task="digits", clients=4, rounds=3, seed=0, checkpoint_every=0, out=str(out),
+                  method_params=dict(PARAMS.get(method, {})), pool=POOL.get(method),
+                  public_size=100 if method in PUBLIC else 0, **extra)
+    cfg = engine.load_task(RunConfig(**values))[1]
+    return pinned_view(records.build_record(cfg, engine.run(cfg)))
+
+
+@pytest.fixture(scope="module")
+def pins():
+    return json.loads(PIN_FILE.read_text()) if PIN_FILE.exists() else {}
+
+
+@pytest.mark.parametrize("case,method,extra", CASES, ids=[c[0] for c in CASES])
+def test_method_matches_its_pin(case, method, extra, pins, tmp_path):
+    got = json.loads(json.dumps(run_case(method, extra, tmp_path)))  # as stored: tuples become lists
+    if UPDATE:
+        stored = json.loads(PIN_FILE.read_text()) if PIN_FILE.exists() else {}
+        stored[case] = got
+        PIN_FILE.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n")
+        return
+    assert case in pins, f"no pin for {case}: run with HFL_BENCH_UPDATE_PINS=1 and commit tests/pins/methods.json"
+    assert got == pins[case]
