@@ -2,7 +2,7 @@
 
 A checkpoint holds everything a round reads that the deterministic rebuild (``Simulation(cfg)``:
 data, partition, client models, ``Method.setup``) does not restore by itself: every client's model
-and optimizer, the method's state (``Method.state_dict``), ``fed.state``, the evaluator's cached
+and optimizer, the method's state (``Method.state_dict``), the evaluator's cached
 figures, the history so far, the channel's counters and the RNG states of python, numpy and torch.
 Loading it into a freshly built simulation continues the run exactly where the checkpoint left it.
 
@@ -14,9 +14,7 @@ Objects that are not plain data are stored as tagged dicts (``{"__ckpt__": kind,
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,8 +25,11 @@ from torch import nn
 
 from hfl_bench.config import ConfigError, config_hash
 
+from hfl_bench.federation import RoundMetrics
+from hfl_bench.paths import write_atomic
+
 if TYPE_CHECKING:
-    from hfl_bench.engine import Federation, Simulation
+    from hfl_bench.federation import Federation
 
 FORMAT = 1
 TAG = "__ckpt__"
@@ -280,11 +281,10 @@ def set_rng_states(states: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- the simulation
 
 
-def simulation_state(sim: "Simulation") -> dict[str, Any]:
+def simulation_state(sim: Any) -> dict[str, Any]:
     """Everything needed to continue ``sim`` after its last completed round."""
     fed, ev = sim.fed, sim.evaluator
     cfg_dict = dataclasses.asdict(sim.cfg)
-    seen = module_tensor_ids([c.model for c in fed.clients])
     return {
         "format": FORMAT,
         "config_hash": config_hash(cfg_dict),
@@ -297,7 +297,6 @@ def simulation_state(sim: "Simulation") -> dict[str, Any]:
         "clients": [{"model": _pack_module(c.model, set()), "optimizer": c.optimizer.state_dict()}
                     for c in fed.clients],
         "val_correct": fed.val_correct,
-        "fed_state": {k: v for k, v in ((k, pack(v, seen)) for k, v in fed.state.items()) if v is not SKIP},
         "method": sim.method.state_dict(fed),
         "channel": {"sent": torch.from_numpy(fed.channel.sent.copy()),
                     "received": torch.from_numpy(fed.channel.received.copy()),
@@ -311,18 +310,14 @@ def simulation_state(sim: "Simulation") -> dict[str, Any]:
     }
 
 
-def restore_simulation(sim: "Simulation", state: dict[str, Any], where: str) -> None:
+def restore_simulation(sim: Any, state: dict[str, Any], where: str) -> None:
     """Load ``simulation_state`` output into a freshly built ``Simulation`` of the same config."""
-    from hfl_bench.engine import RoundMetrics
-
     check_compatible(sim, state, where)
     fed, ev, dev = sim.fed, sim.evaluator, sim.fed.device
     for client, saved in zip(fed.clients, state["clients"]):
         load_module(client.model, saved["model"], f"client {client.cid} model")
         client.optimizer.load_state_dict(saved["optimizer"])
     fed.val_correct.copy_(state["val_correct"])
-    for key, saved in state["fed_state"].items():  # entries not stored are rebuilt by setup
-        fed.state[key] = unpack(saved, fed.state.get(key, MISSING), f"fed.state[{key!r}]", dev)
     sim.method.load_state_dict(state["method"], fed)
     ch = state["channel"]
     fed.channel.sent[:], fed.channel.received[:] = ch["sent"].numpy(), ch["received"].numpy()
@@ -338,7 +333,7 @@ def restore_simulation(sim: "Simulation", state: dict[str, Any], where: str) -> 
     set_rng_states(state["rng"])  # last: building the simulation drew from the global RNGs
 
 
-def check_compatible(sim: "Simulation", state: dict[str, Any], where: str) -> None:
+def check_compatible(sim: Any, state: dict[str, Any], where: str) -> None:
     if state.get("format") != FORMAT:
         raise CheckpointError(f"{where} has checkpoint format {state.get('format')!r}; this hfl-bench "
                               f"reads format {FORMAT}: rerun without --resume")
@@ -356,19 +351,8 @@ def check_compatible(sim: "Simulation", state: dict[str, Any], where: str) -> No
 
 
 def write(path: str | Path, state: dict[str, Any]) -> None:
-    """Save atomically: a temporary file in the same folder, then a rename (never half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Save atomically (``paths.write_atomic``): never half a file."""
+    write_atomic(path, lambda f: torch.save(state, f))
 
 
 def read(path: str | Path) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""The simulation engine: builds the federation, owns the round loop, evaluation, checkpoint
-selection and metering, and writes the record. Methods only implement ``run_round``.
+"""The simulation engine: builds the federation, owns the round loop, evaluation, selection of
+the reported round, metering and checkpoints. Methods implement ``run_round``; the results layer
+turns the ``RunResult`` into a record.
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ import dataclasses
 import random
 import resource
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,83 +16,18 @@ import numpy as np
 import torch
 from torch import nn
 
+from hfl_bench import checkpoint as ckpt
 from hfl_bench import config as config_mod
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.data import TaskData, TaskInfo, get_task
-from hfl_bench.metering import Channel, PhaseTimer
+from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
+from hfl_bench.metering import Channel, Phase, PhaseTimer
 from hfl_bench.method import Method, get_method_class
 from hfl_bench.partition import Partition, given_partition, make_partition
-from hfl_bench.pools import ArchPool, PoolMember, build_model, get_pool
+from hfl_bench.paths import checkpoint_path
+from hfl_bench.pools import build_model, get_pool
+from hfl_bench.provenance import git_info
 from hfl_bench.training import Diverged, derive_seed, predict_logits, seeded_choice
-
-@dataclass
-class Client:
-    cid: int
-    arch: PoolMember
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    train_idx: torch.Tensor
-    val_idx: torch.Tensor
-    test_idx: torch.Tensor
-    train_counts: np.ndarray  # per-class training counts
-
-
-@dataclass
-class Federation:
-    cfg: RunConfig
-    info: TaskInfo
-    data: TaskData
-    partition: Partition
-    pool: ArchPool
-    device: torch.device
-    clients: list[Client]
-    channel: Channel
-    val_counts: torch.Tensor  # [N, C] per-class validation counts (fixed)
-    val_correct: torch.Tensor  # [N, C] per-class correct, current models (updated by evaluation)
-    timer: PhaseTimer = None  # type: ignore[assignment]  # set by build_federation
-    state: dict[str, Any] = field(default_factory=dict)  # method-owned state
-    # Training indices of the public transfer set (--public-size), on the device; empty if none.
-    public_idx: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-
-    @property
-    def public_x(self) -> torch.Tensor:
-        """Inputs of the public transfer set (normalized like all data; never augmented)."""
-        return self.data.train_x[self.public_idx]
-
-    @property
-    def public_y(self) -> torch.Tensor:
-        """Labels of the public transfer set: only for methods that use it labeled (FedMD)."""
-        return self.data.train_y[self.public_idx]
-
-    @property
-    def n_clients(self) -> int:
-        return len(self.clients)
-
-    @property
-    def num_classes(self) -> int:
-        return self.info.num_classes
-
-    def val_accs(self) -> torch.Tensor:
-        return self.val_correct / self.val_counts.clamp_min(1)
-
-    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        return torch.optim.SGD(model.parameters(), lr=self.cfg.lr, momentum=self.cfg.momentum,
-                               weight_decay=self.cfg.weight_decay)
-
-    def exec_path(self) -> str:
-        return "fast" if self.cfg.exec == "auto" else self.cfg.exec
-
-    @property
-    def use_vmap(self) -> bool:
-        """Stacked (vmapped) teacher inference per architecture. ``auto`` leaves it off: a plain
-        loop of large-batch calls measured faster on this CPU and on an H200 (README, Performance)."""
-        return self.cfg.vmap == "on"
-
-    @property
-    def use_lockstep(self) -> bool:
-        """Same-architecture students train together (``hfl_bench.lockstep``). ``auto`` leaves it
-        off: not faster on this CPU, not yet measured on a GPU (README, Performance)."""
-        return self.cfg.lockstep == "on"
 
 
 def pick_device(name: str) -> torch.device:
@@ -192,22 +127,6 @@ def evaluate_global(fed: Federation, model: nn.Module) -> torch.Tensor:
     return class_correct(predict_logits(model, fed.data.test_x), fed.data.test_y, fed.num_classes)
 
 
-@dataclass
-class RoundMetrics:
-    """Every client's figures after one round (kept for the selected round only)."""
-
-    round: int
-    val_acc: np.ndarray  # [N] percent (nan for a client without a validation half)
-    local_acc: np.ndarray  # [N] percent (nan for a client without a test half)
-    global_acc: np.ndarray | None  # [N] percent; None when the global test was skipped this round
-    global_class_acc: np.ndarray | None  # [N, C] percent
-    endpoints: dict[str, dict[str, float]] = field(default_factory=dict)  # extra endpoints (Method.endpoints)
-
-    @property
-    def mean_val(self) -> float:
-        return float(np.nanmean(self.val_acc)) if np.isfinite(self.val_acc).any() else float("nan")
-
-
 class Evaluator:
     """Evaluates client models each round, re-evaluating only the clients whose model changed.
 
@@ -229,7 +148,7 @@ class Evaluator:
     def __call__(self, rnd: int, models: list[nn.Module], changed: list[int], last: bool = False,
                  endpoints: dict[str, list[nn.Module]] | None = None) -> RoundMetrics:
         fed = self.fed
-        with self.timer("evaluation"):
+        with self.timer(Phase.EVALUATION):
             for cid in changed:
                 val_correct, self.local_correct[cid] = evaluate_local(fed, models[cid], fed.clients[cid])
                 fed.val_correct[cid] = val_correct
@@ -264,19 +183,6 @@ class Evaluator:
 # ----------------------------------------------------------------------------- the run
 
 
-@dataclass
-class RunResult:
-    status: str  # ok | diverged | failed
-    error: str | None
-    best: RoundMetrics | None
-    history: list[dict[str, Any]]
-    fed: Federation
-    method: Method
-    wall_time_s: float
-    peak_memory: dict[str, int | None]
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 ProgressFn = Callable[[int, int, dict[str, Any]], None]
 
 
@@ -305,11 +211,9 @@ class Simulation:
     as benchmarks. Building it loads the data, partitions it, builds every client and evaluates
     the initial models (round 0)."""
 
-    def __init__(self, cfg: RunConfig):
-        from hfl_bench.records import git_info  # the code version when the run starts
-
+    def __init__(self, cfg: RunConfig, code: dict[str, Any] | None = None):
         self.cfg = cfg
-        self.code = git_info()
+        self.code = git_info() if code is None else code  # the code version when the run starts
         device = pick_device(cfg.device)
         task = get_task(cfg.task)
         self.method = make_method(cfg)
@@ -373,33 +277,28 @@ class Simulation:
 
     def save_checkpoint(self, path: str | Path) -> None:
         """Write everything needed to continue after the last completed round (atomically)."""
-        from hfl_bench import checkpoint
-
-        checkpoint.write(path, checkpoint.simulation_state(self))
+        ckpt.write(path, ckpt.simulation_state(self))
 
     def load_checkpoint(self, path: str | Path) -> int:
         """Continue from a checkpoint of this exact config; returns the round it was written at.
         Call it on a freshly built simulation, before any ``step``."""
-        from hfl_bench import checkpoint
-
-        checkpoint.restore_simulation(self, checkpoint.read(path), f"checkpoint {path}")
+        ckpt.restore_simulation(self, ckpt.read(path), f"checkpoint {path}")
         return len(self.history) - 1
 
     def result(self, status: str = "ok", error: str | None = None) -> RunResult:
         fed = self.fed
         sent = np.stack(self.sent) if self.sent else np.zeros((0, fed.n_clients))
-        extra = {"bytes_sent_per_client_round": sent, "code": self.code, "resumed_from_rounds": list(self.resumed_from)}
         return RunResult(status, error, self.best, self.history, fed, self.method, time.perf_counter() - self.t0,
-                         peak_memory(fed.device), extra)
+                         peak_memory(fed.device), sent, self.code, list(self.resumed_from))
 
 
-def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False) -> RunResult:
+def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False,
+        checkpoint: str | Path | None = None, code: dict[str, Any] | None = None) -> RunResult:
     """Run one method on one task under the standard protocol. ``cfg`` must be resolved.
-    Checkpoints go to ``records.checkpoint_path(cfg)``; ``resume`` continues from the one there."""
-    from hfl_bench.records import checkpoint_path
-
-    sim = Simulation(cfg)
-    path = checkpoint_path(cfg)
+    Checkpoints go to ``checkpoint`` (default ``paths.checkpoint_path(cfg)``); ``resume``
+    continues from the one there. ``code`` is the provenance to record (default: git now)."""
+    sim = Simulation(cfg, code)
+    path = Path(checkpoint) if checkpoint is not None else checkpoint_path(cfg)
     if resume and path.exists():
         sim.load_checkpoint(path)
     return sim.run(progress, checkpoint=path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -62,8 +63,23 @@ class Channel:
         self.server_sent = 0
 
 
+class Phase(str, Enum):
+    """The phases a round's wall time is split into (the ``phases`` of each history entry)."""
+
+    TRAINING = "training"
+    TEACHER_INFERENCE = "teacher_inference"
+    AGGREGATION = "aggregation"
+    TRAINING_WITH_TEACHERS = "training_with_teachers"  # the reference path interleaves the three above
+    EVALUATION = "evaluation"
+    INITIALIZATION = "initialization"  # before round 1 (FedMD's transfer learning)
+    PSEUDO_LABELS = "pseudo_labels"  # FedCC
+    GENERATOR = "generator"  # FedGD's coordinator
+    FEATURE_EXTRACTION = "feature_extraction"  # FedSocket's frozen extractor
+    CALIBRATION = "calibration"  # FedSocket's Joint rho selection
+
+
 class PhaseTimer:
-    """Wall time per named phase (teacher inference, aggregation, training, evaluation).
+    """Wall time per named phase (``Phase``: teacher inference, aggregation, training, evaluation, ...).
 
     On CUDA the device is synchronized at phase boundaries, so GPU work is charged to the phase
     that launched it. Timing is for records and benchmarks, never for test assertions.
@@ -74,7 +90,9 @@ class PhaseTimer:
         self.round: dict[str, float] = defaultdict(float)
 
     @contextmanager
-    def __call__(self, phase: str):
+    def __call__(self, phase: Phase):
+        if not isinstance(phase, Phase):
+            raise TypeError(f"timer phases are hfl_bench.metering.Phase members, got {phase!r}")
         if self.sync:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -83,7 +101,7 @@ class PhaseTimer:
         finally:
             if self.sync:
                 torch.cuda.synchronize()
-            self.round[phase] += time.perf_counter() - t0
+            self.round[phase.value] += time.perf_counter() - t0
 
     def pop(self) -> dict[str, float]:
         out = {k: round(v, 5) for k, v in self.round.items()}

@@ -31,6 +31,7 @@ from hfl_bench.training import (
     soft_targets,
     train_on_plan,
 )
+from hfl_bench.metering import Phase
 
 if TYPE_CHECKING:
     from hfl_bench.engine import Federation
@@ -98,7 +99,7 @@ def fast_targets(
 ) -> dict[int, torch.Tensor]:
     """Aggregated targets [n_i, C] for every active student, computed teacher by teacher."""
     teachers = {j: fed.clients[j].model for j in active}
-    with fed.timer("teacher_inference"):
+    with fed.timer(Phase.TEACHER_INFERENCE):
         probs = teacher_major_probs(fed, plans, teachers, temperature, lambda j: peers_of(j, plans))
     return aggregate_peer_targets(fed, probs, active, aggregate, counts, accs)
 
@@ -109,7 +110,7 @@ def aggregate_peer_targets(
 ) -> dict[int, torch.Tensor]:
     """Each student's peers' predictions (from ``teacher_major_probs``) aggregated into targets."""
     targets = {}
-    with fed.timer("aggregation"):
+    with fed.timer(Phase.AGGREGATION):
         for i in probs:
             peers = peers_of(i, active)
             if peers:
@@ -149,13 +150,13 @@ def peer_kd_round(
     exchange_snapshots(fed, active, stats)
     plans = {i: make_plan(fed, i, rnd) for i in active}
     losses = []
-    if fed.exec_path() == "fast":
+    if fed.exec_path == "fast":
         targets = fast_targets(fed, plans, active, aggregate, temperature, counts, accs)
-        with fed.timer("training"):
+        with fed.timer(Phase.TRAINING):
             losses = train_students(fed, active, plans, targets=targets, lam=lam, temperature=temperature)
     else:
         snapshots = frozen_snapshots(fed, active)
-        with fed.timer("training_with_teachers"):  # the reference path interleaves the phases
+        with fed.timer(Phase.TRAINING_WITH_TEACHERS):  # the reference path interleaves the phases
             for i in active:
                 peers = peers_of(i, active)
                 fn = reference_target_fn(snapshots, peers, aggregate, temperature, counts, accs,

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import functools
 import hashlib
 import json
-import os
-import platform
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,43 +14,13 @@ import torch
 
 import hfl_bench
 from hfl_bench.config import RunConfig, config_hash
-from hfl_bench.engine import RunResult
+from hfl_bench.paths import checkpoint_for, checkpoint_path, record_filename, record_path, write_atomic  # noqa: F401
+from hfl_bench.provenance import environment, git_info, plugin_dist
+from hfl_bench.federation import RunResult
 from hfl_bench.pools import n_params
 
 SCHEMA_VERSION = "1.0"
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "leaderboards" / "schema" / "record-1.0.schema.json"
-
-
-def git_info() -> dict[str, Any]:
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
-
-    try:
-        sha = git("rev-parse", "HEAD")
-        if sha.returncode != 0:
-            return {"git_sha": None, "git_dirty": None}
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-        return {"git_sha": sha.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
-    except (OSError, subprocess.SubprocessError):
-        return {"git_sha": None, "git_dirty": None}
-
-
-def environment(device: torch.device) -> dict[str, Any]:
-    import timm
-
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "timm": timm.__version__,
-        "numpy": np.__version__,
-        "device": str(device),
-        "gpu_name": gpu,
-        "platform": platform.platform(),
-        "torch_threads": torch.get_num_threads(),
-    }
 
 
 def _pct(x: float) -> float | None:
@@ -87,7 +52,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "per_arch_global_acc": {a: _pct(float(np.mean(v))) for a, v in per_arch.items()},
             "extra_endpoints": best.endpoints,
         }
-    sent = result.extra["bytes_sent_per_client_round"]
+    sent = result.bytes_sent_per_client_round
     rounds_run = len(result.history) - 1
     record = {
         "schema_version": SCHEMA_VERSION,
@@ -100,7 +65,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "fidelity": method.fidelity,
             "citation": method.citation,
             "notes": list(method.notes),
-            "plugin_dist": _plugin_dist(type(method).__module__),
+            "plugin_dist": plugin_dist(type(method).__module__),
             "hparams": method.hparams(),
         },
         "task": dict(fed.info.as_record(), n_train=int(len(labels)), n_test=int(len(fed.data.test_y))),
@@ -126,12 +91,12 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "rounds_run": rounds_run,
             "local_epochs": cfg.local_epochs,
             "topology": method.topology,
-            "exec": fed.exec_path(),
+            "exec": fed.exec_path,
             "eval_every": cfg.eval_every,
             "vmap": fed.use_vmap,
             "lockstep": fed.use_lockstep,
             # present only for a resumed run: the rounds of the checkpoints it continued from
-            **({"resumed_from_rounds": resumed} if (resumed := result.extra.get("resumed_from_rounds")) else {}),
+            **({"resumed_from_rounds": resumed} if (resumed := result.resumed_from_rounds) else {}),
         },
         "seeds": {"python": cfg.seed, "numpy": cfg.seed, "torch": cfg.seed, "partition": cfg.seed},
         "selection": {"rule": "best_mean_local_val", "round": best.round if best else None},
@@ -146,7 +111,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         "history": result.history,
         "config": cfg_dict,
         "config_hash": chash,
-        "code": {"hfl_bench_version": hfl_bench.__version__, **result.extra.get("code", git_info())},
+        "code": {"hfl_bench_version": hfl_bench.__version__, **result.code},
         "environment": environment(fed.device),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -165,16 +130,6 @@ def _jsonable(obj):
     return str(obj)
 
 
-@functools.lru_cache(maxsize=None)
-def _plugin_dist(module: str) -> str | None:
-    # Cached: scanning every installed distribution takes about a second, once per record otherwise.
-    import importlib.metadata
-
-    top = module.split(".")[0]
-    dists = importlib.metadata.packages_distributions().get(top)
-    return dists[0] if dists else None
-
-
 def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
     """A ``status: "failed"`` record from just a config and an error (a run that raised, or a
     config that could not be resolved). Method and task details are filled in when their names
@@ -191,7 +146,7 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
     try:
         cls = get_method_class(cfg.method)
         method.update(fidelity=cls.fidelity, citation=cls.citation, notes=list(cls.notes),
-                      plugin_dist=_plugin_dist(cls.__module__))
+                      plugin_dist=plugin_dist(cls.__module__))
         method["hparams"] = dataclasses.asdict(coerce_params(cls.Params, cfg.method_params, cfg.method))
     except Exception:  # noqa: BLE001 - unknown method or bad hyperparameters: keep what we have
         pass
@@ -222,49 +177,13 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
     return json.loads(json.dumps(record, default=_jsonable))
 
 
-def record_filename(record: dict[str, Any]) -> str:
-    cfg = record["config"]
-    return f"{_stem(cfg['task'], cfg['method'], record['config_hash'], cfg['seed'])}.json"
-
-
-def _stem(task: str, method: str, chash: str, seed: int | None) -> str:
-    return f"{task}__{method}__{chash}__seed{seed}"
-
-
-def record_path(cfg: RunConfig) -> Path:
-    """Where the record of a (resolved) config is written: ``<out>/<task>__<method>__<hash>__seed<S>.json``."""
-    return Path(cfg.out) / f"{_stem(cfg.task, cfg.method, config_hash(dataclasses.asdict(cfg)), cfg.seed)}.json"
-
-
-def checkpoint_path(cfg: RunConfig) -> Path:
-    """Where a run's checkpoint is kept: ``<out>/.checkpoints/<record file stem>.pt``."""
-    record = record_path(cfg)
-    return record.parent / ".checkpoints" / f"{record.stem}.pt"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file in the same folder, then rename: never a half-written record."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a record is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_record(record: dict[str, Any], out_dir: str | Path) -> Path:
     """Write the record; for a run that ended (ok or diverged), then delete its checkpoint, which
     the record makes obsolete (a failed run keeps it: ``--resume`` may still continue it)."""
     path = Path(out_dir) / record_filename(record)
     write_atomic(path, json.dumps(record, indent=1, allow_nan=False) + "\n")
     if record.get("status") != "failed":
-        (path.parent / ".checkpoints" / f"{path.stem}.pt").unlink(missing_ok=True)
+        checkpoint_for(path).unlink(missing_ok=True)
     return path
 
 

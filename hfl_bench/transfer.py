@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch import nn
 
-from hfl_bench.metering import SERVER
+from hfl_bench.metering import Phase, SERVER
 from hfl_bench.training import batch_bounds, derive_seed, finite_mean, optimizer_step, predict_logits
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def transfer_logits(fed: "Federation", models: dict[int, nn.Module], x: torch.Te
     """Each model's eval-mode logits on the transfer inputs ``x`` ([M, C'] per client), in
     large batches. On CUDA the forward runs in bf16 autocast like every teacher inference."""
     bf16 = fed.device.type == "cuda"
-    with fed.timer("teacher_inference"):
+    with fed.timer(Phase.TEACHER_INFERENCE):
         return {cid: predict_logits(model, x, bf16=bf16) for cid, model in models.items()}
 
 

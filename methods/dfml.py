@@ -58,6 +58,7 @@ from torch import nn
 from hfl_bench.config import ConfigError
 from hfl_bench.method import Method, param, register_method
 from hfl_bench.training import derive_seed, finite_mean, make_plan, optimizer_step
+from hfl_bench.metering import Phase
 
 BETA_FLOOR = 1e-8  # smallest class proportion entering log beta (absent classes)
 
@@ -184,7 +185,7 @@ class DFML(Method):
             fed.channel.send(n, a, fed.clients[n].model.state_dict())
         log_beta = log_class_prior(fed.clients[a].train_counts).to(fed.device)
         plan = make_plan(fed, a, rnd, epochs=p.epochs)
-        with fed.timer("training"):
+        with fed.timer(Phase.TRAINING):
             losses = mutual_learning(fed, plan, members, log_beta, alpha)
         for n in members[1:]:
             fed.channel.send(a, n, fed.clients[n].model.state_dict())

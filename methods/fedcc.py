@@ -70,6 +70,7 @@ from hfl_bench.training import (
     train_on_plan,
 )
 from hfl_bench.transfer import train_on_transfer, transfer_logits, upload_and_broadcast
+from hfl_bench.metering import Phase
 
 OPTIMIZERS = ("adam", "sgd")
 TINY = 1e-12
@@ -360,7 +361,7 @@ class FedCC(Method):
         sync, ce, refine, alpha = [], [], [], []
         for cid in active:
             client = fed.clients[cid]
-            with fed.timer("training"):
+            with fed.timer(Phase.TRAINING):
                 if len(self.targets) and p.sync_epochs:
                     sync.append(train_on_transfer(
                         fed, client.model, client.optimizer, x,
@@ -369,17 +370,17 @@ class FedCC(Method):
                         who=f"client {cid} sync"))
                 ce.append(train_on_plan(fed, client, make_plan(fed, cid, rnd)))
             if p.pseudo_epochs:
-                with fed.timer("pseudo_labels"):
+                with fed.timer(Phase.PSEUDO_LABELS):
                     w = pseudo_label_weights(predict_logits(client.model, self.probe)[0],
                                              predict_logits(client.model, x), self.majority[cid], p.delta)
                     alpha.append(float(w.alpha.mean()))
-                with fed.timer("training"):
+                with fed.timer(Phase.TRAINING):
                     plan = make_plan(fed, cid, rnd, epochs=p.pseudo_epochs, purpose="fedcc-pseudo")
                     refine.append(train_with_pseudo_labels(fed, cid, plan, p.pseudo_epochs, x,
                                                            pseudo_labels(w.alpha, w.m, c), p.lam, rnd))
         logits = transfer_logits(fed, {cid: fed.clients[cid].model for cid in active}, x)
         uploads = {cid: soft_targets(z, p.tau) for cid, z in logits.items()}  # float32 [M, C + 1]
-        with fed.timer("aggregation"):
+        with fed.timer(Phase.AGGREGATION):
             targets = aggregate_predictions(torch.stack([uploads[cid] for cid in active]))
         upload_and_broadcast(fed, uploads, targets, list(range(fed.n_clients)))
         self.targets = targets

@@ -78,7 +78,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from hfl_bench.config import ConfigError
-from hfl_bench.metering import SERVER
+from hfl_bench.metering import Phase, SERVER
 from hfl_bench.method import Method, param, register_method, require_at_least
 from hfl_bench.methods.fedmd import ExchangeParams, check_exchange, consensus, digest_and_revisit, \
     make_digest_optimizers
@@ -306,15 +306,15 @@ class FedGD(Method):
 
     def run_round(self, fed, rnd, active):
         p = self.params
-        with fed.timer("aggregation"):
+        with fed.timer(Phase.AGGREGATION):
             for i in active:  # the coordinator needs white-box snapshots
                 fed.channel.send(i, SERVER, fed.clients[i].model)
             snapshots = frozen_snapshots(fed, active)
-        with fed.timer("generator"):
+        with fed.timer(Phase.GENERATOR):
             g_stats = train_generator(fed, self.generator, self.g_opt, list(snapshots.values()), p, rnd)
             x = synthesize(fed, self.generator, p, rnd)
         target = consensus(transfer_logits(fed, snapshots, x))
-        with fed.timer("aggregation"):
+        with fed.timer(Phase.AGGREGATION):
             fed.channel.send(SERVER, active, x)
             fed.channel.send(SERVER, active, target)
         out = digest_and_revisit(fed, rnd, active, x, target, self.digest_opts, p)

@@ -51,6 +51,7 @@ from hfl_bench.config import ConfigError
 from hfl_bench.method import Method, param, register_method, require_at_least
 from hfl_bench.training import derive_seed, kd_loss, make_plan, soft_targets, train_on_plan
 from hfl_bench.transfer import share_all_to_all, train_on_transfer, transfer_logits
+from hfl_bench.metering import Phase
 
 if TYPE_CHECKING:
     from hfl_bench.engine import Federation
@@ -137,7 +138,7 @@ def digest_and_revisit(fed: "Federation", rnd: int, active: list[int], x: torch.
                        opts: list[torch.optim.Optimizer], p: ExchangeParams) -> dict[str, float]:
     """Every active client digests the consensus on ``x``, then revisits its private data."""
     epochs = revisit_epochs(fed, p)
-    with fed.timer("training"):
+    with fed.timer(Phase.TRAINING):
         digested = [digest(fed, i, opts[i], x, target, p, rnd) for i in active]
         revisited = [revisit(fed, i, rnd, epochs) for i in active]
     return {"train_loss": sum(revisited) / len(revisited), "digest_loss": sum(digested) / len(digested)}
@@ -181,7 +182,7 @@ class FedMD(Method):
         """Transfer learning on the labeled public set, then private training, for every client."""
         p = self.params
         x, y = fed.public_x, fed.public_y
-        with fed.timer("initialization"):
+        with fed.timer(Phase.INITIALIZATION):
             for c in fed.clients:
                 train_on_transfer(fed, c.model, c.optimizer, x, public_ce(y), epochs=p.transfer_epochs,
                                   batch_size=fed.cfg.batch_size, seed_parts=("transfer", c.cid),
@@ -202,7 +203,7 @@ class FedMD(Method):
     def run_round(self, fed, rnd, active):
         x = self.alignment_set(fed, rnd)
         logits = transfer_logits(fed, {i: fed.clients[i].model for i in active}, x)
-        with fed.timer("aggregation"):
+        with fed.timer(Phase.AGGREGATION):
             share_all_to_all(fed, logits)
             target = consensus(logits)  # every client computes the same mean
         return digest_and_revisit(fed, rnd, active, x, target, self.digest_opts, self.params)

@@ -60,6 +60,7 @@ from hfl_bench.peerkd import (
     teacher_major_probs,
 )
 from hfl_bench.training import EpochPlan, kd_loss, make_plan, predict_logits, soft_targets, train_on_plan
+from hfl_bench.metering import Phase
 
 if TYPE_CHECKING:
     from hfl_bench.engine import Federation
@@ -118,7 +119,7 @@ def fast_fedmkd_targets(
     def students_of(j: int) -> list[int]:
         return peers_of(j, list(plans)) + ([j] if j in with_memory else [])
 
-    with fed.timer("teacher_inference"):
+    with fed.timer(Phase.TEACHER_INFERENCE):
         probs = teacher_major_probs(fed, plans, teachers, temperature, students_of)
     memory_targets = {i: probs[i].pop(i) for i in plans if i in with_memory}
     # counts and accuracies are unused by the uniform mean; the Aggregator API takes them
@@ -160,9 +161,9 @@ class FedMKD(Method):
         plans = {i: make_plan(fed, i, rnd) for i in active}
         with_memory = {i for i in active if i in self.trained} if p.mu > 0 else set()
         losses = []
-        if fed.exec_path() == "fast":
+        if fed.exec_path == "fast":
             peer, memory = fast_fedmkd_targets(fed, plans, active, self.aggregate, p.temperature, with_memory)
-            with fed.timer("training"):
+            with fed.timer(Phase.TRAINING):
                 for i in active:
                     extra = fedmkd_extra_loss(peer.get(i), memory.get(i), p.lam, p.mu, p.temperature)
                     losses.append(train_on_plan(fed, fed.clients[i], plans[i], extra_loss=extra))
@@ -178,7 +179,7 @@ class FedMKD(Method):
         snapshots = frozen_snapshots(fed, active)
         counts, accs = fed.val_counts, fed.val_accs()
         losses = []
-        with fed.timer("training_with_teachers"):
+        with fed.timer(Phase.TRAINING_WITH_TEACHERS):
             for i in active:
                 peers = peers_of(i, active)
                 peer = reference_target_fn(snapshots, peers, self.aggregate, p.temperature, counts, accs,

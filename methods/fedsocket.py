@@ -89,7 +89,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl_bench.config import ConfigError
-from hfl_bench.metering import SERVER
+from hfl_bench.metering import Phase, SERVER
 from hfl_bench.method import Method, register_method, require_at_least
 from hfl_bench.training import derive_seed, finite_mean, make_plan, optimizer_step, predict_logits
 
@@ -489,7 +489,7 @@ class FedSocket(Method):
         self.grid = parse_grid(p.rho_grid)
         extractor = build_extractor(p.extractor, fed.info.input_shape, p.feature_dim,
                                     derive_seed(fed.cfg.seed, "fedsocket-extractor")).to(fed.device)
-        with fed.timer("feature_extraction"):
+        with fed.timer(Phase.FEATURE_EXTRACTION):
             self.bank = FeatureBank(extractor, [fed.data.train_x, fed.data.test_x])
         self.feats = self.bank.cached(0)  # every client's train/val/test rows index the training split
         with torch.random.fork_rng(devices=[]):
@@ -506,7 +506,7 @@ class FedSocket(Method):
             for group in c.optimizer.param_groups:
                 group["lr"] = p.private_lr
         if p.warmup_epochs:
-            with fed.timer("training"):
+            with fed.timer(Phase.TRAINING):
                 for cid in range(fed.n_clients):
                     warm_up_private(fed, cid, p.warmup_epochs, p.label_smoothing)
         self.q_predictors = [QPredictor(self.bank, q).eval() for q in self.held]
@@ -529,7 +529,7 @@ class FedSocket(Method):
         self.download(fed, [k for k in active if self.held_version[k] != self.version])  # catch-up
         uploads, private_losses, q_losses = [], [], []
         for k in active:
-            with fed.timer("training"):
+            with fed.timer(Phase.TRAINING):
                 private_losses.append(teach_private(fed, k, rnd, self.held[k], self.feats, p, self.omega_fus[k]))
                 q_copy = copy.deepcopy(self.held[k]).requires_grad_(True)
                 q_losses.append(teach_q(fed, k, rnd, q_copy, self.feats, p))
@@ -538,7 +538,7 @@ class FedSocket(Method):
                 "q": q_copy.state_dict(), "n": int(counts.sum()),
                 "class_counts": torch.as_tensor(counts, dtype=torch.int64),
             }))
-        with fed.timer("aggregation"):
+        with fed.timer(Phase.AGGREGATION):
             self.phi = aggregate_q(self.phi, [u["q"] for u in uploads], [u["n"] for u in uploads],
                                    np.stack([u["class_counts"].numpy() for u in uploads]), keep=p.server_keep)
             self.version += 1
@@ -549,7 +549,7 @@ class FedSocket(Method):
 
     def calibrate(self, fed, clients: list[int]) -> None:
         """Pick each client's inference rho on its validation half and set its Joint weights."""
-        with fed.timer("calibration"):
+        with fed.timer(Phase.CALIBRATION):
             for k in clients:
                 c = fed.clients[k]
                 if len(c.val_idx):

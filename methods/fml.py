@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl_bench.config import ConfigError
-from hfl_bench.metering import SERVER
+from hfl_bench.metering import Phase, SERVER
 from hfl_bench.method import Method, param, register_method
 from hfl_bench.pools import ArchPool, PoolMember, build_model, n_params
 from hfl_bench.training import Diverged, EpochPlan, derive_seed, kd_loss, make_plan
@@ -174,10 +174,10 @@ class FML(Method):
 
     def run_round(self, fed, rnd, active):
         p = self.params
-        with fed.timer("training"):
+        with fed.timer(Phase.TRAINING):
             losses = [mutual_train(fed, fed.clients[i], self.memes[i], self.meme_opts[i], make_plan(fed, i, rnd),
                                    p.alpha, p.beta) for i in active]
-        with fed.timer("aggregation"):
+        with fed.timer(Phase.AGGREGATION):
             states = [fed.channel.send(i, SERVER, self.memes[i].state_dict()) for i in active]
             avg = weighted_average(states, [float(len(fed.clients[i].train_idx)) for i in active])
             fed.channel.send(SERVER, list(range(fed.n_clients)), avg)

@@ -41,6 +41,7 @@ from hfl_bench.config import ConfigError
 from hfl_bench.method import Method, param, register_method
 from hfl_bench.training import kd_loss, make_plan, soft_targets, train_on_plan
 from hfl_bench.transfer import share_all_to_all, train_on_transfer, transfer_logits
+from hfl_bench.metering import Phase
 
 
 @dataclass
@@ -116,7 +117,7 @@ class MSFKD(Method):
         logits = transfer_logits(fed, {cid: fed.clients[cid].model for cid in active}, x)
         shared = {cid: soft_targets(z, p.temperature) for cid, z in logits.items()}  # float32 [M, C]
         share_all_to_all(fed, shared)
-        with fed.timer("aggregation"):
+        with fed.timer(Phase.AGGREGATION):
             soft = torch.stack([shared[cid] for cid in active])
             targets, n_kept, fallback = select_targets(soft, confidence(soft, p.temperature) >= p.tau)
         distill = len(active) > 1 and p.distill_epochs > 0
@@ -124,7 +125,7 @@ class MSFKD(Method):
         distill_losses, train_losses = [], []
         for s, cid in enumerate(active):
             client = fed.clients[cid]
-            with fed.timer("training"):
+            with fed.timer(Phase.TRAINING):
                 if distill:
                     target = targets[s]
                     distill_losses.append(train_on_transfer(

@@ -5,19 +5,20 @@ from __future__ import annotations
 import torch
 
 from hfl_bench import engine
+from hfl_bench.federation import Federation
 from hfl_bench.config import RunConfig, resolve
 from hfl_bench.data import get_task
 from hfl_bench.method import Method
 
 
-def cpu_federation(cfg: RunConfig) -> engine.Federation:
+def cpu_federation(cfg: RunConfig) -> Federation:
     """The federation ``cfg`` describes (unset fields from the task's defaults), on the CPU."""
     task = get_task(cfg.task)
     cfg = resolve(cfg, task.info.defaults)
     return engine.build_federation(cfg, task.info, task.load(), torch.device("cpu"))
 
 
-def ready_method(cls: type[Method], fed: engine.Federation, **params) -> Method:
+def ready_method(cls: type[Method], fed: Federation, **params) -> Method:
     """``cls`` with these hyperparameters, checked against ``fed`` and set up on it."""
     method = cls(cls.Params(**params))
     method.check(fed)
@@ -25,7 +26,7 @@ def ready_method(cls: type[Method], fed: engine.Federation, **params) -> Method:
     return method
 
 
-def record_sends(fed: engine.Federation, monkeypatch) -> list[tuple]:
+def record_sends(fed: Federation, monkeypatch) -> list[tuple]:
     """The (source, destination) of every metered send on ``fed``'s channel from now on; the
     sends still go through (and are counted) as usual."""
     sends: list[tuple] = []

@@ -125,7 +125,7 @@ def test_partial_participation_meters_and_trains_only_active(tiny_cfg):
     task = get_task("digits")
     cfg = resolve(tiny_cfg(method="uniform-kd", clients=6, clients_per_round=3, rounds=2), task.info.defaults)
     result = engine.run(cfg)
-    sent = result.extra["bytes_sent_per_client_round"]
+    sent = result.bytes_sent_per_client_round
     assert sent.shape == (2, 6)
     for row in sent:
         active = np.flatnonzero(row)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from hfl_bench import engine
+from hfl_bench.federation import Federation
 from hfl_bench.config import RunConfig
 from hfl_bench.metering import SERVER
 from hfl_bench.methods.fedcc import (
@@ -126,7 +127,7 @@ def test_round_exchange_metering_and_unlabeled_public_set(monkeypatch):
     def forbidden(self):
         raise AssertionError("fedcc read the public labels")
 
-    monkeypatch.setattr(engine.Federation, "public_y", property(forbidden))
+    monkeypatch.setattr(Federation, "public_y", property(forbidden))
     uploads = {}
     send = fed.channel.send
 

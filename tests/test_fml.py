@@ -78,7 +78,7 @@ def test_each_active_client_uploads_exactly_one_meme_per_round(tiny_cfg):
     result = engine.run(resolve(tiny_cfg(method="fml", clients=6, clients_per_round=3), task.info.defaults))
     assert result.status == "ok"
     meme_bytes = state_bytes(result.method.memes[0])
-    sent = result.extra["bytes_sent_per_client_round"]
+    sent = result.bytes_sent_per_client_round
     assert sent.shape == (2, 6)
     for row, entry in zip(sent, result.history[1:]):
         assert sorted(set(row.tolist())) == [0, meme_bytes] and (row > 0).sum() == 3

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hfl_bench import engine
+from hfl_bench.federation import Federation
 from hfl_bench.config import RunConfig
 from hfl_bench.methods.msfkd import MSFKD, MSFKDParams, confidence, select_targets
 
@@ -90,7 +91,7 @@ def test_round_never_reads_public_labels_and_meters_all_to_all(monkeypatch):
     def forbidden(self):
         raise AssertionError("msfkd read the public labels")
 
-    monkeypatch.setattr(engine.Federation, "public_y", property(forbidden))
+    monkeypatch.setattr(Federation, "public_y", property(forbidden))
     before = {cid: [p.detach().clone() for p in fed.clients[cid].model.parameters()] for cid in range(4)}
     active = [0, 1, 3]
     fed.channel.start_round()
