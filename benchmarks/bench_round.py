@@ -216,7 +216,7 @@ def platform_info(device: str) -> dict:
 
     import torch
 
-    from hfl_bench.records import git_info
+    from hfl_bench.provenance import git_info
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
             "code": git_info()}

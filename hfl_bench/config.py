@@ -16,43 +16,55 @@ class ConfigError(ValueError):
     """Bad configuration; the message is meant for the user."""
 
 
-def _f(default, help: str, **kw):
+def param(default, help: str, **kw):
+    """A dataclass field with help text: ``lam: float = param(0.7, "Distillation weight.")``. Used by
+    RunConfig and by every method's ``Params``; ``--help`` and ``hfl-bench`` listings show the text."""
     return field(default=default, metadata={"help": help}, **kw)
+
+
+
+
+def require_at_least(owner: str, params: Any, names: tuple[str, ...], minimum: float) -> None:
+    """Each named field of ``params`` must be >= ``minimum`` (ConfigError naming it and ``owner``)."""
+    for name in names:
+        value = getattr(params, name)
+        if value < minimum:
+            raise ConfigError(f"{owner}: {name} must be >= {minimum}, got {value}")
 
 
 @dataclass
 class RunConfig:
-    method: str = _f("crad", "Method name (hfl-bench list methods).")
-    task: str = _f("digits", "Task name (hfl-bench list tasks).")
-    pool: str | None = _f(None, "Architecture pool (hfl-bench list pools); default: the task's.")
-    partition: str | None = _f(None, "Partitioner: dirichlet, classes or iid; default: the task's.")
-    alpha: float | None = _f(None, "Dirichlet concentration (smaller is more skewed); default: the task's.")
-    classes_per_client: int = _f(2, "k for the 'classes' partitioner (k = 1 allowed).")
-    clients: int | None = _f(None, "Number of clients N; default: the task's.")
-    clients_per_round: int | None = _f(None, "Active clients per round (seeded draw); default: all.")
-    rounds: int | None = _f(None, "Communication rounds R; default: the task's.")
-    local_epochs: int = _f(1, "Local epochs per round.")
-    batch_size: int = _f(64, "Local batch size.")
-    lr: float = _f(0.01, "SGD learning rate.")
-    momentum: float = _f(0.9, "SGD momentum.")
-    weight_decay: float = _f(5e-4, "SGD weight decay.")
-    grad_clip: float = _f(10.0, "Gradient clipping (global norm); 0 disables.")
-    heldout_fraction: float = _f(0.2, "Fraction of each client shard held out, split evenly into val and test.")
-    public_size: int = _f(0, "Samples held out of the training set (stratified, before partitioning) as a public "
+    method: str = param("crad", "Method name (hfl-bench list methods).")
+    task: str = param("digits", "Task name (hfl-bench list tasks).")
+    pool: str | None = param(None, "Architecture pool (hfl-bench list pools); default: the task's.")
+    partition: str | None = param(None, "Partitioner: dirichlet, classes or iid; default: the task's.")
+    alpha: float | None = param(None, "Dirichlet concentration (smaller is more skewed); default: the task's.")
+    classes_per_client: int = param(2, "k for the 'classes' partitioner (k = 1 allowed).")
+    clients: int | None = param(None, "Number of clients N; default: the task's.")
+    clients_per_round: int | None = param(None, "Active clients per round (seeded draw); default: all.")
+    rounds: int | None = param(None, "Communication rounds R; default: the task's.")
+    local_epochs: int = param(1, "Local epochs per round.")
+    batch_size: int = param(64, "Local batch size.")
+    lr: float = param(0.01, "SGD learning rate.")
+    momentum: float = param(0.9, "SGD momentum.")
+    weight_decay: float = param(5e-4, "SGD weight decay.")
+    grad_clip: float = param(10.0, "Gradient clipping (global norm); 0 disables.")
+    heldout_fraction: float = param(0.2, "Fraction of each client shard held out, split evenly into val and test.")
+    public_size: int = param(0, "Samples held out of the training set (stratified, before partitioning) as a public "
                              "transfer set for the methods that use one; 0 = none. CRAD setup: 500.")
-    seed: int | None = _f(None, "Run seed (python, numpy, torch, partition); default: the task's, else 0.")
-    eval_every: int = _f(1, "Evaluate the global test set every k rounds (and at every new best validation round).")
-    device: str = _f("auto", "auto, cpu, cuda or cuda:N.")
-    exec: str = _f("auto", "Peer-KD execution path: reference (per batch, as Algorithm 1), fast or auto.")
-    vmap: str = _f("auto", "Stacked (vmapped) teacher inference per architecture: on, off or auto (= off; measured slower).")
-    lockstep: str = _f("auto", "Train same-architecture students together (vmapped SGD steps): on, off or auto (= off; "
+    seed: int | None = param(None, "Run seed (python, numpy, torch, partition); default: the task's, else 0.")
+    eval_every: int = param(1, "Evaluate the global test set every k rounds (and at every new best validation round).")
+    device: str = param("auto", "auto, cpu, cuda or cuda:N.")
+    exec: str = param("auto", "Peer-KD execution path: reference (per batch, as Algorithm 1), fast or auto.")
+    vmap: str = param("auto", "Stacked (vmapped) teacher inference per architecture: on, off or auto (= off; measured slower).")
+    lockstep: str = param("auto", "Train same-architecture students together (vmapped SGD steps): on, off or auto (= off; "
                                "not faster on a CPU, not yet measured on a GPU).")
-    data_dir: str | None = _f(None, "Dataset folder; default: $HFL_BENCH_DATA or ~/.cache/hfl-bench/data.")
-    download: bool = _f(False, "Download the dataset if it is missing.")
-    out: str = _f("runs", "Folder the JSON record is written to.")
-    checkpoint_every: int = _f(10, "Save a checkpoint every k rounds (under <out>/.checkpoints; --resume continues "
+    data_dir: str | None = param(None, "Dataset folder; default: $HFL_BENCH_DATA or ~/.cache/hfl-bench/data.")
+    download: bool = param(False, "Download the dataset if it is missing.")
+    out: str = param("runs", "Folder the JSON record is written to.")
+    checkpoint_every: int = param(10, "Save a checkpoint every k rounds (under <out>/.checkpoints; --resume continues "
                                    "from it); 0 = never.")
-    method_params: dict[str, Any] = _f(None, "Method hyperparameters (--set key=value).", )
+    method_params: dict[str, Any] = param(None, "Method hyperparameters (--set key=value).", )
 
     def __post_init__(self):
         if self.method_params is None:

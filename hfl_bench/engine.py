@@ -22,10 +22,10 @@ from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.data import TaskData, TaskInfo, get_task
 from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
 from hfl_bench.metering import Channel, Phase, PhaseTimer
-from hfl_bench.method import Method, get_method_class
+from hfl_bench.method_api import Method, get_method_class
 from hfl_bench.partition import Partition, given_partition, make_partition
 from hfl_bench.paths import checkpoint_path
-from hfl_bench.pools import build_model, get_pool
+from hfl_bench.pools import get_pool, seeded_model
 from hfl_bench.provenance import git_info
 from hfl_bench.training import Diverged, derive_seed, predict_logits, seeded_choice
 
@@ -63,10 +63,7 @@ def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: tor
     fed = Federation(cfg, info, data, partition, pool, device, clients, Channel(cfg.clients),
                      torch.zeros(0), torch.zeros(0), PhaseTimer(device))
     for cid, (split, arch) in enumerate(zip(partition.clients, pool.assign(cfg.clients))):
-        torch.manual_seed(derive_seed(cfg.seed, "init", cid))
-        model = build_model(arch, info).to(device)
-        if cuda:
-            model = model.to(memory_format=torch.channels_last)
+        model = seeded_model(arch, info, derive_seed(cfg.seed, "init", cid), device, keep_global_rng=False)
         as_tensor = lambda a: torch.as_tensor(a, dtype=torch.long, device=device)  # noqa: E731
         clients.append(Client(
             cid, arch, model, fed.make_optimizer(model), as_tensor(split.train), as_tensor(split.val),

@@ -29,21 +29,24 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from hfl_bench.training import EpochPlan, finite_mean, student_loss, train_on_plan
+from hfl_bench.training import EpochPlan, Targets, finite_mean, student_loss, train_on_plan
 
 if TYPE_CHECKING:
-    from hfl_bench.engine import Federation
+    from hfl_bench.federation import Federation
 
 
 def train_students(
     fed: "Federation", cids: list[int], plans: dict[int, EpochPlan], *,
-    targets: dict[int, torch.Tensor] | None = None, lam: float = 0.0, temperature: float = 1.0,
+    targets: dict[int, Targets] | None = None, lam: float = 0.0, temperature: float = 1.0,
 ) -> list[float]:
     """Train clients ``cids`` over their plans with (1 - lam) CE + lam KD(targets[i]); returns
     their mean training losses in ``cids`` order. ``targets`` may omit a client (plain CE)."""
     targets = targets or {}
     losses: dict[int, float] = {}
-    for group in lockstep_groups(fed, cids, with_targets=set(targets)) if fed.use_lockstep else []:
+    # Only whole-epoch target tensors can be stacked; per-batch target functions (the reference
+    # path) train in the loop.
+    stackable = [i for i in cids if isinstance(targets.get(i, torch.zeros(0)), torch.Tensor)]
+    for group in lockstep_groups(fed, stackable, with_targets=set(targets)) if fed.use_lockstep else []:
         losses.update(train_lockstep(fed, group, plans, targets, lam, temperature))
     for i in cids:
         if i not in losses:

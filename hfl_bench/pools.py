@@ -187,6 +187,20 @@ def build_model(member: PoolMember, info: TaskInfo) -> nn.Module:
     )
 
 
+def seeded_model(member: PoolMember, info: TaskInfo, seed: int, device: torch.device, *,
+                 keep_global_rng: bool) -> nn.Module:
+    """``build_model`` initialized from ``seed``, on ``device``, channels-last on CUDA (faster
+    convolutions on tensor cores; indexing keeps the layout). ``keep_global_rng`` builds under a
+    forked RNG so the run's global stream is left alone; the engine builds the clients' models
+    without it (their seeds set the stream, as they always have)."""
+    with torch.random.fork_rng(devices=[], enabled=keep_global_rng):
+        torch.manual_seed(seed)
+        model = build_model(member, info).to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
 def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

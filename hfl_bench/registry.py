@@ -30,6 +30,9 @@ class Registry(Generic[T]):
         self._origin: dict[str, str] = {}
         self._discovered = False
         self._loading = False
+        # Set by the module that defines what this registry holds (e.g. the method API checks
+        # for a Method subclass): ``validate(name, obj)`` raises RegistryError to refuse it.
+        self.validate: Callable[[str, Any], None] | None = None
 
     def register(self, name: str, obj: T | None = None, *, origin: str | None = None):
         """Register ``obj`` under ``name``; usable as ``@registry.register("name")``."""
@@ -38,6 +41,8 @@ class Registry(Generic[T]):
             key = name.strip()
             if not key:
                 raise RegistryError(f"empty {self.kind} name")
+            if self.validate is not None:
+                self.validate(key, item)
             if key in self._items and self._items[key] is not item:
                 raise RegistryError(
                     f"{self.kind} {key!r} is already registered (by {self._origin[key]})"

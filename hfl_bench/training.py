@@ -1,8 +1,12 @@
-"""Engine primitives methods compose: epoch plans, local training, teacher inference, losses.
+"""Training building blocks methods compose: plans, one training loop, teacher inference, losses.
 
-An ``EpochPlan`` fixes a client's epoch before any training: the batch order and the
-augmentation parameters of every sample. Both the per-batch reference path and the
-teacher-major fast path read views from the same plan, which is what makes them equivalent.
+A plan fixes an epoch before any training: an ``EpochPlan`` holds a client's batch order and
+the augmentation parameters of every sample (both the per-batch reference path and the
+teacher-major fast path read views from the same plan, which is what makes them equivalent); a
+``TransferPlan`` holds seeded shuffled epochs over a tensor of inputs every client shares.
+``fit`` is the one training loop: it walks a plan's batches and steps one or several models
+with the losses a method's function returns. Every method trains through it (or through
+``lockstep.train_students``, which falls back to it).
 """
 
 from __future__ import annotations
@@ -10,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from functools import cached_property
+from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -20,7 +25,7 @@ from torch import nn
 from hfl_bench import augment
 
 if TYPE_CHECKING:
-    from hfl_bench.engine import Client, Federation
+    from hfl_bench.federation import Client, Federation
 
 CUDA_CHUNK = 4096
 CPU_CHUNK_ELEMENTS = 2**18  # ~1 MB of input per chunk keeps CPU activations in cache (measured)
@@ -76,6 +81,63 @@ class EpochPlan:
 
     def labels(self, fed: "Federation", start: int = 0, end: int | None = None) -> torch.Tensor:
         return fed.data.train_y[self.indices[start:end]]
+
+    def batches(self, fed: "Federation") -> Iterator["Batch"]:
+        for step, (start, end) in enumerate(self.bounds):
+            yield Batch(step, start, end, lambda s, e: self.view(fed, s, e), lambda s, e: self.labels(fed, s, e),
+                        self.indices[start:end])
+
+
+@dataclass
+class TransferPlan:
+    """Seeded shuffled epochs over transfer inputs ``x`` that every client shares (never augmented)."""
+
+    x: torch.Tensor
+    order: torch.Tensor  # positions into ``x``, every epoch's permutation in turn
+    bounds: list[tuple[int, int]]
+    y: torch.Tensor | None = None  # labels of ``x``, for a labeled transfer set
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def batches(self, fed: "Federation") -> Iterator["Batch"]:
+        for step, (start, end) in enumerate(self.bounds):
+            pos = self.order[start:end]
+            yield Batch(step, start, end, lambda s, e, pos=pos: self.x[pos],
+                        lambda s, e, pos=pos: None if self.y is None else self.y[pos], pos)
+
+
+def transfer_plan(fed: "Federation", x: torch.Tensor, *, epochs: int, seed_parts: tuple,
+                  y: torch.Tensor | None = None, batch_size: int | None = None) -> TransferPlan:
+    """``epochs`` seeded shuffled epochs over ``x`` at the run's batch size. ``seed_parts``
+    (e.g. ``("digest", rnd, cid)``) fix the order independently of any global RNG state."""
+    n, batch_size = len(x), batch_size or fed.cfg.batch_size
+    gen = torch.Generator().manual_seed(derive_seed(fed.cfg.seed, "transfer", *seed_parts))
+    orders, bounds = [], []
+    for e in range(epochs if n else 0):
+        orders.append(torch.randperm(n, generator=gen))
+        bounds += [(s + e * n, t + e * n) for s, t in batch_bounds(n, batch_size)]
+    order = torch.cat(orders).to(x.device) if orders else torch.zeros(0, dtype=torch.long, device=x.device)
+    return TransferPlan(x, order, bounds, y)
+
+
+class Batch:
+    """One step of a plan. ``x`` (the inputs, augmented for an epoch plan) and ``y`` (labels; None
+    on an unlabeled transfer set) are gathered when first read; ``start:end`` are the step's
+    positions within the plan (to slice whole-epoch targets), ``step`` its number, ``idx`` the
+    rows it holds (training-set indices for an epoch plan, positions into ``x`` for a transfer plan)."""
+
+    def __init__(self, step: int, start: int, end: int, inputs, labels, idx: torch.Tensor):
+        self.step, self.start, self.end, self.idx = step, start, end, idx
+        self._inputs, self._labels = inputs, labels
+
+    @cached_property
+    def x(self) -> torch.Tensor:
+        return self._inputs(self.start, self.end)
+
+    @cached_property
+    def y(self) -> torch.Tensor | None:
+        return self._labels(self.start, self.end)
 
 
 def make_plan(fed: "Federation", cid: int, rnd: int, epochs: int | None = None, purpose: str = "train") -> EpochPlan:
@@ -163,15 +225,14 @@ def student_loss(logits: torch.Tensor, y: torch.Tensor, q: torch.Tensor | None, 
 
 
 TargetFn = Callable[[int, int, torch.Tensor], torch.Tensor]
+# A student's distillation targets: a whole-epoch tensor [len(plan), C] computed before training
+# (fast path) or a function (start, end, x) -> [B, C] evaluated per batch (reference path).
+Targets = torch.Tensor | TargetFn
 
 
-def optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, clip: float) -> None:
-    """One update: backward, clip the global gradient norm (if clip > 0), step."""
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if clip > 0:
-        nn.utils.clip_grad_norm_(model.parameters(), clip)
-    opt.step()
+def batch_targets(targets: Targets, b: "Batch") -> torch.Tensor:
+    """The targets of batch ``b``, from either form of ``Targets``."""
+    return targets[b.start : b.end] if isinstance(targets, torch.Tensor) else targets(b.start, b.end, b.x)
 
 
 def finite_mean(total: torch.Tensor | float, batches: int, who: str) -> float:
@@ -183,41 +244,80 @@ def finite_mean(total: torch.Tensor | float, batches: int, who: str) -> float:
     return mean
 
 
-def train_on_plan(
-    fed: "Federation",
-    client: "Client",
-    plan: EpochPlan,
-    *,
-    targets: torch.Tensor | TargetFn | None = None,
-    lam: float = 0.0,
-    temperature: float = 1.0,
-    extra_loss: Callable[[int, int, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-) -> float:
-    """Train ``client`` over its plan with (1 - lam) CE + lam * KD(targets).
+class Trainee(NamedTuple):
+    """A model ``fit`` steps, with its optimizer and a name for error messages."""
 
-    ``targets`` is either one tensor for the whole epoch ([len(plan), C], fast path) or a
-    function ``(start, end, x_view) -> [B, C]`` evaluated per batch (reference path).
-    ``extra_loss(start, end, x_view, logits)`` adds a method-specific term.
-    Returns the mean training loss; raises ``Diverged`` if it is not finite.
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    who: str
+
+
+Plan = EpochPlan | TransferPlan
+LossFn = Callable[[Batch], Sequence[torch.Tensor]]  # one loss per trainee, in order
+
+
+def fit(fed: "Federation", plan: Plan, trainees: Sequence[Trainee], loss_fn: LossFn, *,
+        clip: float | None = None) -> list[float]:
+    """Train ``trainees`` together over ``plan``: for each batch, ``loss_fn(batch)`` returns one
+    loss per trainee; one backward of their sum (a loss that reads another trainee's output
+    detaches it, so each model gets exactly its own loss's gradient), then each trainee's
+    gradient norm is clipped (``clip``, default the run's) and its optimizer steps.
+
+    Returns each trainee's mean loss; raises ``Diverged`` if one is not finite. Losses are summed
+    on the device and read once per call, so a GPU never waits on a step.
     """
-    model, opt = client.model, client.optimizer
-    model.train()
-    total = torch.zeros((), device=plan.indices.device)  # summed on the device: no sync per step
-    batches = 0
-    for start, end in plan.bounds:
-        x = plan.view(fed, start, end)
-        y = plan.labels(fed, start, end)
-        logits = model(x)
-        q = None
-        if targets is not None and lam > 0:
-            q = targets[start:end] if isinstance(targets, torch.Tensor) else targets(start, end, x)
-        loss = student_loss(logits, y, q, lam, temperature)
-        if extra_loss is not None:
-            loss = loss + extra_loss(start, end, x, logits)
-        optimizer_step(model, opt, loss, fed.cfg.grad_clip)
-        total += loss.detach()
-        batches += 1
-    return finite_mean(total, batches, f"client {client.cid}")
+    clip = fed.cfg.grad_clip if clip is None else clip
+    for t in trainees:
+        t.model.train()
+    device = plan.indices.device if isinstance(plan, EpochPlan) else plan.x.device
+    totals = torch.zeros(len(trainees), device=device)
+    steps = 0
+    for batch in plan.batches(fed):
+        losses = list(loss_fn(batch))
+        for t in trainees:
+            t.optimizer.zero_grad(set_to_none=True)
+        (losses[0] if len(losses) == 1 else sum(losses)).backward()
+        for t in trainees:
+            if clip > 0:
+                nn.utils.clip_grad_norm_(t.model.parameters(), clip)
+            t.optimizer.step()
+        totals += torch.stack([loss.detach() for loss in losses])
+        steps += 1
+    return [finite_mean(total, steps, t.who) for total, t in zip(totals.tolist(), trainees)]
+
+
+ClientLoss = Callable[[Batch, torch.Tensor], torch.Tensor]  # (batch, the model's logits) -> loss
+
+
+def cross_entropy(batch: Batch, logits: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, batch.y)
+
+
+def train_client(fed: "Federation", client: "Client", plan: Plan, loss: ClientLoss = cross_entropy, *,
+                 model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 who: str | None = None) -> float:
+    """Train one client's model (or ``model`` with ``optimizer``, e.g. a second model the client
+    keeps) over ``plan`` with ``loss(batch, logits)``; plain CE by default. Returns the mean loss."""
+    model = client.model if model is None else model
+    optimizer = client.optimizer if optimizer is None else optimizer
+    trainee = Trainee(model, optimizer, who or f"client {client.cid}")
+    return fit(fed, plan, [trainee], lambda b: [loss(b, model(b.x))])[0]
+
+
+def distillation_loss(targets: Targets | None, lam: float, temperature: float) -> ClientLoss:
+    """(1 - lam) CE + lam KD_T(targets) (either form of ``Targets``)."""
+
+    def loss(b: Batch, logits: torch.Tensor) -> torch.Tensor:
+        q = batch_targets(targets, b) if targets is not None and lam > 0 else None
+        return student_loss(logits, b.y, q, lam, temperature)
+
+    return loss
+
+
+def train_on_plan(fed: "Federation", client: "Client", plan: EpochPlan, *,
+                  targets: Targets | None = None, lam: float = 0.0, temperature: float = 1.0) -> float:
+    """Train ``client`` over its plan with (1 - lam) CE + lam * KD(targets); the mean loss."""
+    return train_client(fed, client, plan, distillation_loss(targets, lam, temperature))
 
 
 def state_bytes(model: nn.Module) -> int:

@@ -1,6 +1,6 @@
 """Built-in method plugins, one module per method family (installed as ``hfl_bench.methods``)."""
 
 # Importing a module runs its @register_method decorators; the entry point loads this package.
-from hfl_bench.methods import dfml, fedavg, fedmkd, fedsocket, fml, local, peer_kd  # noqa: F401
+from hfl_bench.methods import crad, dfml, fedavg, fedmkd, fedsocket, fml, local  # noqa: F401
 from hfl_bench.methods import fedcc, msfkd  # noqa: F401
 from hfl_bench.methods import fedgd, fedmd  # noqa: F401

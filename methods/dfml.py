@@ -55,10 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hfl_bench.config import ConfigError
-from hfl_bench.method import Method, param, register_method
-from hfl_bench.training import derive_seed, finite_mean, make_plan, optimizer_step
-from hfl_bench.metering import Phase
+from hfl_bench.method_api import ConfigError, Method, Phase, Trainee, derive_seed, fit, make_plan, param, register_method
 
 BETA_FLOOR = 1e-8  # smallest class proportion entering log beta (absent classes)
 
@@ -114,24 +111,17 @@ def dfml_loss(logits: torch.Tensor, y: torch.Tensor, log_beta: torch.Tensor,
 def mutual_learning(fed, plan, members: list[int], log_beta: torch.Tensor, alpha: float) -> list[float]:
     """Train every member's model over ``plan`` (the aggregator's data); mean loss per member."""
     models = [fed.clients[n].model for n in members]
-    for model in models:
-        model.train()
-    totals = torch.zeros(len(members), device=plan.indices.device)  # summed on the device
-    for start, end in plan.bounds:
-        x = plan.view(fed, start, end)
-        y = plan.labels(fed, start, end)
-        logits = [model(x) for model in models]
+    trainees = [Trainee(model, fed.clients[n].optimizer, f"client {n}") for n, model in zip(members, models)]
+
+    def losses(b):
+        logits = [model(b.x) for model in models]
         # Every prediction is taken before any model steps: no model teaches with an update
         # made on this very batch, and the update order does not matter.
         probs = [torch.softmax(z.detach().float(), dim=-1) for z in logits]
-        for i, n in enumerate(members):
-            peers = [q for j, q in enumerate(probs) if j != i]
-            loss = dfml_loss(logits[i], y, log_beta, peers, alpha)
-            optimizer_step(models[i], fed.clients[n].optimizer, loss, fed.cfg.grad_clip)
-            totals[i] += loss.detach()
-    sums = totals.tolist()  # one sync per round, not per step
-    return [finite_mean(total, len(plan.bounds), f"client {n}") for n, total in zip(members, sums)]
+        return [dfml_loss(logits[i], b.y, log_beta, [q for j, q in enumerate(probs) if j != i], alpha)
+                for i in range(len(models))]
 
+    return fit(fed, plan, trainees, losses)
 
 
 @dataclass

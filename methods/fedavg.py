@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from hfl_bench.config import ConfigError
-from hfl_bench.metering import SERVER
-from hfl_bench.method import Method, register_method
-from hfl_bench.lockstep import train_students
-from hfl_bench.training import make_plan
+from hfl_bench.method_api import SERVER, ConfigError, Method, make_plan, register_method, train_students
 
 
 @register_method("fedavg")

@@ -52,7 +52,6 @@ where the summary is silent (each also in ``notes``, so every record carries it)
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -62,15 +61,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hfl_bench.config import ConfigError
-from hfl_bench.method import Method, param, register_method
-from hfl_bench.pools import build_model
-from hfl_bench.training import (
-    EpochPlan, derive_seed, finite_mean, kd_loss, make_plan, optimizer_step, predict_logits, soft_targets,
-    train_on_plan,
+from hfl_bench.families.transfer import train_on_transfer, transfer_logits, upload_and_broadcast
+from hfl_bench.method_api import (
+    ConfigError,
+    EpochPlan,
+    Method,
+    Phase,
+    Trainee,
+    derive_seed,
+    fit,
+    kd_loss,
+    make_plan,
+    new_model,
+    param,
+    predict_logits,
+    register_method,
+    soft_targets,
+    train_client,
 )
-from hfl_bench.transfer import train_on_transfer, transfer_logits, upload_and_broadcast
-from hfl_bench.metering import Phase
 
 OPTIMIZERS = ("adam", "sgd")
 TINY = 1e-12
@@ -177,22 +185,22 @@ def train_with_pseudo_labels(fed, cid: int, plan: EpochPlan, epochs: int, public
     The public set is spread evenly over the plan's batches (one seeded permutation per epoch), and
     each step runs private and public rows through the model as one batch."""
     client = fed.clients[cid]
-    model, steps = client.model, len(plan.bounds)
+    steps = len(plan.bounds)
     if steps == 0:
         return 0.0
     gen = torch.Generator().manual_seed(derive_seed(fed.cfg.seed, "fedcc-public", rnd, cid))
     order = torch.cat([torch.randperm(len(public_x), generator=gen) for _ in range(epochs)]).to(public_x.device)
-    model.train()
-    total = torch.zeros((), device=plan.indices.device)
-    for (start, end), pos in zip(plan.bounds, torch.tensor_split(order, steps)):
-        logits = model(torch.cat([plan.view(fed, start, end), public_x[pos]]))
-        b = end - start
-        loss = F.cross_entropy(logits[:b], plan.labels(fed, start, end))
-        if len(pos):
-            loss = loss + lam * soft_cross_entropy(logits[b:], pseudo[pos])
-        optimizer_step(model, client.optimizer, loss, fed.cfg.grad_clip)
-        total += loss.detach()
-    return finite_mean(total, steps, f"client {cid} pseudo-label step")
+    shares = torch.tensor_split(order, steps)  # the public rows each step adds
+
+    def loss(b):
+        pos = shares[b.step]
+        logits = client.model(torch.cat([b.x, public_x[pos]]))
+        n = b.end - b.start
+        ce = F.cross_entropy(logits[:n], b.y)
+        return [ce + lam * soft_cross_entropy(logits[n:], pseudo[pos]) if len(pos) else ce]
+
+    trainee = Trainee(client.model, client.optimizer, f"client {cid} pseudo-label step")
+    return fit(fed, plan, [trainee], loss)[0]
 
 
 # ----------------------------------------------------------------------------- predictors
@@ -340,13 +348,8 @@ class FedCC(Method):
     def setup(self, fed):
         p = self.params
         c = fed.num_classes
-        info = dataclasses.replace(fed.info, num_classes=c + 1)  # the extra "unknown" output
-        for client in fed.clients:
-            with torch.random.fork_rng(devices=[]):  # seeded like the engine; the global stream is left alone
-                torch.manual_seed(derive_seed(fed.cfg.seed, "init", client.cid))
-                model = build_model(client.arch, info).to(fed.device)
-            if fed.device.type == "cuda":  # as the engine lays out client models
-                model = model.to(memory_format=torch.channels_last)
+        for client in fed.clients:  # seeded like the engine's models, with the extra "unknown" output
+            model = new_model(fed, client.arch, "init", client.cid, num_classes=c + 1)
             client.model = model
             client.optimizer = (torch.optim.Adam(model.parameters(), lr=p.adam_lr) if p.optimizer == "adam"
                                 else fed.make_optimizer(model))
@@ -366,9 +369,9 @@ class FedCC(Method):
                     sync.append(train_on_transfer(
                         fed, client.model, client.optimizer, x,
                         lambda z, pos: kd_loss(z, self.targets[pos], p.tau),
-                        epochs=p.sync_epochs, batch_size=fed.cfg.batch_size, seed_parts=("fedcc-sync", rnd, cid),
+                        epochs=p.sync_epochs, seed_parts=("fedcc-sync", rnd, cid),
                         who=f"client {cid} sync"))
-                ce.append(train_on_plan(fed, client, make_plan(fed, cid, rnd)))
+                ce.append(train_client(fed, client, make_plan(fed, cid, rnd)))
             if p.pseudo_epochs:
                 with fed.timer(Phase.PSEUDO_LABELS):
                     w = pseudo_label_weights(predict_logits(client.model, self.probe)[0],

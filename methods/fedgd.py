@@ -16,7 +16,7 @@ et al. NeurIPS 2022). No public data are needed: each round
 3. it keeps ``synthetic_size`` (500) generated samples with balanced labels, computes the
    consensus (mean logits of the snapshots) on them and broadcasts both to the active clients;
 4. every active client digests the consensus on the synthetic set and revisits its private data,
-   exactly as in FedMD (``hfl_bench.methods.fedmd``'s functions).
+   exactly as in FedMD (``hfl_bench.families.fedmd_exchange``).
 
 Fidelity: reconstructed (spec, methods.md Sec. 5). Choices where the sources are silent (each
 also in ``notes``, so every record carries them):
@@ -77,17 +77,30 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from hfl_bench.config import ConfigError
-from hfl_bench.metering import Phase, SERVER
-from hfl_bench.method import Method, param, register_method, require_at_least
-from hfl_bench.methods.fedmd import ExchangeParams, check_exchange, consensus, digest_and_revisit, \
-    make_digest_optimizers
-from hfl_bench.peerkd import frozen_snapshots
-from hfl_bench.training import derive_seed, finite_mean
-from hfl_bench.transfer import transfer_logits
+from hfl_bench.families.fedmd_exchange import (
+    ExchangeParams,
+    check_exchange,
+    consensus,
+    digest_and_revisit,
+    make_digest_optimizers,
+)
+from hfl_bench.families.peer_kd import frozen_snapshots
+from hfl_bench.families.transfer import transfer_logits
+from hfl_bench.method_api import (
+    SERVER,
+    ConfigError,
+    Method,
+    Phase,
+    derive_seed,
+    finite_mean,
+    param,
+    register_method,
+    require_at_least,
+    seeded_init,
+)
 
 if TYPE_CHECKING:
-    from hfl_bench.engine import Federation
+    from hfl_bench.federation import Federation
 
 
 @dataclass
@@ -298,8 +311,7 @@ class FedGD(Method):
 
     def setup(self, fed):
         p = self.params
-        with torch.random.fork_rng(devices=[]):  # the generator's init must not shift the run's global RNG
-            torch.manual_seed(derive_seed(fed.cfg.seed, "fedgd-generator"))
+        with seeded_init(fed, "fedgd-generator"):
             self.generator = Generator(p.z_dim, fed.num_classes, fed.info.input_shape, p.output_range).to(fed.device)
         self.g_opt = torch.optim.Adam(self.generator.parameters(), lr=p.lr_g, betas=(0.5, 0.999))
         self.digest_opts = make_digest_optimizers(fed, p.digest_lr)

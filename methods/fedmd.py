@@ -35,8 +35,8 @@ paper and code leave room (each also in ``notes``, so every record carries them)
   active * (active - 1) * M * C * 4 bytes per round; the public set itself is available to all
   beforehand and costs nothing.
 
-The shared steps (consensus, digest, revisit) are functions of this module that ``fedgd`` reuses
-on its synthetic transfer set.
+The shared steps (consensus, digest, revisit) live in ``hfl_bench.families.fedmd_exchange``;
+``fedgd`` reuses them on its synthetic transfer set.
 """
 
 from __future__ import annotations
@@ -45,32 +45,29 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
-from hfl_bench.config import ConfigError
-from hfl_bench.method import Method, param, register_method, require_at_least
-from hfl_bench.training import derive_seed, kd_loss, make_plan, soft_targets, train_on_plan
-from hfl_bench.transfer import share_all_to_all, train_on_transfer, transfer_logits
-from hfl_bench.metering import Phase
+from hfl_bench.families.fedmd_exchange import (
+    ExchangeParams,
+    check_exchange,
+    consensus,
+    digest_and_revisit,
+    make_digest_optimizers,
+)
+from hfl_bench.families.transfer import share_all_to_all, transfer_logits
+from hfl_bench.method_api import (
+    Method,
+    Phase,
+    derive_seed,
+    make_plan,
+    param,
+    register_method,
+    require_at_least,
+    train_client,
+    transfer_plan,
+)
 
 if TYPE_CHECKING:
-    from hfl_bench.engine import Federation
-    from hfl_bench.transfer import TransferLoss
-
-DIGEST_LOSSES = ("l1", "kl")
-
-
-@dataclass
-class ExchangeParams:
-    """The FedMD exchange's hyperparameters (shared with ``fedgd``)."""
-
-    digest_loss: str = param("l1", "Digest loss: 'l1' (official code: mean absolute error on logits) or 'kl' "
-                                   "(KD_T on softened logits).")
-    digest_epochs: int = param(1, "Epochs over the transfer set per round in the digest step.")
-    digest_lr: float = param(1e-3, "Adam learning rate of the digest step (official code: 1e-3).")
-    revisit_epochs: int | None = param(None, "Private CE epochs per round after the digest; None = the suite's "
-                                             "local_epochs.")
-    temperature: float = param(2.0, "Temperature T of the 'kl' digest loss (unused by 'l1').")
+    from hfl_bench.federation import Federation
 
 
 @dataclass
@@ -78,74 +75,6 @@ class FedMDParams(ExchangeParams):
     transfer_epochs: int = param(5, "Transfer learning before round 1: CE epochs on the labeled public set.")
     private_init_epochs: int = param(2, "After transfer learning, before round 1: CE epochs on private data.")
     alignment_size: int = param(0, "Public samples used per round (a seeded draw per round); 0 = all of them.")
-
-
-def check_exchange(name: str, p: ExchangeParams) -> None:
-    """Reject bad exchange settings with one clear message."""
-    if p.digest_loss not in DIGEST_LOSSES:
-        raise ConfigError(f"{name}: digest_loss must be one of {', '.join(DIGEST_LOSSES)}, got {p.digest_loss!r}")
-    if p.digest_epochs < 0:
-        raise ConfigError(f"{name}: digest_epochs must be >= 0, got {p.digest_epochs}")
-    if p.digest_lr <= 0:
-        raise ConfigError(f"{name}: digest_lr must be > 0, got {p.digest_lr}")
-    if p.temperature <= 0:
-        raise ConfigError(f"{name}: temperature must be > 0, got {p.temperature}")
-    r = p.revisit_epochs
-    if r is not None and (r < 0 or int(r) != r):
-        raise ConfigError(f"{name}: revisit_epochs must be a non-negative integer or none, got {r}")
-
-
-def revisit_epochs(fed: "Federation", p: ExchangeParams) -> int:
-    """Private epochs per round: the suite's local_epochs unless set."""
-    return fed.cfg.local_epochs if p.revisit_epochs is None else int(p.revisit_epochs)
-
-
-def make_digest_optimizers(fed: "Federation", lr: float) -> list[torch.optim.Optimizer]:
-    """One Adam per client for the digest step (created once, kept across rounds)."""
-    return [torch.optim.Adam(c.model.parameters(), lr=lr) for c in fed.clients]
-
-
-def consensus(logits: dict[int, torch.Tensor]) -> torch.Tensor:
-    """FedMD's consensus: the plain mean of the clients' logit matrices."""
-    return torch.stack(list(logits.values())).mean(dim=0)
-
-
-def digest_loss_fn(kind: str, target: torch.Tensor, temperature: float) -> "TransferLoss":
-    """Loss toward the consensus logits ``target`` [M, C] for ``train_on_transfer``."""
-    if kind == "l1":
-        return lambda logits, pos: (logits - target[pos]).abs().mean()
-    probs = soft_targets(target, temperature)
-    return lambda logits, pos: kd_loss(logits, probs[pos], temperature)
-
-
-def digest(fed: "Federation", cid: int, opt: torch.optim.Optimizer, x: torch.Tensor, target: torch.Tensor,
-           p: ExchangeParams, rnd: int) -> float:
-    """Digest: train client ``cid``'s model toward the consensus ``target`` on the transfer inputs ``x``."""
-    loss_fn = digest_loss_fn(p.digest_loss, target, p.temperature)
-    return train_on_transfer(fed, fed.clients[cid].model, opt, x, loss_fn, epochs=p.digest_epochs,
-                             batch_size=fed.cfg.batch_size, seed_parts=("digest", rnd, cid),
-                             who=f"client {cid} (digest)")
-
-
-def revisit(fed: "Federation", cid: int, rnd: int, epochs: int) -> float:
-    """Revisit: CE on the client's private data with its own (SGD) optimizer."""
-    if epochs <= 0:
-        return 0.0
-    return train_on_plan(fed, fed.clients[cid], make_plan(fed, cid, rnd, epochs=epochs, purpose="revisit"))
-
-
-def digest_and_revisit(fed: "Federation", rnd: int, active: list[int], x: torch.Tensor, target: torch.Tensor,
-                       opts: list[torch.optim.Optimizer], p: ExchangeParams) -> dict[str, float]:
-    """Every active client digests the consensus on ``x``, then revisits its private data."""
-    epochs = revisit_epochs(fed, p)
-    with fed.timer(Phase.TRAINING):
-        digested = [digest(fed, i, opts[i], x, target, p, rnd) for i in active]
-        revisited = [revisit(fed, i, rnd, epochs) for i in active]
-    return {"train_loss": sum(revisited) / len(revisited), "digest_loss": sum(digested) / len(digested)}
-
-
-def public_ce(y: torch.Tensor) -> "TransferLoss":
-    return lambda logits, pos: F.cross_entropy(logits, y[pos])
 
 
 @register_method("fedmd")
@@ -184,21 +113,19 @@ class FedMD(Method):
         x, y = fed.public_x, fed.public_y
         with fed.timer(Phase.INITIALIZATION):
             for c in fed.clients:
-                train_on_transfer(fed, c.model, c.optimizer, x, public_ce(y), epochs=p.transfer_epochs,
-                                  batch_size=fed.cfg.batch_size, seed_parts=("transfer", c.cid),
-                                  who=f"client {c.cid} (transfer)")
+                labeled = transfer_plan(fed, x, y=y, epochs=p.transfer_epochs, seed_parts=("transfer", c.cid))
+                train_client(fed, c, labeled, who=f"client {c.cid} (transfer)")
                 if p.private_init_epochs > 0:
-                    plan = make_plan(fed, c.cid, 0, epochs=p.private_init_epochs, purpose="private-init")
-                    train_on_plan(fed, c, plan)
+                    train_client(fed, c, make_plan(fed, c.cid, 0, epochs=p.private_init_epochs, purpose="private-init"))
 
     def alignment_set(self, fed: "Federation", rnd: int) -> torch.Tensor:
         """The round's public inputs: all of them, or a seeded draw of ``alignment_size``."""
-        k, m = self.params.alignment_size, len(fed.public_idx)
+        public = fed.public_x
+        k, m = self.params.alignment_size, len(public)
         if k == 0 or k >= m:
-            return fed.public_x
+            return public
         gen = torch.Generator().manual_seed(derive_seed(fed.cfg.seed, "alignment", rnd))
-        pick = torch.randperm(m, generator=gen)[:k].sort().values.to(fed.public_idx.device)
-        return fed.data.train_x[fed.public_idx[pick]]
+        return public[torch.randperm(m, generator=gen)[:k].sort().values.to(public.device)]
 
     def run_round(self, fed, rnd, active):
         x = self.alignment_set(fed, rnd)

@@ -24,7 +24,7 @@ Choices where the sources are silent (each also in ``notes``, so every record ca
 
 - lambda = mu = 0.5, T = 2; the weights add to CE (not the backbone's convex (1 - lambda) CE);
 - the peer term is the uniform mean of the peers' round r-1 snapshots, exchanged and metered
-  exactly as the peer-KD backbone exchanges them (``hfl_bench.peerkd.exchange_snapshots``), but
+  exactly as the peer-KD backbone exchanges them (``hfl_bench.families.peer_kd.exchange_snapshots``), but
   without the 2C reliability statistics, which FedMKD does not use;
 - the memory f_i^{r-1} is the client's own model as it stands when round r starts (its round
   r-1 snapshot); it stays on the client, so it costs no network bytes;
@@ -44,30 +44,25 @@ students' epoch views before any student trains).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
 
 import torch
+import torch.nn.functional as F
 
-from hfl_bench.aggregation import Aggregator, get_aggregator
-from hfl_bench.config import ConfigError
-from hfl_bench.method import Method, param, register_method, require_at_least
-from hfl_bench.peerkd import (
-    aggregate_peer_targets,
-    exchange_snapshots,
-    frozen_snapshots,
-    peers_of,
-    reference_target_fn,
-    teacher_major_probs,
+from hfl_bench.aggregation import get_aggregator
+from hfl_bench.families.peer_kd import exchange_snapshots, peer_targets
+from hfl_bench.method_api import (
+    Batch,
+    ConfigError,
+    Method,
+    Targets,
+    batch_targets,
+    kd_loss,
+    make_plan,
+    param,
+    register_method,
+    require_at_least,
+    train_client,
 )
-from hfl_bench.training import EpochPlan, kd_loss, make_plan, predict_logits, soft_targets, train_on_plan
-from hfl_bench.metering import Phase
-
-if TYPE_CHECKING:
-    from hfl_bench.engine import Federation
-
-# A whole-epoch target tensor [n_i, C] (fast path) or a per-batch function (reference path).
-Targets = torch.Tensor | Callable[[int, int, torch.Tensor], torch.Tensor] | None
-
 
 
 @dataclass
@@ -77,54 +72,18 @@ class FedMKDParams:
     temperature: float = param(2.0, "Distillation temperature T of both terms.")
 
 
-def fedmkd_extra_loss(peer: Targets, memory: Targets, lam: float, mu: float, temperature: float):
-    """``extra_loss`` for ``train_on_plan`` (called with lam=0, so its own loss is plain CE):
-    lambda * KD_T(peer mean || f_i) + mu * KD_T(memory || f_i), each term only when present."""
+def fedmkd_loss(peer: Targets | None, memory: Targets | None, lam: float, mu: float, temperature: float):
+    """CE + lambda * KD_T(peer mean || f_i) + mu * KD_T(memory || f_i), each term only when present."""
 
-    def pick(targets, start, end, x):
-        return targets[start:end] if isinstance(targets, torch.Tensor) else targets(start, end, x)
-
-    def extra(start: int, end: int, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        loss = logits.new_zeros(())
+    def loss(b: Batch, logits: torch.Tensor) -> torch.Tensor:
+        extra = logits.new_zeros(())
         if peer is not None and lam > 0:
-            loss = loss + lam * kd_loss(logits, pick(peer, start, end, x), temperature)
+            extra = extra + lam * kd_loss(logits, batch_targets(peer, b), temperature)
         if memory is not None and mu > 0:
-            loss = loss + mu * kd_loss(logits, pick(memory, start, end, x), temperature)
-        return loss
+            extra = extra + mu * kd_loss(logits, batch_targets(memory, b), temperature)
+        return F.cross_entropy(logits, b.y) + extra
 
-    return extra
-
-
-def memory_target_fn(snapshot: torch.nn.Module, temperature: float, bf16: bool = False):
-    """Per-batch memory targets from the client's own frozen round r-1 model (reference path)."""
-
-    def targets(start: int, end: int, x: torch.Tensor) -> torch.Tensor:
-        return soft_targets(predict_logits(snapshot, x, bf16=bf16), temperature)
-
-    return targets
-
-
-def fast_fedmkd_targets(
-    fed: "Federation", plans: dict[int, EpochPlan], active: list[int], aggregate: Aggregator,
-    temperature: float, with_memory: set[int],
-) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-    """Whole-epoch (peer, memory) targets for every active student, teacher by teacher.
-
-    A client with a memory is one more student of its own model, so every live model runs once
-    over its peers' views and its own before anyone trains: the live models are still the
-    round r-1 snapshots, and no copy is needed.
-    """
-    teachers = {j: fed.clients[j].model for j in active}
-
-    def students_of(j: int) -> list[int]:
-        return peers_of(j, list(plans)) + ([j] if j in with_memory else [])
-
-    with fed.timer(Phase.TEACHER_INFERENCE):
-        probs = teacher_major_probs(fed, plans, teachers, temperature, students_of)
-    memory_targets = {i: probs[i].pop(i) for i in plans if i in with_memory}
-    # counts and accuracies are unused by the uniform mean; the Aggregator API takes them
-    peer_targets = aggregate_peer_targets(fed, probs, active, aggregate, fed.val_counts, fed.val_accs())
-    return peer_targets, memory_targets
+    return loss
 
 
 @register_method("fedmkd")
@@ -160,31 +119,12 @@ class FedMKD(Method):
         exchange_snapshots(fed, active, None)  # the memory never leaves its client
         plans = {i: make_plan(fed, i, rnd) for i in active}
         with_memory = {i for i in active if i in self.trained} if p.mu > 0 else set()
-        losses = []
-        if fed.exec_path == "fast":
-            peer, memory = fast_fedmkd_targets(fed, plans, active, self.aggregate, p.temperature, with_memory)
-            with fed.timer(Phase.TRAINING):
-                for i in active:
-                    extra = fedmkd_extra_loss(peer.get(i), memory.get(i), p.lam, p.mu, p.temperature)
-                    losses.append(train_on_plan(fed, fed.clients[i], plans[i], extra_loss=extra))
-        else:
-            losses = self._reference_round(fed, plans, active, with_memory)
+        # counts and accuracies are unused by the uniform mean; the Aggregator API takes them
+        targets = peer_targets(fed, plans, active, self.aggregate, temperature=p.temperature,
+                               counts=fed.val_counts, accs=fed.val_accs(), memory=with_memory)
+        with fed.timer(targets.phase):
+            losses = [train_client(fed, fed.clients[i], plans[i],
+                                   fedmkd_loss(targets.peer.get(i), targets.memory.get(i), p.lam, p.mu, p.temperature))
+                      for i in active]
         self.trained.update(active)
         return {"train_loss": sum(losses) / len(losses)}
-
-    def _reference_round(self, fed, plans, active, with_memory) -> list[float]:
-        """Per batch, from frozen copies of every active model (the client's own included)."""
-        p = self.params
-        bf16 = fed.device.type == "cuda"
-        snapshots = frozen_snapshots(fed, active)
-        counts, accs = fed.val_counts, fed.val_accs()
-        losses = []
-        with fed.timer(Phase.TRAINING_WITH_TEACHERS):
-            for i in active:
-                peers = peers_of(i, active)
-                peer = reference_target_fn(snapshots, peers, self.aggregate, p.temperature, counts, accs,
-                                           bf16=bf16) if peers else None
-                memory = memory_target_fn(snapshots[i], p.temperature, bf16) if i in with_memory else None
-                extra = fedmkd_extra_loss(peer, memory, p.lam, p.mu, p.temperature)
-                losses.append(train_on_plan(fed, fed.clients[i], plans[i], extra_loss=extra))
-        return losses

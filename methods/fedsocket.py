@@ -88,10 +88,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hfl_bench.config import ConfigError
-from hfl_bench.metering import Phase, SERVER
-from hfl_bench.method import Method, register_method, require_at_least
-from hfl_bench.training import derive_seed, finite_mean, make_plan, optimizer_step, predict_logits
+from hfl_bench.method_api import (
+    SERVER,
+    ConfigError,
+    Method,
+    Phase,
+    Trainee,
+    derive_seed,
+    fit,
+    make_plan,
+    predict_logits,
+    register_method,
+    require_at_least,
+    seeded_init,
+    train_client,
+)
 
 HEAD_KEYS = ("head.weight", "head.bias")
 EXTRACTORS = ("random-conv", "random-projection")
@@ -355,42 +366,29 @@ class JointPredictor(nn.Module):
 
 def warm_up_private(fed, cid: int, epochs: int, smoothing: float) -> float:
     """Stage I: Private alone with CE_ls (no communication)."""
-    client = fed.clients[cid]
     plan = make_plan(fed, cid, 0, epochs=epochs, purpose="fedsocket-warmup")
-    client.model.train()
-    total, batches = torch.zeros((), device=fed.device), 0
-    for start, end in plan.bounds:
-        loss = F.cross_entropy(client.model(plan.view(fed, start, end)), plan.labels(fed, start, end),
-                               label_smoothing=smoothing)
-        optimizer_step(client.model, client.optimizer, loss, fed.cfg.grad_clip)
-        total += loss.detach()
-        batches += 1
-    return finite_mean(total, batches, f"client {cid} warm-up")
+    return train_client(fed, fed.clients[cid], plan,
+                        lambda b, logits: F.cross_entropy(logits, b.y, label_smoothing=smoothing),
+                        who=f"client {cid} warm-up")
 
 
 def teach_private(fed, cid: int, rnd: int, q: nn.Module, feats: torch.Tensor, p: FedSocketParams,
                   omega_fus: torch.Tensor) -> float:
     """Stage (a): the frozen Q teaches Private (CE_ls + lambda_KD relKD + lambda_fus fusion CE)."""
-    client = fed.clients[cid]
     plan = make_plan(fed, cid, rnd, epochs=p.local_epochs, purpose="fedsocket-private")
     with torch.no_grad():  # Q reads the cached features of the un-augmented samples
         q_logits = q(feats[plan.indices]) if len(plan) else feats.new_zeros((0, fed.num_classes))
-    y_all = plan.labels(fed)
     q_probs = F.softmax(q_logits, dim=-1)
     q_soft = F.softmax(q_logits / p.temperature, dim=-1)
-    rel = reliability_weights(q_probs, y_all)
-    client.model.train()
-    total, batches = torch.zeros((), device=fed.device), 0
-    for start, end in plan.bounds:
-        y = y_all[start:end]
-        logits = client.model(plan.view(fed, start, end))
-        loss = (F.cross_entropy(logits, y, label_smoothing=p.label_smoothing)
-                + p.lambda_kd * weighted_kd(logits, q_soft[start:end], rel[start:end], p.temperature)
-                + p.lambda_fus * fusion_ce(logits, q_probs[start:end], omega_fus, y))
-        optimizer_step(client.model, client.optimizer, loss, fed.cfg.grad_clip)
-        total += loss.detach()
-        batches += 1
-    return finite_mean(total, batches, f"client {cid} private")
+    rel = reliability_weights(q_probs, plan.labels(fed))
+
+    def loss(b, logits):
+        s, e = b.start, b.end
+        return (F.cross_entropy(logits, b.y, label_smoothing=p.label_smoothing)
+                + p.lambda_kd * weighted_kd(logits, q_soft[s:e], rel[s:e], p.temperature)
+                + p.lambda_fus * fusion_ce(logits, q_probs[s:e], omega_fus, b.y))
+
+    return train_client(fed, fed.clients[cid], plan, loss, who=f"client {cid} private")
 
 
 def teach_q(fed, cid: int, rnd: int, q_copy: nn.Module, feats: torch.Tensor, p: FedSocketParams) -> float:
@@ -402,21 +400,17 @@ def teach_q(fed, cid: int, rnd: int, q_copy: nn.Module, feats: torch.Tensor, p: 
     if len(client.train_idx):
         lookup[client.train_idx] = predict_logits(client.model, fed.data.train_x[client.train_idx])
     t_logits = lookup[plan.indices]
-    y_all = plan.labels(fed)
     t_soft = F.softmax(t_logits / p.temperature, dim=-1)
-    rel = reliability_weights(F.softmax(t_logits, dim=-1), y_all)
+    rel = reliability_weights(F.softmax(t_logits, dim=-1), plan.labels(fed))
     opt = torch.optim.Adam(q_copy.parameters(), lr=p.q_lr)
-    q_copy.train()
-    total, batches = torch.zeros((), device=fed.device), 0
-    for start, end in plan.bounds:
-        y = y_all[start:end]
-        logits = q_copy(feats[plan.indices[start:end]])
-        loss = (F.cross_entropy(logits, y, label_smoothing=p.label_smoothing)
-                + p.lambda_rel * weighted_kd(logits, t_soft[start:end], rel[start:end], p.temperature))
-        optimizer_step(q_copy, opt, loss, fed.cfg.grad_clip)
-        total += loss.detach()
-        batches += 1
-    return finite_mean(total, batches, f"client {cid} Q copy")
+    trainee = Trainee(q_copy, opt, f"client {cid} Q copy")
+
+    def loss(b):  # Q reads the features of the batch's samples, not their (augmented) views
+        logits = q_copy(feats[b.idx])
+        return [F.cross_entropy(logits, b.y, label_smoothing=p.label_smoothing)
+                + p.lambda_rel * weighted_kd(logits, t_soft[b.start:b.end], rel[b.start:b.end], p.temperature)]
+
+    return fit(fed, plan, [trainee], loss)[0]
 
 
 # ----------------------------------------------------------------------------- the method
@@ -492,8 +486,7 @@ class FedSocket(Method):
         with fed.timer(Phase.FEATURE_EXTRACTION):
             self.bank = FeatureBank(extractor, [fed.data.train_x, fed.data.test_x])
         self.feats = self.bank.cached(0)  # every client's train/val/test rows index the training split
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(fed.cfg.seed, "fedsocket-q"))
+        with seeded_init(fed, "fedsocket-q"):
             q0 = SharedPredictor(p.feature_dim, p.hidden_dim, p.rank, fed.num_classes)
         self.phi = {k: v.detach().clone() for k, v in q0.to(fed.device).state_dict().items()}
         self.version = 0

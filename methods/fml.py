@@ -32,25 +32,30 @@ in ``notes``, so every record carries them):
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import timm
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from hfl_bench.config import ConfigError
-from hfl_bench.metering import Phase, SERVER
-from hfl_bench.method import Method, param, register_method
+from hfl_bench.method_api import (
+    SERVER,
+    ConfigError,
+    Method,
+    Phase,
+    Trainee,
+    fit,
+    kd_loss,
+    make_plan,
+    new_model,
+    param,
+    register_method,
+)
 from hfl_bench.pools import ArchPool, PoolMember, build_model, n_params
-from hfl_bench.training import Diverged, EpochPlan, derive_seed, kd_loss, make_plan
 
 if TYPE_CHECKING:
     from hfl_bench.data import TaskInfo
-    from hfl_bench.engine import Client, Federation
-
 
 
 @dataclass
@@ -97,32 +102,6 @@ def mutual_losses(private_logits: torch.Tensor, meme_logits: torch.Tensor, y: to
     return l_private, l_meme
 
 
-def mutual_train(fed: "Federation", client: "Client", meme: nn.Module, meme_opt: torch.optim.Optimizer,
-                 plan: EpochPlan, alpha: float, beta: float) -> tuple[float, float]:
-    """Train the private model and the meme together over the client's plan; mean losses."""
-    private, private_opt = client.model, client.optimizer
-    private.train()
-    meme.train()
-    totals = torch.zeros(2, device=plan.indices.device)  # summed on the device: no sync per step
-    for start, end in plan.bounds:
-        x, y = plan.view(fed, start, end), plan.labels(fed, start, end)
-        l_private, l_meme = mutual_losses(private(x), meme(x), y, alpha, beta)
-        private_opt.zero_grad(set_to_none=True)
-        meme_opt.zero_grad(set_to_none=True)
-        # The cross terms are detached, so one backward gives each model only its own loss's gradient.
-        (l_private + l_meme).backward()
-        if fed.cfg.grad_clip > 0:
-            nn.utils.clip_grad_norm_(private.parameters(), fed.cfg.grad_clip)
-            nn.utils.clip_grad_norm_(meme.parameters(), fed.cfg.grad_clip)
-        private_opt.step()
-        meme_opt.step()
-        totals += torch.stack([l_private.detach(), l_meme.detach()])
-    means = (totals / max(len(plan.bounds), 1)).tolist()
-    if not all(math.isfinite(v) for v in means):  # checked once per epoch, not per step
-        raise Diverged(f"client {client.cid}: loss became {means} (private, meme)")
-    return means[0], means[1]
-
-
 def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict[str, torch.Tensor]:
     """Weighted mean of floating-point entries (in float64); other entries (e.g. BatchNorm's
     num_batches_tracked) are taken from the first state."""
@@ -164,19 +143,13 @@ class FML(Method):
     def setup(self, fed):
         if not hasattr(self, "meme_member"):
             self.check(fed)
-        with torch.random.fork_rng(devices=[]):  # the meme's init must not shift the run's global RNG
-            torch.manual_seed(derive_seed(fed.cfg.seed, "meme-init"))
-            base = build_model(self.meme_member, fed.info).to(fed.device)
-        if fed.device.type == "cuda":  # as the engine lays out the client models
-            base = base.to(memory_format=torch.channels_last)
+        base = new_model(fed, self.meme_member, "meme-init")  # one shared initialization
         self.memes = [copy.deepcopy(base) for _ in fed.clients]
         self.meme_opts = [fed.make_optimizer(m) for m in self.memes]
 
     def run_round(self, fed, rnd, active):
-        p = self.params
         with fed.timer(Phase.TRAINING):
-            losses = [mutual_train(fed, fed.clients[i], self.memes[i], self.meme_opts[i], make_plan(fed, i, rnd),
-                                   p.alpha, p.beta) for i in active]
+            losses = [self.mutual_train(fed, i, make_plan(fed, i, rnd)) for i in active]
         with fed.timer(Phase.AGGREGATION):
             states = [fed.channel.send(i, SERVER, self.memes[i].state_dict()) for i in active]
             avg = weighted_average(states, [float(len(fed.clients[i].train_idx)) for i in active])
@@ -185,6 +158,13 @@ class FML(Method):
                 meme.load_state_dict(avg)
         return {"train_loss": sum(l for l, _ in losses) / len(losses),
                 "meme_loss": sum(m for _, m in losses) / len(losses)}
+
+    def mutual_train(self, fed, cid: int, plan) -> list[float]:
+        """The private model and the meme, trained together over the client's plan: mean losses."""
+        client, meme, p = fed.clients[cid], self.memes[cid], self.params
+        trainees = [Trainee(client.model, client.optimizer, f"client {cid} (private)"),
+                    Trainee(meme, self.meme_opts[cid], f"client {cid} (meme)")]
+        return fit(fed, plan, trainees, lambda b: mutual_losses(client.model(b.x), meme(b.x), b.y, p.alpha, p.beta))
 
     def endpoints(self, fed):
         return {"meme": list(self.memes)}

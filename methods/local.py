@@ -5,9 +5,7 @@ The floor every collaborative method must beat (methods spec, Sec. 9).
 
 from __future__ import annotations
 
-from hfl_bench.method import Method, register_method
-from hfl_bench.lockstep import train_students
-from hfl_bench.training import make_plan
+from hfl_bench.method_api import Method, make_plan, register_method, train_students
 
 
 @register_method("local")

@@ -37,11 +37,18 @@ from dataclasses import dataclass
 
 import torch
 
-from hfl_bench.config import ConfigError
-from hfl_bench.method import Method, param, register_method
-from hfl_bench.training import kd_loss, make_plan, soft_targets, train_on_plan
-from hfl_bench.transfer import share_all_to_all, train_on_transfer, transfer_logits
-from hfl_bench.metering import Phase
+from hfl_bench.families.transfer import share_all_to_all, train_on_transfer, transfer_logits
+from hfl_bench.method_api import (
+    ConfigError,
+    Method,
+    Phase,
+    kd_loss,
+    make_plan,
+    param,
+    register_method,
+    soft_targets,
+    train_client,
+)
 
 
 @dataclass
@@ -131,9 +138,9 @@ class MSFKD(Method):
                     distill_losses.append(train_on_transfer(
                         fed, client.model, client.optimizer, x,
                         lambda z, pos, target=target: kd_loss(z, target[pos], p.temperature),
-                        epochs=p.distill_epochs, batch_size=fed.cfg.batch_size, seed_parts=("msfkd", rnd, cid),
+                        epochs=p.distill_epochs, seed_parts=("msfkd", rnd, cid),
                         who=f"client {cid} distillation"))
-                train_losses.append(train_on_plan(fed, client, make_plan(fed, cid, rnd, epochs=local_epochs)))
+                train_losses.append(train_client(fed, client, make_plan(fed, cid, rnd, epochs=local_epochs)))
         out = {"train_loss": sum(train_losses) / len(train_losses)}
         if distill:
             out.update(distill_loss=sum(distill_losses) / len(distill_losses),

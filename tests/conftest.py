@@ -34,9 +34,9 @@ def run_record(tmp_path):
     from typer.testing import CliRunner
 
     from hfl_bench.cli import app
-    from hfl_bench.records import SCHEMA_PATH
+    from hfl_bench.results.records import load_schema
 
-    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+    validator = jsonschema.Draft202012Validator(load_schema())
 
     def run(*args: str, out: Path | None = None) -> dict:
         result = CliRunner().invoke(app, ["run", *args, "--out", str(out or tmp_path / "runs"), "--json", "-q"])

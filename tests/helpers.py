@@ -8,7 +8,7 @@ from hfl_bench import engine
 from hfl_bench.federation import Federation
 from hfl_bench.config import RunConfig, resolve
 from hfl_bench.data import get_task
-from hfl_bench.method import Method
+from hfl_bench.method_api import Method
 
 
 def cpu_federation(cfg: RunConfig) -> Federation:

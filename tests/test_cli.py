@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from hfl_bench.cli import app
-from hfl_bench.records import SCHEMA_PATH
+from hfl_bench.results.records import load_schema
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -25,7 +25,7 @@ def runner() -> CliRunner:
 
 @pytest.fixture(scope="module")
 def validator():
-    schema = json.loads(SCHEMA_PATH.read_text())
+    schema = load_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)
 

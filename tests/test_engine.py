@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from hfl_bench import engine, peerkd
+from hfl_bench import engine
+from hfl_bench.families import peer_kd as peerkd
 from hfl_bench.aggregation import get_aggregator
 from hfl_bench.config import resolve
 from hfl_bench.data import get_task
@@ -42,7 +43,7 @@ def test_fast_targets_equal_reference_targets(tiny_cfg, rule):
     agg = get_aggregator(rule)
     counts, accs = fed.val_counts, fed.val_accs()
     plans = {i: make_plan(fed, i, 1) for i in active}
-    fast = peerkd.fast_targets(fed, plans, active, agg, 2.0, counts, accs)
+    fast = peerkd.peer_targets(fed, plans, active, agg, temperature=2.0, counts=counts, accs=accs).peer
     snaps = peerkd.frozen_snapshots(fed, active)
     for i in active:
         fn = peerkd.reference_target_fn(snaps, peerkd.peers_of(i, active), agg, 2.0, counts, accs)
@@ -137,7 +138,7 @@ def test_partial_participation_meters_and_trains_only_active(tiny_cfg):
 
 
 def test_crad_dp_noise_released_once_and_nonnegative(tiny_cfg):
-    from hfl_bench.methods.peer_kd import CRAD, CRADParams
+    from hfl_bench.methods.crad import CRAD, CRADParams
 
     fed = build(tiny_cfg())
     m1, m2 = CRAD(CRADParams(dp_epsilon=1.0)), CRAD(CRADParams(dp_epsilon=1.0))
@@ -162,16 +163,16 @@ def test_vmapped_teachers_equal_looped_teachers(tiny_cfg, rule):
     agg = get_aggregator(rule)
     plans = {i: make_plan(fed, i, 1) for i in active}
     fed.cfg.vmap = "off"
-    looped = peerkd.fast_targets(fed, plans, active, agg, 2.0, fed.val_counts, fed.val_accs())
+    looped = peerkd.peer_targets(fed, plans, active, agg, temperature=2.0, counts=fed.val_counts, accs=fed.val_accs()).peer
     fed.cfg.vmap = "on"
     assert fed.use_vmap
-    vmapped = peerkd.fast_targets(fed, plans, active, agg, 2.0, fed.val_counts, fed.val_accs())
+    vmapped = peerkd.peer_targets(fed, plans, active, agg, temperature=2.0, counts=fed.val_counts, accs=fed.val_accs()).peer
     for i in active:
         assert torch.allclose(looped[i], vmapped[i], atol=1e-5), f"client {i}"
 
 
 def test_extra_endpoints_are_evaluated_and_recorded(tiny_cfg):
-    from hfl_bench import records
+    from hfl_bench.results import records
     from hfl_bench.methods.local import Local
 
     class LocalWithShadow(Local):

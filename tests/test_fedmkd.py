@@ -11,14 +11,10 @@ import torch
 import torch.nn.functional as F
 
 import hfl_bench.methods.fedmkd as fedmkd_module  # registers the method
-from hfl_bench import peerkd
 from hfl_bench.aggregation import get_aggregator
-from hfl_bench.methods.fedmkd import (
-    FedMKD,
-    FedMKDParams,
-    fast_fedmkd_targets,
-    memory_target_fn,
-)
+from hfl_bench.families import peer_kd as peerkd
+from hfl_bench.families.peer_kd import memory_target_fn
+from hfl_bench.methods.fedmkd import FedMKD, FedMKDParams
 from hfl_bench.training import make_plan, predict_logits, state_bytes, train_on_plan
 
 from helpers import cpu_federation, ready_method
@@ -78,13 +74,13 @@ def test_memory_starts_at_a_clients_first_active_round(tiny_cfg, monkeypatch):
     fed = build(tiny_cfg(clients=4))
     m = method(fed)
     calls: list[list[int]] = []
-    original = fedmkd_module.fast_fedmkd_targets
+    original = fedmkd_module.peer_targets
 
-    def spy(fed_, plans, active, aggregate, temperature, with_memory):
-        calls.append(sorted(with_memory))
-        return original(fed_, plans, active, aggregate, temperature, with_memory)
+    def spy(*args, memory, **kwargs):
+        calls.append(sorted(memory))
+        return original(*args, memory=memory, **kwargs)
 
-    monkeypatch.setattr(fedmkd_module, "fast_fedmkd_targets", spy)
+    monkeypatch.setattr(fedmkd_module, "peer_targets", spy)
     m.run_round(fed, 1, [0, 1])
     m.run_round(fed, 2, [1, 2])
     m.run_round(fed, 3, [0, 1, 2, 3])
@@ -107,16 +103,16 @@ def test_loss_is_ce_plus_lambda_kd_plus_mu_kd(tiny_cfg, monkeypatch):
     with torch.no_grad():
         peer_mean = torch.stack([torch.softmax(predict_logits(models[j], x) / 3.0, -1) for j in (1, 2)]).mean(0)
         memory = torch.softmax(predict_logits(models[0], x) / 3.0, -1)
-        z = copy.deepcopy(models[0]).train()(x)  # train-mode student logits, as train_on_plan sees them
+        z = copy.deepcopy(models[0]).train()(x)  # train-mode student logits, as train_client sees them
         expected = F.cross_entropy(z, y) + 0.3 * kd(peer_mean, z, 3.0) + 0.7 * kd(memory, z, 3.0)
     losses = []
-    original = fedmkd_module.train_on_plan
+    original = fedmkd_module.train_client
 
     def recording(*args, **kwargs):
         losses.append(original(*args, **kwargs))
         return losses[-1]
 
-    monkeypatch.setattr(fedmkd_module, "train_on_plan", recording)
+    monkeypatch.setattr(fedmkd_module, "train_client", recording)
     m.run_round(fed, 5, [0, 1, 2])
     assert losses[0] == pytest.approx(float(expected), abs=1e-5)
 
@@ -127,7 +123,9 @@ def test_fast_and_reference_targets_agree(tiny_cfg):
     agg = get_aggregator("uniform")
     plans = {i: make_plan(fed, i, 1) for i in active}
     with_memory = {0, 2, 3}
-    peer, memory = fast_fedmkd_targets(fed, plans, active, agg, 2.0, with_memory)
+    targets = peerkd.peer_targets(fed, plans, active, agg, temperature=2.0, counts=fed.val_counts,
+                                  accs=fed.val_accs(), memory=with_memory)
+    peer, memory = targets.peer, targets.memory
     assert set(memory) == with_memory and set(peer) == set(active)
     snaps = peerkd.frozen_snapshots(fed, active)
     for i in active:

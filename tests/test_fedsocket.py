@@ -12,7 +12,7 @@ from hfl_bench import engine
 from hfl_bench.config import ConfigError, resolve
 from hfl_bench.data import get_task
 from hfl_bench.metering import payload_bytes
-from hfl_bench.records import build_record
+from hfl_bench.results.records import build_record
 from hfl_bench.training import state_bytes
 
 

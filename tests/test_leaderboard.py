@@ -16,7 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from hfl_bench.cli import app
-from hfl_bench.leaderboard import DEFAULT_DIRS, average_ranks
+from hfl_bench.cli.leaderboard import DEFAULT_DIRS
+from hfl_bench.results.ranking import average_ranks
 
 REPO = Path(__file__).resolve().parent.parent
 REPRODUCED = REPO / "leaderboards" / "reproduced"
@@ -98,7 +99,7 @@ def test_mean_sample_sd_and_failed_counted_apart(real_record, tmp_path):
 
 
 def test_a_run_that_failed_before_loading_data_counts_in_its_group(real_record, tmp_path):
-    early = variant(real_record, 2, None, None, status="failed")  # the shape of records.build_failed_record
+    early = variant(real_record, 2, None, None, status="failed")  # the shape of results.records.build_failed_record
     for block in ("partition", "federation", "arch_pool"):
         del early[block]
     early["metrics"] = None

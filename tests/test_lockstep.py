@@ -86,7 +86,7 @@ def test_lockstep_continues_from_existing_momentum_without_targets():
 
 
 def test_a_peer_kd_round_in_lockstep_matches_the_loop():
-    from hfl_bench.method import get_method_class
+    from hfl_bench.method_api import get_method_class
     from helpers import ready_method
 
     fed = cpu_federation(RunConfig(**SKEWED, method="crad"))

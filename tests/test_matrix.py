@@ -13,11 +13,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from hfl_bench import matrix
 from hfl_bench.cli import app
 from hfl_bench.config import ConfigError
-from hfl_bench.records import SCHEMA_PATH
+from hfl_bench.matrix.executors import cell_gpus, unschedulable
+from hfl_bench.matrix.runner import engine_check, run_matrix
+from hfl_bench.matrix.suite import expected_filename, load_suite, parse_suite, resolve_cell, suite_cells
+from hfl_bench.paths import checkpoint_path
 from hfl_bench.registry import METHODS
+from hfl_bench.results.records import load_schema
 
 jsonschema = pytest.importorskip("jsonschema")
 REPO = Path(__file__).resolve().parent.parent
@@ -26,7 +29,7 @@ SMALL = {"rounds": 2, "clients": 4}
 
 @pytest.fixture(scope="module")
 def validator():
-    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+    return jsonschema.Draft202012Validator(load_schema())
 
 
 def _schema_errors(validator, record) -> list[str]:
@@ -54,19 +57,19 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, str]]:
 def test_unknown_keys_are_errors_that_list_the_known_ones(tmp_path):
     base = {"methods": ["local"], "tasks": ["digits"]}
     with pytest.raises(ConfigError, match=r"unknown key\(s\) method\. Known: name, description, out, methods"):
-        matrix.parse_suite({**base, "method": "crad"})
+        parse_suite({**base, "method": "crad"})
     with pytest.raises(ConfigError, match=r"settings: unknown key\(s\) roundz\. Known: .*rounds"):
-        matrix.parse_suite({**base, "settings": {"roundz": 3}})
+        parse_suite({**base, "settings": {"roundz": 3}})
     with pytest.raises(ConfigError, match=r"method_overrides\.local: unknown key\(s\) pol"):
-        matrix.parse_suite({**base, "method_overrides": {"local": {"pol": "cpu"}}})
+        parse_suite({**base, "method_overrides": {"local": {"pol": "cpu"}}})
     with pytest.raises(ConfigError, match="'seed' is set by the suite's seeds list"):
-        matrix.parse_suite({**base, "settings": {"seed": 3}})
+        parse_suite({**base, "settings": {"seed": 3}})
     with pytest.raises(ConfigError, match="method_overrides names crad, not in the suite's methods"):
-        matrix.parse_suite({**base, "method_overrides": {"crad": {"rounds": 1}}})
+        parse_suite({**base, "method_overrides": {"crad": {"rounds": 1}}})
     with pytest.raises(ConfigError, match="seeds lists 1 more than once"):
-        matrix.parse_suite({**base, "seeds": [1, 1]})
+        parse_suite({**base, "seeds": [1, 1]})
     with pytest.raises(ConfigError, match="tasks must be a non-empty list"):
-        matrix.parse_suite({"methods": ["local"]})
+        parse_suite({"methods": ["local"]})
 
     # Through the CLI: exit code 2 and one line naming the problem.
     suite = _write_suite(tmp_path / "bad.yaml", **base, output="x")
@@ -78,14 +81,14 @@ def test_unknown_keys_are_errors_that_list_the_known_ones(tmp_path):
 
 
 def test_layers_merge_and_cells_resolve_against_task_defaults(tmp_path):
-    suite = matrix.parse_suite({
+    suite = parse_suite({
         "methods": ["crad", "fedavg"], "tasks": ["digits", "mnist1d"], "seeds": [3, 4], "out": "somewhere",
         "settings": {"rounds": 7, "method_params": {"lam": 0.5}},
         "task_overrides": {"mnist1d": {"rounds": 9, "alpha": 0.5}},
         "method_overrides": {"fedavg": {"pool": "cpu-cnn", "rounds": 11, "method_params": {}},
                              "crad": {"method_params": {"min_support": 3}}},
     })
-    cells = matrix.suite_cells(suite, out=tmp_path)
+    cells = suite_cells(suite, out=tmp_path)
     assert [(c.cfg.task, c.cfg.method, c.cfg.seed) for c in cells] == [
         (t, m, s) for t in ("digits", "mnist1d") for m in ("crad", "fedavg") for s in (3, 4)]
     by = {(c.cfg.task, c.cfg.method): c.cfg for c in cells}
@@ -103,11 +106,11 @@ def test_layers_merge_and_cells_resolve_against_task_defaults(tmp_path):
 
 
 def test_unresolvable_cell_becomes_a_failed_record(tmp_path, validator):
-    suite = matrix.parse_suite({"methods": ["local"], "tasks": ["digits", "no-such-task"], "seeds": [0]})
-    cells = matrix.suite_cells(suite, out=tmp_path)
+    suite = parse_suite({"methods": ["local"], "tasks": ["digits", "no-such-task"], "seeds": [0]})
+    cells = suite_cells(suite, out=tmp_path)
     assert cells[0].error is None
     assert cells[1].error.startswith("RegistryError: unknown task 'no-such-task'")
-    [row] = matrix.run_matrix(cells[1:])  # nothing to run: written as failed straight away
+    [row] = run_matrix(cells[1:])  # nothing to run: written as failed straight away
     assert row["status"] == "failed" and row["error"].startswith("RegistryError: unknown task")
     record = json.loads(Path(row["record"]).read_text())
     assert _schema_errors(validator, record) == []
@@ -117,14 +120,14 @@ def test_unresolvable_cell_becomes_a_failed_record(tmp_path, validator):
 
 @pytest.mark.parametrize("name", ["mini", "crad-table1"])
 def test_shipped_suites_parse(name):
-    suite = matrix.load_suite(REPO / "suites" / f"{name}.yaml")
-    cells = matrix.suite_cells(suite)
+    suite = load_suite(REPO / "suites" / f"{name}.yaml")
+    cells = suite_cells(suite)
     assert len(cells) == len(suite.methods) * len(suite.tasks) * len(suite.seeds)
     assert all(c.error is None for c in cells), [c.error for c in cells if c.error]
     registered = set(METHODS.names())
     for cell in cells:
         if cell.cfg.method in registered:  # the rest are checked once their plugins exist
-            matrix.engine_check(cell.cfg)
+            engine_check(cell.cfg)
     if name == "mini":
         assert suite.out == "leaderboards/reproduced/mini" and suite.seeds == [0, 1, 2]
         assert set(suite.tasks) == {"digits", "mnist1d"}
@@ -188,7 +191,7 @@ def test_matrix_runs_resumes_and_records_failures(tmp_path, validator, mnist1d_d
         record = json.loads(Path(row["record"]).read_text())
         assert record["status"] == "failed" and record["metrics"] is None
         assert _schema_errors(validator, record) == []
-        assert Path(row["record"]).name == matrix.expected_filename(matrix.resolve_cell(
+        assert Path(row["record"]).name == expected_filename(resolve_cell(
             {**SMALL, "method": key[0], "task": "digits", "seed": key[1], "out": str(out)}).cfg)
     fedavg = json.loads(Path(rows["fedavg", 0]["record"]).read_text())
     assert fedavg["error"].startswith("ConfigError: fedavg needs one architecture")
@@ -210,7 +213,6 @@ def test_interrupted_cell_continues_from_its_checkpoint(tmp_path, validator):
     """A matrix killed inside a cell leaves that cell's checkpoint; the rerun continues from it
     and ends with the record an uninterrupted cell writes (timings aside)."""
     from hfl_bench.engine import Simulation
-    from hfl_bench.records import checkpoint_path
 
     settings = {"rounds": 4, "clients": 4, "checkpoint_every": 2}
     plain = _write_suite(tmp_path / "plain.yaml", methods=["uniform-kd"], tasks=["digits"], seeds=[0],
@@ -220,7 +222,7 @@ def test_interrupted_cell_continues_from_its_checkpoint(tmp_path, validator):
 
     suite = _write_suite(tmp_path / "cut.yaml", methods=["uniform-kd"], tasks=["digits"], seeds=[0],
                          out=str(tmp_path / "cut"), settings=settings)
-    cfg = matrix.suite_cells(matrix.load_suite(suite))[0].cfg
+    cfg = suite_cells(load_suite(suite))[0].cfg
     sim = Simulation(cfg)  # the "killed" first attempt: rounds 1-2, then its checkpoint
     for rnd in (1, 2):
         sim.step(rnd)
@@ -312,10 +314,10 @@ def test_ray_executor_returns_records_to_the_driver(tmp_path, validator, ray_clu
 def test_ray_gpu_request_defaults():
     from hfl_bench.config import RunConfig
 
-    assert matrix.cell_gpus(RunConfig(device="cuda"), None, 0) == 1
-    assert matrix.cell_gpus(RunConfig(device="auto"), None, 8) == 1
-    assert matrix.cell_gpus(RunConfig(device="auto"), None, 0) == 0
-    assert matrix.cell_gpus(RunConfig(device="cpu"), None, 8) == 0
-    assert matrix.cell_gpus(RunConfig(device="cpu"), 0.5, 0) == 0.5
-    assert "cluster has 0" in matrix.unschedulable(1, 1, {"CPU": 4})
-    assert matrix.unschedulable(1, 0, {"CPU": 4}) is None
+    assert cell_gpus(RunConfig(device="cuda"), None, 0) == 1
+    assert cell_gpus(RunConfig(device="auto"), None, 8) == 1
+    assert cell_gpus(RunConfig(device="auto"), None, 0) == 0
+    assert cell_gpus(RunConfig(device="cpu"), None, 8) == 0
+    assert cell_gpus(RunConfig(device="cpu"), 0.5, 0) == 0.5
+    assert "cluster has 0" in unschedulable(1, 1, {"CPU": 4})
+    assert unschedulable(1, 0, {"CPU": 4}) is None

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hfl_bench import engine, records
+from hfl_bench import engine
+from hfl_bench.results import records
 from hfl_bench.config import RunConfig
 
 PIN_FILE = Path(__file__).parent / "pins" / "methods.json"

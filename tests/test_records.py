@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from hfl_bench import records
-from hfl_bench.records import load_record, record_filename, write_atomic, write_record
+from hfl_bench import paths
+from hfl_bench.paths import record_filename, write_atomic
+from hfl_bench.results.records import load_record, write_record
 
 
 def _record(**extra):
@@ -38,7 +39,7 @@ def test_write_atomic_failure_cleans_up_and_keeps_old_file(tmp_path, monkeypatch
     def broken_fsync(fd):
         raise OSError("disk full")
 
-    monkeypatch.setattr(records.os, "fsync", broken_fsync)
+    monkeypatch.setattr(paths.os, "fsync", broken_fsync)
     with pytest.raises(OSError, match="disk full"):
         write_atomic(target, "new\n")
     assert target.read_text() == "old\n"  # never half-replaced
@@ -57,7 +58,7 @@ def test_write_atomic_failure_in_rename(tmp_path, monkeypatch):
     def broken_replace(src, dst):
         raise OSError("rename failed")
 
-    monkeypatch.setattr(records.os, "replace", broken_replace)
+    monkeypatch.setattr(paths.os, "replace", broken_replace)
     with pytest.raises(OSError, match="rename failed"):
         write_atomic(target, "x")
     assert list(tmp_path.iterdir()) == []

@@ -127,7 +127,7 @@ def test_registered_methods_carry_their_names():
 PLUGIN_MODULE = '''
 """A third-party method plugin, found only through its entry point."""
 
-from hfl_bench.method import Method, register_method
+from hfl_bench.method_api import Method, register_method
 from hfl_bench.training import make_plan, train_on_plan
 
 
@@ -147,7 +147,7 @@ class DemoLocal(Method):
 OBJ_PLUGIN_MODULE = '''
 """A plugin whose entry point names the Method subclass itself (no @register_method)."""
 
-from hfl_bench.method import Method
+from hfl_bench.method_api import Method
 from hfl_bench.training import make_plan, train_on_plan
 
 
@@ -229,7 +229,7 @@ def test_plugin_method_runs_end_to_end(plugin_path, tmp_path):
 @pytest.fixture
 def obj_plugin_registry(tmp_path, monkeypatch):
     """A fresh method registry discovering the object-entry-point plugin in this process."""
-    import hfl_bench.method
+    import hfl_bench.method_api
 
     METHODS.discover()  # the global registry must not pick the plugin up
     root = tmp_path / "site"
@@ -238,7 +238,8 @@ def obj_plugin_registry(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(root))
     importlib.invalidate_caches()
     fresh = Registry("method", "hfl_bench.methods")
-    monkeypatch.setattr(hfl_bench.method, "METHODS", fresh)
+    fresh.validate = hfl_bench.method_api.check_method_class
+    monkeypatch.setattr(hfl_bench.method_api, "METHODS", fresh)
     yield fresh
     sys.modules.pop("hflb_demo_plugin2", None)
 
@@ -253,7 +254,8 @@ def test_object_entry_point_registered_in_fresh_registry(obj_plugin_registry):
 
 
 def test_object_entry_point_record_names_the_method(obj_plugin_registry, tiny_cfg, tmp_path):
-    from hfl_bench import engine, records
+    from hfl_bench import engine
+    from hfl_bench.results import records
 
     cfg = tiny_cfg(method="obj-method", clients=3, rounds=1, out=str(tmp_path / "runs"))
     _, cfg = engine.load_task(cfg)

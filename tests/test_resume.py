@@ -18,10 +18,11 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-from hfl_bench import checkpoint, engine, records
+from hfl_bench import checkpoint, engine, paths
+from hfl_bench.results import records
 from hfl_bench.cli import app
 from hfl_bench.config import RunConfig
-from hfl_bench.method import Method
+from hfl_bench.method_api import Method
 from hfl_bench.registry import METHODS
 
 # Settings that make a method's state show up within a few rounds, and keep its case short.
@@ -69,7 +70,7 @@ def test_resumed_run_equals_uninterrupted_run(method, tmp_path):
     full = records.build_record(cfg, engine.run(cfg))
     # The run checkpointed after round 2 (not after round 3, its last): the file is what a crash
     # in round 3 would have left behind. A fresh simulation resumes from it.
-    path = records.checkpoint_path(cfg)
+    path = paths.checkpoint_path(cfg)
     assert torch.load(path, weights_only=True)["round"] == 2
     rounds_run = []
     resumed = engine.run(cfg, progress=lambda rnd, total, entry: rounds_run.append(rnd), resume=True)
@@ -118,12 +119,12 @@ def test_interrupted_then_resumed_through_the_cli(tmp_path, run_record):
 
     with pytest.raises(KeyboardInterrupt):
         engine.run(cfg, progress=crash)
-    path = records.checkpoint_path(cfg)
+    path = paths.checkpoint_path(cfg)
     state = torch.load(path, weights_only=True)  # plain data: no code runs when it is opened
     assert state["round"] == 2 and state["config_hash"] == full["config_hash"]
-    assert not records.record_path(cfg).exists()
+    assert not paths.record_path(cfg).exists()
     resumed = run_record(*args, "--resume", out=tmp_path / "resumed")
-    assert records.record_path(cfg).is_file()
+    assert paths.record_path(cfg).is_file()
     assert resumed["federation"]["resumed_from_rounds"] == [2]
     assert_same_run(full, resumed)
     assert not path.exists()
@@ -182,7 +183,7 @@ def test_killed_process_resumes_to_the_same_record(tmp_path, run_record):
 def test_resume_with_a_different_config_is_refused(tmp_path):
     cfg = config("local", tmp_path, rounds=3)
     engine.run(cfg)  # leaves its round-2 checkpoint (no record was written)
-    path = records.checkpoint_path(cfg)
+    path = paths.checkpoint_path(cfg)
     assert path.exists()
     # eval_every is outside the config hash, so the file is found, but the run would differ
     result = CliRunner().invoke(app, ["run", "--method", "local", "--clients", "4", "--rounds", "3", "--seed", "0",
@@ -205,7 +206,7 @@ def test_resume_with_a_different_config_is_refused(tmp_path):
 
 def test_unreadable_checkpoint_is_a_clear_error(tmp_path):
     cfg = config("local", tmp_path, rounds=3)
-    path = records.checkpoint_path(cfg)
+    path = paths.checkpoint_path(cfg)
     path.parent.mkdir(parents=True)
     path.write_bytes(b"not a checkpoint")
     result = CliRunner().invoke(app, ["run", "--method", "local", "--clients", "4", "--rounds", "3", "--seed", "0",
@@ -292,6 +293,9 @@ class LazyMethod(Method):
 
     def setup(self, fed):
         self.extra: dict[int, nn.Module] = {}
+
+    def run_round(self, fed, rnd, active):
+        return {}
 
 
 def test_a_lazily_created_model_needs_an_override(tmp_path):

@@ -34,7 +34,8 @@ from typing import Any
 
 from hfl_bench.config import canonical_json
 from hfl_bench.data import get_task
-from hfl_bench.records import SCHEMA_VERSION, write_atomic
+from hfl_bench.paths import write_atomic
+from hfl_bench.results.records import SCHEMA_VERSION
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,10 +1,13 @@
-"""Leaderboard records: one schema-versioned JSON file per run, written atomically."""
+"""Run records: one schema-versioned JSON file per run, built from a run's result, written
+atomically, read back with one clear error per kind of bad file; and the record JSON Schema, read
+from the package (so it is found from an installed wheel as from a source checkout)."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import hashlib
+import importlib.resources
 import json
 from pathlib import Path
 from typing import Any
@@ -14,13 +17,26 @@ import torch
 
 import hfl_bench
 from hfl_bench.config import RunConfig, config_hash
-from hfl_bench.paths import checkpoint_for, checkpoint_path, record_filename, record_path, write_atomic  # noqa: F401
-from hfl_bench.provenance import environment, git_info, plugin_dist
 from hfl_bench.federation import RunResult
+from hfl_bench.paths import checkpoint_for, record_filename, write_atomic
 from hfl_bench.pools import n_params
+from hfl_bench.provenance import environment, git_info, plugin_dist
 
 SCHEMA_VERSION = "1.0"
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "leaderboards" / "schema" / "record-1.0.schema.json"
+# Package data (pyproject: [tool.setuptools.package-data]), next to this module.
+SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
+
+
+def schema_file():
+    """The record JSON Schema as a package resource (a Traversable: a file in a checkout or in an
+    installed wheel)."""
+    folder, name = SCHEMA_RESOURCE
+    return importlib.resources.files(__package__) / folder / name
+
+
+def load_schema() -> dict[str, Any]:
+    """The record JSON Schema (draft 2020-12) as a mapping."""
+    return json.loads(schema_file().read_text(encoding="utf-8"))
 
 
 def _pct(x: float) -> float | None:
@@ -137,7 +153,7 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
     from hfl_bench.config import coerce_params
     from hfl_bench.data import get_task
     from hfl_bench.engine import pick_device
-    from hfl_bench.method import get_method_class
+    from hfl_bench.method_api import get_method_class
 
     cfg_dict = dataclasses.asdict(cfg)
     chash = config_hash(cfg_dict)
@@ -187,14 +203,23 @@ def write_record(record: dict[str, Any], out_dir: str | Path) -> Path:
     return path
 
 
+class NotARecord(ValueError):
+    """A file that is not a readable hfl-bench record. ``str()`` is the full message (with the
+    path); ``reason`` is the short form for tables that show the path in a column of its own."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 def load_record(path: str | Path) -> dict[str, Any]:
+    """The record in ``path``; NotARecord (a ValueError) for a missing, unreadable or foreign file."""
     try:
         record = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise ValueError(f"record not found: {path}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
+        raise NotARecord(f"record not found: {path}", "not found") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise NotARecord(f"{path} is not valid JSON: {e}", f"not readable JSON ({type(e).__name__})") from None
     if not isinstance(record, dict) or "schema_version" not in record:
-        raise ValueError(f"{path} is not an hfl-bench record (no schema_version)")
+        raise NotARecord(f"{path} is not an hfl-bench record (no schema_version)", "not an hfl-bench record")
     return record
-

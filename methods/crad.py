@@ -1,4 +1,4 @@
-"""Decentralized peer knowledge distillation: CRAD and its in-framework baselines.
+"""CRAD and its in-framework baselines: decentralized peer knowledge distillation.
 
 Paper: Class-wise Reliability-Aware Distillation for Decentralized Heterogeneous FL
 (arXiv 2609.00446), Sec. 3.2-3.3 and Algorithm 1. Each round every client distills from its
@@ -25,11 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from hfl_bench.aggregation import get_aggregator
-from hfl_bench.config import ConfigError
-from hfl_bench.method import Method, param, register_method
-from hfl_bench.peerkd import peer_kd_round
+from hfl_bench.families.peer_kd import peer_kd_round
+from hfl_bench.method_api import ConfigError, Method, derive_seed, param, register_method
 from hfl_bench.registry import AGGREGATORS, RegistryError
-from hfl_bench.training import derive_seed
 
 CITATION = "Class-wise Reliability-Aware Distillation for Decentralized Heterogeneous FL, arXiv 2609.00446"
 COMMON_NOTES = (

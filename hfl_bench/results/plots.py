@@ -1,12 +1,13 @@
-"""Figures drawn from run records: ``hfl-bench plot KIND RECORDS... --out DIR``.
+"""Figures drawn from run records: one PNG per kind and task, with its sources sidecar.
 
 Kinds: ``curves`` (global accuracy per round, the CRAD paper's Fig. 3), ``per-class`` (per-class
 global accuracy, classes ordered from abundant to rare training support, Fig. 2), ``per-arch``
 (global accuracy per architecture) and ``bytes`` (accuracy against bytes sent per client per
-round). Seeds of one setting are grouped by (method, config hash) and drawn as their mean with a
-min-max band or error bar. One PNG per kind and task (records of different tasks are never mixed),
-each with a caption naming the records it drew and a ``<png>.sources.json`` sidecar listing them.
-Only reproduced records with status ``ok`` are drawn; every other one is reported with a reason.
+round). Seeds of one setting are grouped by the leaderboard's rule (``grouping``: config hash on
+the same data, the newest record of a seed run twice) and drawn as their mean with a min-max band
+or error bar. One PNG per kind and task (records of different tasks are never mixed), each with a
+caption naming the records it drew and a ``<png>.sources.json`` sidecar listing them. Only
+reproduced records with status ``ok`` are drawn; every other one is reported with a reason.
 
 Matplotlib is imported only when drawing, so ``hfl-bench --help`` stays fast.
 """
@@ -14,90 +15,46 @@ Matplotlib is imported only when drawing, so ``hfl-bench --help`` stays fast.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
-import typer
+from hfl_bench.config import NON_SEMANTIC
+from hfl_bench.paths import write_atomic
+from hfl_bench.results.grouping import SeedGroup, group_seeds
+from hfl_bench.results.loading import Loaded, ResultsError, Skipped, read_records, record_files
 
 KINDS = ("curves", "per-class", "per-arch", "bytes")
 # Record ids shown in a figure's caption; the sidecar always lists them all.
 CAPTION_MAX_IDS = 8
 BAND_NOTE = "mean over seeds; bands / error bars span min to max over seeds"
+# Config fields that say nothing about the setting, left out of a series' label.
+NOT_SETTING = {*NON_SEMANTIC, "method", "method_params"}
 
 
-class PlotError(ValueError):
+class PlotError(ResultsError):
     """Bad plot input; the message is meant for the user."""
 
 
 @dataclass
-class Loaded:
-    """One record file that was read, with the fields the plots group and label by."""
-
-    path: Path
-    record: dict[str, Any] = field(repr=False)
-
-    @property
-    def record_id(self) -> str:
-        return str(self.record.get("record_id"))
-
-    @property
-    def task(self) -> str:
-        return str((self.record.get("task") or {}).get("name"))
-
-    @property
-    def method(self) -> str:
-        return str((self.record.get("method") or {}).get("name"))
-
-    @property
-    def config_hash(self) -> str:
-        return str(self.record.get("config_hash"))
-
-    @property
-    def seed(self) -> Any:
-        return (self.record.get("config") or {}).get("seed")
-
-    @property
-    def partition_hash(self) -> Any:
-        return (self.record.get("partition") or {}).get("hash")
-
-    def source_entry(self) -> dict[str, Any]:
-        return {"file": str(self.path), "record_id": self.record_id, "method": self.method,
-                "config_hash": self.config_hash, "seed": self.seed, "partition_hash": self.partition_hash}
-
-
-@dataclass
-class Skipped:
-    """A file or record left out of a plot, and why."""
-
-    path: str
-    reason: str
-    task: Optional[str] = None  # None: not a record, so it belongs to no task's plot
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"file": self.path, "reason": self.reason}
-
-
-@dataclass
 class Group:
-    """The seeds of one setting of one method: records sharing (method, config hash)."""
+    """The drawn seeds of one setting: a seed group's ok records that have what a kind needs."""
 
     method: str
     config_hash: str
+    group_id: str  # the seed group's: the config hash, and the partition hash if split by it
     records: list[Loaded]
     label: str = ""
 
     @property
     def seeds(self) -> list[Any]:
-        return sorted((r.seed for r in self.records), key=_seed_order)
+        return [r.seed for r in self.records]
 
-
-def _seed_order(seed: Any) -> tuple:
-    return (0, seed, "") if isinstance(seed, (int, float)) else (1, 0, str(seed))
+    @property
+    def short_id(self) -> str:
+        return "/".join(part[:8] for part in self.group_id.split("/"))
 
 
 @dataclass
@@ -116,65 +73,45 @@ class Written:
                 "n_records": len(self.drawn), "n_groups": len(self.groups)}
 
 
-# ----------------------------------------------------------------------------- finding and reading records
+def source_entry(r: Loaded) -> dict[str, Any]:
+    return {"file": str(r.path), "record_id": r.record_id, "method": r.method,
+            "config_hash": str(r.config_hash), "seed": r.seed, "partition_hash": r.partition_hash}
 
 
-def find_record_files(inputs: list[Path]) -> list[Path]:
-    """The JSON files named or found (recursively) under the inputs, each once, in a stable order."""
-    files: list[Path] = []
-    for p in inputs:
-        if p.is_dir():
-            files += sorted(q for q in p.rglob("*.json") if q.is_file())
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise PlotError(f"no such file or folder: {p}")
-    seen: set[Path] = set()
-    unique = []
-    for f in files:
-        if f.resolve() not in seen:
-            seen.add(f.resolve())
-            unique.append(f)
-    return unique
+# ----------------------------------------------------------------------------- which records are drawn
 
 
-def read_records(files: list[Path]) -> tuple[list[Loaded], list[Skipped]]:
-    """Read every file; keep hfl-bench records, report the rest (non-records, duplicates)."""
-    loaded: list[Loaded] = []
-    skipped: list[Skipped] = []
-    ids: dict[str, Path] = {}
-    for f in files:
-        try:
-            record = json.loads(f.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            skipped.append(Skipped(str(f), f"not readable JSON ({type(e).__name__})"))
-            continue
-        if not isinstance(record, dict) or "schema_version" not in record or "record_id" not in record:
-            skipped.append(Skipped(str(f), "not an hfl-bench record"))
-            continue
-        rec = Loaded(f, record)
-        if rec.record_id in ids:  # the same run copied twice would count one seed twice
-            skipped.append(Skipped(str(f), f"duplicate record_id {rec.record_id} (also {ids[rec.record_id]})", rec.task))
-            continue
-        ids[rec.record_id] = f
-        loaded.append(rec)
-    return loaded, skipped
-
-
-def drawable(records: list[Loaded]) -> tuple[list[Loaded], list[Skipped]]:
-    """Only reproduced runs that finished: a failed run's numbers would mislead, and published
-    figures are cited, never averaged in with runs."""
+def with_record_id(loaded: Iterable[Loaded]) -> tuple[list[Loaded], list[Skipped]]:
+    """Records with a record id (a figure's caption names its records by it)."""
     keep, skipped = [], []
-    for r in records:
-        status = r.record.get("status")
-        kind = (r.record.get("source") or {}).get("kind")
-        if status != "ok":
-            skipped.append(Skipped(str(r.path), f"status {status!r}, not 'ok'", r.task))
-        elif kind != "reproduced":
-            skipped.append(Skipped(str(r.path), f"source {kind!r}: plots draw reproduced runs only", r.task))
-        else:
+    for r in loaded:
+        if "record_id" in r.record:
             keep.append(r)
+        else:
+            skipped.append(Skipped(str(r.path), "not an hfl-bench record"))
     return keep, skipped
+
+
+def drawable_groups(records: list[Loaded]) -> tuple[list[SeedGroup], list[Skipped]]:
+    """The seed groups with an ok seed (``grouping``'s rule, the leaderboard's), and every record
+    that is not drawn, with why: a failed run's numbers would mislead, published figures are
+    cited, never averaged in with runs, and a seed counts once."""
+    groups = group_seeds(records)
+    drawn = {id(r) for g in groups for r in g.ok}
+    kept = {id(d): g.kept_for(d) for g in groups for d in g.duplicates}
+    skipped = [Skipped(str(r.path), _why_not_drawn(r, kept.get(id(r))), task=r.task)
+               for r in records if id(r) not in drawn]
+    return [g for g in groups if g.ok], skipped
+
+
+def _why_not_drawn(r: Loaded, kept: Optional[Loaded]) -> str:
+    if r.status != "ok":
+        return f"status {r.status!r}, not 'ok'"
+    if r.kind != "reproduced":
+        return f"source {r.kind!r}: plots draw reproduced runs only"
+    if kept is not None and kept.record_id == r.record_id:  # the same run copied twice
+        return f"duplicate record_id {r.record_id} (also {kept.path})"
+    return f"seed {r.seed} run again: the newest record ({kept.path if kept else '?'}) is drawn"
 
 
 # ----------------------------------------------------------------------------- what each kind needs
@@ -220,27 +157,28 @@ MISSING: dict[str, Callable[[Loaded], Optional[str]]] = {
 
 # ----------------------------------------------------------------------------- grouping and labels
 
-# Config fields that say nothing about the setting (the same as the config hash leaves out).
-_NOT_SETTING = {"seed", "device", "data_dir", "download", "out", "exec", "eval_every", "vmap", "lockstep", "method", "method_params"}
 
-
-def group_seeds(records: list[Loaded]) -> list[Group]:
-    """Group seeds of one setting. The config hash already excludes the seed; the partition hash
-    is not part of the key because the partition is drawn from the seed, so it differs per seed."""
-    groups: dict[tuple[str, str], Group] = {}
-    for r in records:
-        key = (r.method, r.config_hash)
-        groups.setdefault(key, Group(r.method, r.config_hash, []))
-        groups[key].records.append(r)
-    ordered = sorted(groups.values(), key=lambda g: (g.method, g.config_hash))
-    for g in ordered:
-        g.records.sort(key=lambda r: _seed_order(r.seed))
-    _label(ordered)
-    return ordered
+def kind_groups(kind: str, task: str, seed_groups: list[SeedGroup]) -> tuple[list[Group], list[Skipped]]:
+    """The series of one figure: each seed group's ok records that have what ``kind`` needs (a
+    group left with none is not drawn), labeled; and the records left out for this kind."""
+    groups, lacking = [], []
+    for sg in seed_groups:
+        usable = []
+        for r in sg.ok:
+            reason = MISSING[kind](r)
+            if reason:
+                lacking.append(Skipped(str(r.path), f"{kind}: {reason}", task=task))
+            else:
+                usable.append(r)
+        if usable:
+            groups.append(Group(usable[0].method, str(sg.config_hash), sg.group_id, usable))
+    groups.sort(key=lambda g: (g.method, g.config_hash))  # stable: split groups keep their order
+    _label(groups)
+    return groups, lacking
 
 
 def _setting(r: Loaded) -> dict[str, Any]:
-    cfg = {k: v for k, v in (r.record.get("config") or {}).items() if k not in _NOT_SETTING}
+    cfg = {k: v for k, v in (r.record.get("config") or {}).items() if k not in NOT_SETTING}
     hparams = (r.record.get("method") or {}).get("hparams") or {}
     return cfg | {f"{k}": v for k, v in hparams.items() if k not in cfg}
 
@@ -259,7 +197,7 @@ def _label(groups: list[Group]) -> None:
         keys = sorted({k for s in settings for k in s})
         differing = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True, default=str) for s in settings}) > 1]
         for g, s in zip(gs, settings):
-            what = ", ".join(f"{k}={s.get(k)}" for k in differing[:3]) or f"#{g.config_hash[:8]}"
+            what = ", ".join(f"{k}={s.get(k)}" for k in differing[:3]) or f"#{g.short_id}"
             g.label = f"{method} {what} (n={len(g.records)})"
 
 
@@ -438,24 +376,8 @@ def render(kind: str, task: str, groups: list[Group], png: Path) -> tuple[str, d
     fig.legend(loc="outside right upper", fontsize=8, title="method (n seeds)", title_fontsize=8)
     text = caption(task, groups, f"{png.name}.sources.json")
     fig.supxlabel(text, fontsize=6.5, x=0.005, ha="left", multialignment="left")
-    save_png_atomic(fig, png)
+    write_atomic(png, lambda f: fig.savefig(f, format="png", dpi=110))
     return text, details
-
-
-def save_png_atomic(fig, path: Path) -> None:
-    """Save to a temporary file in the same folder, then rename: never a half-written PNG."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=110)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ----------------------------------------------------------------------------- one kind, one task
@@ -465,22 +387,13 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
-def plot_task(kind: str, task: str, records: list[Loaded], skipped: list[Skipped], out_dir: Path
+def plot_task(kind: str, task: str, seed_groups: list[SeedGroup], skipped: list[Skipped], out_dir: Path
               ) -> tuple[Optional[Written], list[Skipped]]:
-    """One figure of one kind for one task's drawable records, with its sources sidecar.
+    """One figure of one kind for one task's seed groups, with its sources sidecar.
     Returns (None, reasons) when no record has what this kind needs."""
-    from hfl_bench.records import write_atomic
-
-    usable, lacking = [], []
-    for r in records:
-        reason = MISSING[kind](r)
-        if reason:
-            lacking.append(Skipped(str(r.path), f"{kind}: {reason}", task))
-        else:
-            usable.append(r)
-    if not usable:
+    groups, lacking = kind_groups(kind, task, seed_groups)
+    if not groups:
         return None, lacking
-    groups = group_seeds(usable)
     png = out_dir / f"{kind}__{_safe(task)}.png"
     text, details = render(kind, task, groups, png)
     drawn = [r for g in groups for r in g.records]
@@ -491,7 +404,7 @@ def plot_task(kind: str, task: str, records: list[Loaded], skipped: list[Skipped
         "kind": kind,
         "task": task,
         "n_records": len(drawn),
-        "records": [r.source_entry() for r in drawn],
+        "records": [source_entry(r) for r in drawn],
         "groups": [{"label": g.label, "method": g.method, "config_hash": g.config_hash, "seeds": g.seeds,
                     "record_ids": [r.record_id for r in g.records]} for g in groups],
         "skipped": [s.as_dict() for s in task_skipped],
@@ -505,25 +418,31 @@ def plot_task(kind: str, task: str, records: list[Loaded], skipped: list[Skipped
 def make_plots(kind: str, inputs: list[Path], out_dir: Path, tasks: list[str] = (), methods: list[str] = ()
                ) -> tuple[list[Written], list[Skipped]]:
     """The library entry point behind ``hfl-bench plot``: one PNG (+ sidecar) per kind and task.
-    Raises PlotError for bad input: an unknown kind, no records found, nothing to draw."""
+    Raises PlotError for bad input: an unknown kind, a missing path, no records found, nothing to
+    draw."""
     if kind != "all" and kind not in KINDS:
         raise PlotError(f"unknown plot kind {kind!r}; choose one of: {', '.join(KINDS)}, all")
     kinds = list(KINDS) if kind == "all" else [kind]
-    files = find_record_files(list(inputs))
-    found, skipped = read_records(files)
+    try:
+        files = record_files(inputs)
+    except ResultsError as e:
+        raise PlotError(str(e)) from None
+    loaded, skipped = read_records(files)
+    found, no_id = with_record_id(loaded)
+    skipped += no_id
     if not found:
         raise PlotError(f"no hfl-bench records found in {', '.join(map(str, inputs))} ({len(files)} JSON file(s) read)")
     selected = [r for r in found if (not tasks or r.task in tasks) and (not methods or r.method in methods)]
     if not selected:
         raise PlotError(f"none of the {len(found)} records match the filters"
                         f"{' --task ' + ','.join(tasks) if tasks else ''}{' --method ' + ','.join(methods) if methods else ''}")
-    ok, not_ok = drawable(selected)
-    skipped += not_ok
+    seed_groups, not_drawn = drawable_groups(selected)
+    skipped += not_drawn
     written: list[Written] = []
-    for task in sorted({r.task for r in ok}):
-        task_records = [r for r in ok if r.task == task]
+    for task in sorted({g.ok[0].task for g in seed_groups}):
+        task_groups = [g for g in seed_groups if g.ok[0].task == task]
         for k in kinds:
-            fig, lacking = plot_task(k, task, task_records, skipped, out_dir)
+            fig, lacking = plot_task(k, task, task_groups, skipped, out_dir)
             skipped += lacking
             if fig:
                 written.append(fig)
@@ -531,43 +450,3 @@ def make_plots(kind: str, inputs: list[Path], out_dir: Path, tasks: list[str] = 
         reasons = "; ".join(sorted({s.reason for s in skipped if s.task is not None})) or "no drawable records"
         raise PlotError(f"nothing to draw from {len(selected)} record(s): {reasons}")
     return written, skipped
-
-
-# ----------------------------------------------------------------------------- CLI (registered in cli.py)
-
-
-def plot_command(
-    kind: str = typer.Argument(..., help="curves, per-class, per-arch, bytes or all."),
-    inputs: list[Path] = typer.Argument(..., metavar="RECORDS...",
-                                        help="Record files or folders (searched recursively for *.json)."),
-    out_dir: Path = typer.Option(Path("plots"), "--out", help="Folder for the PNGs and their sidecars."),
-    tasks: list[str] = typer.Option([], "--task", "-t", help="Only records of this task (repeatable)."),
-    methods: list[str] = typer.Option([], "--method", "-m", help="Only records of this method (repeatable)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the written files (and skipped records) as JSON."),
-):
-    """Draw figures from records: one PNG per kind and task, named KIND__TASK.png, each with a
-    caption naming its records and a KIND__TASK.png.sources.json sidecar listing them."""
-    from rich.table import Table
-
-    from hfl_bench.cli import emit_json, fail, out
-
-    try:
-        written, skipped = make_plots(kind, inputs, out_dir, tasks, methods)
-    except PlotError as e:
-        fail(str(e))
-    if as_json:
-        emit_json({"written": [w.as_dict() for w in written], "skipped": [s.as_dict() for s in skipped]})
-        return
-    t = Table(title="plots written")
-    for col in ("kind", "task", "png", "records", "settings"):
-        t.add_column(col, overflow="fold")  # paths whole, not cut with an ellipsis
-    for w in written:
-        t.add_row(w.kind, w.task, str(w.png), str(len(w.drawn)), str(len(w.groups)))
-    out.print(t)
-    if skipped:
-        s = Table(title="skipped")
-        s.add_column("file", overflow="fold")
-        s.add_column("reason", overflow="fold")
-        for item in skipped:
-            s.add_row(item.path, item.reason)
-        out.print(s)

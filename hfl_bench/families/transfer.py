@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from hfl_bench.metering import Phase, SERVER
-from hfl_bench.training import batch_bounds, derive_seed, finite_mean, optimizer_step, predict_logits
+from hfl_bench.training import Trainee, fit, predict_logits, transfer_plan
 
 if TYPE_CHECKING:
-    from hfl_bench.engine import Federation
+    from hfl_bench.federation import Federation
 
 # loss_fn(logits [B, C'], batch positions [B] into the transfer set) -> scalar loss
 TransferLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -51,28 +51,13 @@ def upload_and_broadcast(fed: "Federation", outputs: dict[int, torch.Tensor], co
 
 def train_on_transfer(
     fed: "Federation", model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, loss_fn: TransferLoss, *,
-    epochs: int, batch_size: int, seed_parts: tuple, who: str, clip: float | None = None,
+    epochs: int, seed_parts: tuple, who: str, clip: float | None = None,
 ) -> float:
-    """Train ``model`` on the transfer inputs ``x`` for ``epochs`` seeded shuffled epochs.
-
-    ``loss_fn`` gets the logits and the batch's positions in ``x`` (to index its targets).
-    Returns the mean loss; raises ``Diverged`` if it is not finite. ``seed_parts`` (e.g.
-    ``("digest", rnd, cid)``) fix the batch order independently of any global RNG state.
-    """
-    n = len(x)
-    if n == 0 or epochs <= 0:
+    """Train ``model`` on the transfer inputs ``x`` for ``epochs`` seeded shuffled epochs at the
+    run's batch size (``training.transfer_plan``); ``loss_fn`` gets the logits and the batch's
+    positions in ``x`` (to index its targets). Returns the mean loss (0 when there is nothing to
+    train on); raises ``Diverged`` if it is not finite."""
+    if len(x) == 0 or epochs <= 0:
         return 0.0
-    clip = fed.cfg.grad_clip if clip is None else clip
-    gen = torch.Generator().manual_seed(derive_seed(fed.cfg.seed, "transfer", *seed_parts))
-    model.train()
-    total = torch.zeros((), device=x.device)
-    batches = 0
-    for _ in range(epochs):
-        order = torch.randperm(n, generator=gen).to(x.device)
-        for start, end in batch_bounds(n, batch_size):
-            pos = order[start:end]
-            loss = loss_fn(model(x[pos]), pos)
-            optimizer_step(model, opt, loss, clip)
-            total += loss.detach()
-            batches += 1
-    return finite_mean(total, batches, who)
+    plan = transfer_plan(fed, x, epochs=epochs, seed_parts=seed_parts)
+    return fit(fed, plan, [Trainee(model, opt, who)], lambda b: [loss_fn(model(b.x), b.idx)], clip=clip)[0]

@@ -1,46 +1,18 @@
-"""The ``hfl-bench`` command line (Typer): rich tables for people, ``--json`` for machines."""
+"""``hfl-bench run`` (one method on one task, one record) and ``hfl-bench show`` (one record)."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from hfl_bench import config as config_mod
-from hfl_bench.config import ConfigError, RunConfig
-from hfl_bench.data import DatasetError
-from hfl_bench.partition import PartitionError
-from hfl_bench.registry import REGISTRIES, RegistryError, describe
-
-app = typer.Typer(
-    help="hfl-bench: heterogeneous federated learning benchmarks. Run methods on tasks under one "
-    "protocol and write standardized JSON records.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-err = Console(stderr=True)
-out = Console()
-
-USER_ERRORS = (ConfigError, DatasetError, PartitionError, RegistryError)
-
-
-def fail(message: str, code: int = 2):
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=1, default=str) + "\n")
-
-
-# ----------------------------------------------------------------------------- run
+from hfl_bench.cli.output import USER_ERRORS, emit_json, err, fail, fmt, out
+from hfl_bench.config import RunConfig
+from hfl_bench.paths import checkpoint_path
 
 
 def build_config(config_file: Optional[Path], flags: dict[str, Any], sets: list[str]) -> RunConfig:
@@ -51,7 +23,6 @@ def build_config(config_file: Optional[Path], flags: dict[str, Any], sets: list[
     return RunConfig(**values, method_params=method_params)
 
 
-@app.command()
 def run(
     method: Optional[str] = typer.Option(None, "--method", "-m", help="Method (hfl-bench list methods). \\[default: crad]"),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Task (hfl-bench list tasks). \\[default: digits]"),
@@ -83,7 +54,8 @@ def run(
     resume: bool = typer.Option(False, "--resume", help="Continue from this exact config's checkpoint, if there is one."),
 ):
     """Run one method on one task and write one JSON record."""
-    from hfl_bench import engine, records
+    from hfl_bench import engine
+    from hfl_bench.results import records
 
     flags = dict(
         method=method, task=task, pool=pool, partition=partition, alpha=alpha, classes_per_client=k,
@@ -98,7 +70,7 @@ def run(
         _, cfg = engine.load_task(cfg)
         engine.make_method(cfg)  # unknown method or hyperparameter: fail before loading data
         show_bar = not (quiet or as_json)
-        _say_checkpoint(records.checkpoint_path(cfg), resume)
+        _say_checkpoint(checkpoint_path(cfg), resume)
         with _progress(show_bar, cfg) as update:
             result = engine.run(cfg, progress=update, resume=resume)
     except USER_ERRORS as e:
@@ -158,10 +130,6 @@ class _progress:
         return False
 
 
-def _fmt(x: Any, nd: int = 2) -> str:
-    return "-" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
-
-
 def _print_summary(record: dict[str, Any]) -> None:
     m = record.get("metrics") or {}
     t = Table(title=f"{record['method']['name']} on {record['task']['name']} ({record['source']['kind']})")
@@ -171,19 +139,19 @@ def _print_summary(record: dict[str, Any]) -> None:
     rows = [
         ("status", record["status"]),
         ("fidelity", record["method"]["fidelity"]),
-        ("global acc (%)", _fmt(m.get("global_acc"))),
-        ("local acc (%)", _fmt(m.get("local_acc"))),
-        ("mean val acc (%)", _fmt(m.get("mean_val_acc"))),
-        ("selected round", _fmt(record["selection"]["round"])),
+        ("global acc (%)", fmt(m.get("global_acc"))),
+        ("local acc (%)", fmt(m.get("local_acc"))),
+        ("mean val acc (%)", fmt(m.get("mean_val_acc"))),
+        ("selected round", fmt(record["selection"]["round"])),
     ]
     if record["source"]["kind"] == "reproduced":
         rows += [
             ("pool", record["arch_pool"]["name"]),
             ("partition", f"{record['partition']['scheme']} {record['partition']['params']} #{record['partition']['hash']}"),
             ("clients / rounds", f"{record['federation']['n_clients']} / {record['federation']['rounds']}"),
-            ("seed", _fmt(record["config"]["seed"])),
+            ("seed", fmt(record["config"]["seed"])),
             ("bytes sent / client / round", f"{cost.get('bytes_sent_per_client_per_round', 0):,.0f}"),
-            ("wall time (s)", _fmt(cost.get("wall_time_total_s"), 1)),
+            ("wall time (s)", fmt(cost.get("wall_time_total_s"), 1)),
             ("config hash", record["config_hash"]),
         ]
     for row in rows:
@@ -191,16 +159,12 @@ def _print_summary(record: dict[str, Any]) -> None:
     out.print(t)
 
 
-# ----------------------------------------------------------------------------- show
-
-
-@app.command()
 def show(
     record_path: Path = typer.Argument(..., metavar="RECORD", help="A record JSON file."),
     as_json: bool = typer.Option(False, "--json", help="Print the record as JSON."),
 ):
     """Render one record: headline metrics, then per-client and per-architecture figures."""
-    from hfl_bench.records import load_record
+    from hfl_bench.results.records import load_record
 
     try:
         record = load_record(record_path)
@@ -216,150 +180,20 @@ def show(
         for col in ("cid", "arch", "global acc", "local acc", "val acc"):
             t.add_column(col, justify="right")
         for c in m["per_client"]:
-            t.add_row(str(c["cid"]), c["arch"], _fmt(c.get("global_acc")), _fmt(c.get("local_acc")),
-                      _fmt(c.get("val_acc")))
+            t.add_row(str(c["cid"]), c["arch"], fmt(c.get("global_acc")), fmt(c.get("local_acc")),
+                      fmt(c.get("val_acc")))
         out.print(t)
     if m.get("extra_endpoints"):
         t = Table(title="extra endpoints (selected round)")
         for col in ("endpoint", "global acc", "local acc"):
             t.add_column(col, justify="right")
         for name, e in m["extra_endpoints"].items():
-            t.add_row(name, _fmt(e.get("global_acc")), _fmt(e.get("local_acc")))
+            t.add_row(name, fmt(e.get("global_acc")), fmt(e.get("local_acc")))
         out.print(t)
     if m.get("per_arch_global_acc"):
         t = Table(title="global accuracy per architecture")
         t.add_column("arch")
         t.add_column("global acc", justify="right")
         for arch, acc in m["per_arch_global_acc"].items():
-            t.add_row(arch, _fmt(acc))
+            t.add_row(arch, fmt(acc))
         out.print(t)
-
-
-# ----------------------------------------------------------------------------- list
-
-
-@app.command("list")
-def list_(
-    kind: str = typer.Argument(..., help="methods, tasks, pools, partitions or aggregators."),
-    task: str = typer.Option("digits", help="For pools: the task whose input shape sizes the models."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-):
-    """List registered plugins of one kind."""
-    if kind not in REGISTRIES:
-        fail(f"unknown kind {kind!r}; choose one of: {', '.join(REGISTRIES)}")
-    try:
-        rows = _list_rows(kind, task)
-    except USER_ERRORS as e:
-        fail(str(e))
-    if as_json:
-        emit_json(rows)
-        return
-    t = Table(title=kind)
-    columns = [c for c in (rows[0].keys() if rows else ["name"]) if c != "origin"]  # origin: --json only
-    for col in columns:
-        t.add_column(col)
-    for row in rows:
-        t.add_row(*[_cell(row[c]) for c in columns])
-    out.print(t)
-
-
-def _cell(v: Any) -> str:
-    if isinstance(v, list):
-        return "\n".join(map(str, v))
-    return _fmt(v)
-
-
-def _list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
-    registry = REGISTRIES[kind]
-    rows = []
-    if kind == "pools":
-        from hfl_bench.data import get_task
-        from hfl_bench.pools import build_model, n_params
-
-        info = get_task(task_name).info
-        for name, pool in registry.items():
-            members = [f"{m.name} ({m.model}): {n_params(build_model(m, info)):,} params" for m in pool.members]
-            rows.append({"name": name, "members": members, "description": pool.description})
-        return rows
-    for name, obj in registry.items():
-        row = {"name": name, "description": describe(obj)}
-        if kind == "methods":
-            row.update(fidelity=obj.fidelity, topology=obj.topology)
-        if kind == "tasks":
-            info = obj.info
-            row.update(version=info.version, classes=info.num_classes, input=list(info.input_shape),
-                       source=info.source)
-        row["origin"] = registry.origin(name)
-        rows.append(row)
-    return rows
-
-
-# ----------------------------------------------------------------------------- partition
-
-
-@app.command()
-def partition(
-    task: str = typer.Option("digits", "--task", "-t", help="Task whose training labels are partitioned."),
-    scheme: Optional[str] = typer.Option(None, "--partition", help="dirichlet, classes or iid; default: the task's."),
-    alpha: Optional[float] = typer.Option(None, help="Dirichlet alpha; default: the task's."),
-    k: int = typer.Option(2, "--k", help="Classes per client for --partition classes."),
-    clients: Optional[int] = typer.Option(None, help="Number of clients; default: the task's."),
-    seed: Optional[int] = typer.Option(None, help="Partition seed; default: the task's."),
-    heldout_fraction: float = typer.Option(0.2, help="Held-out fraction of each shard (val + test)."),
-    public_size: int = typer.Option(0, help="Public transfer set held out before partitioning (0 = none)."),
-    data_dir: Optional[Path] = typer.Option(None, help="Dataset folder."),
-    download: bool = typer.Option(False, "--download", help="Download the dataset if it is missing."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-):
-    """Print the client x class count table of a task's partition (train part; val/test totals)."""
-    from hfl_bench.engine import load_task, partition_for
-
-    try:
-        t, cfg = load_task(RunConfig(task=task, partition=scheme, alpha=alpha, classes_per_client=k, clients=clients,
-                                     seed=seed, heldout_fraction=heldout_fraction, public_size=public_size,
-                                     data_dir=str(data_dir) if data_dir else None))
-        data = t.load(data_dir, download)
-        labels = data.train_y.numpy()
-        part = partition_for(cfg, t.info, data)
-    except USER_ERRORS as e:
-        fail(str(e))
-    c = t.info.num_classes
-    train = part.class_counts(labels, c, "train")
-    val = part.class_counts(labels, c, "val").sum(1)
-    test = part.class_counts(labels, c, "test").sum(1)
-    if as_json:
-        emit_json({"task": task, "scheme": part.scheme, "params": part.params, "seed": part.seed,
-                   "hash": part.hash, "public_size": part.public_size, "train_counts": train.tolist(), "val_sizes": val.tolist(),
-                   "test_sizes": test.tolist()})
-        return
-    public = f", public set {part.public_size}" if part.public_size else ""
-    table = Table(title=f"{task}: {part.scheme} {part.params}, seed {part.seed}{public}, hash {part.hash}")
-    table.add_column("client", justify="right")
-    for j in range(c):
-        table.add_column(str(j), justify="right")
-    for col in ("train", "val", "test"):
-        table.add_column(col, justify="right", style="bold")
-    for cid in range(part.n_clients):
-        table.add_row(str(cid), *[str(v) for v in train[cid]], str(train[cid].sum()), str(val[cid]), str(test[cid]))
-    out.print(table)
-
-
-# ----------------------------------------------------------------------------- command groups in their own modules
-
-from hfl_bench.leaderboard import app as leaderboard_app  # noqa: E402
-
-app.add_typer(leaderboard_app, name="leaderboard")
-from hfl_bench.matrix import matrix as matrix_command  # noqa: E402  (imports cli's helpers lazily)
-
-app.command("matrix")(matrix_command)
-from hfl_bench.plots import plot_command  # noqa: E402  (after app: plots imports cli's helpers lazily)
-
-app.command("plot")(plot_command)
-
-
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    main()

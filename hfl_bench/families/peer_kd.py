@@ -11,11 +11,16 @@ Two execution paths compute identical targets:
   targets are aggregated for each student's whole epoch in one vectorized call; students then
   train on the precomputed targets (``lockstep.train_students``: one by one, or same-architecture
   students together with ``--lockstep on``).
+
+``peer_targets`` makes the choice (``--exec``) so that methods never branch on it: it returns
+each student's targets in either form (``training.Targets``) and the phase their training is
+timed under. A student may also be its own teacher (``memory``: FedMKD's previous-round model).
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -23,18 +28,18 @@ from torch import nn
 
 from hfl_bench.aggregation import Aggregator
 from hfl_bench.lockstep import train_students
+from hfl_bench.metering import Phase
 from hfl_bench.training import (
     EpochPlan,
+    Targets,
     make_plan,
     predict_logits,
     predict_logits_stacked,
     soft_targets,
-    train_on_plan,
 )
-from hfl_bench.metering import Phase
 
 if TYPE_CHECKING:
-    from hfl_bench.engine import Federation
+    from hfl_bench.federation import Federation
 
 
 def peers_of(cid: int, active: list[int]) -> list[int]:
@@ -93,17 +98,6 @@ def _arch_groups(fed: "Federation", teachers: dict[int, nn.Module]) -> list[list
     return list(groups.values())
 
 
-def fast_targets(
-    fed: "Federation", plans: dict[int, EpochPlan], active: list[int], aggregate: Aggregator,
-    temperature: float, counts: torch.Tensor, accs: torch.Tensor,
-) -> dict[int, torch.Tensor]:
-    """Aggregated targets [n_i, C] for every active student, computed teacher by teacher."""
-    teachers = {j: fed.clients[j].model for j in active}
-    with fed.timer(Phase.TEACHER_INFERENCE):
-        probs = teacher_major_probs(fed, plans, teachers, temperature, lambda j: peers_of(j, plans))
-    return aggregate_peer_targets(fed, probs, active, aggregate, counts, accs)
-
-
 def aggregate_peer_targets(
     fed: "Federation", probs: dict[int, dict[int, torch.Tensor]], active: list[int], aggregate: Aggregator,
     counts: torch.Tensor, accs: torch.Tensor,
@@ -141,6 +135,57 @@ def frozen_snapshots(fed: "Federation", ids: list[int]) -> dict[int, nn.Module]:
     return snaps
 
 
+def memory_target_fn(snapshot: nn.Module, temperature: float, bf16: bool = False) -> Callable:
+    """Per-batch targets from a client's own frozen round r-1 model (reference path)."""
+
+    def targets(start: int, end: int, x: torch.Tensor) -> torch.Tensor:
+        return soft_targets(predict_logits(snapshot, x, bf16=bf16), temperature)
+
+    return targets
+
+
+@dataclass
+class PeerTargets:
+    """Every active student's targets: from its peers (aggregated), and from its own round r-1
+    model where asked (``memory``); a student without peers has no ``peer`` entry. ``phase`` is
+    what the students' training is timed under (the reference path computes targets while training)."""
+
+    peer: dict[int, Targets]
+    memory: dict[int, Targets]
+    phase: Phase
+
+
+def peer_targets(
+    fed: "Federation", plans: dict[int, EpochPlan], active: list[int], aggregate: Aggregator, *,
+    temperature: float, counts: torch.Tensor, accs: torch.Tensor, memory: set[int] = frozenset(),
+) -> PeerTargets:
+    """The round's distillation targets on every active student's plan, by the run's execution path."""
+    if fed.exec_path == "fast":
+        return _fast_targets(fed, plans, active, aggregate, temperature, counts, accs, memory)
+    bf16 = fed.device.type == "cuda"
+    snapshots = frozen_snapshots(fed, active)  # students train while their snapshots still teach
+    peer = {i: reference_target_fn(snapshots, peers_of(i, active), aggregate, temperature, counts, accs, bf16=bf16)
+            for i in active if peers_of(i, active)}
+    own = {i: memory_target_fn(snapshots[i], temperature, bf16) for i in active if i in memory}
+    return PeerTargets(peer, own, Phase.TRAINING_WITH_TEACHERS)
+
+
+def _fast_targets(fed: "Federation", plans: dict[int, EpochPlan], active: list[int], aggregate: Aggregator,
+                  temperature: float, counts: torch.Tensor, accs: torch.Tensor, memory: set[int]) -> PeerTargets:
+    """Teacher by teacher. A client with a memory is one more student of its own model, so every
+    live model runs once over its peers' views and its own before anyone trains: the live models
+    are still the round r-1 snapshots, and no copy is needed."""
+    teachers = {j: fed.clients[j].model for j in active}
+
+    def students_of(j: int) -> list[int]:
+        return peers_of(j, list(plans)) + ([j] if j in memory else [])
+
+    with fed.timer(Phase.TEACHER_INFERENCE):
+        probs = teacher_major_probs(fed, plans, teachers, temperature, students_of)
+    own = {i: probs[i].pop(i) for i in plans if i in memory}
+    return PeerTargets(aggregate_peer_targets(fed, probs, active, aggregate, counts, accs), own, Phase.TRAINING)
+
+
 def peer_kd_round(
     fed: "Federation", rnd: int, active: list[int], aggregate: Aggregator, *, lam: float,
     temperature: float, counts: torch.Tensor, accs: torch.Tensor,
@@ -149,18 +194,7 @@ def peer_kd_round(
     stats = torch.stack([counts, accs], dim=1)  # [N, 2, C]: what a client shares besides its snapshot
     exchange_snapshots(fed, active, stats)
     plans = {i: make_plan(fed, i, rnd) for i in active}
-    losses = []
-    if fed.exec_path == "fast":
-        targets = fast_targets(fed, plans, active, aggregate, temperature, counts, accs)
-        with fed.timer(Phase.TRAINING):
-            losses = train_students(fed, active, plans, targets=targets, lam=lam, temperature=temperature)
-    else:
-        snapshots = frozen_snapshots(fed, active)
-        with fed.timer(Phase.TRAINING_WITH_TEACHERS):  # the reference path interleaves the phases
-            for i in active:
-                peers = peers_of(i, active)
-                fn = reference_target_fn(snapshots, peers, aggregate, temperature, counts, accs,
-                                         bf16=fed.device.type == "cuda") if peers else None
-                losses.append(train_on_plan(fed, fed.clients[i], plans[i], targets=fn, lam=lam,
-                                            temperature=temperature))
+    targets = peer_targets(fed, plans, active, aggregate, temperature=temperature, counts=counts, accs=accs)
+    with fed.timer(targets.phase):
+        losses = train_students(fed, active, plans, targets=targets.peer, lam=lam, temperature=temperature)
     return {"train_loss": sum(losses) / len(losses)}

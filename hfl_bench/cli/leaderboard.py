@@ -1,0 +1,137 @@
+"""``hfl-bench leaderboard show`` and ``validate``: reproduced runs grouped over seeds with the
+published figures beside them, and the schema check of record files. The leaderboard itself
+(grouping, published figures, rank, rendering) is ``hfl_bench.results``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from hfl_bench.cli.output import err, fail, wide_out
+from hfl_bench.results.board import Board, build_board, named_records
+from hfl_bench.results.loading import ResultsError, load_records, record_files
+from hfl_bench.results.ranking import rank_methods
+from hfl_bench.results.render import (
+    COLUMNS, CSV_COLUMNS, TABLE_COLUMNS, UNMATCHED_COLUMNS, board_json, csv_rows, display_rows, rank_rows, to_csv,
+    to_markdown, to_rich,
+)
+from hfl_bench.results.validation import invalid_files, schema_validator
+
+# The folders of a source checkout; an installed package is given paths.
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_DIRS = (REPO / "leaderboards" / "reproduced", REPO / "leaderboards" / "published")
+FORMATS = ("table", "csv", "markdown", "json")
+PATHS_HELP = ("Record files or folders (searched recursively). "
+              "\\[default: leaderboards/reproduced and leaderboards/published]")
+
+app = typer.Typer(help="Leaderboards: reproduced runs grouped over seeds, published figures beside them.",
+                  no_args_is_help=True)
+
+
+def _paths(paths: Optional[list[Path]]) -> list[Path]:
+    return list(paths) if paths else [d for d in DEFAULT_DIRS if d.exists()]
+
+
+@app.command()
+def show(
+    paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
+    task: list[str] = typer.Option([], "--task", "-t", help="Only this task (repeatable)."),
+    method: list[str] = typer.Option([], "--method", "-m", help="Only this method (repeatable)."),
+    pool: list[str] = typer.Option([], "--pool", help="Only this architecture pool (repeatable)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, csv, markdown or json."),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
+    rank: bool = typer.Option(False, "--rank", help="Print the mean rank of each method across tasks instead."),
+):
+    """Group reproduced records by setting (mean, sample sd, seeds; failed runs counted apart) and
+    put the matching published figures beside each group with the delta reproduced - published."""
+    fmt = "json" if as_json else fmt
+    if fmt not in FORMATS:
+        fail(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    try:
+        loaded, not_records = load_records(_paths(paths))
+    except ResultsError as e:
+        fail(str(e))
+    records, unnamed = named_records(loaded)
+    skipped = [s.line() for s in not_records + unnamed]
+    for line in skipped:
+        err.print(f"[yellow]skipped:[/] {line}", highlight=False, soft_wrap=True)
+    board = build_board(records, task, method, pool, skipped)
+    if rank:
+        _print_rank(rank_methods(board.groups), fmt)
+    else:
+        _print_board(board, fmt)
+
+
+def _print_board(board: Board, fmt: str) -> None:
+    if fmt == "json":
+        sys.stdout.write(json.dumps(board_json(board), indent=1) + "\n")
+        return
+    if fmt == "csv":
+        sys.stdout.write(to_csv(csv_rows(board), CSV_COLUMNS))
+        return
+    rows, unmatched = display_rows(board)
+    title = "published figures with no reproduced group"
+    if fmt == "markdown":
+        sys.stdout.write(to_markdown(rows, COLUMNS))
+        if unmatched:
+            sys.stdout.write(f"\n{title}:\n\n" + to_markdown(unmatched, UNMATCHED_COLUMNS))
+        return
+    if rows:
+        title_groups = "reproduced groups: mean ± sample sd over seeds ('-': one seed); delta = reproduced - published"
+        wide_out().print(to_rich(rows, TABLE_COLUMNS, title_groups))
+    else:
+        wide_out().print("no reproduced records match", highlight=False)
+    if unmatched:
+        wide_out().print(to_rich(unmatched, tuple(c for c in UNMATCHED_COLUMNS if c != "locator"), title))
+
+
+def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
+    columns = ("#", "method", "mean rank", "protocols", "ranks")
+    if fmt == "json":
+        sys.stdout.write(json.dumps({"ties": "average rank", "rank": ranked}, indent=1) + "\n")
+    elif fmt == "csv":
+        rows = [{"method": r["method"], "mean_rank": r["mean_rank"], "n_protocols": r["n_protocols"],
+                 "ranks": "; ".join(f"{x['protocol']}: {x['rank']:g}" for x in r["ranks"])} for r in ranked]
+        sys.stdout.write(to_csv(rows, ("method", "mean_rank", "n_protocols", "ranks")))
+    elif fmt == "markdown":
+        sys.stdout.write(to_markdown(rank_rows(ranked), columns))
+    else:
+        title = "mean rank by global accuracy over protocols run by 2+ methods (ties: average rank)"
+        wide_out().print(to_rich(rank_rows(ranked), columns, title))
+
+
+@app.command()
+def validate(
+    paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Check every record against the JSON Schema; exit 1 listing each error if any is invalid."""
+    try:
+        validator = schema_validator()
+    except ImportError:
+        fail("validating records needs jsonschema: pip install jsonschema (or pip install -e '.[test]')")
+    try:
+        files = record_files(_paths(paths))
+    except ResultsError as e:
+        fail(str(e))
+    if not files:
+        searched = _paths(paths)
+        if not searched:  # an installed package has no leaderboards/ folders of its own
+            fail("no record files or folders given, and the default folders are not here: "
+                 + ", ".join(map(str, DEFAULT_DIRS)))
+        fail("no record files found in " + ", ".join(map(str, searched)))
+    invalid = invalid_files(files, validator)
+    if as_json:
+        sys.stdout.write(json.dumps({"checked": len(files), "invalid": invalid}, indent=1) + "\n")
+    else:
+        for f, errs in invalid.items():
+            for e in errs:
+                err.print(f"{f}: {e}", highlight=False, soft_wrap=True, markup=False)
+        wide_out().print(f"{len(files) - len(invalid)} of {len(files)} records valid", highlight=False)
+    if invalid:
+        raise typer.Exit(1)

@@ -1,0 +1,134 @@
+"""``hfl-bench matrix``: run a suite (methods x tasks x seeds) and print its summary, with a
+progress bar over cells (and over rounds for in-process runs)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from hfl_bench.cli.output import USER_ERRORS, emit_json, err, fail, fmt, out
+from hfl_bench.matrix.executors import EXECUTORS
+from hfl_bench.matrix.runner import count_statuses, dry_run_row, exit_code, run_matrix
+from hfl_bench.matrix.suite import Cell, Suite, load_suite, suite_cells
+
+
+def matrix(
+    suite_file: Path = typer.Argument(..., metavar="SUITE", help="Suite YAML (methods x tasks x seeds; see README)."),
+    executor: str = typer.Option("local", help="local (in-process, or a process pool with --jobs > 1) or ray."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="local: worker processes \\[default: 1, in-process]; ray: most cells in flight \\[default: all]."),
+    threads: Optional[int] = typer.Option(None, help="Torch threads per cell; default: 1 in a pool worker, --cpus-per-cell in a Ray task, unchanged in-process."),
+    address: Optional[str] = typer.Option(None, help="Ray: address of an existing cluster (or 'auto'); default: start a local Ray on loopback."),
+    cpus_per_cell: float = typer.Option(1, help="Ray: CPUs each cell asks for."),
+    gpus_per_cell: Optional[float] = typer.Option(None, help="Ray: GPUs each cell asks for; default: 1 if the cell's device is cuda, or auto on a cluster with GPUs, else 0."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Record folder; default: the suite's out."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the cells and what would happen (run, skip, fail); run nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+):
+    """Run every cell of a suite (methods x tasks x seeds), one record per cell.
+
+    A cell whose record is already in the output folder (same config hash and seed, status ok or
+    diverged) is skipped, so a rerun resumes; failed cells are retried. A cell that raises is
+    recorded as failed and the matrix goes on. Exit code: 0 when every cell is ok, diverged or
+    skipped; 1 when any cell failed (with --dry-run: would fail); 2 for a bad suite or flag.
+    """
+    if executor not in EXECUTORS:
+        fail(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if jobs is not None and jobs < 1:
+        fail(f"--jobs must be >= 1, got {jobs}")
+    if threads is not None and threads < 1:
+        fail(f"--threads must be >= 1, got {threads}")
+    if cpus_per_cell <= 0 or (gpus_per_cell is not None and gpus_per_cell < 0):
+        fail("--cpus-per-cell must be > 0 and --gpus-per-cell >= 0")
+    if executor == "local" and (address or gpus_per_cell is not None):
+        fail("--address and --gpus-per-cell are for --executor ray")
+    try:
+        suite = load_suite(suite_file)
+        cells = suite_cells(suite, out_dir)
+        if dry_run:
+            rows = [dry_run_row(cell) for cell in cells]
+        else:
+            t0 = time.perf_counter()
+            with _CellProgress(len(cells), enabled=not (quiet or as_json)) as bar:
+                rows = run_matrix(cells, executor, jobs, threads, address, cpus_per_cell, gpus_per_cell,
+                                  on_cell=bar.cell_done, round_progress=bar.rounds)
+            elapsed = time.perf_counter() - t0
+    except USER_ERRORS as e:
+        fail(str(e))
+    code = exit_code(rows)
+    folder = str(out_dir if out_dir is not None else suite.out)
+    if as_json:
+        emit_json({"suite": suite.name, "out": folder, "dry_run": dry_run, "counts": count_statuses(rows),
+                   "exit_code": code, "cells": rows})
+    else:
+        _print_table(suite, folder, rows, None if dry_run else elapsed)
+    raise typer.Exit(code)
+
+
+STATUS_STYLE = {"ok": "green", "diverged": "yellow", "failed": "bold red", "skipped": "dim",
+                "would run": "cyan", "would skip": "dim", "would fail": "bold red"}
+
+
+def _print_table(suite: Suite, folder: str, rows: list[dict[str, Any]], elapsed: Optional[float]) -> None:
+    title = f"suite {suite.name}: {len(rows)} cells -> {folder}"
+    t = Table(title=title)
+    for col, justify in (("method", "left"), ("task", "left"), ("seed", "right"), ("status", "left"),
+                         ("global acc (%)", "right"), ("time (s)", "right"), ("record", "left")):
+        t.add_column(col, justify=justify)
+    for r in rows:
+        style = STATUS_STYLE.get(r["status"], "")
+        record = Path(r["record"]).name if r["record"] else "-"
+        t.add_row(r["method"], r["task"], fmt(r["seed"]), f"[{style}]{r['status']}[/]", fmt(r["global_acc"]),
+                  fmt(r["wall_time_s"], 1), record)
+    out.print(t)
+    counts = ", ".join(f"{n} {s}" for s, n in count_statuses(rows).items())
+    took = f" in {elapsed:.1f} s" if elapsed is not None else ""
+    out.print(f"{counts}{took}", highlight=False)
+    for r in rows:
+        if r["error"] and r["status"] in ("failed", "would fail"):
+            err.print(f"[red]{r['status']}:[/] {r['method']} on {r['task']}, seed {r['seed']}: {r['error']}",
+                      highlight=False, soft_wrap=True)
+
+
+class _CellProgress:
+    """A rich progress bar over cells; in-process runs also show the current cell's rounds."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.enabled = enabled
+        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=err, transient=True)
+        self.total = total
+
+    def __enter__(self):
+        if self.enabled:
+            self.bar.start()
+            self.cells = self.bar.add_task("cells", total=self.total)
+            self.round_task = None
+        return self
+
+    def cell_done(self, row: dict[str, Any]) -> None:
+        if self.enabled:
+            self.bar.update(self.cells, advance=1,
+                            description=f"cells (last: {row['method']} on {row['task']}: {row['status']})")
+
+    def rounds(self, cell: Cell) -> Optional[Callable]:
+        if not self.enabled:
+            return None
+        if self.round_task is not None:
+            self.bar.remove_task(self.round_task)
+        self.round_task = self.bar.add_task(f"  {cell.label}", total=cell.cfg.rounds)
+
+        def update(rnd: int, total: int, entry: dict[str, Any]) -> None:
+            self.bar.update(self.round_task, completed=rnd)
+
+        return update
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.bar.stop()
+        return False

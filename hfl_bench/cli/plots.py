@@ -1,0 +1,44 @@
+"""``hfl-bench plot``: figures drawn from records (the drawing is ``hfl_bench.results.plots``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from hfl_bench.cli.output import emit_json, fail, out
+from hfl_bench.results.plots import PlotError, make_plots
+
+
+def plot_command(
+    kind: str = typer.Argument(..., help="curves, per-class, per-arch, bytes or all."),
+    inputs: list[Path] = typer.Argument(..., metavar="RECORDS...",
+                                        help="Record files or folders (searched recursively for *.json)."),
+    out_dir: Path = typer.Option(Path("plots"), "--out", help="Folder for the PNGs and their sidecars."),
+    tasks: list[str] = typer.Option([], "--task", "-t", help="Only records of this task (repeatable)."),
+    methods: list[str] = typer.Option([], "--method", "-m", help="Only records of this method (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the written files (and skipped records) as JSON."),
+):
+    """Draw figures from records: one PNG per kind and task, named KIND__TASK.png, each with a
+    caption naming its records and a KIND__TASK.png.sources.json sidecar listing them."""
+    try:
+        written, skipped = make_plots(kind, inputs, out_dir, tasks, methods)
+    except PlotError as e:
+        fail(str(e))
+    if as_json:
+        emit_json({"written": [w.as_dict() for w in written], "skipped": [s.as_dict() for s in skipped]})
+        return
+    t = Table(title="plots written")
+    for col in ("kind", "task", "png", "records", "settings"):
+        t.add_column(col, overflow="fold")  # paths whole, not cut with an ellipsis
+    for w in written:
+        t.add_row(w.kind, w.task, str(w.png), str(len(w.drawn)), str(len(w.groups)))
+    out.print(t)
+    if skipped:
+        s = Table(title="skipped")
+        s.add_column("file", overflow="fold")
+        s.add_column("reason", overflow="fold")
+        for item in skipped:
+            s.add_row(item.path, item.reason)
+        out.print(s)

@@ -1,0 +1,66 @@
+"""``hfl-bench list``: the registered plugins of one kind (methods, tasks, pools, ...)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from hfl_bench.cli.output import USER_ERRORS, emit_json, fail, fmt, out
+from hfl_bench.registry import REGISTRIES, describe
+
+
+def list_(
+    kind: str = typer.Argument(..., help="methods, tasks, pools, partitions or aggregators."),
+    task: str = typer.Option("digits", help="For pools: the task whose input shape sizes the models."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """List registered plugins of one kind."""
+    if kind not in REGISTRIES:
+        fail(f"unknown kind {kind!r}; choose one of: {', '.join(REGISTRIES)}")
+    try:
+        rows = _list_rows(kind, task)
+    except USER_ERRORS as e:
+        fail(str(e))
+    if as_json:
+        emit_json(rows)
+        return
+    t = Table(title=kind)
+    columns = [c for c in (rows[0].keys() if rows else ["name"]) if c != "origin"]  # origin: --json only
+    for col in columns:
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*[_cell(row[c]) for c in columns])
+    out.print(t)
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, list):
+        return "\n".join(map(str, v))
+    return fmt(v)
+
+
+def _list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
+    registry = REGISTRIES[kind]
+    rows = []
+    if kind == "pools":
+        from hfl_bench.data import get_task
+        from hfl_bench.pools import build_model, n_params
+
+        info = get_task(task_name).info
+        for name, pool in registry.items():
+            members = [f"{m.name} ({m.model}): {n_params(build_model(m, info)):,} params" for m in pool.members]
+            rows.append({"name": name, "members": members, "description": pool.description})
+        return rows
+    for name, obj in registry.items():
+        row = {"name": name, "description": describe(obj)}
+        if kind == "methods":
+            row.update(fidelity=obj.fidelity, topology=obj.topology)
+        if kind == "tasks":
+            info = obj.info
+            row.update(version=info.version, classes=info.num_classes, input=list(info.input_shape),
+                       source=info.source)
+        row["origin"] = registry.origin(name)
+        rows.append(row)
+    return rows

@@ -1,0 +1,32 @@
+"""Matrix runs: a suite of methods x tasks x seeds, run cell by cell (no command line here:
+``hfl_bench.cli.matrix`` is the ``hfl-bench matrix`` command).
+
+Modules: ``suite`` (the suite file and its cells), ``resume`` (which cells already have a final
+record), ``cells`` (running one cell into a record), ``executors`` (in-process, process pool,
+Ray) and ``runner`` (run_matrix, dry runs and the summary rows).
+
+A suite is a YAML file (format below, and in the README). Each cell is one ``RunConfig``,
+resolved against its task's defaults, run as ``engine.run`` + ``results.records.build_record`` and
+written to the suite's output folder under ``paths.record_path``, so a cell's record path
+is known before it runs: a rerun skips every cell whose record is already there (status ok or
+diverged, same config hash and seed) and retries the failed ones. A cell that raises becomes a
+``status: "failed"`` record and the matrix goes on.
+
+Suite format::
+
+    name: mini                      # optional; default: the file name
+    description: ...                # optional
+    out: leaderboards/reproduced/mini   # record folder (relative to the working directory)
+    methods: [local, crad, fedavg]
+    tasks: [digits, mnist1d]
+    seeds: [0, 1, 2]                # optional; default: each task's default seed
+    settings:                       # shared: any RunConfig field, plus method_params
+      rounds: 100
+    task_overrides:                 # optional, per task; applied over settings
+      mnist1d: {rounds: 50}
+    method_overrides:               # optional, per method; applied last
+      fedavg: {pool: cpu-cnn}
+      crad: {method_params: {lam: 0.5}}
+
+``method_params`` mappings are merged key by key across the layers; other keys replace.
+"""

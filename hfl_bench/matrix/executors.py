@@ -1,0 +1,149 @@
+"""Executors: in-process (``--jobs 1``), a local process pool (forkserver, not fork: torch is
+imported), or Ray tasks on a local or existing cluster. Pool workers and Ray tasks return the
+record and the driver writes it (``done``), so records land in the driver's folder even on a
+multi-machine cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from hfl_bench.config import ConfigError, RunConfig
+from hfl_bench.matrix.cells import error_text, failed_record, run_cell
+from hfl_bench.matrix.suite import Cell
+
+EXECUTORS = ("local", "ray")
+
+Done = Callable[[Cell, dict[str, Any]], None]
+
+
+def _pool_init(threads: int) -> None:
+    import os
+
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # for anything this worker starts
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def run_in_process(cells: list[Cell], done: Done, threads: Optional[int] = None,
+                   round_progress: Optional[Callable[[Cell], Callable]] = None) -> None:
+    """Serially, in this process (``--jobs 1``)."""
+    for cell in cells:
+        progress = round_progress(cell) if round_progress else None
+        done(cell, run_cell(cell.cfg, threads, progress))
+
+
+def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1) -> None:
+    """A local pool of ``jobs`` worker processes; each returns its record to this process."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # forkserver, not fork (fork is unsafe once torch has started threads): the server imports
+    # the engine once and every worker forks from it, instead of each worker importing torch.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["hfl_bench.engine", "hfl_bench.results.records",
+                                    "hfl_bench.matrix.cells", "hfl_bench.methods", "hfl_bench.tasks"])
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_pool_init, initargs=(threads,))
+    try:
+        futures = {pool.submit(run_cell, cell.cfg, threads): cell for cell in cells}
+        for future in as_completed(futures):
+            cell = futures[future]
+            try:
+                record = future.result()
+            except Exception as e:  # noqa: BLE001 - e.g. a worker killed for memory
+                record = failed_record(cell, error_text(e))
+            done(cell, record)
+    except BaseException:  # Ctrl-C: drop the queued cells instead of running them all first
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def ray_module():
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--executor ray needs Ray: pip install 'hfl-bench[ray]'") from None
+    return ray
+
+
+def start_ray(address: Optional[str]):
+    """Connect to ``address`` (an existing cluster, or ``auto``), or start a local Ray bound to
+    loopback (it is for this machine only). Returns True when this call started Ray."""
+    import os
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not address:
+        # Read when ray is imported; with the node IP below, every Ray socket listens on
+        # 127.0.0.1 (environment notes).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray = ray_module()
+    if ray.is_initialized():
+        return False  # e.g. a caller that already connected
+    if address:
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise ConfigError(f"cannot connect to the Ray cluster at {address}: {e}") from None
+    else:
+        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    return True
+
+
+def cell_gpus(cfg: RunConfig, gpus_per_cell: Optional[float], cluster_gpus: float) -> float:
+    """The GPUs a cell asks Ray for: as given, else 1 for a CUDA device, 1 for ``auto`` when the
+    cluster has GPUs (auto would pick CUDA there), else 0."""
+    if gpus_per_cell is not None:
+        return gpus_per_cell
+    if cfg.device.startswith("cuda"):
+        return 1
+    return 1 if cfg.device == "auto" and cluster_gpus > 0 else 0
+
+
+def unschedulable(cpus: float, gpus: float, resources: dict[str, float]) -> Optional[str]:
+    """Why a request can never be met by the cluster as it is now, or None."""
+    have_cpus, have_gpus = resources.get("CPU", 0), resources.get("GPU", 0)
+    if gpus > have_gpus:
+        return (f"the cell asks Ray for {gpus:g} GPU(s) but the cluster has {have_gpus:g}: "
+                "set device: cpu in the suite or pass --gpus-per-cell 0")
+    if cpus > have_cpus:
+        return f"the cell asks Ray for {cpus:g} CPU(s) but the cluster has {have_cpus:g}: lower --cpus-per-cell"
+    return None
+
+
+def run_ray(cells: list[Cell], done: Done, address: Optional[str], cpus_per_cell: float = 1,
+            gpus_per_cell: Optional[float] = None, jobs: Optional[int] = None,
+            threads: Optional[int] = None) -> None:
+    """Each cell a Ray task with its CPU/GPU request; at most ``jobs`` in flight (default: all,
+    Ray's scheduler decides). The task returns the record; ``done`` writes it here."""
+    ray = ray_module()
+    started = start_ray(address)
+    try:
+        remote = ray.remote(run_cell)
+        resources = ray.cluster_resources()
+        threads = threads or max(1, int(cpus_per_cell))
+        pending = list(cells)
+        in_flight: dict[Any, Cell] = {}
+        while pending or in_flight:
+            while pending and (not jobs or len(in_flight) < jobs):
+                cell = pending.pop(0)
+                gpus = cell_gpus(cell.cfg, gpus_per_cell, resources.get("GPU", 0))
+                problem = unschedulable(cpus_per_cell, gpus, resources)
+                if problem:  # Ray would wait for it forever
+                    done(cell, failed_record(cell, f"ConfigError: {problem}"))
+                    continue
+                options = dict(num_cpus=cpus_per_cell, num_gpus=gpus, max_retries=0)
+                in_flight[remote.options(**options).remote(cell.cfg, threads)] = cell
+            if not in_flight:
+                break
+            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            cell = in_flight.pop(ready[0])
+            try:
+                record = ray.get(ready[0])
+            except Exception as e:  # noqa: BLE001 - a crashed worker or node
+                record = failed_record(cell, error_text(e, with_traceback=False))
+            done(cell, record)
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,107 @@
+"""The matrix run: every cell not already done, on one executor, and one summary row per cell
+(also for a dry run, which checks what it can without loading data)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from hfl_bench.config import RunConfig
+from hfl_bench.matrix.cells import error_text, failed_record
+from hfl_bench.matrix.executors import run_in_process, run_process_pool, run_ray
+from hfl_bench.matrix.resume import finished_record
+from hfl_bench.matrix.suite import Cell
+from hfl_bench.results.records import write_record
+
+
+def summary_row(cell: Cell, record: Optional[dict[str, Any]], status: str, path: Optional[Path]) -> dict[str, Any]:
+    """One line of the summary: ``status`` is ok, diverged, failed or skipped (a final record
+    was already there); ``record_status`` is the status inside the record file."""
+    record = record or {}
+    metrics = record.get("metrics") or {}
+    error = record.get("error") or cell.error
+    return {
+        "method": cell.cfg.method,
+        "task": cell.cfg.task,
+        "seed": cell.cfg.seed,
+        "status": status,
+        "record_status": record.get("status"),
+        "global_acc": metrics.get("global_acc"),
+        "wall_time_s": (record.get("cost") or {}).get("wall_time_total_s"),
+        "record": str(path) if path else None,
+        "error": error.splitlines()[0] if error else None,
+    }
+
+
+def engine_check(cfg: RunConfig) -> None:
+    """Raise what can be known about a resolved cell without loading data: an unknown method,
+    pool or hyperparameter. (A method's own ``check`` needs the clients, so runs only in a run.)"""
+    from hfl_bench import engine
+    from hfl_bench.pools import get_pool
+
+    engine.make_method(cfg)
+    get_pool(cfg.pool)
+
+
+def dry_run_row(cell: Cell) -> dict[str, Any]:
+    """What a run would do with this cell, checking what can be checked without loading data."""
+    existing = finished_record(cell)
+    if existing is not None:
+        return summary_row(cell, existing, "would skip", cell.record_path())
+    problem = cell.error
+    if problem is None:
+        try:
+            engine_check(cell.cfg)
+        except Exception as e:  # noqa: BLE001
+            problem = error_text(e, with_traceback=False)
+    row = summary_row(cell, None, "would fail" if problem else "would run", cell.record_path())
+    row["error"] = problem
+    return row
+
+
+def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] = None,
+               threads: Optional[int] = None, address: Optional[str] = None, cpus_per_cell: float = 1,
+               gpus_per_cell: Optional[float] = None, on_cell: Optional[Callable[[dict], None]] = None,
+               round_progress: Optional[Callable[[Cell], Callable]] = None) -> list[dict[str, Any]]:
+    """Run every cell not already done; returns the summary rows in cell order."""
+    rows: dict[int, dict[str, Any]] = {}
+    index = {id(cell): i for i, cell in enumerate(cells)}
+
+    def report(cell: Cell, row: dict[str, Any]) -> None:
+        rows[index[id(cell)]] = row
+        if on_cell:
+            on_cell(row)
+
+    def done(cell: Cell, record: dict[str, Any]) -> None:
+        report(cell, summary_row(cell, record, record["status"], write_record(record, cell.cfg.out)))
+
+    todo = []
+    for cell in cells:
+        existing = finished_record(cell)
+        if existing is not None:
+            report(cell, summary_row(cell, existing, "skipped", cell.record_path()))
+        elif cell.error is not None:  # unresolvable: nothing to run
+            done(cell, failed_record(cell, cell.error))
+        else:
+            todo.append(cell)
+
+    if todo:
+        if executor == "ray":
+            run_ray(todo, done, address, cpus_per_cell, gpus_per_cell, jobs, threads)
+        elif (jobs or 1) > 1:
+            run_process_pool(todo, done, jobs, threads or 1)
+        else:
+            run_in_process(todo, done, threads, round_progress)
+    return [rows[i] for i in range(len(cells))]
+
+
+def exit_code(rows: list[dict[str, Any]]) -> int:
+    return 1 if any(r["status"] in ("failed", "would fail") for r in rows) else 0
+
+
+def count_statuses(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many cells ended (or would end) in each status, in order of first appearance."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    return counts

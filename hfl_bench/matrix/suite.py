@@ -1,0 +1,181 @@
+"""Suite files: parsing and checking one, and expanding it into cells (one resolved RunConfig
+each, so a cell's record path is known before it runs). The format is in the package docstring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from hfl_bench import config as config_mod
+from hfl_bench import paths
+from hfl_bench.config import ConfigError, RunConfig, read_yaml_mapping
+from hfl_bench.matrix.cells import error_text
+
+SUITE_KEYS = ("name", "description", "out", "methods", "tasks", "seeds", "settings",
+              "task_overrides", "method_overrides")
+# Set by the suite's axes and its ``out``, so not allowed among the settings.
+AXIS_FIELDS = ("method", "task", "seed", "out")
+SETTING_KEYS = tuple(k for k in config_mod.FIELDS if k not in AXIS_FIELDS)
+
+
+@dataclass
+class Suite:
+    """A parsed suite file: the three axes, shared settings and overrides."""
+
+    name: str
+    methods: list[str]
+    tasks: list[str]
+    seeds: list[Optional[int]]
+    out: str = "runs"
+    description: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+    task_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    method_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class Cell:
+    """One run of the matrix. ``cfg`` is resolved against the task's defaults; when resolution
+    failed (an unknown task, a bad setting) it is the unresolved config and ``error`` says why."""
+
+    cfg: RunConfig
+    error: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.cfg.method} on {self.cfg.task}, seed {self.cfg.seed}"
+
+    def record_path(self) -> Path:
+        return paths.record_path(self.cfg)
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read and check a suite file; raises ConfigError with a one-line message."""
+    path = Path(path)
+    data = read_yaml_mapping(path, "suite file", f"(keys: {', '.join(SUITE_KEYS)})")
+    return parse_suite(data, default_name=path.stem, where=str(path))
+
+
+def parse_suite(data: dict[str, Any], default_name: str = "suite", where: str = "suite") -> Suite:
+    _check_keys(data, SUITE_KEYS, where)
+    methods = _names(data, "methods", where)
+    tasks = _names(data, "tasks", where)
+    seeds = _seeds(data.get("seeds"), where)
+    settings = _settings(data.get("settings"), f"{where}: settings")
+    task_overrides = _overrides(data, "task_overrides", tasks, "tasks", where)
+    method_overrides = _overrides(data, "method_overrides", methods, "methods", where)
+    out = data.get("out", "runs")
+    if not isinstance(out, str) or not out.strip():
+        raise ConfigError(f"{where}: out must be a folder path, got {out!r}")
+    return Suite(name=str(data.get("name") or default_name), methods=methods, tasks=tasks, seeds=seeds,
+                 out=out, description=str(data.get("description") or ""), settings=settings,
+                 task_overrides=task_overrides, method_overrides=method_overrides)
+
+
+def _check_keys(data: dict[str, Any], known: Iterable[str], where: str) -> None:
+    known = tuple(known)
+    unknown = sorted(str(k) for k in set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}. Known: {', '.join(known)}")
+
+
+def _names(data: dict[str, Any], key: str, where: str) -> list[str]:
+    names = data.get(key)
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"{where}: {key} must be a non-empty list of names, got {names!r}")
+    _no_duplicates(names, key, where)
+    return names
+
+
+def _seeds(seeds: Any, where: str) -> list[Optional[int]]:
+    if seeds is None:
+        return [None]  # each task's default seed
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        seeds = [seeds]
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                           for s in seeds):
+        raise ConfigError(f"{where}: seeds must be a non-empty list of integers, got {seeds!r}")
+    _no_duplicates(seeds, "seeds", where)
+    return seeds
+
+
+def _no_duplicates(items: list, key: str, where: str) -> None:
+    repeated = sorted({str(x) for x in items if items.count(x) > 1})
+    if repeated:
+        raise ConfigError(f"{where}: {key} lists {', '.join(repeated)} more than once")
+
+
+def _settings(values: Any, where: str) -> dict[str, Any]:
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where} must be a mapping of run settings, got {values!r}")
+    for axis in AXIS_FIELDS:
+        if axis in values:
+            hint = "the suite's top-level out" if axis == "out" else f"the suite's {axis}s list"
+            raise ConfigError(f"{where}: {axis!r} is set by {hint}, not here")
+    _check_keys(values, SETTING_KEYS, where)
+    params = values.get("method_params")
+    if params is not None and not isinstance(params, dict):
+        raise ConfigError(f"{where}: method_params must be a mapping, got {params!r}")
+    return dict(values)
+
+
+def _overrides(data: dict[str, Any], key: str, names: list[str], axis: str, where: str) -> dict[str, dict]:
+    raw = data.get(key) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: {key} must map names to settings, got {raw!r}")
+    stray = sorted(set(raw) - set(names))
+    if stray:  # most likely a typo: an override that would never apply
+        raise ConfigError(f"{where}: {key} names {', '.join(map(str, stray))}, not in the suite's {axis} "
+                          f"({', '.join(names)})")
+    return {name: _settings(values, f"{where}: {key}.{name}") for name, values in raw.items()}
+
+
+def merge_settings(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Later layers win; ``method_params`` mappings are merged key by key."""
+    merged: dict[str, Any] = {}
+    params: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key == "method_params":
+                params.update(value or {})
+            else:
+                merged[key] = value
+    merged["method_params"] = params
+    return merged
+
+
+def suite_cells(suite: Suite, out: str | Path | None = None) -> list[Cell]:
+    """Every cell, task by task, method by method, seed by seed (the summary's order)."""
+    folder = str(out if out is not None else suite.out)
+    cells = []
+    for task in suite.tasks:
+        for method in suite.methods:
+            values = merge_settings(suite.settings, suite.task_overrides.get(task, {}),
+                                    suite.method_overrides.get(method, {}))
+            for seed in suite.seeds:
+                cells.append(resolve_cell(dict(values, method=method, task=task, seed=seed, out=folder)))
+    return cells
+
+
+def resolve_cell(values: dict[str, Any]) -> Cell:
+    """Resolve one cell against its task's defaults; a failure is kept on the cell, not raised,
+    so the matrix can record it as a failed cell and go on."""
+    from hfl_bench import engine
+
+    cfg = RunConfig(**values)
+    try:
+        _, resolved = engine.load_task(cfg)
+    except Exception as e:  # noqa: BLE001 - any cell problem becomes that cell's failed record
+        return Cell(cfg, error_text(e, with_traceback=False))
+    return Cell(resolved)
+
+
+def expected_filename(cfg: RunConfig) -> str:
+    """The file name ``write_record`` will give this config's record."""
+    return paths.record_path(cfg).name

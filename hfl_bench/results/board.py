@@ -1,0 +1,61 @@
+"""The leaderboard: reproduced runs grouped over seeds (``grouping``'s rule), described and
+summarized (``setting``), with the published figures beside each group (``published``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from hfl_bench.results.grouping import group_seeds
+from hfl_bench.results.loading import Loaded, Skipped
+from hfl_bench.results.published import Published, match
+from hfl_bench.results.setting import Group, describe
+
+
+@dataclass
+class Board:
+    groups: list[Group]
+    unmatched: list[Published]
+    skipped: list[str]
+
+
+def named_records(loaded: Iterable[Loaded]) -> tuple[list[Loaded], list[Skipped]]:
+    """The records a board can place (they name their method and task); the others are skipped
+    (``leaderboard validate`` says what else is wrong with them)."""
+    keep, skipped = [], []
+    for r in loaded:
+        if all(isinstance(r.record.get(k), dict) and r.record[k].get("name") for k in ("method", "task")):
+            keep.append(r)
+        else:
+            skipped.append(Skipped(str(r.path), "no method or task name"))
+    return keep, skipped
+
+
+def build_groups(records: Iterable[Loaded]) -> list[Group]:
+    """Every reproduced group, described."""
+    return [describe(g) for g in group_seeds(records)]
+
+
+def build_board(records: list[Loaded], tasks: Iterable[str] = (), methods: Iterable[str] = (),
+                pools: Iterable[str] = (), skipped: Optional[list[str]] = None) -> Board:
+    """Groups (filtered, sorted by task then mean global accuracy) with published figures beside."""
+    tasks, methods, pools = set(tasks), set(methods), set(pools)
+
+    def keep(task, method, pool):
+        return (not tasks or task in tasks) and (not methods or method in methods) and (not pools or pool in pools)
+
+    groups = [g for g in build_groups(records) if keep(g.task, g.method, g.pool)]
+    published = [Published(r.record) for r in records if r.kind == "published"]
+    published = [p for p in published if keep(p.task, p.method, p.pool)]
+    matched = set()
+    for g in groups:
+        for i, p in enumerate(published):
+            m = match(p, g)
+            if m is not None:
+                g.published.append(m)
+                matched.add(i)
+    groups.sort(key=lambda g: (g.task, -(g.stat().mean if g.stat().mean is not None else -1e9), g.method, g.group_id))
+    unmatched = sorted((p for i, p in enumerate(published) if i not in matched),
+                       key=lambda p: (p.task, p.method, p.citation.get("key", ""), p.citation.get("locator", "")))
+    return Board(groups, unmatched, list(skipped or []))

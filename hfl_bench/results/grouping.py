@@ -1,0 +1,140 @@
+"""The one rule that says which records are the seeds of one setting (leaderboard rows and plot
+series both use it, so a figure and a row never disagree).
+
+A **group** is every reproduced record of one setting: the same config hash (method, its
+hyperparameters, task, pool, partition scheme and parameters, clients, rounds, optimizer; the
+fields of ``config.NON_SEMANTIC`` such as seed, paths, device and checkpointing excluded) on the
+same data. The config hash leaves the data folder out and the partition hash changes with the
+seed (the partition is drawn from the run seed), so neither alone says "same data": a group is
+keyed on the config hash plus the task version and its train / test sizes, and if two records of
+one key still have the same seed but different partition hashes (same config, different data),
+the key is split by partition hash (a record that failed before its data loaded joins its
+config's only data variant).
+
+Within a group, the records with status ok give one seed each: the newest if a seed was run twice
+(the others are duplicates). Failed and diverged records are counted, never averaged in.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from hfl_bench.results.loading import Loaded
+
+NOT_OK = ("failed", "diverged")
+
+
+def seed_order(seed: Any) -> tuple:
+    """Sort key for seeds: numbers first, in order, then anything else by its text."""
+    return (0, seed, "") if isinstance(seed, (int, float)) else (1, 0, str(seed))
+
+
+def data_identity(r: Loaded) -> Optional[tuple]:
+    """The data a run saw, as far as its record says (None for a run that failed before loading)."""
+    task = r.record.get("task") or {}
+    if task.get("n_train") is None:
+        return None
+    return (task.get("name"), task.get("version"), task.get("n_train"), task.get("n_test"))
+
+
+def group_key(r: Loaded, data: Optional[tuple], by_partition: bool) -> tuple:
+    """The key of the group ``r`` belongs to: config hash and data identity, and the partition hash
+    where the setting has to be split by it. ``data`` is ``r``'s data identity, or the one its
+    config ran on when ``r`` failed before loading; ``group_seeds`` works both out."""
+    return (r.config_hash, data, by_partition, r.partition_hash if by_partition else None)
+
+
+@dataclass
+class SeedGroup:
+    """The reproduced records of one setting and the seeds they give."""
+
+    group_id: str  # the config hash, "/<partition hash>" appended when split by partition
+    records: list[Loaded]  # every member, any status
+    split_by_partition: bool
+    ok: list[Loaded] = field(default_factory=list)  # one per seed (the newest), in seed order
+    duplicates: list[Loaded] = field(default_factory=list)  # older runs (or copies) of an ok seed
+    n_failed: int = 0
+    n_diverged: int = 0
+
+    @property
+    def config_hash(self) -> Optional[str]:
+        return self.records[0].config_hash
+
+    @property
+    def seeds(self) -> list[Any]:
+        return [r.seed for r in self.ok]
+
+    def describing(self) -> Loaded:
+        """A record that ran, to describe the setting by (a failed one may lack partition and
+        federation blocks)."""
+        return next((r for r in self.records if r.record.get("partition")), self.records[0])
+
+    def kept_for(self, duplicate: Loaded) -> Loaded:
+        """The record that stands for ``duplicate``'s seed."""
+        return next(r for r in self.ok if r.seed == duplicate.seed)
+
+
+def group_seeds(records: Iterable[Loaded]) -> list[SeedGroup]:
+    """Group the reproduced records (published ones are left out), in order of first appearance."""
+    members: dict[tuple, list[Loaded]] = defaultdict(list)
+    for same_config in _by_config(records):
+        data = _data_identities(same_config)
+        split = _needs_partition_split(same_config, data)
+        for r in same_config:
+            members[group_key(r, data[id(r)], split[data[id(r)]])].append(r)
+    return [_seed_group(rs, split=by_partition) for (_, _, by_partition, _), rs in members.items()]
+
+
+def _by_config(records: Iterable[Loaded]) -> list[list[Loaded]]:
+    by_config: dict[Any, list[Loaded]] = defaultdict(list)
+    for r in records:
+        if r.kind == "reproduced":
+            by_config[r.config_hash].append(r)
+    return list(by_config.values())
+
+
+def _data_identities(same_config: list[Loaded]) -> dict[int, Optional[tuple]]:
+    """Each record's data identity; a record that failed before its data loaded has none and
+    takes the only identity its config ran on, or stays apart when there are several."""
+    own = {id(r): data_identity(r) for r in same_config}
+    known = {d for d in own.values() if d is not None}
+    only = next(iter(known)) if len(known) == 1 else None
+    return {key: (d if d is not None else only) for key, d in own.items()}
+
+
+def _needs_partition_split(same_config: list[Loaded], data: dict[int, Optional[tuple]]) -> dict:
+    """Per data identity: does one seed appear with two partition hashes (different data that
+    the record cannot otherwise tell apart)?"""
+    hashes: dict[tuple, set] = defaultdict(set)
+    for r in same_config:
+        if r.partition_hash is not None:
+            hashes[(data[id(r)], r.seed)].add(r.partition_hash)
+    split: dict[Optional[tuple], bool] = defaultdict(bool)
+    for (identity, _seed), seen in hashes.items():
+        split[identity] |= len(seen) > 1
+    return split
+
+
+def _seed_group(records: list[Loaded], split: bool) -> SeedGroup:
+    g = SeedGroup(group_id="", records=records, split_by_partition=split)
+    first = g.describing()
+    g.group_id = (first.config_hash or "?") + (f"/{first.partition_hash}" if split else "")
+    newest: dict[Any, Loaded] = {}
+    for r in records:
+        if r.status in NOT_OK:
+            g.n_failed += r.status == "failed"
+            g.n_diverged += r.status == "diverged"
+            continue
+        if r.status != "ok":  # no status the schema knows: neither a seed nor a failure
+            continue
+        kept = newest.get(r.seed)  # a seed run twice: keep the newest (the first of equal dates)
+        if kept is not None and r.date <= kept.date:
+            g.duplicates.append(r)
+            continue
+        if kept is not None:
+            g.duplicates.append(kept)
+        newest[r.seed] = r
+    g.ok = [newest[s] for s in sorted(newest, key=seed_order)]
+    return g

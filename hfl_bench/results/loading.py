@@ -1,0 +1,120 @@
+"""Reading records in bulk: the one walker over files and folders, and the one reader behind the
+leaderboard, the plots and ``leaderboard validate``. Files that are not records are reported with
+a reason, never dropped in silence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from hfl_bench.results.records import NotARecord, load_record
+
+
+class ResultsError(ValueError):
+    """Bad input to the results layer (a path that does not exist, nothing to draw); the message
+    is meant for the user."""
+
+
+@dataclass
+class Loaded:
+    """One record file that was read, with the fields the results layer groups and labels by."""
+
+    path: Path
+    record: dict[str, Any] = field(repr=False)
+
+    def _block(self, name: str) -> dict[str, Any]:
+        value = self.record.get(name)
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def record_id(self) -> str:
+        return str(self.record.get("record_id"))
+
+    @property
+    def task(self) -> str:
+        return str(self._block("task").get("name"))
+
+    @property
+    def method(self) -> str:
+        return str(self._block("method").get("name"))
+
+    @property
+    def config_hash(self) -> Optional[str]:
+        return self.record.get("config_hash")
+
+    @property
+    def seed(self) -> Any:
+        """The run seed: the config's, else the python seed, else -1 (a record that names none)."""
+        return self._block("config").get("seed", self._block("seeds").get("python", -1))
+
+    @property
+    def partition_hash(self) -> Optional[str]:
+        return self._block("partition").get("hash")
+
+    @property
+    def status(self) -> Any:
+        return self.record.get("status")
+
+    @property
+    def kind(self) -> str:
+        """reproduced (a run of this suite) or published (a figure from a paper)."""
+        return self._block("source").get("kind", "reproduced")
+
+    @property
+    def date(self) -> str:
+        return str(self.record.get("date") or "")
+
+
+@dataclass
+class Skipped:
+    """A file or record left out, and why."""
+
+    path: str
+    reason: str  # short; the path is shown beside it
+    message: str = ""  # the full sentence, path included; the reason when empty
+    task: Optional[str] = None  # None: not a record, so it belongs to no task
+
+    def line(self) -> str:
+        return self.message or f"{self.path}: {self.reason}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"file": self.path, "reason": self.reason}
+
+
+def record_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The JSON files named, or found (recursively) under folders, each once, in a stable order.
+    Raises ResultsError for a path that does not exist."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(q for q in p.rglob("*.json") if q.is_file())
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise ResultsError(f"no such file or folder: {p}")
+    seen: set[Path] = set()
+    unique = []
+    for f in files:  # a file named twice (or under two named folders) would count twice
+        if f.resolve() not in seen:
+            seen.add(f.resolve())
+            unique.append(f)
+    return unique
+
+
+def read_records(files: Iterable[Path]) -> tuple[list[Loaded], list[Skipped]]:
+    """Every file that holds a record, and one Skipped per file that does not."""
+    loaded: list[Loaded] = []
+    skipped: list[Skipped] = []
+    for f in files:
+        try:
+            loaded.append(Loaded(f, load_record(f)))
+        except NotARecord as e:
+            skipped.append(Skipped(str(f), e.reason, str(e)))
+    return loaded, skipped
+
+
+def load_records(paths: Iterable[str | Path]) -> tuple[list[Loaded], list[Skipped]]:
+    """The records under ``paths`` (files or folders) and the files skipped."""
+    return read_records(record_files(paths))

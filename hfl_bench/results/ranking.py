@@ -1,0 +1,55 @@
+"""The rank: methods ranked within each protocol (task, partition, clients, active clients,
+rounds, local epochs) that at least two methods ran, by the mean global accuracy of the method's
+best group there (higher is better); tied means share the average of their ranks. A method's
+score is its mean rank over the protocols it ran in.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from hfl_bench.results.setting import Group, partition_label
+
+
+def rank_methods(groups: list[Group]) -> list[dict[str, Any]]:
+    """Mean rank of each method over the protocols that two or more methods ran (see module doc)."""
+    best: dict[tuple, dict[str, float]] = defaultdict(dict)
+    labels: dict[tuple, str] = {}
+    for g in groups:
+        mean = g.stat().mean
+        if mean is None:
+            continue
+        key = g.protocol()
+        labels[key] = protocol_label(g)
+        best[key][g.method] = max(mean, best[key].get(g.method, float("-inf")))
+    ranks: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for key, scores in sorted(best.items(), key=lambda kv: labels[kv[0]]):
+        if len(scores) < 2:
+            continue
+        for method, rank in average_ranks(scores).items():
+            ranks[method].append({"protocol": labels[key], "task": key[0], "rank": rank,
+                                  "global_acc": scores[method], "n_methods": len(scores)})
+    rows = [{"method": m, "mean_rank": round(statistics.fmean(r["rank"] for r in rs), 4), "n_protocols": len(rs),
+             "ranks": rs} for m, rs in ranks.items()]
+    return sorted(rows, key=lambda r: (r["mean_rank"], -r["n_protocols"], r["method"]))
+
+
+def average_ranks(scores: dict[str, float]) -> dict[str, float]:
+    """Rank 1 = highest score; equal scores (to 4 decimals) share the mean of the ranks they span."""
+    order = sorted(scores, key=lambda m: -scores[m])
+    out, i = {}, 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and round(scores[order[j + 1]], 4) == round(scores[order[i]], 4):
+            j += 1
+        for m in order[i:j + 1]:
+            out[m] = (i + 1 + j + 1) / 2
+        i = j + 1
+    return out
+
+
+def protocol_label(g: Group) -> str:
+    active = "" if g.clients_per_round in (None, g.n_clients) else f"/{g.clients_per_round}"
+    return f"{g.task} {partition_label(g.partition_scheme, g.partition_params)} N={g.n_clients}{active} R={g.rounds}"

@@ -1,0 +1,183 @@
+"""The leaderboard as rows: the terminal table (rich), markdown, csv and json, and the rank."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any, Iterable, Optional
+
+from rich.table import Table
+from rich.text import Text
+
+from hfl_bench.results.board import Board
+from hfl_bench.results.published import Match, Published
+from hfl_bench.results.setting import METRICS, canonical, partition_label
+
+
+def _num(x: Optional[float], nd: int = 2) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def _pm(mean: Optional[float], sd: Optional[float]) -> str:
+    return "-" if mean is None else f"{mean:.2f} ± {_num(sd)}"
+
+
+def _params_label(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "default"
+
+
+def _setting_label(partition: str, n_clients: Any, clients_per_round: Any, rounds: Any) -> str:
+    n = "?" if n_clients is None else str(n_clients)
+    if clients_per_round not in (None, n_clients):
+        n += f"/{clients_per_round}"
+    return f"{partition} N={n} R={'?' if rounds is None else rounds}"
+
+
+def _published_setting(p: Published) -> str:
+    s = p.setting
+    part = s.get("partition") or {}
+    partition = partition_label(part["scheme"], part.get("params") or {}) if part.get("scheme") else "?"
+    return _setting_label(partition, s.get("n_clients"), s.get("clients_per_round"), s.get("rounds"))
+
+
+def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Rows for the table and markdown formats: each group followed by the published figures
+    beside it; then the published figures that match no group."""
+    rows = []
+    for g in board.groups:
+        gl, lo = g.stat("global_acc"), g.stat("local_acc")
+        setting = _setting_label(partition_label(g.partition_scheme, g.partition_params), g.n_clients,
+                                 g.clients_per_round, g.rounds)
+        if g.method_params:
+            setting += " " + _params_label(g.method_params)
+        rows.append({
+            "method": g.method, "task": g.task, "pool": g.pool, "setting": setting, "seeds": str(gl.n),
+            "global acc": _pm(gl.mean, gl.sd), "local acc": _pm(lo.mean, lo.sd),
+            "failed/diverged": f"{g.n_failed}/{g.n_diverged}", "source": "", "locator": "",
+            "match": "", "delta": "",
+        })
+        rows += [_published_row(m.published, m) for m in g.published]
+    return rows, [_published_row(p, None) for p in board.unmatched]
+
+
+def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
+    value = _pm(p.value, p.sd)
+    c = p.citation
+    endpoint = f" [{p.endpoint}]" if p.endpoint else ""
+    published_as = p.record["method"].get("published_name") or p.method
+    return {
+        "method": f"  ↳ {published_as}{endpoint}" if m else f"{p.method}{endpoint}", "task": "" if m else p.task,
+        "published as": published_as,
+        "pool": p.pool or "(other)", "setting": _published_setting(p), "seeds": str(p.n_seeds or "?"),
+        "global acc": value if p.metric == "global_acc" else "", "local acc": value if p.metric == "local_acc" else "",
+        "failed/diverged": "", "source": str(c.get("key")), "locator": str(c.get("locator")),
+        "match": m.setting_match if m else str(c.get("setting_match", "")),
+        "delta": ("-" if m.delta is None else f"{m.delta:+.2f}") if m else "",
+    }
+
+
+# The terminal table leaves out the locator (long); markdown, csv and json keep it.
+COLUMNS = ("method", "task", "pool", "setting", "seeds", "global acc", "local acc", "failed/diverged", "source",
+           "locator", "match", "delta")
+TABLE_COLUMNS = tuple(c for c in COLUMNS if c != "locator")
+UNMATCHED_COLUMNS = ("method", "published as", "task", "pool", "setting", "seeds", "global acc", "local acc",
+                     "source", "locator", "match")
+
+CSV_COLUMNS = (
+    "row_type", "group_id", "method", "task", "pool", "partition_scheme", "partition_params", "n_clients",
+    "clients_per_round", "rounds", "local_epochs", "method_params", "seeds", "n_seeds", "global_mean", "global_sd",
+    "local_mean", "local_sd", "n_failed", "n_diverged", "n_duplicates", "endpoint", "citation_key", "arxiv_or_doi",
+    "locator", "setting_match", "published_metric", "published_value", "published_sd", "reproduced_mean", "delta",
+)
+
+
+def csv_rows(board: Board) -> list[dict[str, Any]]:
+    """Flat rows: one per group (row_type reproduced), one per published figure beside it
+    (row_type published, same group_id), one per unmatched published figure (empty group_id)."""
+    rows = []
+    for g in board.groups:
+        gl, lo = g.stat("global_acc"), g.stat("local_acc")
+        rows.append({
+            "row_type": "reproduced", "group_id": g.group_id, "method": g.method, "task": g.task, "pool": g.pool,
+            "partition_scheme": g.partition_scheme, "partition_params": canonical(g.partition_params),
+            "n_clients": g.n_clients, "clients_per_round": g.clients_per_round, "rounds": g.rounds,
+            "local_epochs": g.local_epochs, "method_params": canonical(g.method_params),
+            "seeds": " ".join(map(str, g.seeds)), "n_seeds": gl.n, "global_mean": gl.mean, "global_sd": gl.sd,
+            "local_mean": lo.mean, "local_sd": lo.sd, "n_failed": g.n_failed, "n_diverged": g.n_diverged,
+            "n_duplicates": g.n_duplicates,
+        })
+        rows += [_published_csv(m.published, m, g.group_id) for m in g.published]
+    rows += [_published_csv(p, None, "") for p in board.unmatched]
+    return [{c: ("" if r.get(c) is None else r.get(c)) for c in CSV_COLUMNS} for r in rows]
+
+
+def _published_csv(p: Published, m: Optional[Match], group_id: str) -> dict[str, Any]:
+    s, c = p.setting, p.citation
+    part = s.get("partition") or {}
+    return {
+        "row_type": "published", "group_id": group_id, "method": p.method, "task": p.task, "pool": p.pool,
+        "partition_scheme": part.get("scheme"), "partition_params": canonical(part.get("params") or {}),
+        "n_clients": s.get("n_clients"), "clients_per_round": s.get("clients_per_round"), "rounds": s.get("rounds"),
+        "local_epochs": s.get("local_epochs"), "n_seeds": p.n_seeds, "endpoint": p.endpoint,
+        "citation_key": c.get("key"), "arxiv_or_doi": c.get("arxiv_or_doi"), "locator": c.get("locator"),
+        "setting_match": m.setting_match if m else c.get("setting_match"), "published_metric": p.metric,
+        "published_value": p.value, "published_sd": p.sd,
+        "reproduced_mean": m.reproduced.mean if m else None, "delta": m.delta if m else None,
+    }
+
+
+def board_json(board: Board) -> dict[str, Any]:
+    groups = []
+    for g in board.groups:
+        groups.append({
+            "group_id": g.group_id, "config_hash": g.config_hash, "method": g.method, "task": g.task,
+            "pool": g.pool, "partition": {"scheme": g.partition_scheme, "params": g.partition_params},
+            "partition_hashes": sorted({r.partition_hash for r in g.ok}, key=str),
+            "split_by_partition": g.split_by_partition, "n_clients": g.n_clients,
+            "clients_per_round": g.clients_per_round, "rounds": g.rounds, "local_epochs": g.local_epochs,
+            "method_params": g.method_params, "seeds": g.seeds, "n_seeds": len(g.ok),
+            "global_acc": g.stat("global_acc").as_dict(), "local_acc": g.stat("local_acc").as_dict(),
+            "endpoints": {e: {m: g.stat(m, e).as_dict() for m in METRICS} for e in g.endpoints()},
+            "n_failed": g.n_failed, "n_diverged": g.n_diverged, "n_duplicates": g.n_duplicates,
+            "records": [str(r.path) for r in g.ok],
+            "published": [m.as_dict() for m in g.published],
+        })
+    return {"sd": "sample standard deviation (ddof=1); null for a single seed", "groups": groups,
+            "unmatched_published": [p.as_dict() for p in board.unmatched], "skipped": board.skipped}
+
+
+def rank_rows(ranked: list[dict[str, Any]]) -> list[dict[str, str]]:
+    return [{"#": str(i), "method": r["method"], "mean rank": f"{r['mean_rank']:.2f}",
+             "protocols": str(r["n_protocols"]),
+             "ranks": "; ".join(f"{x['protocol']}: {x['rank']:g}/{x['n_methods']}" for x in r["ranks"])}
+            for i, r in enumerate(ranked, 1)]
+
+
+def to_markdown(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
+    columns = list(columns)
+
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def to_rich(rows: list[dict[str, str]], columns: Iterable[str], title: str) -> Table:
+    t = Table(title=title)
+    for c in columns:
+        right = c in ("seeds", "global acc", "local acc", "delta", "mean rank", "protocols", "#")
+        # fold, not ellipsis: a narrow terminal still shows every character
+        t.add_column(c, justify="right" if right else "left", overflow="fold")
+    for r in rows:
+        published = bool(r.get("source"))
+        t.add_row(*[Text(r.get(c, "")) for c in columns], style="dim" if published else None)  # Text: no markup
+    return t

@@ -1,0 +1,131 @@
+"""A leaderboard group: one setting (what was run, read from its records) and its figures over
+seeds: mean and sample standard deviation (ddof = 1; None, shown as '-', for a single seed) of
+global and local accuracy and of every extra endpoint, over the group's ok seeds. Which records
+form a group is ``grouping``'s rule.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Optional
+
+from hfl_bench.results.grouping import SeedGroup
+from hfl_bench.results.loading import Loaded
+
+if TYPE_CHECKING:
+    from hfl_bench.results.published import Match
+
+METRICS = ("global_acc", "local_acc")
+
+
+@dataclass
+class Stat:
+    """Mean and sample standard deviation (ddof = 1) of one figure over seeds; sd None for n < 2."""
+
+    mean: Optional[float]
+    sd: Optional[float]
+    n: int
+
+    @classmethod
+    def of(cls, values: Iterable[Optional[float]]) -> "Stat":
+        xs = [float(v) for v in values if v is not None]
+        if not xs:
+            return cls(None, None, 0)
+        return cls(round(statistics.fmean(xs), 4), round(statistics.stdev(xs), 4) if len(xs) > 1 else None, len(xs))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean, "sd": self.sd, "n": self.n}
+
+
+@dataclass
+class Group:
+    """The reproduced records of one setting, described for the leaderboard."""
+
+    group_id: str
+    method: str
+    task: str
+    pool: str
+    partition_scheme: str
+    partition_params: dict[str, Any]
+    n_clients: Optional[int]
+    clients_per_round: Optional[int]
+    rounds: Optional[int]
+    local_epochs: Optional[int]
+    method_params: dict[str, Any]
+    hparams: dict[str, Any]
+    config_hash: str
+    ok: list[Loaded] = field(default_factory=list)
+    n_failed: int = 0
+    n_diverged: int = 0
+    n_duplicates: int = 0
+    split_by_partition: bool = False
+    published: list["Match"] = field(default_factory=list)
+
+    @property
+    def seeds(self) -> list[Any]:
+        return [r.seed for r in self.ok]
+
+    def stat(self, metric: str = "global_acc", endpoint: Optional[str] = None) -> Stat:
+        """One figure over the group's ok seeds: the headline, or a named extra endpoint."""
+        def value(r: Loaded):
+            m = r.record.get("metrics") or {}
+            if endpoint:
+                m = (m.get("extra_endpoints") or {}).get(endpoint) or {}
+            return m.get(metric)
+        return Stat.of(value(r) for r in self.ok)
+
+    def endpoints(self) -> list[str]:
+        names = {e for r in self.ok for e in ((r.record.get("metrics") or {}).get("extra_endpoints") or {})}
+        return sorted(names)
+
+    def protocol(self) -> tuple:
+        """What the rank compares methods within: task, partition, clients, rounds, epochs."""
+        return (self.task, self.partition_scheme, canonical(self.partition_params), self.n_clients,
+                self.clients_per_round, self.rounds, self.local_epochs)
+
+
+def describe(seeds: SeedGroup) -> Group:
+    """The leaderboard's view of one seed group: its setting, read from a record that ran."""
+    first = seeds.describing().record
+    part, fed, cfg = first.get("partition") or {}, first.get("federation") or {}, first.get("config") or {}
+    n_clients = fed.get("n_clients", cfg.get("clients"))
+    return Group(
+        group_id=seeds.group_id, method=first["method"]["name"], task=first["task"]["name"],
+        pool=(first.get("arch_pool") or {}).get("name") or cfg.get("pool") or "?",
+        partition_scheme=part.get("scheme", cfg.get("partition") or "?"),
+        partition_params=_with_public(dict(part.get("params") or _config_partition_params(cfg)),
+                                      part.get("public_size", cfg.get("public_size"))),
+        n_clients=n_clients, clients_per_round=fed.get("clients_per_round", cfg.get("clients_per_round") or n_clients),
+        rounds=fed.get("rounds", cfg.get("rounds")), local_epochs=fed.get("local_epochs", cfg.get("local_epochs")),
+        method_params=dict(cfg.get("method_params") or {}), hparams=dict(first["method"].get("hparams") or {}),
+        config_hash=first.get("config_hash") or "?", ok=list(seeds.ok), n_failed=seeds.n_failed,
+        n_diverged=seeds.n_diverged, n_duplicates=len(seeds.duplicates), split_by_partition=seeds.split_by_partition,
+    )
+
+
+def _with_public(params: dict[str, Any], public_size: Optional[int]) -> dict[str, Any]:
+    """A public hold-out changes every client's shard, so it is part of the setting (shown and
+    ranked on); published settings never name it, so it does not block a match."""
+    return {**params, "public": public_size} if public_size else params
+
+
+def _config_partition_params(cfg: dict[str, Any]) -> dict[str, Any]:
+    scheme = cfg.get("partition")
+    if scheme == "dirichlet" and cfg.get("alpha") is not None:
+        return {"alpha": cfg["alpha"]}
+    if scheme == "classes" and cfg.get("classes_per_client") is not None:
+        return {"k": cfg["classes_per_client"]}
+    return {}
+
+
+def canonical(obj: Any) -> str:
+    """One text per value (sorted keys): for comparing and for the csv cells."""
+    return json.dumps(obj, sort_keys=True, default=str)
+
+
+def partition_label(scheme: str, params: dict[str, Any]) -> str:
+    # min_size is a repair detail of the Dirichlet draw, not the setting people compare on.
+    shown = [f"{k}={v}" for k, v in params.items() if k != "min_size"]
+    return " ".join([scheme or "?", *shown])

@@ -1,0 +1,150 @@
+"""The method API: the registry refuses what is not a Method, and the services methods compose
+(seeded models, the one training loop, named timer phases) do what they say."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hfl_bench.metering import Phase
+from hfl_bench.method_api import (
+    Diverged,
+    Method,
+    Trainee,
+    fit,
+    make_plan,
+    new_model,
+    register_method,
+    seeded_init,
+    train_client,
+    transfer_plan,
+)
+from hfl_bench.registry import METHODS, RegistryError
+
+from helpers import cpu_federation
+
+
+def test_register_method_refuses_a_class_that_is_not_a_method():
+    with pytest.raises(RegistryError, match="subclass of hfl_bench.method_api.Method"):
+        @register_method("not-a-method")
+        class Plain:  # noqa: F841
+            def run_round(self, fed, rnd, active):
+                return {}
+
+    assert "not-a-method" not in METHODS
+
+
+def test_register_method_refuses_a_method_without_run_round():
+    with pytest.raises(RegistryError, match="does not implement run_round"):
+        @register_method("no-round")
+        class NoRound(Method):  # noqa: F841
+            pass
+
+
+def test_register_method_refuses_an_unknown_fidelity():
+    with pytest.raises(RegistryError, match="fidelity must be one of"):
+        @register_method("odd-fidelity")
+        class Odd(Method):  # noqa: F841
+            fidelity = "vibes"
+
+            def run_round(self, fed, rnd, active):
+                return {}
+
+
+def test_the_registry_refuses_an_object_an_entry_point_would_register():
+    # An entry point naming an object registers it under the entry point's name: checked too.
+    with pytest.raises(RegistryError, match="must be a subclass"):
+        METHODS.register("entry-point-object", lambda fed: None)
+    assert "entry-point-object" not in METHODS
+
+
+def test_new_model_reproduces_a_clients_initialization_without_touching_the_global_rng(tiny_cfg):
+    torch.manual_seed(123)
+    fed = cpu_federation(tiny_cfg())  # the engine initializes client 2 from ("init", 2)
+    state = torch.random.get_rng_state()
+    rebuilt = new_model(fed, fed.clients[2].arch, "init", 2)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    initial = cpu_federation(tiny_cfg()).clients[2].model.state_dict()
+    for key, value in rebuilt.state_dict().items():
+        assert torch.equal(value, initial[key]), key
+    with seeded_init(fed, "anything"):
+        a = torch.rand(3)
+    with seeded_init(fed, "anything"):
+        b = torch.rand(3)
+    assert torch.equal(a, b) and torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_train_client_is_the_plain_sgd_loop(tiny_cfg):
+    fed = cpu_federation(tiny_cfg())
+    client = fed.clients[1]
+    plan = make_plan(fed, 1, 1)
+    model = copy.deepcopy(client.model).train()
+    opt = torch.optim.SGD(model.parameters(), lr=fed.cfg.lr, momentum=fed.cfg.momentum,
+                          weight_decay=fed.cfg.weight_decay)
+    by_hand = []
+    for start, end in plan.bounds:
+        loss = F.cross_entropy(model(plan.view(fed, start, end)), plan.labels(fed, start, end))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), fed.cfg.grad_clip)
+        opt.step()
+        by_hand.append(float(loss.detach()))
+    mean = train_client(fed, client, plan)
+    assert mean == pytest.approx(sum(by_hand) / len(by_hand), rel=1e-6)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, client.model.state_dict()[key]), key
+
+
+def test_fit_steps_each_trainee_on_its_own_loss(tiny_cfg):
+    """Two models trained together with detached cross terms end where each would alone."""
+    fed = cpu_federation(tiny_cfg())
+    plan = make_plan(fed, 0, 1)
+    a, b = fed.clients[0].model, fed.clients[1].model
+    a_alone, b_alone = copy.deepcopy(a), copy.deepcopy(b)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (a, b, a_alone, b_alone)]
+
+    def losses(batch):
+        za, zb = a(batch.x), b(batch.x)
+        return [F.cross_entropy(za, batch.y) + 0.0 * zb.detach().sum(), F.cross_entropy(zb, batch.y)]
+
+    together = fit(fed, plan, [Trainee(a, opts[0], "a"), Trainee(b, opts[1], "b")], losses)
+    alone = [fit(fed, plan, [Trainee(m, o, n)], lambda batch, m=m: [F.cross_entropy(m(batch.x), batch.y)])[0]
+             for m, o, n in ((a_alone, opts[2], "a"), (b_alone, opts[3], "b"))]
+    assert together == pytest.approx(alone, rel=1e-6)
+    for trained, reference in ((a, a_alone), (b, b_alone)):
+        for key, value in trained.state_dict().items():
+            assert torch.equal(value, reference.state_dict()[key]), key
+
+
+def test_fit_names_the_trainee_that_diverged(tiny_cfg):
+    fed = cpu_federation(tiny_cfg())
+    model = fed.clients[0].model
+    plan = transfer_plan(fed, fed.data.train_x[:40], epochs=1, seed_parts=("test",))
+    trainee = Trainee(model, torch.optim.SGD(model.parameters(), lr=0.1), "client 0 (meme)")
+    with pytest.raises(Diverged, match=r"client 0 \(meme\)"):
+        fit(fed, plan, [trainee], lambda batch: [model(batch.x).sum() * float("nan")])
+
+
+def test_transfer_plan_covers_every_input_once_per_epoch(tiny_cfg):
+    fed = cpu_federation(tiny_cfg())
+    x = fed.data.train_x[:50]
+    plan = transfer_plan(fed, x, epochs=2, seed_parts=("test",))
+    batches = list(plan.batches(fed))
+    seen = torch.cat([b.idx for b in batches])
+    assert sorted(seen[:50].tolist()) == list(range(50)) and sorted(seen[50:].tolist()) == list(range(50))
+    assert torch.equal(batches[0].x, x[batches[0].idx]) and batches[0].y is None
+    again = transfer_plan(fed, x, epochs=2, seed_parts=("test",))
+    assert torch.equal(plan.order, again.order)
+
+
+def test_timer_accepts_named_phases_only(tiny_cfg):
+    fed = cpu_federation(tiny_cfg())
+    with fed.timer(Phase.TRAINING):
+        pass
+    assert "training" in fed.timer.pop()
+    with pytest.raises(TypeError, match="Phase"):
+        with fed.timer("trainign"):
+            pass

@@ -1,0 +1,160 @@
+"""The results layer: the leaderboard and the plots read one folder the same way (one loader, one
+seed-grouping rule, the config's own non-semantic fields), and the record schema is package data,
+found through importlib.resources, not through a path into the source checkout."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.resources
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hfl_bench.cli import app
+from hfl_bench.config import NON_SEMANTIC, RunConfig, config_hash
+from hfl_bench.results import plots
+from hfl_bench.results.board import build_board, named_records
+from hfl_bench.results.loading import load_records
+from hfl_bench.results.records import SCHEMA_VERSION, load_schema, schema_file
+
+REPO = Path(__file__).resolve().parent.parent
+LEADERBOARDS = REPO / "leaderboards"
+
+
+def record(seed: int, status: str = "ok", date: str = "2026-01-01T00:00:00+00:00", acc: float = 60.0,
+           **config) -> dict:
+    """A small hand-written record of crad on digits; ``config`` changes RunConfig fields."""
+    cfg = dataclasses.asdict(RunConfig(method="crad", task="digits", pool="cpu", partition="dirichlet", alpha=0.3,
+                                       clients=4, rounds=2, seed=seed, **config))
+    chash = config_hash(cfg)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "record_id": hashlib.sha256(f"{chash}|{seed}|reproduced".encode()).hexdigest()[:16],
+        "source": {"kind": "reproduced", "citation": None},
+        "status": status,
+        "error": None if status == "ok" else "boom",
+        "method": {"name": "crad", "fidelity": "faithful", "hparams": {"lam": 0.7}},
+        "task": {"name": "digits", "version": "1", "num_classes": 10, "n_train": 1000, "n_test": 200},
+        "arch_pool": {"name": "cpu"},
+        "partition": {"scheme": "dirichlet", "params": {"alpha": 0.3}, "seed": seed, "hash": f"p{seed}"},
+        "federation": {"n_clients": 4, "clients_per_round": 4, "rounds": 2, "local_epochs": 1},
+        "metrics": {"global_acc": acc + seed, "local_acc": 80.0} if status == "ok" else None,
+        "cost": {"bytes_sent_per_client_per_round": 1000.0},
+        "config": cfg,
+        "config_hash": chash,
+        "date": date,
+    }
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    """Setting A: seeds 0 and 1, seed 2 with another checkpoint_every (not part of the setting),
+    seed 1 run again later with another checkpoint_every (the newer counts), a failed seed 3.
+    Setting B: A with another learning rate (part of the setting)."""
+    assert "checkpoint_every" in NON_SEMANTIC
+    records = {
+        "a0.json": record(0),
+        # listed first, but older: first-found-wins would keep it
+        "a1-first.json": record(1),
+        "a1-second.json": record(1, date="2026-02-01T00:00:00+00:00", acc=70.0, checkpoint_every=0),
+        "a2-checkpointed.json": record(2, checkpoint_every=1),
+        "a3-failed.json": record(3, status="failed"),
+        "b0.json": record(0, lr=0.05),
+    }
+    root = tmp_path / "records"
+    root.mkdir()
+    for name, r in records.items():
+        (root / name).write_text(json.dumps(r))
+    return root
+
+
+def _names(paths) -> list[str]:
+    return [Path(p).name for p in paths]
+
+
+def leaderboard_groups(folder: Path) -> dict[str, list[str]]:
+    loaded, _ = load_records([folder])
+    records, _ = named_records(loaded)
+    return {g.group_id: _names(r.path for r in g.ok) for g in build_board(records).groups}
+
+
+def plot_groups(folder: Path) -> dict[str, list[str]]:
+    loaded, _ = load_records([folder])
+    groups, _ = plots.drawable_groups(loaded)
+    return {g.group_id: _names(r.path for r in g.ok) for g in groups}
+
+
+def test_leaderboard_and_plots_group_the_same_records_the_same_way(folder):
+    board, drawn = leaderboard_groups(folder), plot_groups(folder)
+    assert board == drawn
+    a = config_hash(dataclasses.asdict(RunConfig(method="crad", task="digits", pool="cpu", partition="dirichlet",
+                                                 alpha=0.3, clients=4, rounds=2)))
+    assert board[a] == ["a0.json", "a1-second.json", "a2-checkpointed.json"]  # seeds 0, 1 (newest), 2
+    assert [names for gid, names in board.items() if gid != a] == [["b0.json"]]
+
+
+def test_the_commands_agree_too(folder, tmp_path):
+    """The same through the real CLI: ``leaderboard show --json`` and ``plot --json`` sidecars."""
+    result = CliRunner().invoke(app, ["leaderboard", "show", str(folder), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    board = {g["config_hash"]: sorted(_names(g["records"])) for g in json.loads(result.stdout)["groups"]}
+    result = CliRunner().invoke(app, ["plot", "bytes", str(folder), "--out", str(tmp_path / "plots"), "--json"])
+    assert result.exit_code == 0, result.output
+    [written] = json.loads(result.stdout)["written"]
+    sources = json.loads(Path(written["sources"]).read_text())
+    drawn: dict[str, list[str]] = {}
+    for r in sources["records"]:
+        drawn.setdefault(r["config_hash"], []).append(Path(r["file"]).name)
+    assert board == {h: sorted(files) for h, files in drawn.items()}
+    reasons = {Path(s["file"]).name: s["reason"] for s in sources["skipped"]}
+    assert reasons["a1-first.json"].startswith("duplicate record_id")  # the older run of seed 1
+    assert "status 'failed'" in reasons["a3-failed.json"]
+
+
+def test_plot_labels_leave_out_every_non_semantic_field(folder):
+    assert plots.NOT_SETTING >= set(NON_SEMANTIC)
+
+
+# ----------------------------------------------------------------------------- the schema
+
+
+def test_schema_is_package_data_found_through_importlib_resources():
+    resource = schema_file()
+    assert resource == importlib.resources.files("hfl_bench.results") / "schema" / f"record-{SCHEMA_VERSION}.schema.json"
+    assert resource.is_file()
+    assert load_schema()["properties"]["schema_version"] == {"const": SCHEMA_VERSION}
+    assert not (LEADERBOARDS / "schema").exists()  # one copy, in the package
+
+
+def test_schema_is_found_outside_the_checkout(tmp_path):
+    """A copy of the package alone (as an installed wheel lays it out) still finds its schema."""
+    shutil.copytree(REPO / "hfl_bench", tmp_path / "site" / "hfl_bench",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import hfl_bench.results.records as r, json; "
+            "print(json.dumps([r.__file__, str(r.schema_file()), r.load_schema()['$id']]))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    module, schema, schema_id = json.loads(proc.stdout)
+    assert module.startswith(str(tmp_path)) and schema.startswith(str(tmp_path))
+    assert schema_id == "hfl-bench/record-1.0"
+
+
+def test_pyproject_ships_the_schema():
+    text = (REPO / "pyproject.toml").read_text()
+    assert '"hfl_bench.results" = ["schema/*.json"]' in text
+
+
+def test_validate_the_shipped_records_through_the_cli():
+    pytest.importorskip("jsonschema")
+    folders = [LEADERBOARDS / "reproduced", LEADERBOARDS / "published"]
+    result = CliRunner().invoke(app, ["leaderboard", "validate", *map(str, folders)])
+    n = sum(len(list(f.rglob("*.json"))) for f in folders)
+    assert result.exit_code == 0, result.output
+    assert f"{n} of {n} records valid" in result.stdout
