@@ -289,6 +289,7 @@ def simulation_state(sim: Any) -> dict[str, Any]:
         "format": FORMAT,
         "config_hash": config_hash(cfg_dict),
         "config": plain(cfg_dict, "the config"),
+        "data_fingerprint": fed.data.fingerprint,
         "code": plain(sim.code, "the code version"),
         "round": len(sim.history) - 1,
         "elapsed_s": time.perf_counter() - sim.t0,
@@ -311,9 +312,27 @@ def simulation_state(sim: Any) -> dict[str, Any]:
 
 
 def restore_simulation(sim: Any, state: dict[str, Any], where: str) -> None:
-    """Load ``simulation_state`` output into a freshly built ``Simulation`` of the same config."""
+    """Load ``simulation_state`` output into a freshly built ``Simulation`` of the same config.
+
+    A checkpoint that loads but does not fit (a tensor of the wrong shape, missing or unexpected
+    entries: a hand-edited file, or one from a different build of a model) is a CheckpointError
+    naming the file, never a traceback from deep inside torch."""
     check_compatible(sim, state, where)
+    try:
+        _restore(sim, state, where)
+    except CheckpointError:
+        raise
+    except (RuntimeError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{where} does not fit this run ({type(e).__name__}: {reason[:200]}); "
+                              "delete it to start over") from None
+
+
+def _restore(sim: Any, state: dict[str, Any], where: str) -> None:
     fed, ev, dev = sim.fed, sim.evaluator, sim.fed.device
+    if len(state["clients"]) != fed.n_clients:
+        raise CheckpointError(f"{where} does not fit this run: it holds {len(state['clients'])} clients, the run "
+                              f"has {fed.n_clients}; delete it to start over")
     for client, saved in zip(fed.clients, state["clients"]):
         load_module(client.model, saved["model"], f"client {client.cid} model")
         client.optimizer.load_state_dict(saved["optimizer"])
@@ -344,6 +363,10 @@ def check_compatible(sim: Any, state: dict[str, Any], where: str) -> None:
         changes = ", ".join(f"{k}: {saved.get(k)!r} -> {cfg.get(k)!r}" for k in differ) or "config hash"
         raise CheckpointError(f"{where} was written for a different configuration ({changes}); "
                               "rerun without --resume to start over")
+    saved_data, data = state.get("data_fingerprint"), sim.fed.data.fingerprint
+    if saved_data and data and saved_data != data:
+        raise CheckpointError(f"{where} was written for other data (fingerprint {saved_data}, the data now "
+                              f"loaded is {data}): point --data-dir at the data it was made on, or use another --out")
     old, new = (state.get("code") or {}).get("git_sha"), (sim.code or {}).get("git_sha")
     if old and new and old != new:
         raise CheckpointError(f"{where} was written by code at commit {old[:12]}, but the code is now at "

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import math
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import yaml
+
+SEED_LIMIT = 2**63  # seeds are in [0, 2^63): torch and the seed derivation take 63-bit integers
 
 
 class ConfigError(ValueError):
@@ -97,7 +103,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     data = read_yaml_mapping(path, "config file", "of settings")
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
-        raise ConfigError(f"unknown setting(s) in {path}: {', '.join(unknown)}. Known: {', '.join(FIELDS)}")
+        raise ConfigError(f"unknown setting(s) in {path}: {', '.join(map(str, unknown))}. Known: {', '.join(FIELDS)}")
+    params = data.get("method_params")
+    if params is not None and not (isinstance(params, dict) and all(isinstance(k, str) for k in params)):
+        raise ConfigError(f"method_params in {path} must be a mapping of hyperparameters, got {_short(params)}")
     return data
 
 
@@ -114,27 +123,90 @@ def resolve(cfg: RunConfig, task_defaults: dict[str, Any]) -> RunConfig:
 
 
 def validate(cfg: RunConfig) -> None:
+    """Every setting of the right type, finite and in range; ConfigError (one line) otherwise.
+    Unset (None) settings pass: ``resolve`` fills them from the task and checks again. Called before
+    any data loads, by everything that takes a config (run, matrix cells, partition, --config)."""
+    check_types(cfg, type_hints(RunConfig), "setting")
+    seed_ok = cfg.seed is None or 0 <= cfg.seed < SEED_LIMIT
     checks = [
         (cfg.alpha is None or cfg.alpha > 0, f"--alpha must be > 0, got {cfg.alpha}"),
         (cfg.clients is None or cfg.clients >= 1, f"--clients must be >= 1, got {cfg.clients}"),
         (cfg.rounds is None or cfg.rounds >= 1, f"--rounds must be >= 1, got {cfg.rounds}"),
+        (cfg.classes_per_client >= 1, f"--k (classes per client) must be >= 1, got {cfg.classes_per_client}"),
         (cfg.local_epochs >= 1, f"--local-epochs must be >= 1, got {cfg.local_epochs}"),
         (cfg.eval_every >= 1, f"--eval-every must be >= 1, got {cfg.eval_every}"),
         (cfg.checkpoint_every >= 0, f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
         (cfg.batch_size >= 2, f"--batch-size must be >= 2, got {cfg.batch_size}"),
+        (cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}"),
+        (0 <= cfg.momentum < 1, f"momentum must be in [0, 1), got {cfg.momentum}"),
+        (cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}"),
+        (cfg.grad_clip >= 0, f"grad_clip must be >= 0 (0 disables clipping), got {cfg.grad_clip}"),
         (0 <= cfg.heldout_fraction < 1, f"heldout_fraction must be in [0, 1), got {cfg.heldout_fraction}"),
         (cfg.public_size >= 0, f"--public-size must be >= 0, got {cfg.public_size}"),
+        (seed_ok, f"--seed must be in [0, 2^63), got {cfg.seed}"),
         (cfg.exec in ("auto", "reference", "fast"), f"--exec must be auto, reference or fast, got {cfg.exec!r}"),
         (cfg.vmap in ("auto", "on", "off"), f"--vmap must be auto, on or off, got {cfg.vmap!r}"),
         (cfg.lockstep in ("auto", "on", "off"), f"--lockstep must be auto, on or off, got {cfg.lockstep!r}"),
         (cfg.clients_per_round is None or cfg.clients_per_round >= 1,
          f"--clients-per-round must be >= 1, got {cfg.clients_per_round}"),
+        (bool(cfg.method.strip()) and bool(cfg.task.strip()), "--method and --task must not be empty"),
     ]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
     if cfg.clients_per_round is not None and cfg.clients is not None and cfg.clients_per_round > cfg.clients:
         raise ConfigError(f"--clients-per-round ({cfg.clients_per_round}) exceeds --clients ({cfg.clients})")
+
+
+@functools.lru_cache(maxsize=None)
+def type_hints(cls: type) -> dict[str, Any]:
+    """A dataclass's field types, resolved (``from __future__ import annotations`` makes them strings)."""
+    return typing.get_type_hints(cls)
+
+
+def check_types(obj: Any, hints: dict[str, Any], what: str, owner: str = "") -> None:
+    """Each dataclass field of ``obj`` holds a value of its annotated type, and floats are finite."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        hint = hints.get(f.name, Any)
+        prefix = f"{owner}: " if owner else ""
+        if not _has_type(value, hint):
+            raise ConfigError(f"{prefix}{what} {f.name!r} must be {_type_name(hint)}, got {_short(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix}{what} {f.name!r} must be a finite number, got {value}")
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return any(_has_type(value, h) for h in typing.get_args(hint))
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:  # an integer is a fine float (YAML "lr: 1")
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is dict:
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+    return isinstance(value, origin or hint)
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        return " or ".join(_type_name(h) for h in typing.get_args(hint))
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "none"}
+    if typing.get_origin(hint) is dict:
+        return "a mapping"
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def canonical_json(obj: Any) -> str:
@@ -159,7 +231,10 @@ def parse_set(items: list[str]) -> dict[str, str]:
 
 
 def coerce_params(params_cls, raw: dict[str, Any], method: str):
-    """Build a method's hyperparameter dataclass from strings or YAML values, with clear errors."""
+    """Build a method's hyperparameter dataclass from strings or YAML values, with clear errors:
+    an unknown key, a value of the wrong type, a number that is not finite."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"method_params of {method!r} must be a mapping of hyperparameters, got {_short(raw)}")
     known = {f.name: f for f in dataclasses.fields(params_cls)}
     unknown = sorted(set(raw) - set(known))
     if unknown:
@@ -171,7 +246,9 @@ def coerce_params(params_cls, raw: dict[str, Any], method: str):
     for key, value in raw.items():
         default = known[key].default
         values[key] = _coerce(value, default, key, method)
-    return params_cls(**values)
+    params = params_cls(**values)
+    check_types(params, type_hints(params_cls), "hyperparameter", owner=method)
+    return params
 
 
 def _coerce(value: Any, default: Any, key: str, method: str):

@@ -6,6 +6,7 @@ turns the ``RunResult`` into a record.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import resource
 import time
@@ -28,6 +29,8 @@ from hfl_bench.paths import checkpoint_path
 from hfl_bench.pools import get_pool, seeded_model
 from hfl_bench.provenance import git_info
 from hfl_bench.training import Diverged, derive_seed, predict_logits, seeded_choice
+
+log = logging.getLogger(__name__)
 
 
 def pick_device(name: str) -> torch.device:
@@ -80,9 +83,14 @@ def partition_for(cfg: RunConfig, info: TaskInfo, data: TaskData) -> Partition:
     """The run's client partition: drawn by the configured partitioner, or the one the task ships."""
     labels = data.train_y.numpy()
     if data.client_indices is None:
-        params = {"alpha": cfg.alpha, "k": cfg.classes_per_client}
-        return make_partition(labels, cfg.clients, cfg.partition, seed=cfg.seed,
-                              heldout_fraction=cfg.heldout_fraction, public_size=cfg.public_size, **params)
+        def draw(n_clients: int) -> Partition:
+            return make_partition(labels, n_clients, cfg.partition, seed=cfg.seed, heldout_fraction=cfg.heldout_fraction,
+                                  public_size=cfg.public_size, alpha=cfg.alpha, k=cfg.classes_per_client)
+
+        partition = draw(cfg.clients)
+        if clients_without_heldout(partition):
+            raise ConfigError(heldout_message(info, cfg, partition, draw))
+        return partition
     n = len(data.client_indices)
     if cfg.public_size:
         raise ConfigError(f"task {info.name} ships its own client partition, so no public set can be held out "
@@ -93,7 +101,50 @@ def partition_for(cfg: RunConfig, info: TaskInfo, data: TaskData) -> Partition:
     if cfg.clients != n:
         raise ConfigError(f"task {info.name}: --clients {cfg.clients}, but its data holds {n} clients: "
                           f"drop --clients or pass --clients {n}")
-    return given_partition(data.client_indices, labels, seed=cfg.seed, heldout_fraction=cfg.heldout_fraction)
+    partition = given_partition(data.client_indices, labels, seed=cfg.seed, heldout_fraction=cfg.heldout_fraction)
+    if clients_without_heldout(partition):
+        raise ConfigError(heldout_message(info, cfg, partition, None))
+    return partition
+
+
+def clients_without_heldout(partition: Partition) -> list[int]:
+    """Clients with no validation or no local test sample: selection and local accuracy need both."""
+    return [cid for cid, c in enumerate(partition.clients) if len(c.val) == 0 or len(c.test) == 0]
+
+
+def heldout_message(info: TaskInfo, cfg: RunConfig, partition: Partition, draw: Callable[[int], Partition] | None) -> str:
+    """Why the partition cannot be evaluated, and the largest --clients that can (when drawn)."""
+    empty = clients_without_heldout(partition)
+    first = partition.clients[empty[0]]
+    size = len(first.train) + len(first.val) + len(first.test)
+    why = (f"{info.name}: {len(empty)} of {partition.n_clients} clients get no validation or local test sample "
+           f"(client {empty[0]} holds {size} samples, held-out fraction {cfg.heldout_fraction})")
+    if cfg.heldout_fraction == 0:
+        return why + "; set heldout_fraction above 0"
+    if draw is None:
+        return why + "; raise heldout_fraction or use a folder with larger client shards"
+    # A client needs two held-out samples, and shards hold n / N samples on average: no N above
+    # f n / 2 can work, so the search starts there (drawing hundreds of shards takes seconds).
+    n = sum(len(c.train) + len(c.val) + len(c.test) for c in partition.clients)
+    fits = largest_clients_with_heldout(draw, min(partition.n_clients, int(cfg.heldout_fraction * n / 2) + 1))
+    return why + (f"; --clients {fits} gives every client both" if fits else "")
+
+
+def largest_clients_with_heldout(draw: Callable[[int], Partition], n: int) -> int | None:
+    """A client count below ``n`` whose partition gives every client validation and test samples,
+    near the largest: a binary search for the boundary, checked downward (seeded draws need not
+    be monotone)."""
+    lo, hi = 0, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if clients_without_heldout(draw(mid)):
+            hi = mid
+        else:
+            lo = mid
+    for candidate in range(lo, max(lo - 20, 0), -1):
+        if not clients_without_heldout(draw(candidate)):
+            return candidate
+    return None
 
 
 def _channels_last(x: torch.Tensor) -> torch.Tensor:
@@ -193,6 +244,8 @@ def make_method(cfg: RunConfig) -> Method:
 
 
 def load_task(cfg: RunConfig):
+    """The config's task and the config resolved against its defaults (checked before and after)."""
+    config_mod.validate(cfg)  # types and ranges first: a bad value never reaches the task
     task = get_task(cfg.task)
     return task, config_mod.resolve(cfg, {**task.info.defaults, **task.folder_defaults(cfg.data_dir)})
 
@@ -267,7 +320,7 @@ class Simulation:
                 break
             every = self.cfg.checkpoint_every
             if checkpoint and every and rnd % every == 0 and rnd < self.cfg.rounds:
-                self.save_checkpoint(checkpoint)
+                self.try_checkpoint(checkpoint, rnd)
             if progress:
                 progress(rnd, self.cfg.rounds, entry)
         return self.result(status, error)
@@ -275,6 +328,15 @@ class Simulation:
     def save_checkpoint(self, path: str | Path) -> None:
         """Write everything needed to continue after the last completed round (atomically)."""
         ckpt.write(path, ckpt.simulation_state(self))
+
+    def try_checkpoint(self, path: str | Path, rnd: int) -> None:
+        """Save a checkpoint; a failure (disk full, folder gone) is a warning and the run goes on:
+        a checkpoint only shortens a rerun, a crash here would lose the run."""
+        try:
+            self.save_checkpoint(path)
+        except OSError as e:
+            log.warning("checkpoint after round %d not written (%s: %s); the run goes on without it",
+                        rnd, type(e).__name__, e.strerror or e)
 
     def load_checkpoint(self, path: str | Path) -> int:
         """Continue from a checkpoint of this exact config; returns the round it was written at.

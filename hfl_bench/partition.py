@@ -15,13 +15,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from hfl_bench.errors import PartitionError  # noqa: F401  (re-exported: partitioners raise it)
 from hfl_bench.registry import PARTITIONERS
 
 PartitionFn = Callable[..., list[np.ndarray]]
 
 
-class PartitionError(ValueError):
-    """The partition cannot be made with these settings; the message says why."""
 
 
 def register_partitioner(name: str):

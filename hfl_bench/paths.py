@@ -1,29 +1,82 @@
-"""Where things are written: record and checkpoint names, and the one atomic writer."""
+"""Where things are written: record and checkpoint names, the output folder check, the folder a
+record goes to when its own folder cannot take it, and the one atomic writer.
+
+Record file names are built only from checked parts: task and method names matching
+``NAME_PATTERN`` (letters, digits, ``.``, ``_``, ``-``; starting with a letter or digit), a hex
+config hash and an integer seed, and the final path must resolve inside the output folder, so no
+name (a suite's ``x/../../elsewhere``, a plugin's) can place a file anywhere else.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from hfl_bench.config import RunConfig, config_hash
+from hfl_bench.config import ConfigError, RunConfig, config_hash
+
+# A task or method name that may be part of a file name.
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+NAME_MAX = 100
+_NAME = re.compile(NAME_PATTERN)
+_HASH = re.compile(r"[0-9a-f]{1,64}")
+
+
+class UnsafePathError(ConfigError):
+    """A name that cannot be part of a file name, or a path that would land outside its folder;
+    the message is meant for the user."""
+
+
+class OutDirError(ConfigError):
+    """An output folder that cannot take records (a file, or not writable); the message is meant
+    for the user."""
+
+
+def check_name(value: Any, what: str) -> str:
+    """``value`` if it is a name a file may be called by (``NAME_PATTERN``), else UnsafePathError."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value) or len(value) > NAME_MAX:
+        raise UnsafePathError(
+            f"{what} name {value!r} cannot name a record file: use letters, digits, '.', '_' and '-', "
+            f"starting with a letter or digit (at most {NAME_MAX} characters)")
+    return value
 
 
 def record_stem(task: str, method: str, chash: str, seed: int | None) -> str:
+    """``<task>__<method>__<config hash>__seed<S>``, from checked parts (UnsafePathError otherwise).
+    The seed is None only for a cell that failed before its task's default seed was known."""
+    check_name(task, "task")
+    check_name(method, "method")
+    if not isinstance(chash, str) or not _HASH.fullmatch(chash):
+        raise UnsafePathError(f"config hash {chash!r} is not a hex string")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise UnsafePathError(f"seed {seed!r} is not an integer")
     return f"{task}__{method}__{chash}__seed{seed}"
+
+
+def inside(folder: str | Path, name: str) -> Path:
+    """``folder / name``, checked to resolve inside ``folder`` (symbolic links followed)."""
+    folder = Path(folder)
+    path = folder / name
+    root = folder.resolve()
+    if path.resolve().parent != root or Path(name).name != name:
+        raise UnsafePathError(f"{path} would resolve outside the output folder {folder}")
+    return path
 
 
 def record_filename(record: dict[str, Any]) -> str:
     """``<task>__<method>__<config hash>__seed<S>.json`` of a record."""
-    cfg = record["config"]
-    return f"{record_stem(cfg['task'], cfg['method'], record['config_hash'], cfg['seed'])}.json"
+    cfg = record.get("config") or {}
+    return f"{record_stem(cfg.get('task'), cfg.get('method'), record.get('config_hash'), cfg.get('seed'))}.json"
 
 
 def record_path(cfg: RunConfig) -> Path:
     """Where the record of a (resolved) config is written: ``<out>/<task>__<method>__<hash>__seed<S>.json``."""
-    return Path(cfg.out) / f"{record_stem(cfg.task, cfg.method, config_hash(dataclasses.asdict(cfg)), cfg.seed)}.json"
+    stem = record_stem(cfg.task, cfg.method, config_hash(dataclasses.asdict(cfg)), cfg.seed)
+    return inside(cfg.out, f"{stem}.json")
 
 
 def checkpoint_path(cfg: RunConfig) -> Path:
@@ -35,6 +88,58 @@ def checkpoint_path(cfg: RunConfig) -> Path:
 def checkpoint_for(record: Path) -> Path:
     """The checkpoint that belongs to the record file ``record``."""
     return record.parent / ".checkpoints" / f"{record.stem}.pt"
+
+
+# ----------------------------------------------------------------------------- output folders
+
+
+def check_out_dir(folder: str | Path, create: bool = True) -> Path:
+    """Make sure records can be written to ``folder`` before anything runs: create it (with
+    ``create``; otherwise check the nearest folder above that exists), refuse a file or a folder
+    this process cannot write to (OutDirError, one line)."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise OutDirError(f"--out {folder} is a file, not a folder: pass a folder for the records")
+    if create:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OutDirError(f"--out {folder}: cannot create the folder ({_reason(e)})") from None
+        probe_in = folder
+    else:
+        probe_in = next((p for p in [folder, *folder.absolute().parents] if p.exists()), Path("/"))
+        if not probe_in.is_dir():
+            raise OutDirError(f"--out {folder}: {probe_in} is a file, not a folder")
+    try:  # the only reliable test (root ignores permission bits, a read-only mount does not)
+        fd, probe = tempfile.mkstemp(dir=probe_in, prefix=".hfl-bench-probe.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutDirError(f"--out {folder}: cannot write there ({_reason(e)})") from None
+    return folder
+
+
+def _reason(e: OSError) -> str:
+    return e.strerror or type(e).__name__
+
+
+def unsaved_dirs() -> list[Path]:
+    """Folders a record goes to when its own folder cannot take it (disk full, folder removed), in
+    order of preference: ``~/.cache/hfl-bench/unsaved`` (or under $XDG_CACHE_HOME), then the
+    system's temporary folder."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    user = os.getuid() if hasattr(os, "getuid") else "user"
+    return [cache / "hfl-bench" / "unsaved", Path(tempfile.gettempdir()) / f"hfl-bench-unsaved-{user}"]
+
+
+def unsaved_folder(base: Path) -> Path:
+    """A new folder under ``base`` for one unsaved record (never overwriting an earlier one)."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=base, prefix=f"{stamp}-{os.getpid()}-"))
+
+
+# ----------------------------------------------------------------------------- writing
 
 
 def write_atomic(path: str | Path, data: str | bytes | Callable[[Any], None]) -> None:

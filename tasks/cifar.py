@@ -62,6 +62,14 @@ class _CIFAR(Task):
         (train_x, train_y), (test_x, test_y) = splits
         return train_x, train_y, test_x, test_y
 
+    def data_files(self, data_dir: Path) -> list[Path]:
+        """The batch and meta files torchvision reads from ``<data_dir>/<base folder>`` (not the
+        downloaded archive, which it only extracts)."""
+        cls = _dataset_class(self.info.name)
+        folder = data_dir / cls.base_folder
+        names = [f for f, _ in cls.train_list] + [f for f, _ in cls.test_list] + [cls.meta["filename"]]
+        return [folder / name for name in names]
+
     def class_names(self):
         return self._class_names
 

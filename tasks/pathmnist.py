@@ -55,6 +55,9 @@ class PathMNIST(Task):
         (train_x, train_y), (test_x, test_y) = splits
         return train_x, train_y, test_x, test_y
 
+    def data_files(self, data_dir: Path) -> list[Path]:
+        return [data_dir / FILE_NAME]  # medmnist reads size 28 from <root>/pathmnist.npz
+
     def class_names(self):
         import medmnist
 

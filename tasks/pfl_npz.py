@@ -41,6 +41,13 @@ Choices where the layout or the protocol leaves a gap:
   label counts, the files must match them (train + test).
 - Images are normalized per channel with the training statistics like every task, although PFLlib
   already scaled them to [-1, 1].
+
+Untrusted folders are checked before anything large is built: the number of client files actually
+in train/ and test/ is compared with config.json's num_clients first (a config claiming 20 million
+clients fails at once, naming at most a few files), config.json is read only up to
+``MAX_CONFIG_BYTES``, every ``x`` must be finite, and config.json, train/, test/ and each client
+file must resolve (symlinks followed) inside the folder. ``data_files`` lists config.json and every
+client file: the fingerprint of the data (``hfl_bench.data``) covers exactly those.
 """
 
 from __future__ import annotations
@@ -58,6 +65,9 @@ from hfl_bench.data import DatasetError, Task, TaskData, TaskInfo, register_task
 
 NAME = "pfl-npz"
 MEMBER = "data.npy"
+# PFLlib's config.json is a few KB per hundred clients; anything far larger is not one.
+MAX_CONFIG_BYTES = 64 << 20
+SHOWN_NAMES = 5  # file names an error lists at most
 
 # numpy's array reconstructor, whatever module this numpy keeps it in.
 _RECONSTRUCT = np.empty(0).__reduce__()[0]
@@ -87,24 +97,87 @@ def find_folder(data_dir: Path | str | None) -> Path:
     """``data_dir`` itself when it holds a config.json, else ``<data_dir>/pfl-npz``."""
     root = resolve_data_dir(data_dir)
     for folder in (root, root / NAME):
-        if (folder / "config.json").is_file():
-            return folder
+        try:
+            if (folder / "config.json").is_file():
+                return folder
+        except OSError as e:  # e.g. a folder we may not read
+            raise DatasetError(f"{NAME}: cannot read {folder} ({type(e).__name__}: {e})") from None
     raise DatasetError(
         f"{NAME}: no PFLlib/HtFLlib folder at {root} or {root / NAME} (no config.json in either). Point "
         "--data-dir at the folder that holds config.json, train/<cid>.npz and test/<cid>.npz."
     )
 
 
+def check_inside(path: Path, folder: Path) -> None:
+    """Refuse a path that resolves (through symlinks) outside ``folder``: the folder is the data."""
+    try:
+        target, base = path.resolve(), folder.resolve()
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (Python < 3.13)
+        raise DatasetError(f"{NAME}: {path} cannot be resolved ({type(e).__name__}: {e})") from None
+    if not target.is_relative_to(base):
+        raise DatasetError(f"{NAME}: {path} resolves to {target}, outside the data folder {folder}; "
+                           "copy the file into the folder instead of linking to it")
+
+
 def read_config(folder: Path) -> dict[str, Any]:
     path = folder / "config.json"
+    check_inside(path, folder)
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise DatasetError(f"{NAME}: {path} is larger than {MAX_CONFIG_BYTES >> 20} MB: not a PFLlib "
+                               "config.json; point --data-dir at a PFLlib/HtFLlib folder")
         config = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise DatasetError(f"{NAME}: {path} is not readable JSON ({e})") from None
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: absurdly nested JSON
+        raise DatasetError(f"{NAME}: {path} is not readable JSON ({type(e).__name__}: {e})") from None
     n = config.get("num_clients") if isinstance(config, dict) else None
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise DatasetError(f"{NAME}: {path} must give num_clients as a positive integer")
     return config
+
+
+def _shown(names: list[str], total: int) -> str:
+    """At most SHOWN_NAMES names and how many more: an error line stays one short line."""
+    if not total:
+        return "none"
+    more = f" and {total - len(names)} more" if total > len(names) else ""
+    return f"{names}{more}"
+
+
+def client_files(folder: Path, split: str, n_clients: int) -> list[Path]:
+    """``<split>/0.npz .. <split>/<n-1>.npz``, checked against the files present before anything
+    proportional to ``n_clients`` is built (a config.json may claim any number of clients)."""
+    where = folder / split
+    if not where.is_dir():
+        raise DatasetError(f"{NAME}: {where} is missing; a PFLlib/HtFLlib folder holds train/ and test/ "
+                           "with one <cid>.npz per client")
+    check_inside(where, folder)
+    ids = {p.name: _client_id(p.name) for p in sorted(where.glob("*.npz"))}
+    found = list(ids)
+    # The first few gaps; the loop stops after SHOWN_NAMES of them, so it is bounded by the files present.
+    missing, cid = [], 0
+    while cid < n_clients and len(missing) < SHOWN_NAMES:
+        if f"{cid}.npz" not in ids:
+            missing.append(f"{cid}.npz")
+        cid += 1
+    unexpected = [name for name, i in ids.items() if i is None or i >= n_clients]
+    n_expected = len(found) - len(unexpected)
+    if len(found) != n_clients or unexpected:
+        raise DatasetError(
+            f"{NAME}: {where} holds {len(found)} .npz files, but config.json gives num_clients {n_clients} "
+            f"(expected 0.npz .. {n_clients - 1}.npz); missing {_shown(missing, n_clients - n_expected)}, "
+            f"unexpected {_shown(unexpected[:SHOWN_NAMES], len(unexpected))}. Fix num_clients in config.json "
+            "or restore the client files."
+        )
+    paths = [where / f"{cid}.npz" for cid in range(n_clients)]
+    for path in paths:
+        check_inside(path, folder)
+    return paths
+
+
+def _client_id(name: str) -> int | None:
+    """The cid of ``<cid>.npz`` written as PFLlib writes it (decimal, no leading zero), else None."""
+    stem = name[: -len(".npz")]
+    return int(stem) if stem.isdigit() and str(int(stem)) == stem else None
 
 
 def read_client_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -142,6 +215,8 @@ def _client_arrays(obj: Any, path: Path) -> tuple[np.ndarray, np.ndarray]:
     x, y = item["x"], item["y"]
     if not (isinstance(x, np.ndarray) and x.dtype.kind in "fiu" and x.ndim == 4):
         raise DatasetError(f"{NAME}: {path}: 'x' must be a numeric [n, C, H, W] array")
+    if x.dtype.kind == "f" and not np.isfinite(x).all():  # NaN would only show up later as a diverged run
+        raise DatasetError(f"{NAME}: {path}: 'x' holds NaN or infinite values; regenerate or fix this client file")
     if not (isinstance(y, np.ndarray) and y.dtype.kind in "iu" and y.ndim == 1 and len(y) == len(x)):
         raise DatasetError(f"{NAME}: {path}: 'y' must be an integer array with one label per image")
     return x, y.astype(np.int64)
@@ -149,15 +224,7 @@ def _client_arrays(obj: Any, path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def read_split(folder: Path, split: str, n_clients: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Every client's arrays of one split, in cid order; the files must be exactly 0..n-1."""
-    wanted = {f"{cid}.npz" for cid in range(n_clients)}
-    found = {p.name for p in (folder / split).glob("*.npz")}
-    if found != wanted:
-        missing, extra = sorted(wanted - found), sorted(found - wanted)
-        raise DatasetError(
-            f"{NAME}: {folder / split} should hold exactly 0.npz .. {n_clients - 1}.npz (config.json: "
-            f"num_clients {n_clients}); missing {missing or 'none'}, unexpected {extra or 'none'}"
-        )
-    return [read_client_file(folder / split / f"{cid}.npz") for cid in range(n_clients)]
+    return [read_client_file(path) for path in client_files(folder, split, n_clients)]
 
 
 def check_label_counts(config: dict[str, Any], labels: list[np.ndarray], folder: Path) -> None:
@@ -165,11 +232,18 @@ def check_label_counts(config: dict[str, Any], labels: list[np.ndarray], folder:
     listed = config.get("Size of samples for labels in clients")
     if listed is None:
         return
+    if not isinstance(listed, list):
+        raise DatasetError(f"{NAME}: {folder}/config.json: 'Size of samples for labels in clients' "
+                           "must be a list with one entry per client")
     if len(listed) != len(labels):
         raise DatasetError(f"{NAME}: {folder}/config.json lists {len(listed)} clients' label counts, "
                            f"but there are {len(labels)} clients")
     for cid, (pairs, y) in enumerate(zip(listed, labels)):
-        expected = {int(c): int(k) for c, k in pairs if int(k)}
+        try:
+            expected = {int(c): int(k) for c, k in pairs if int(k)}
+        except (TypeError, ValueError):
+            raise DatasetError(f"{NAME}: {folder}/config.json: client {cid}'s label counts are not "
+                               "[label, count] pairs of integers") from None
         classes, counts = np.unique(y, return_counts=True)
         if expected != dict(zip(classes.tolist(), counts.tolist())):
             raise DatasetError(f"{NAME}: client {cid}'s files in {folder} do not match the label counts "
@@ -200,12 +274,23 @@ class PflNpz(Task):
         self._client_indices: list[np.ndarray] | None = None
 
     def folder_defaults(self, data_dir: Path | str | None) -> dict[str, Any]:
-        """The folder's number of clients as the default --clients (nothing if it is unreadable:
-        ``load`` then says what is wrong)."""
+        """The folder's number of clients as the default --clients; nothing if config.json is
+        unreadable or disagrees with the number of train files (``load`` then says what is wrong).
+        Reads config.json and lists train/ only: cheap, and it never raises."""
         try:
-            return {"clients": read_config(find_folder(data_dir))["num_clients"]}
-        except DatasetError:
+            folder = find_folder(data_dir)
+            n = read_config(folder)["num_clients"]
+            if n != sum(1 for _ in (folder / "train").glob("*.npz")):
+                return {}
+            return {"clients": n}
+        except Exception:  # whatever is wrong, load reports it with a clear message
             return {}
+
+    def data_files(self, data_dir: Path) -> list[Path]:
+        """config.json and every client file, train then test, checked as ``load`` checks them."""
+        folder = find_folder(data_dir)
+        n = read_config(folder)["num_clients"]
+        return [folder / "config.json", *client_files(folder, "train", n), *client_files(folder, "test", n)]
 
     def load_arrays(self, data_dir: Path, download: bool):
         folder = find_folder(data_dir)

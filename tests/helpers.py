@@ -33,3 +33,17 @@ def record_sends(fed: Federation, monkeypatch) -> list[tuple]:
     send = fed.channel.send
     monkeypatch.setattr(fed.channel, "send", lambda src, dst, p: sends.append((src, dst)) or send(src, dst, p))
     return sends
+
+
+def invoke_cli(*args: str):
+    """Run the real CLI in-process: (result, stdout, stderr); stderr is "" where the runner mixes it in."""
+    from typer.testing import CliRunner
+
+    from hfl_bench.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    try:
+        stderr = result.stderr
+    except ValueError:
+        stderr = ""
+    return result, result.stdout, stderr

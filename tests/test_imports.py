@@ -211,7 +211,7 @@ def test_a_cycle_is_reported_as_a_path():
 
 # The layers, bottom up (README, Layout): a module imports its own layer and the ones below.
 LAYERS = [
-    ("config and registry", ("hfl_bench.config", "hfl_bench.registry")),
+    ("config, registry and user errors", ("hfl_bench.config", "hfl_bench.registry", "hfl_bench.errors")),
     ("shared types, paths, provenance", ("hfl_bench.federation", "hfl_bench.paths", "hfl_bench.provenance")),
     ("building blocks", ("hfl_bench.data", "hfl_bench.partition", "hfl_bench.pools", "hfl_bench.augment",
                          "hfl_bench.metering", "hfl_bench.aggregation", "hfl_bench.training", "hfl_bench.lockstep",

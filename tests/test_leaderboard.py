@@ -109,6 +109,80 @@ def test_a_run_that_failed_before_loading_data_counts_in_its_group(real_record, 
     assert (g["n_seeds"], g["n_failed"], g["global_acc"]["mean"]) == (2, 1, 61.0)
 
 
+def test_invalid_records_are_listed_never_averaged(real_record, tmp_path):
+    folder = write(tmp_path / "runs", variant(real_record, 0, 60.0), variant(real_record, 1, 62.0),
+                   variant(real_record, 2, 150.0),  # over 100 percent
+                   variant(real_record, 3, "85.0"),  # a string
+                   variant(real_record, 4, 70.0, local_acc=-3.0))
+    nan = json.dumps(variant(real_record, 5, 64.0)).replace('"global_acc": 64.0', '"global_acc": NaN', 1)
+    (folder / "nan.json").write_text(nan)
+    history = variant(real_record, 6, 66.0)
+    history["history"][1]["global_acc"] = 1000.0
+    (folder / "history.json").write_text(json.dumps(history))
+    result = CliRunner().invoke(app, ["leaderboard", "show", str(folder), "--format", "json"])
+    assert result.exit_code == 0, result.output  # one NaN record no longer crashes the board
+    board = json.loads(result.stdout)
+    [g] = board["groups"]
+    assert g["seeds"] == [0, 1] and g["global_acc"]["mean"] == 61.0
+    skipped = " ".join(board["skipped"])
+    assert len(board["skipped"]) == 5
+    assert "metrics/global_acc: 150.0 is greater than the maximum of 100" in skipped
+    assert "metrics/global_acc: '85.0' is not of type" in skipped
+    assert "metrics/local_acc: -3.0 is less than the minimum of 0" in skipped
+    assert "nan.json" in skipped and "NaN is not a JSON number" in skipped
+    assert "history/1/global_acc" in skipped
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 5 and all(ln.startswith("skipped: ") for ln in lines)
+    # The rank and the plots read the same records.
+    code, out = show(str(folder), "--rank", "--format", "json")
+    assert code == 0
+    plotted = CliRunner().invoke(app, ["plot", "bytes", str(folder), "--out", str(tmp_path / "plots"), "--json"])
+    assert plotted.exit_code == 0, plotted.output
+    summary = json.loads(plotted.stdout)
+    assert summary["written"][0]["n_records"] == 2
+    assert sum("invalid record" in s["reason"] or "not valid JSON" in s["reason"] for s in summary["skipped"]) == 5
+
+
+def test_duplicate_record_ids_resolve_by_date_then_path(real_record, tmp_path):
+    """The same record_id and date in two files: the lexicographically greatest path counts,
+    whatever order the files are listed or found in; a newer date beats any path."""
+    from hfl_bench.results.grouping import group_seeds
+    from hfl_bench.results.loading import load_records
+
+    same = variant(real_record, 0, 50.0)
+    copy_b = dict(copy.deepcopy(same), metrics=dict(same["metrics"], global_acc=70.0))
+    folder = tmp_path / "runs"
+    for sub, record in (("a", same), ("b", copy_b)):
+        (folder / sub).mkdir(parents=True)
+        (folder / sub / "x.json").write_text(json.dumps(record))
+    for order in (["a", "b"], ["b", "a"]):
+        loaded, _ = load_records([folder / o for o in order])
+        [g] = group_seeds(loaded if order == ["a", "b"] else list(reversed(loaded)))
+        assert [r.path.parent.name for r in g.ok] == ["b"] and len(g.duplicates) == 1
+        board = show_json(*[str(folder / o) for o in order])
+        assert group(board, "crad")["global_acc"]["mean"] == 70.0
+    newer = dict(copy.deepcopy(same), date="2999-01-01T00:00:00+00:00")
+    (folder / "a" / "x.json").write_text(json.dumps(newer))
+    assert group(show_json(str(folder)), "crad")["global_acc"]["mean"] == 50.0
+    # Dates are compared as instants, not as text: 01:00+01:00 is 00:00 UTC, older than 00:30Z.
+    (folder / "a" / "x.json").write_text(json.dumps(dict(same, date="2030-01-01T01:00:00+01:00")))
+    (folder / "b" / "x.json").write_text(json.dumps(dict(copy_b, date="2030-01-01T00:30:00+00:00")))
+    assert group(show_json(str(folder)), "crad")["global_acc"]["mean"] == 70.0
+
+
+def test_data_fingerprints_split_groups(real_record, tmp_path):
+    def on(data, seed, acc):
+        r = variant(real_record, seed, acc)
+        if data:
+            r["task"]["data_fingerprint"] = data
+        return r
+
+    folder = write(tmp_path / "runs", on("a" * 16, 0, 60.0), on("a" * 16, 1, 62.0), on("b" * 16, 2, 90.0),
+                   on(None, 3, 10.0), on(None, 4, 20.0))
+    groups = sorted((g["seeds"], g["global_acc"]["mean"]) for g in show_json(str(folder))["groups"])
+    assert groups == [([0, 1], 61.0), ([2], 90.0), ([3, 4], 15.0)]  # no fingerprint: its own "unknown data"
+
+
 def test_one_seed_has_no_sd(real_record, tmp_path):
     folder = write(tmp_path / "runs", variant(real_record, 0, 70.0, 80.0))
     g = group(show_json(str(folder)), "crad")
@@ -309,10 +383,91 @@ def test_validate_rejects_a_published_record_with_two_figures(tmp_path):
     assert validate(str(tmp_path)).exit_code == 1
 
 
-def test_validate_without_jsonschema_names_the_fix(monkeypatch):
+def test_validate_without_jsonschema_gives_the_same_verdicts(real_record, tmp_path, monkeypatch):
+    folder = write(tmp_path / "runs", variant(real_record, 0, 60.0), variant(real_record, 1, 150.0),
+                   variant(real_record, 2, "85.0"))
+    with_it = validate(str(folder), "--json")
     monkeypatch.setitem(sys.modules, "jsonschema", None)  # import jsonschema -> ImportError
-    result = validate()
-    assert result.exit_code == 2 and "pip install jsonschema" in result.output
+    without = validate(str(folder), "--json")
+    assert with_it.exit_code == without.exit_code == 1
+    assert set(json.loads(with_it.stdout)["invalid"]) == set(json.loads(without.stdout)["invalid"])
+    assert len(json.loads(without.stdout)["invalid"]) == 2
+    assert validate().exit_code == 0  # every shipped record, without jsonschema too
+
+
+def _mutations(real: dict) -> list[tuple[str, dict]]:
+    """Records one change away from a valid one (most of them invalid), for comparing validators."""
+    published = json.loads(next(PUBLISHED.glob("fan2026crad__pathmnist__crad__local_acc__*.json")).read_text())
+
+    def change(base, path, value):
+        r = copy.deepcopy(base)
+        node = r
+        for key in path[:-1]:
+            node = node[key]
+        if value is KeyError:
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+        return r
+
+    cases = [
+        ("global_acc 150", (real, ("metrics", "global_acc"), 150.0)),
+        ("global_acc -1", (real, ("metrics", "global_acc"), -1)),
+        ("global_acc string", (real, ("metrics", "global_acc"), "85.0")),
+        ("global_acc bool", (real, ("metrics", "global_acc"), True)),
+        ("global_acc null", (real, ("metrics", "global_acc"), None)),
+        ("global_acc missing", (real, ("metrics", "global_acc"), KeyError)),
+        ("metrics null", (real, ("metrics",), None)),
+        ("status", (real, ("status",), "finished")),
+        ("fidelity missing", (real, ("method", "fidelity"), KeyError)),
+        ("fidelity other", (real, ("method", "fidelity"), "faithful")),
+        ("schema_version", (real, ("schema_version",), "2.0")),
+        ("record_id int", (real, ("record_id",), 5)),
+        ("num_classes 1", (real, ("task", "num_classes"), 1)),
+        ("num_classes 2.0", (real, ("task", "num_classes"), 2.0)),
+        ("fingerprint good", (real, ("task", "data_fingerprint"), "0123456789abcdef")),
+        ("fingerprint bad", (real, ("task", "data_fingerprint"), "../etc")),
+        ("history acc 101", (real, ("history", 1, "global_acc"), 101.0)),
+        ("endpoint acc 200", (real, ("metrics", "extra_endpoints"), {"q": {"global_acc": 200}})),
+        ("per-arch acc", (real, ("metrics", "per_arch_global_acc", "mlp_small"), 100.5)),
+        ("topology", (real, ("federation", "topology"), "mesh")),
+        ("source kind", (real, ("source", "kind"), "other")),
+        ("published ok", (published, ("metrics", "n_seeds"), 3)),
+        ("published two figures", (published, ("metrics", "global_acc"), 89.44)),
+        ("published no figure", (published, ("metrics", "local_acc"), KeyError)),
+        ("published no citation key", (published, ("source", "citation", "key"), KeyError)),
+        ("published no setting", (published, ("setting",), KeyError)),
+    ]
+    return [("unchanged", real), ("published", published)] + [(n, change(*c)) for n, c in cases]
+
+
+def test_the_built_in_validator_agrees_with_jsonschema(real_record):
+    jsonschema = pytest.importorskip("jsonschema")
+    from hfl_bench.results.records import load_schema
+    from hfl_bench.results.validation import SubsetValidator
+
+    reference, subset = jsonschema.Draft202012Validator(load_schema()), SubsetValidator(load_schema())
+    shipped = [json.loads(p.read_text()) for p in [*REPRODUCED.rglob("*.json"), *PUBLISHED.glob("*.json")]]
+    for name, record in [*_mutations(real_record), *((f"shipped {i}", r) for i, r in enumerate(shipped))]:
+        expected = not list(reference.iter_errors(record))
+        assert subset.is_valid(record) == expected, (name, [e.message for e in reference.iter_errors(record)])
+    verdicts = {name: subset.is_valid(r) for name, r in _mutations(real_record)}
+    assert {name for name, ok in verdicts.items() if ok} == {  # the cases meant to stay valid, and only those
+        "unchanged", "published", "global_acc null", "metrics null", "num_classes 2.0", "fingerprint good",
+        "published ok"}
+
+
+def test_validate_rejects_nan_and_infinity(real_record, tmp_path):
+    folder = write(tmp_path / "runs", variant(real_record, 0, 60.0))
+    for name, literal in (("nan", "NaN"), ("inf", "Infinity"), ("minf", "-Infinity"), ("big", "1e999")):
+        text = json.dumps(variant(real_record, 1, 61.0)).replace('"global_acc": 61.0', f'"global_acc": {literal}', 1)
+        assert literal in text
+        (folder / f"{name}.json").write_text(text)
+    result = validate(str(folder), "--json")
+    assert result.exit_code == 1
+    invalid = json.loads(result.stdout)["invalid"]
+    assert sorted(Path(f).stem for f in invalid) == ["big", "inf", "minf", "nan"]
+    assert all("not readable JSON" in errs[0] for errs in invalid.values())
 
 
 def test_published_records_are_what_the_generator_writes(tmp_path):

@@ -6,6 +6,8 @@ import io
 import json
 import os
 import pickle
+import re
+import time
 import zipfile
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from hfl_bench.cli import app
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.data import DatasetError, channel_stats, get_task, normalize
 from hfl_bench.partition import PartitionError, given_partition, make_partition
+from hfl_bench.tasks import pfl_npz
 from hfl_bench.tasks.pfl_npz import read_client_file
 
 REAL = Path("/work/shared/data/mnist-htfl")
@@ -219,7 +222,9 @@ def test_malicious_file_fails_the_cli_cleanly(folder, tmp_path):
                                       "--rounds", "1", "-q", "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2
     assert "refused to load global builtins.eval" in result.output
-    assert not marker.exists() and not (tmp_path / "runs").exists()
+    assert not marker.exists()
+    # No record (the CLI may create --out itself before it loads anything, to check it is writable).
+    assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]
 
 
 def test_missing_folder_names_the_path(tmp_path):
@@ -264,6 +269,119 @@ def test_garbage_file(folder):
         get_task("pfl-npz").load(root)
     _raw_npz(root / "train" / "0.npz", [1, 2, 3])  # a harmless pickle of the wrong thing
     with pytest.raises(DatasetError, match=r"0\.npz should hold a dict with keys 'x' and 'y'"):
+        get_task("pfl-npz").load(root)
+
+
+# --------------------------------------------------------------------------- untrusted folders
+
+
+def _set_config(root: Path, **changes) -> None:
+    config = json.loads((root / "config.json").read_text())
+    (root / "config.json").write_text(json.dumps(dict(config, **changes)))
+
+
+def test_huge_num_clients_fails_fast_and_short(folder):
+    """config.json is checked against the files present before anything proportional to num_clients
+    is built (this once took minutes, 4.5 GB and printed a 300 MB error line)."""
+    root, _ = folder
+    _set_config(root, num_clients=20_000_000)
+    task = get_task("pfl-npz")
+    t0 = time.perf_counter()
+    with pytest.raises(DatasetError) as info:
+        task.load(root)
+    assert task.folder_defaults(root) == {}  # not a default of 20 million clients
+    with pytest.raises(DatasetError):
+        task.fingerprint(root)
+    assert time.perf_counter() - t0 < 0.5
+    msg = str(info.value)
+    assert len(msg) < 400 and "\n" not in msg
+    assert f"{root / 'train'} holds 3 .npz files, but config.json gives num_clients 20000000" in msg
+    assert "missing ['3.npz', '4.npz', '5.npz', '6.npz', '7.npz'] and 19999992 more" in msg
+    assert "Fix num_clients in config.json" in msg
+
+
+def test_unexpected_files_are_listed_briefly(folder):
+    root, written = folder
+    for i in range(8):
+        save_like_pfllib(root / "train" / f"extra{i}.npz", *written["train"][0])
+    save_like_pfllib(root / "train" / "03.npz", *written["train"][0])  # not how PFLlib names client 3
+    with pytest.raises(DatasetError) as info:
+        get_task("pfl-npz").load(root)
+    msg = str(info.value)
+    assert "holds 12 .npz files" in msg and "missing none" in msg
+    assert "unexpected ['03.npz', 'extra0.npz', 'extra1.npz', 'extra2.npz', 'extra3.npz'] and 4 more" in msg
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_features_are_refused(folder, bad):
+    root, written = folder
+    x, y = written["test"][2]
+    x = x.copy()
+    x[3, 0, 5, 5] = bad
+    save_like_pfllib(root / "test" / "2.npz", x, y)
+    expected = f"{root / 'test' / '2.npz'}: 'x' holds NaN or infinite values"
+    with pytest.raises(DatasetError, match=re.escape(expected)):
+        get_task("pfl-npz").load(root)
+
+
+@pytest.mark.parametrize("what", ["train/1.npz", "config.json", "train", "test"])
+def test_links_out_of_the_folder_are_refused(folder, tmp_path, what):
+    root, _ = folder
+    inside = root / what
+    outside = tmp_path / "elsewhere" / what
+    outside.parent.mkdir(parents=True)
+    inside.rename(outside)
+    inside.symlink_to(outside)
+    task = get_task("pfl-npz")
+    match = re.escape(f"{inside} resolves to {outside}, outside the data folder {root}")
+    with pytest.raises(DatasetError, match=match):
+        task.load(root)
+    with pytest.raises(DatasetError, match=match):
+        task.fingerprint(root)
+    task.folder_defaults(root)  # a default only (load refuses the folder): it must not raise
+
+
+def test_links_within_the_folder_are_fine(folder, tmp_path):
+    root, _ = folder
+    spare = root / "spare"
+    spare.mkdir()
+    (root / "train" / "1.npz").rename(spare / "1.npz")
+    (root / "train" / "1.npz").symlink_to(Path("..") / "spare" / "1.npz")
+    (tmp_path / "link").symlink_to(root)  # the folder itself may be reached through a link
+    data = get_task("pfl-npz").load(tmp_path / "link")
+    assert len(data.client_indices) == 3
+
+
+def test_folder_defaults_never_raises(folder, monkeypatch):
+    root, _ = folder
+    task = get_task("pfl-npz")
+    assert task.folder_defaults(root) == {"clients": 3}
+    for text in ("{not json", "[" * 100_000 + "]" * 100_000, "[]", '{"num_clients": "3"}'):
+        (root / "config.json").write_text(text)
+        assert task.folder_defaults(root) == {}
+        with pytest.raises(DatasetError, match="config.json"):
+            task.load(root)
+    (root / "config.json").unlink()
+    (root / "config.json").mkdir()  # not a file: no folder here at all
+    assert task.folder_defaults(root) == {}
+    assert task.folder_defaults(root / "nowhere") == {}
+
+
+def test_oversized_config_is_not_read(folder, monkeypatch):
+    root, _ = folder
+    monkeypatch.setattr(pfl_npz, "MAX_CONFIG_BYTES", 100)
+    with pytest.raises(DatasetError, match=r"config\.json is larger than"):
+        get_task("pfl-npz").load(root)
+    assert get_task("pfl-npz").folder_defaults(root) == {}
+
+
+def test_malformed_label_counts(folder):
+    root, _ = folder
+    _set_config(root, **{"Size of samples for labels in clients": [[["a", 1]], [], []]})
+    with pytest.raises(DatasetError, match="client 0's label counts are not"):
+        get_task("pfl-npz").load(root)
+    _set_config(root, **{"Size of samples for labels in clients": 7})
+    with pytest.raises(DatasetError, match="must be a list"):
         get_task("pfl-npz").load(root)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 
 import pytest
@@ -121,3 +122,38 @@ def test_load_record_accepts_minimal(tmp_path):
     path.write_text(json.dumps({"schema_version": "1.0"}))
     assert load_record(path) == {"schema_version": "1.0"}
     assert os.listdir(tmp_path) == ["x.json"]
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_load_record_rejects_non_finite_numbers(tmp_path, literal):
+    path = tmp_path / "x.json"
+    path.write_text('{"schema_version": "1.0", "metrics": {"global_acc": %s}}' % literal)
+    with pytest.raises(ValueError, match="is not valid JSON") as e:
+        load_record(path)
+    assert str(path) in str(e.value)
+
+
+def test_strict_record_turns_non_finite_numbers_into_a_failed_record():
+    from hfl_bench.results.records import strict_record
+
+    rec = _record(metrics={"global_acc": float("nan"), "per_client": [{"val_acc": float("inf")}]}, error=None)
+    strict = strict_record(rec)
+    assert strict["status"] == "failed" and strict["metrics"]["global_acc"] is None
+    assert "metrics/global_acc" in strict["error"] and "metrics/per_client/0/val_acc" in strict["error"]
+    assert json.loads(json.dumps(strict, allow_nan=False)) == strict
+    assert strict_record(_record(metrics={"global_acc": 1.0})) == _record(metrics={"global_acc": 1.0})
+
+
+def test_an_ok_record_without_its_headline_figures_is_invalid():
+    from hfl_bench.results.validation import record_problems
+
+    real = Path(__file__).resolve().parent.parent / "leaderboards" / "reproduced" / "digits"
+    record = json.loads(next(real.glob("digits__crad__*.json")).read_text())
+    assert record_problems(record) == []
+    no_metrics = dict(record, metrics=None)
+    assert "metrics: status ok, but the record has no metrics" in record_problems(no_metrics)
+    null_figure = json.loads(json.dumps(record))
+    null_figure["metrics"]["global_acc"] = None
+    assert "metrics/global_acc: status ok, but it is null" in record_problems(null_figure)
+    failed = dict(no_metrics, status="failed")  # a failed run has no figures, and says so
+    assert not [p for p in record_problems(failed) if "status ok" in p]

@@ -29,7 +29,7 @@ LEADERBOARDS = REPO / "leaderboards"
 
 def record(seed: int, status: str = "ok", date: str = "2026-01-01T00:00:00+00:00", acc: float = 60.0,
            **config) -> dict:
-    """A small hand-written record of crad on digits; ``config`` changes RunConfig fields."""
+    """A small hand-written (valid) record of crad on digits; ``config`` changes RunConfig fields."""
     cfg = dataclasses.asdict(RunConfig(method="crad", task="digits", pool="cpu", partition="dirichlet", alpha=0.3,
                                        clients=4, rounds=2, seed=seed, **config))
     chash = config_hash(cfg)
@@ -39,12 +39,15 @@ def record(seed: int, status: str = "ok", date: str = "2026-01-01T00:00:00+00:00
         "source": {"kind": "reproduced", "citation": None},
         "status": status,
         "error": None if status == "ok" else "boom",
-        "method": {"name": "crad", "fidelity": "faithful", "hparams": {"lam": 0.7}},
+        "method": {"name": "crad", "fidelity": "paper", "hparams": {"lam": 0.7}},
         "task": {"name": "digits", "version": "1", "num_classes": 10, "n_train": 1000, "n_test": 200},
-        "arch_pool": {"name": "cpu"},
-        "partition": {"scheme": "dirichlet", "params": {"alpha": 0.3}, "seed": seed, "hash": f"p{seed}"},
-        "federation": {"n_clients": 4, "clients_per_round": 4, "rounds": 2, "local_epochs": 1},
-        "metrics": {"global_acc": acc + seed, "local_acc": 80.0} if status == "ok" else None,
+        "arch_pool": {"name": "cpu", "assignment": ["mlp_small"] * 4},
+        "partition": {"scheme": "dirichlet", "params": {"alpha": 0.3}, "seed": seed, "hash": f"p{seed}",
+                      "heldout_fraction": 0.2},
+        "federation": {"n_clients": 4, "clients_per_round": 4, "rounds": 2, "local_epochs": 1, "topology": "p2p"},
+        "selection": {"rule": "best_mean_local_val", "round": 2 if status == "ok" else None},
+        "metrics": ({"unit": "percent", "global_acc": acc + seed, "local_acc": 80.0, "mean_val_acc": 85.0}
+                    if status == "ok" else None),
         "cost": {"bytes_sent_per_client_per_round": 1000.0},
         "config": cfg,
         "config_hash": chash,

@@ -215,6 +215,46 @@ def test_unreadable_checkpoint_is_a_clear_error(tmp_path):
     assert "cannot read checkpoint" in result.output
 
 
+RESUME_ARGS = ["run", "--method", "local", "--clients", "4", "--rounds", "3", "--seed", "0", "--checkpoint-every", "2",
+               "--resume", "-q"]
+
+
+@pytest.mark.parametrize("damage", ["shape", "missing-key", "clients", "data"])
+def test_a_checkpoint_that_does_not_fit_is_refused_with_one_line(tmp_path, damage):
+    cfg = config("local", tmp_path, rounds=3)
+    engine.run(cfg)  # leaves its round-2 checkpoint
+    path = paths.checkpoint_path(cfg)
+    state = checkpoint.read(path)
+    model = state["clients"][0]["model"]["state"]
+    key = next(iter(model))
+    if damage == "shape":
+        model[key] = torch.zeros(3, 3, 3)
+    elif damage == "missing-key":
+        del model[key]
+    elif damage == "clients":
+        state["clients"].pop()
+    else:
+        state["data_fingerprint"] = "0" * 16
+    checkpoint.write(path, state)
+    result = CliRunner().invoke(app, [*RESUME_ARGS, "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    text = "".join(result.output.split())  # rich wraps long lines at the runner's width
+    assert "Traceback" not in result.output and "error:" in result.output
+    assert path.name in text and ("otherdata" if damage == "data" else "doesnot") in text, result.output
+
+
+def test_a_checkpoint_that_cannot_be_written_does_not_stop_the_run(tmp_path, monkeypatch, caplog):
+    def full_disk(path, state):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "write", full_disk)
+    cfg = config("local", tmp_path, rounds=3)
+    with caplog.at_level("WARNING", logger="hfl_bench.engine"):
+        result = engine.run(cfg)
+    assert result.status == "ok" and len(result.history) == 4
+    assert "checkpoint after round 2 not written" in caplog.text and "No space left" in caplog.text
+
+
 def test_a_pickled_object_is_refused_by_weights_only(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"format": checkpoint.FORMAT, "payload": Evil(tmp_path / "pwned")}, path)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from hfl_bench.data import DatasetError, get_task
+from hfl_bench.data import DatasetError, Task, TaskInfo, get_task
 from hfl_bench.tasks import cifar, mnist1d
 
 torchvision = pytest.importorskip("torchvision")
@@ -196,6 +196,26 @@ def test_cifar_missing_batch_is_a_dataset_error(tmp_path, relaxed_cifar):
         get_task("cifar100").load(tmp_path)
 
 
+def test_cifar_fingerprint_covers_its_files(tmp_path, relaxed_cifar):
+    write_cifar10(tmp_path)
+    task = get_task("cifar10")
+    folder = tmp_path / "cifar-10-batches-py"
+    names = [p.name for p in task.data_files(tmp_path)]
+    assert names == [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta"]
+    data = task.load(tmp_path)
+    assert data.fingerprint == task.fingerprint(tmp_path)
+    (folder / "test_batch").write_bytes((folder / "test_batch").read_bytes() + b"\0")
+    assert task.fingerprint(tmp_path) != data.fingerprint
+    (folder / "batches.meta").unlink()
+    with pytest.raises(DatasetError, match=r"batches\.meta.*--download"):
+        task.fingerprint(tmp_path)
+
+
+def test_cifar100_data_files(tmp_path):
+    assert [p.relative_to(tmp_path).as_posix() for p in get_task("cifar100").data_files(tmp_path)] == [
+        "cifar-100-python/train", "cifar-100-python/test", "cifar-100-python/meta"]
+
+
 # --------------------------------------------------------------------------- PathMNIST
 
 
@@ -212,6 +232,17 @@ def test_pathmnist_loads_fake_file(tmp_path):
     mean = raw.mean(dim=(0, 2, 3)).view(1, 3, 1, 1)
     std = raw.std(dim=(0, 2, 3)).view(1, 3, 1, 1)
     assert torch.allclose(data.train_x, (raw - mean) / std, atol=1e-4)
+
+
+def test_pathmnist_fingerprint_covers_its_file(tmp_path):
+    write_pathmnist(tmp_path)
+    task = get_task("pathmnist")
+    assert task.data_files(tmp_path) == [tmp_path / "pathmnist.npz"]
+    fp = task.load(tmp_path).fingerprint
+    assert fp == task.fingerprint(tmp_path)
+    other = tmp_path / "other"
+    write_pathmnist(other, seed=3)
+    assert task.fingerprint(other) != fp
 
 
 def test_pathmnist_missing(tmp_path):
@@ -301,3 +332,43 @@ def test_mnist1d_not_installed(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "mnist1d.data", None)
     with pytest.raises(DatasetError, match="pip install mnist1d"):
         get_task("mnist1d").load(tmp_path)
+
+
+# --------------------------------------------------------------------------- generic checks in Task.load
+
+
+class _Arrays(Task):
+    """A task that returns whatever arrays a test gives it."""
+
+    info = TaskInfo(name="fake", version="1.0", num_classes=3, input_shape=(1, 2, 2), source="test",
+                    citation="none", license="none")
+
+    def __init__(self, train_x, train_y, test_x=None, test_y=None):
+        test_x, test_y = (train_x, train_y) if test_x is None else (test_x, test_y)
+        self.arrays = (train_x, train_y, test_x, test_y)
+
+    def load_arrays(self, data_dir, download):
+        return self.arrays
+
+
+def test_load_refuses_non_finite_images(tmp_path):
+    x, y = np.zeros((4, 1, 2, 2), np.float64), np.array([0, 1, 2, 0])
+    assert _Arrays(x, y).load(tmp_path).fingerprint == _Arrays(x, y).fingerprint(tmp_path)
+    for bad in (np.nan, np.inf, 1e300):  # 1e300 is inf in float32
+        broken = x.copy()
+        broken[2, 0, 1, 1] = bad
+        with pytest.raises(DatasetError, match="fake: test images .* hold NaN or infinite values"):
+            _Arrays(x, y, broken, y).load(tmp_path)
+
+
+def test_load_refuses_bad_labels(tmp_path):
+    x = np.zeros((4, 1, 2, 2), np.float32)
+    with pytest.raises(DatasetError, match="fake: train labels .* must be integers, found float64"):
+        _Arrays(x, np.array([0, 1.5, 2, 0])).load(tmp_path)
+    with pytest.raises(DatasetError, match="must be integers"):
+        _Arrays(x, np.array([0, np.nan, 2, 0])).load(tmp_path)
+    assert _Arrays(x, np.array([0.0, 1.0, 2.0, 0.0])).load(tmp_path).train_y.tolist() == [0, 1, 2, 0]
+    with pytest.raises(DatasetError, match="fake: .* yields 4 train images and 3 labels"):
+        _Arrays(x, np.array([0, 1, 2])).load(tmp_path)
+    with pytest.raises(DatasetError, match=r"lie outside 0\.\.2"):
+        _Arrays(x, np.array([0, 1, 3, 0])).load(tmp_path)

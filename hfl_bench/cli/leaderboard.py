@@ -12,8 +12,8 @@ from typing import Any, Optional
 
 import typer
 
-from hfl_bench.cli.output import err, fail, wide_out
-from hfl_bench.results.board import Board, build_board, named_records
+from hfl_bench.cli.output import err, fail, note, plain, wide_out
+from hfl_bench.results.board import Board, board_records, build_board
 from hfl_bench.results.loading import ResultsError, load_records, record_files
 from hfl_bench.results.ranking import rank_methods
 from hfl_bench.results.render import (
@@ -48,7 +48,9 @@ def show(
     rank: bool = typer.Option(False, "--rank", help="Print the mean rank of each method across tasks instead."),
 ):
     """Group reproduced records by setting (mean, sample sd, seeds; failed runs counted apart) and
-    put the matching published figures beside each group with the delta reproduced - published."""
+    put the matching published figures beside each group with the delta reproduced - published.
+    Only records that `leaderboard validate` accepts are read; each other file is listed on stderr
+    (skipped, with the reason) and never averaged in."""
     fmt = "json" if as_json else fmt
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
@@ -56,10 +58,10 @@ def show(
         loaded, not_records = load_records(_paths(paths))
     except ResultsError as e:
         fail(str(e))
-    records, unnamed = named_records(loaded)
-    skipped = [s.line() for s in not_records + unnamed]
+    records, excluded = board_records(loaded)  # valid records only; the rest listed, never averaged
+    skipped = [s.line() for s in not_records + excluded]
     for line in skipped:
-        err.print(f"[yellow]skipped:[/] {line}", highlight=False, soft_wrap=True)
+        note("skipped:", line)
     board = build_board(records, task, method, pool, skipped)
     if rank:
         _print_rank(rank_methods(board.groups), fmt)
@@ -110,11 +112,10 @@ def validate(
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
-    """Check every record against the JSON Schema; exit 1 listing each error if any is invalid."""
-    try:
-        validator = schema_validator()
-    except ImportError:
-        fail("validating records needs jsonschema: pip install jsonschema (or pip install -e '.[test]')")
+    """Check every record against the JSON Schema, and that its numbers are finite (no NaN or
+    Infinity) and its accuracies within [0, 100]; exit 1 listing each problem if any is invalid.
+    (The leaderboard and the plots read only the records this accepts.)"""
+    validator = schema_validator()
     try:
         files = record_files(_paths(paths))
     except ResultsError as e:
@@ -131,7 +132,7 @@ def validate(
     else:
         for f, errs in invalid.items():
             for e in errs:
-                err.print(f"{f}: {e}", highlight=False, soft_wrap=True, markup=False)
+                err.print(plain(f"{f}: {e}"), highlight=False, soft_wrap=True)
         wide_out().print(f"{len(files) - len(invalid)} of {len(files)} records valid", highlight=False)
     if invalid:
         raise typer.Exit(1)

@@ -8,13 +8,16 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hfl_bench.cli.output import USER_ERRORS, emit_json, err, fail, fmt, out
+from hfl_bench.cli.output import USER_ERRORS, cell, command_line, emit_json, err, fail, interrupted, note, out, plain
 from hfl_bench.matrix.executors import EXECUTORS
 from hfl_bench.matrix.runner import count_statuses, dry_run_row, exit_code, run_matrix
 from hfl_bench.matrix.suite import Cell, Suite, load_suite, suite_cells
+from hfl_bench.paths import check_out_dir
+from hfl_bench.results.text import terminal
 
 
 def matrix(
@@ -33,9 +36,12 @@ def matrix(
     """Run every cell of a suite (methods x tasks x seeds), one record per cell.
 
     A cell whose record is already in the output folder (same config hash and seed, status ok or
-    diverged) is skipped, so a rerun resumes; failed cells are retried. A cell that raises is
-    recorded as failed and the matrix goes on. Exit code: 0 when every cell is ok, diverged or
-    skipped; 1 when any cell failed (with --dry-run: would fail); 2 for a bad suite or flag.
+    diverged, same data) is skipped, so a rerun resumes; failed cells are retried. Anything a cell
+    raises, while running or while its record is written, makes that cell failed and the matrix
+    goes on; a record --out cannot take is saved under ~/.cache/hfl-bench/unsaved (the summary
+    says where). Ctrl-C stops every cell and prints the command that continues. Exit code: 0 when
+    every cell is ok, diverged or skipped; 1 when any cell failed (with --dry-run: would fail); 2
+    for a bad suite, flag or --out; 130 when interrupted.
     """
     if executor not in EXECUTORS:
         fail(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
@@ -47,19 +53,31 @@ def matrix(
         fail("--cpus-per-cell must be > 0 and --gpus-per-cell >= 0")
     if executor == "local" and (address or gpus_per_cell is not None):
         fail("--address and --gpus-per-cell are for --executor ray")
+    finished: list[dict[str, Any]] = []
+    cells: list[Cell] = []
     try:
         suite = load_suite(suite_file)
+        folder = out_dir if out_dir is not None else Path(suite.out)
+        check_out_dir(folder, create=not dry_run)  # a file or an unwritable folder: refused before any cell
         cells = suite_cells(suite, out_dir)
         if dry_run:
             rows = [dry_run_row(cell) for cell in cells]
         else:
             t0 = time.perf_counter()
             with _CellProgress(len(cells), enabled=not (quiet or as_json)) as bar:
+                def on_cell(row: dict[str, Any]) -> None:
+                    finished.append(row)
+                    bar.cell_done(row)
+
                 rows = run_matrix(cells, executor, jobs, threads, address, cpus_per_cell, gpus_per_cell,
-                                  on_cell=bar.cell_done, round_progress=bar.rounds)
+                                  on_cell=on_cell, round_progress=bar.rounds)
             elapsed = time.perf_counter() - t0
     except USER_ERRORS as e:
         fail(str(e))
+    except KeyboardInterrupt:
+        what = (f"{len(finished)} of {len(cells)} cells done, their records kept; the rerun skips them"
+                if cells else "before any cell ran")
+        interrupted(what, command_line())
     code = exit_code(rows)
     folder = str(out_dir if out_dir is not None else suite.out)
     if as_json:
@@ -76,23 +94,22 @@ STATUS_STYLE = {"ok": "green", "diverged": "yellow", "failed": "bold red", "skip
 
 def _print_table(suite: Suite, folder: str, rows: list[dict[str, Any]], elapsed: Optional[float]) -> None:
     title = f"suite {suite.name}: {len(rows)} cells -> {folder}"
-    t = Table(title=title)
+    t = Table(title=plain(title))
     for col, justify in (("method", "left"), ("task", "left"), ("seed", "right"), ("status", "left"),
                          ("global acc (%)", "right"), ("time (s)", "right"), ("record", "left")):
         t.add_column(col, justify=justify)
     for r in rows:
         style = STATUS_STYLE.get(r["status"], "")
         record = Path(r["record"]).name if r["record"] else "-"
-        t.add_row(r["method"], r["task"], fmt(r["seed"]), f"[{style}]{r['status']}[/]", fmt(r["global_acc"]),
-                  fmt(r["wall_time_s"], 1), record)
+        t.add_row(plain(r["method"]), plain(r["task"]), cell(r["seed"]), plain(r["status"], style),
+                  cell(r["global_acc"]), cell(r["wall_time_s"], 1), plain(record))
     out.print(t)
     counts = ", ".join(f"{n} {s}" for s, n in count_statuses(rows).items())
     took = f" in {elapsed:.1f} s" if elapsed is not None else ""
-    out.print(f"{counts}{took}", highlight=False)
+    out.print(plain(f"{counts}{took}"), highlight=False)
     for r in rows:
         if r["error"] and r["status"] in ("failed", "would fail"):
-            err.print(f"[red]{r['status']}:[/] {r['method']} on {r['task']}, seed {r['seed']}: {r['error']}",
-                      highlight=False, soft_wrap=True)
+            note(f"{r['status']}:", f"{r['method']} on {r['task']}, seed {r['seed']}: {r['error']}", style="red")
 
 
 class _CellProgress:
@@ -113,15 +130,15 @@ class _CellProgress:
 
     def cell_done(self, row: dict[str, Any]) -> None:
         if self.enabled:
-            self.bar.update(self.cells, advance=1,
-                            description=f"cells (last: {row['method']} on {row['task']}: {row['status']})")
+            last = escape(terminal(f"{row['method']} on {row['task']}: {row['status']}"))  # the column reads markup
+            self.bar.update(self.cells, advance=1, description=f"cells (last: {last})")
 
     def rounds(self, cell: Cell) -> Optional[Callable]:
         if not self.enabled:
             return None
         if self.round_task is not None:
             self.bar.remove_task(self.round_task)
-        self.round_task = self.bar.add_task(f"  {cell.label}", total=cell.cfg.rounds)
+        self.round_task = self.bar.add_task(f"  {escape(terminal(cell.label))}", total=cell.cfg.rounds)
 
         def update(rnd: int, total: int, entry: dict[str, Any]) -> None:
             self.bar.update(self.round_task, completed=rnd)

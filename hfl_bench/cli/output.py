@@ -1,32 +1,59 @@
-"""What every command prints with: the stdout and stderr consoles, the one-line error exit, JSON
-output and number formatting. Imports no other module of the CLI, so every command can use it.
+"""What every command prints with: the stdout and stderr consoles, the one-line error exit, the
+one-line interrupt exit, JSON output and number formatting. Imports no other module of the CLI,
+so every command can use it.
+
+Text that is not the CLI's own (record fields, suite names, flag values, error messages that quote
+them) is printed through ``plain``: a ``rich.text.Text``, so never read as markup (``[/x]`` is
+shown, not parsed), and cleaned by ``hfl_bench.results.text.terminal`` (no escape sequences or
+control characters). Markup is used only in the CLI's own literals.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn, Optional, Sequence
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from hfl_bench.config import ConfigError
-from hfl_bench.data import DatasetError
-from hfl_bench.partition import PartitionError
+from hfl_bench.errors import DatasetError, PartitionError
 from hfl_bench.registry import RegistryError
+from hfl_bench.results.text import terminal
 
 err = Console(stderr=True)
 out = Console()
 
 # Errors whose message is meant for the user: printed on one line, exit code 2.
 USER_ERRORS = (ConfigError, DatasetError, PartitionError, RegistryError)
+# The exit code of a command ended by Ctrl-C (128 + SIGINT), as a shell reports it.
+INTERRUPTED = 130
 
 
-def fail(message: str, code: int = 2):
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+def plain(value: Any, style: Optional[str] = None, one_line: bool = True) -> Text:
+    """Untrusted text for rich: no markup, no emoji codes, no control characters."""
+    return Text(terminal("" if value is None else value, one_line=one_line), style=style or "")
+
+
+def line(label: str, style: str, message: Any) -> Text:
+    """``label`` in ``style``, then ``message`` as plain text: one line."""
+    return Text.assemble((label, style), " ", plain(message))
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    err.print(line("error:", "bold red", message), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def note(label: str, message: Any, style: str = "yellow") -> None:
+    """One line on stderr: a styled label, then the message as plain text."""
+    err.print(line(label, style, message), highlight=False, soft_wrap=True)
 
 
 def emit_json(obj: Any) -> None:
@@ -38,6 +65,11 @@ def fmt(x: Any, nd: int = 2) -> str:
     return "-" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
 
 
+def cell(x: Any, nd: int = 2) -> Text:
+    """A table cell of any value (``fmt``), as plain text."""
+    return plain(fmt(x, nd))
+
+
 def wide_out() -> Console:
     """stdout for wide tables: piped or captured output gets 160 columns unless COLUMNS says
     otherwise (a terminal keeps its own width)."""
@@ -45,3 +77,48 @@ def wide_out() -> Console:
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(width=160)
     return console
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
+
+
+def shell_quote(arg: str) -> str:
+    """``arg`` quoted for a POSIX shell; an argument holding control characters in bash's
+    ``$'...'`` form, so the printed command stays one line and holds no raw control character."""
+    if arg.isprintable():
+        return shlex.quote(arg)
+    escaped = "".join(c if c.isprintable() and c not in "\\'" else
+                      ("\\" + c if c in "\\'" else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                      for c in arg)
+    return f"$'{escaped}'"
+
+
+def _program(argv0: str) -> str:
+    """How to start this program again: ``hfl-bench`` when that is what the PATH finds, else the
+    script's path; ``python -m hfl_bench.cli`` for the module."""
+    path = Path(argv0)
+    if path.name == "__main__.py" or argv0 == "-m":
+        python = shutil.which("python")
+        same = python is not None and Path(python).resolve() == Path(sys.executable).resolve()
+        return f"{'python' if same else shell_quote(sys.executable)} -m hfl_bench.cli"
+    if path.name == "hfl-bench":
+        found = shutil.which("hfl-bench")
+        if found is not None and Path(found).resolve() == path.resolve():
+            return "hfl-bench"
+        return shell_quote(argv0)
+    return "hfl-bench"
+
+
+def command_line(add: Sequence[str] = (), argv: Optional[Sequence[str]] = None) -> str:
+    """The command line this process was started with (``sys.argv``), with the arguments of
+    ``add`` appended unless already there: the exact command that continues it."""
+    argv = list(sys.argv if argv is None else argv)
+    args = argv[1:] + [a for a in add if a not in argv[1:]]
+    return " ".join([_program(argv[0] if argv else "hfl-bench"), *map(shell_quote, args)])
+
+
+def interrupted(what: str, command: str) -> NoReturn:
+    """Ctrl-C: one line naming the command that continues, exit code 130, no traceback."""
+    err.print(Text.assemble(("interrupted", "bold yellow"), f" ({terminal(what)}); continue with: ", command),
+              highlight=False, soft_wrap=True)
+    raise typer.Exit(INTERRUPTED)

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from hfl_bench.cli.output import USER_ERRORS, emit_json, fail, out
+from hfl_bench.cli.output import USER_ERRORS, emit_json, fail, out, plain
 from hfl_bench.config import RunConfig
 
 
@@ -47,7 +47,7 @@ def partition(
                    "test_sizes": test.tolist()})
         return
     public = f", public set {part.public_size}" if part.public_size else ""
-    table = Table(title=f"{task}: {part.scheme} {part.params}, seed {part.seed}{public}, hash {part.hash}")
+    table = Table(title=plain(f"{task}: {part.scheme} {part.params}, seed {part.seed}{public}, hash {part.hash}"))
     table.add_column("client", justify="right")
     for j in range(c):
         table.add_column(str(j), justify="right")

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hfl_bench.cli.output import emit_json, fail, out
+from hfl_bench.cli.output import cell, emit_json, fail, out, plain
 from hfl_bench.results.plots import PlotError, make_plots
 
 
@@ -32,13 +32,13 @@ def plot_command(
     t = Table(title="plots written")
     for col in ("kind", "task", "png", "records", "settings"):
         t.add_column(col, overflow="fold")  # paths whole, not cut with an ellipsis
-    for w in written:
-        t.add_row(w.kind, w.task, str(w.png), str(len(w.drawn)), str(len(w.groups)))
+    for w in written:  # record text as plain text: never markup, no control characters
+        t.add_row(plain(w.kind), plain(w.task), plain(w.png), cell(len(w.drawn)), cell(len(w.groups)))
     out.print(t)
     if skipped:
         s = Table(title="skipped")
         s.add_column("file", overflow="fold")
         s.add_column("reason", overflow="fold")
         for item in skipped:
-            s.add_row(item.path, item.reason)
+            s.add_row(plain(item.path), plain(item.reason))
         out.print(s)

@@ -6,9 +6,11 @@ from typing import Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
-from hfl_bench.cli.output import USER_ERRORS, emit_json, fail, fmt, out
+from hfl_bench.cli.output import USER_ERRORS, emit_json, fail, fmt, out, plain
 from hfl_bench.registry import REGISTRIES, describe
+from hfl_bench.results.text import terminal
 
 
 def list_(
@@ -35,10 +37,11 @@ def list_(
     out.print(t)
 
 
-def _cell(v: Any) -> str:
+def _cell(v: Any) -> Text:
+    """Plugin text (names, docstrings) as plain text: a docstring's ``[0, 1]`` is not markup."""
     if isinstance(v, list):
-        return "\n".join(map(str, v))
-    return fmt(v)
+        return plain("\n".join(terminal(x) for x in v), one_line=False)
+    return plain(fmt(v), one_line=False)
 
 
 def _list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:

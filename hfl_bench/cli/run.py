@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from hfl_bench import config as config_mod
-from hfl_bench.cli.output import USER_ERRORS, emit_json, err, fail, fmt, out
+from hfl_bench import paths
+from hfl_bench.cli.output import (
+    USER_ERRORS, cell, command_line, emit_json, err, fail, fmt, interrupted, note, out, plain,
+)
 from hfl_bench.config import RunConfig
 from hfl_bench.paths import checkpoint_path
+from hfl_bench.results.text import terminal
 
 
 def build_config(config_file: Optional[Path], flags: dict[str, Any], sets: list[str]) -> RunConfig:
@@ -54,9 +62,6 @@ def run(
     resume: bool = typer.Option(False, "--resume", help="Continue from this exact config's checkpoint, if there is one."),
 ):
     """Run one method on one task and write one JSON record."""
-    from hfl_bench import engine
-    from hfl_bench.results import records
-
     flags = dict(
         method=method, task=task, pool=pool, partition=partition, alpha=alpha, classes_per_client=k,
         clients=clients, clients_per_round=clients_per_round, rounds=rounds, local_epochs=local_epochs,
@@ -65,35 +70,86 @@ def run(
         data_dir=str(data_dir) if data_dir else None, download=download or None,
         out=str(out_dir) if out_dir else None, checkpoint_every=checkpoint_every,
     )
+    done = _Rounds()
+    cfg: Optional[RunConfig] = None
     try:
         cfg = build_config(config_file, flags, sets)
+        config_mod.validate(cfg)  # before torch is even imported: a bad value costs no start-up
+        from hfl_bench import engine
+        from hfl_bench.results import records
+
         _, cfg = engine.load_task(cfg)
         engine.make_method(cfg)  # unknown method or hyperparameter: fail before loading data
+        target = paths.record_path(cfg)  # names that can be file names, inside --out
+        paths.check_out_dir(cfg.out)  # a file or an unwritable folder: refused before any training
+        records.check_same_data(cfg, target)  # never overwrite a record of other data
         show_bar = not (quiet or as_json)
         _say_checkpoint(checkpoint_path(cfg), resume)
         with _progress(show_bar, cfg) as update:
-            result = engine.run(cfg, progress=update, resume=resume)
+            result = engine.run(cfg, progress=done.tracking(update), resume=resume)
     except USER_ERRORS as e:
         fail(str(e))
-    record = records.build_record(cfg, result)
-    path = records.write_record(record, cfg.out)
+    except KeyboardInterrupt:
+        interrupted(_interrupted_at(cfg, done), command_line(["--resume"]))
+    try:
+        record = records.build_record(cfg, result)
+    except Exception as e:  # noqa: BLE001 - the run finished: keep what can be kept, say what broke
+        record = records.build_failed_record(cfg, f"the run finished but its record could not be built: "
+                                                  f"{type(e).__name__}: {e}")
+    saved = records.save_record(record, cfg.out)
+    record = saved.record
+    if saved.path is None:  # nowhere to write: the record goes to stdout, the one place left
+        sys.stdout.write(json.dumps(record, indent=1) + "\n")
+        fail(f"the record {saved.problem}; it was printed above", code=1)
     if as_json:
-        emit_json({"record": str(path), "status": record["status"], "metrics": _headline(record)})
+        emit_json({"record": str(saved.path), "status": record["status"], "metrics": _headline(record)})
     else:
         _print_summary(record)
-        out.print(f"record written to [bold]{path}[/]", highlight=False)
+        out.print(Text.assemble("record written to ", plain(saved.path, "bold")), highlight=False)
+    if saved.fallback:
+        fail(f"the record {saved.problem}", code=1)
     if record["status"] != "ok":
-        err.print(f"[yellow]run {record['status']}:[/] {record['error']}", highlight=False)
+        note(f"run {record['status']}:", record["error"])
+    if record["status"] == "failed":
+        raise typer.Exit(1)
+
+
+class _Rounds:
+    """The last round a run completed (for the line Ctrl-C prints)."""
+
+    def __init__(self):
+        self.last: Optional[int] = None
+
+    def tracking(self, update: Optional[Callable]) -> Callable:
+        def progress(rnd: int, total: int, entry: dict[str, Any]) -> None:
+            self.last = rnd
+            if update is not None:
+                update(rnd, total, entry)
+
+        return progress
+
+
+def _interrupted_at(cfg: Optional[RunConfig], done: _Rounds) -> str:
+    if cfg is None or cfg.rounds is None:
+        return "before the run started"
+    where = f"after round {done.last} of {cfg.rounds}" if done.last is not None else "before round 1"
+    try:
+        has_checkpoint = checkpoint_path(cfg).exists()
+    except Exception:  # noqa: BLE001 - only for the message
+        has_checkpoint = False
+    resume = ("--resume continues from its last checkpoint" if has_checkpoint else
+              "no checkpoint was written yet, so --resume starts over; --checkpoint-every sets how often")
+    return f"{where}; {resume}"
 
 
 def _say_checkpoint(path: Path, resume: bool) -> None:
     if resume and path.exists():
-        err.print(f"resuming from checkpoint {path}", highlight=False)
+        err.print(plain(f"resuming from checkpoint {path}"), highlight=False)
     elif resume:
-        err.print(f"no checkpoint for this configuration at {path}: starting from round 0", highlight=False)
+        err.print(plain(f"no checkpoint for this configuration at {path}: starting from round 0"), highlight=False)
     elif path.exists():
-        err.print(f"[yellow]note:[/] this configuration has a checkpoint ({path}); this run starts over "
-                  "(--resume would continue from it)", highlight=False)
+        note("note:", f"this configuration has a checkpoint ({path}); this run starts over "
+                      "(--resume would continue from it)")
 
 
 def _headline(record: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +173,8 @@ class _progress:
         if not self.enabled:
             return None
         self.bar.start()
-        self.task = self.bar.add_task(f"{self.cfg.method} on {self.cfg.task}", total=self.cfg.rounds, val="-")
+        description = escape(terminal(f"{self.cfg.method} on {self.cfg.task}"))  # the column reads markup
+        self.task = self.bar.add_task(description, total=self.cfg.rounds, val="-")
         return self.update
 
     def update(self, rnd: int, total: int, entry: dict[str, Any]) -> None:
@@ -130,32 +187,52 @@ class _progress:
         return False
 
 
+def _get(node: Any, *keys: Any) -> Any:
+    """``node[k1][k2]...``, or None where a level is missing or not a mapping / list (a shown
+    record may be malformed; ``show`` renders what it has)."""
+    for key in keys:
+        if isinstance(node, dict):
+            node = node.get(key)
+        elif isinstance(node, list) and isinstance(key, int) and -len(node) <= key < len(node):
+            node = node[key]
+        else:
+            return None
+    return node
+
+
+def _number(x: Any, nd: int = 2) -> str:
+    return fmt(x, nd) if x is None or isinstance(x, (int, float)) else str(x)
+
+
 def _print_summary(record: dict[str, Any]) -> None:
-    m = record.get("metrics") or {}
-    t = Table(title=f"{record['method']['name']} on {record['task']['name']} ({record['source']['kind']})")
+    m = _get(record, "metrics") or {}
+    t = Table(title=plain(f"{_get(record, 'method', 'name')} on {_get(record, 'task', 'name')} "
+                          f"({_get(record, 'source', 'kind')})"))
     t.add_column("field")
     t.add_column("value", justify="right")
-    cost = record.get("cost") or {}
+    cost = _get(record, "cost") or {}
     rows = [
-        ("status", record["status"]),
-        ("fidelity", record["method"]["fidelity"]),
-        ("global acc (%)", fmt(m.get("global_acc"))),
-        ("local acc (%)", fmt(m.get("local_acc"))),
-        ("mean val acc (%)", fmt(m.get("mean_val_acc"))),
-        ("selected round", fmt(record["selection"]["round"])),
+        ("status", _get(record, "status")),
+        ("fidelity", _get(record, "method", "fidelity")),
+        ("global acc (%)", _number(_get(m, "global_acc"))),
+        ("local acc (%)", _number(_get(m, "local_acc"))),
+        ("mean val acc (%)", _number(_get(m, "mean_val_acc"))),
+        ("selected round", _number(_get(record, "selection", "round"))),
     ]
-    if record["source"]["kind"] == "reproduced":
+    if _get(record, "source", "kind") == "reproduced":
+        sent = _get(cost, "bytes_sent_per_client_per_round")
+        part = _get(record, "partition") or {}
         rows += [
-            ("pool", record["arch_pool"]["name"]),
-            ("partition", f"{record['partition']['scheme']} {record['partition']['params']} #{record['partition']['hash']}"),
-            ("clients / rounds", f"{record['federation']['n_clients']} / {record['federation']['rounds']}"),
-            ("seed", fmt(record["config"]["seed"])),
-            ("bytes sent / client / round", f"{cost.get('bytes_sent_per_client_per_round', 0):,.0f}"),
-            ("wall time (s)", fmt(cost.get("wall_time_total_s"), 1)),
-            ("config hash", record["config_hash"]),
+            ("pool", _get(record, "arch_pool", "name")),
+            ("partition", f"{_get(part, 'scheme')} {_get(part, 'params')} #{_get(part, 'hash')}"),
+            ("clients / rounds", f"{_get(record, 'federation', 'n_clients')} / {_get(record, 'federation', 'rounds')}"),
+            ("seed", _number(_get(record, "config", "seed"))),
+            ("bytes sent / client / round", f"{sent:,.0f}" if isinstance(sent, (int, float)) else _number(sent)),
+            ("wall time (s)", _number(_get(cost, "wall_time_total_s"), 1)),
+            ("config hash", _get(record, "config_hash")),
         ]
-    for row in rows:
-        t.add_row(*row)
+    for field, value in rows:
+        t.add_row(field, cell(value))
     out.print(t)
 
 
@@ -163,7 +240,8 @@ def show(
     record_path: Path = typer.Argument(..., metavar="RECORD", help="A record JSON file."),
     as_json: bool = typer.Option(False, "--json", help="Print the record as JSON."),
 ):
-    """Render one record: headline metrics, then per-client and per-architecture figures."""
+    """Render one record: headline metrics, then per-client and per-architecture figures. Text
+    from the record is shown as itself (never as markup, without control characters)."""
     from hfl_bench.results.records import load_record
 
     try:
@@ -174,26 +252,28 @@ def show(
         emit_json(record)
         return
     _print_summary(record)
-    m = record.get("metrics") or {}
-    if m.get("per_client"):
+    m = _get(record, "metrics") or {}
+    clients = _get(m, "per_client")
+    if isinstance(clients, list) and clients:
         t = Table(title="per client (selected round)")
         for col in ("cid", "arch", "global acc", "local acc", "val acc"):
             t.add_column(col, justify="right")
-        for c in m["per_client"]:
-            t.add_row(str(c["cid"]), c["arch"], fmt(c.get("global_acc")), fmt(c.get("local_acc")),
-                      fmt(c.get("val_acc")))
+        for c in clients:
+            t.add_row(*[cell(_number(_get(c, k))) for k in ("cid", "arch", "global_acc", "local_acc", "val_acc")])
         out.print(t)
-    if m.get("extra_endpoints"):
+    endpoints = _get(m, "extra_endpoints")
+    if isinstance(endpoints, dict) and endpoints:
         t = Table(title="extra endpoints (selected round)")
         for col in ("endpoint", "global acc", "local acc"):
             t.add_column(col, justify="right")
-        for name, e in m["extra_endpoints"].items():
-            t.add_row(name, fmt(e.get("global_acc")), fmt(e.get("local_acc")))
+        for name, e in endpoints.items():
+            t.add_row(plain(name), cell(_number(_get(e, "global_acc"))), cell(_number(_get(e, "local_acc"))))
         out.print(t)
-    if m.get("per_arch_global_acc"):
+    per_arch = _get(m, "per_arch_global_acc")
+    if isinstance(per_arch, dict) and per_arch:
         t = Table(title="global accuracy per architecture")
         t.add_column("arch")
         t.add_column("global acc", justify="right")
-        for arch, acc in m["per_arch_global_acc"].items():
-            t.add_row(arch, fmt(acc))
+        for arch, acc in per_arch.items():
+            t.add_row(plain(arch), cell(_number(acc)))
         out.print(t)

@@ -9,8 +9,13 @@ A suite is a YAML file (format below, and in the README). Each cell is one ``Run
 resolved against its task's defaults, run as ``engine.run`` + ``results.records.build_record`` and
 written to the suite's output folder under ``paths.record_path``, so a cell's record path
 is known before it runs: a rerun skips every cell whose record is already there (status ok or
-diverged, same config hash and seed) and retries the failed ones. A cell that raises becomes a
-``status: "failed"`` record and the matrix goes on.
+diverged, same config hash and seed, same data fingerprint; ``resume``) and retries the failed
+ones. Nothing one cell raises, while running or while its record is built or written, stops the
+others: the cell becomes a ``status: "failed"`` record (a record ``--out`` cannot take goes to
+``paths.unsaved_dirs()``, and the summary says where) and the matrix goes on. Method and task
+names must be able to name files (``paths.NAME_PATTERN``): a suite naming ``x/../../elsewhere``
+is refused when it is read. Pool workers die with the driver; Ctrl-C stops every cell and the
+same command continues.
 
 Suite format::
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -34,12 +35,12 @@ def run_cell(cfg: RunConfig, threads: Optional[int] = None,
     from hfl_bench.checkpoint import CheckpointError
     from hfl_bench.results import records
 
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    checkpoint = checkpoint_path(cfg)
     try:
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        checkpoint = checkpoint_path(cfg)  # UnsafePathError for a name that cannot name a file
         try:
             result = engine.run(cfg, progress=progress, resume=True)
         except CheckpointError:
@@ -47,12 +48,40 @@ def run_cell(cfg: RunConfig, threads: Optional[int] = None,
             result = engine.run(cfg, progress=progress)
         record = records.build_record(cfg, result)
     except Exception as e:  # noqa: BLE001 - the matrix records every failure and goes on
-        return records.build_failed_record(cfg, error_text(e))
+        return build_failed(cfg, error_text(e))
     checkpoint.unlink(missing_ok=True)
     return record
 
 
-def failed_record(cell: Cell, error: str) -> dict[str, Any]:
-    from hfl_bench.results.records import build_failed_record
+def build_failed(cfg: RunConfig, error: str) -> dict[str, Any]:
+    """``records.build_failed_record``, or, should even that raise, the fields a failed record
+    needs (the matrix writes a record for every cell it can)."""
+    import dataclasses
+    import datetime as dt
+    import hashlib
 
-    return build_failed_record(cell.cfg, error)
+    from hfl_bench.config import config_hash
+    from hfl_bench.results import records
+
+    try:
+        return records.build_failed_record(cfg, error)
+    except Exception as e:  # noqa: BLE001
+        cfg_dict = dataclasses.asdict(cfg)
+        chash = config_hash(cfg_dict)
+        return {
+            "schema_version": records.SCHEMA_VERSION,
+            "record_id": hashlib.sha256(f"{chash}|{cfg.seed}|reproduced".encode()).hexdigest()[:16],
+            "source": {"kind": "reproduced", "citation": None},
+            "status": "failed",
+            "error": f"{error}\n(and building the failed record raised {type(e).__name__}: {e})",
+            "method": {"name": str(cfg.method), "fidelity": None},
+            "task": {"name": str(cfg.task), "version": None, "num_classes": None},
+            "metrics": None,
+            "config": json.loads(json.dumps(cfg_dict, default=str)),
+            "config_hash": chash,
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+
+
+def failed_record(cell: Cell, error: str) -> dict[str, Any]:
+    return build_failed(cell.cfg, error)

@@ -2,6 +2,10 @@
 imported), or Ray tasks on a local or existing cluster. Pool workers and Ray tasks return the
 record and the driver writes it (``done``), so records land in the driver's folder even on a
 multi-machine cluster.
+
+Pool workers die with their driver (``die_with``), however it ends, and leave Ctrl-C to it: the
+driver then ends them at once (``stop_pool``). A local Ray started by the driver is shut down
+with it; on Ctrl-C the cells in flight are cancelled.
 """
 
 from __future__ import annotations
@@ -17,13 +21,90 @@ EXECUTORS = ("local", "ray")
 Done = Callable[[Cell, dict[str, Any]], None]
 
 
-def _pool_init(threads: int) -> None:
+WATCH_INTERVAL_S = 0.5  # how often a pool worker checks that its driver is still there
+
+
+def _pool_init(threads: int, driver_pid: Optional[int] = None) -> None:
+    """Set up one pool worker: its torch threads; Ctrl-C left to the driver (which stops the pool);
+    and death with the driver (``die_with``)."""
     import os
+    import signal
 
     os.environ["OMP_NUM_THREADS"] = str(threads)  # for anything this worker starts
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver handles Ctrl-C and stops this worker
+    if driver_pid is not None:
+        die_with(driver_pid)
     import torch
 
     torch.set_num_threads(threads)
+
+
+def die_with(driver_pid: int, interval: float = WATCH_INTERVAL_S) -> None:
+    """End this process when the process ``driver_pid`` ends, however it ends (SIGKILL included),
+    so a killed matrix leaves no worker computing (each holds a cell's data and models).
+
+    Two ways, so it holds wherever one does not: on Linux the kernel's parent-death signal
+    (``prctl(PR_SET_PDEATHSIG, SIGKILL)``; a forkserver worker's parent is the fork server, which
+    exits when the driver does); everywhere, a daemon thread that checks the driver every
+    ``interval`` seconds (psutil: pid and start time, so a reused pid is not mistaken for it; a
+    zombie counts as gone) and kills this process once it is gone."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the thread alone
+        pass
+    try:
+        driver = psutil.Process(driver_pid)
+    except psutil.Error:  # already gone
+        os.kill(os.getpid(), signal.SIGKILL)
+        return
+
+    def gone() -> bool:
+        try:
+            return not driver.is_running() or driver.status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return True
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(interval)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="hfl-bench-driver-watch", daemon=True).start()
+
+
+def stop_pool(pool, timeout: float = 5.0) -> None:
+    """Stop a process pool now: queued cells dropped, running ones ended (their checkpoints stay
+    for the rerun), every worker process gone before this returns (SIGTERM, then SIGKILL)."""
+    import signal
+
+    try:  # a second Ctrl-C while the workers are ended would leave a traceback, and them running
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        previous = None
+    try:
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+        for p in processes:
+            p.join(timeout)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def run_in_process(cells: list[Cell], done: Done, threads: Optional[int] = None,
@@ -44,7 +125,10 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["hfl_bench.engine", "hfl_bench.results.records",
                                     "hfl_bench.matrix.cells", "hfl_bench.methods", "hfl_bench.tasks"])
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_pool_init, initargs=(threads,))
+    import os
+
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_pool_init,
+                               initargs=(threads, os.getpid()))
     try:
         futures = {pool.submit(run_cell, cell.cfg, threads): cell for cell in cells}
         for future in as_completed(futures):
@@ -54,8 +138,8 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1)
             except Exception as e:  # noqa: BLE001 - e.g. a worker killed for memory
                 record = failed_record(cell, error_text(e))
             done(cell, record)
-    except BaseException:  # Ctrl-C: drop the queued cells instead of running them all first
-        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:  # Ctrl-C: end the running cells and drop the queued ones, now
+        stop_pool(pool)
         raise
     pool.shutdown(wait=True)
 
@@ -119,12 +203,12 @@ def run_ray(cells: list[Cell], done: Done, address: Optional[str], cpus_per_cell
     Ray's scheduler decides). The task returns the record; ``done`` writes it here."""
     ray = ray_module()
     started = start_ray(address)
+    in_flight: dict[Any, Cell] = {}
     try:
         remote = ray.remote(run_cell)
         resources = ray.cluster_resources()
         threads = threads or max(1, int(cpus_per_cell))
         pending = list(cells)
-        in_flight: dict[Any, Cell] = {}
         while pending or in_flight:
             while pending and (not jobs or len(in_flight) < jobs):
                 cell = pending.pop(0)
@@ -144,6 +228,13 @@ def run_ray(cells: list[Cell], done: Done, address: Optional[str], cpus_per_cell
             except Exception as e:  # noqa: BLE001 - a crashed worker or node
                 record = failed_record(cell, error_text(e, with_traceback=False))
             done(cell, record)
+    except BaseException:  # Ctrl-C: cells in flight on a cluster would otherwise run on
+        for ref in list(in_flight):
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+        raise
     finally:
         if started:
             ray.shutdown()

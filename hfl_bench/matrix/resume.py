@@ -1,30 +1,71 @@
-"""Resuming a matrix: a cell whose final record (ok or diverged, same setting and seed) is
-already in the output folder is skipped; failed cells run again."""
+"""Resuming a matrix: a cell whose final record (ok or diverged, same setting and seed, same data)
+is already in the output folder is skipped; failed cells run again.
+
+Same data: a finished record that names its data fingerprint (``task.data_fingerprint``) is of
+this cell only if the data the cell would load now has the same fingerprint
+(``Task.fingerprint(data_dir)``). One of other data is not skipped, and since the cell's record
+would have the same file name, it is not overwritten either: the cell fails with one line naming
+the file (use another ``--out``). A record without a fingerprint (written before they were
+recorded), or a task that cannot fingerprint its data, is trusted as before. When fingerprinting
+raises (the data is missing), the cell is run and fails the way a run without its data fails.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from hfl_bench import config as config_mod
 from hfl_bench.matrix.suite import Cell
-from hfl_bench.results.records import load_record
+from hfl_bench.results.records import data_fingerprint, load_record, other_data, other_data_message
 
 # A record with one of these statuses is final: its cell is skipped on a rerun.
 FINAL_STATUSES = ("ok", "diverged")
 
 
-def finished_record(cell: Cell) -> Optional[dict[str, Any]]:
-    """The cell's existing record if it is final (ok or diverged) and of the same setting and
-    seed; None when the cell still has to run (no record, a failed one, or an unreadable one)."""
-    path = cell.record_path()
-    if cell.error is not None or not path.is_file():
-        return None
+@dataclass
+class Existing:
+    """What the output folder already holds for a cell: a final record to skip with, or a final
+    record of other data (``conflict``: why the cell fails without being run); both None when the
+    cell has to run."""
+
+    record: Optional[dict[str, Any]] = None
+    conflict: Optional[str] = None
+
+
+def existing_record(cell: Cell) -> Existing:
+    """The cell's existing final record of the same setting, seed and data (module docstring)."""
+    if cell.error is not None:
+        return Existing()
+    try:
+        path = cell.record_path()
+    except ValueError:  # a name that cannot be a file name: the cell runs and fails
+        return Existing()
+    if not path.is_file():
+        return Existing()
     try:
         record = load_record(path)
     except ValueError:
-        return None
+        return Existing()
     cfg_dict = dataclasses.asdict(cell.cfg)
     same = (record.get("config_hash") == config_mod.config_hash(cfg_dict)
             and (record.get("config") or {}).get("seed") == cell.cfg.seed)
-    return record if same and record.get("status") in FINAL_STATUSES else None
+    if not (same and record.get("status") in FINAL_STATUSES):
+        return Existing()
+    if (record.get("task") or {}).get("data_fingerprint") is None:
+        return Existing(record)  # written before fingerprints: trusted as before
+    try:
+        current = data_fingerprint(cell.cfg)
+    except Exception:  # noqa: BLE001 - e.g. the data is missing: run the cell, it fails normally
+        return Existing()
+    recorded = other_data(record, current)
+    if recorded is not None:
+        return Existing(conflict=other_data_message(path, recorded, current))
+    return Existing(record)
+
+
+def finished_record(cell: Cell) -> Optional[dict[str, Any]]:
+    """The cell's existing record if it is final and of the same setting, seed and data; None
+    when the cell still has to run (no record, a failed one, an unreadable one, other data)."""
+    return existing_record(cell).record

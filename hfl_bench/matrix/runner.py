@@ -6,12 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from hfl_bench import paths
 from hfl_bench.config import RunConfig
 from hfl_bench.matrix.cells import error_text, failed_record
 from hfl_bench.matrix.executors import run_in_process, run_process_pool, run_ray
-from hfl_bench.matrix.resume import finished_record
+from hfl_bench.matrix.resume import existing_record
 from hfl_bench.matrix.suite import Cell
-from hfl_bench.results.records import write_record
+from hfl_bench.results.records import save_record
+
+
+def _record_path(cell: Cell) -> Optional[Path]:
+    try:
+        return cell.record_path()
+    except ValueError:  # a name that cannot be a file name
+        return None
 
 
 def summary_row(cell: Cell, record: Optional[dict[str, Any]], status: str, path: Optional[Path]) -> dict[str, Any]:
@@ -33,28 +41,52 @@ def summary_row(cell: Cell, record: Optional[dict[str, Any]], status: str, path:
     }
 
 
+def failed_row(cell: Cell, error: str, path: Optional[Path] = None) -> dict[str, Any]:
+    """A failed cell with no record of its own to show (a conflict, a record not written)."""
+    row = summary_row(cell, None, "failed", path)
+    row["error"] = error.splitlines()[0] if error else error
+    return row
+
+
+def record_cell(cell: Cell, record: dict[str, Any]) -> dict[str, Any]:
+    """Write a cell's record (``records.save_record``: strict JSON, a fallback folder when
+    ``--out`` cannot take it, a finished record never replaced by a failed one) and return its
+    summary row. A record written anywhere but its own path, or nowhere, makes the cell failed
+    and its error says where the record is (or that it is lost)."""
+    saved = save_record(record, cell.cfg.out, keep_final=True)
+    written = saved.record
+    if saved.problem is None:
+        return summary_row(cell, written, written["status"], saved.path)
+    first = (written.get("error") or "").splitlines()[0] if written.get("error") else ""
+    row = summary_row(cell, written, "failed", saved.path)
+    row["error"] = f"{first}; record {saved.problem}" if first else f"record {saved.problem}"
+    return row
+
+
 def engine_check(cfg: RunConfig) -> None:
     """Raise what can be known about a resolved cell without loading data: an unknown method,
-    pool or hyperparameter. (A method's own ``check`` needs the clients, so runs only in a run.)"""
+    pool or hyperparameter, a name that cannot name a record file. (A method's own ``check``
+    needs the clients, so runs only in a run.)"""
     from hfl_bench import engine
     from hfl_bench.pools import get_pool
 
+    paths.record_path(cfg)
     engine.make_method(cfg)
     get_pool(cfg.pool)
 
 
 def dry_run_row(cell: Cell) -> dict[str, Any]:
     """What a run would do with this cell, checking what can be checked without loading data."""
-    existing = finished_record(cell)
-    if existing is not None:
-        return summary_row(cell, existing, "would skip", cell.record_path())
-    problem = cell.error
+    existing = existing_record(cell)
+    if existing.record is not None:
+        return summary_row(cell, existing.record, "would skip", _record_path(cell))
+    problem = existing.conflict or cell.error
     if problem is None:
         try:
             engine_check(cell.cfg)
         except Exception as e:  # noqa: BLE001
             problem = error_text(e, with_traceback=False)
-    row = summary_row(cell, None, "would fail" if problem else "would run", cell.record_path())
+    row = summary_row(cell, None, "would fail" if problem else "would run", _record_path(cell))
     row["error"] = problem
     return row
 
@@ -63,7 +95,9 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
                threads: Optional[int] = None, address: Optional[str] = None, cpus_per_cell: float = 1,
                gpus_per_cell: Optional[float] = None, on_cell: Optional[Callable[[dict], None]] = None,
                round_progress: Optional[Callable[[Cell], Callable]] = None) -> list[dict[str, Any]]:
-    """Run every cell not already done; returns the summary rows in cell order."""
+    """Run every cell not already done; returns the summary rows in cell order. Nothing one cell
+    raises, while running or while its record is built or written, stops the others: that cell
+    is failed and the matrix goes on (Ctrl-C, a KeyboardInterrupt, does stop it)."""
     rows: dict[int, dict[str, Any]] = {}
     index = {id(cell): i for i, cell in enumerate(cells)}
 
@@ -73,13 +107,19 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
             on_cell(row)
 
     def done(cell: Cell, record: dict[str, Any]) -> None:
-        report(cell, summary_row(cell, record, record["status"], write_record(record, cell.cfg.out)))
+        try:
+            row = record_cell(cell, record)
+        except Exception as e:  # noqa: BLE001 - one cell's record never stops the matrix
+            row = failed_row(cell, f"record not written: {error_text(e, with_traceback=False)}")
+        report(cell, row)
 
     todo = []
     for cell in cells:
-        existing = finished_record(cell)
-        if existing is not None:
-            report(cell, summary_row(cell, existing, "skipped", cell.record_path()))
+        existing = existing_record(cell)
+        if existing.record is not None:
+            report(cell, summary_row(cell, existing.record, "skipped", _record_path(cell)))
+        elif existing.conflict is not None:  # a finished record of other data: neither skipped nor replaced
+            report(cell, failed_row(cell, existing.conflict, _record_path(cell)))
         elif cell.error is not None:  # unresolvable: nothing to run
             done(cell, failed_record(cell, cell.error))
         else:

@@ -88,6 +88,11 @@ def _names(data: dict[str, Any], key: str, where: str) -> list[str]:
     if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
         raise ConfigError(f"{where}: {key} must be a non-empty list of names, got {names!r}")
     _no_duplicates(names, key, where)
+    for name in names:  # each becomes part of a record's file name: refuse x/../../elsewhere here
+        try:
+            paths.check_name(name, key[:-1])
+        except paths.UnsafePathError as e:
+            raise ConfigError(f"{where}: {key}: {e}") from None
     return names
 
 

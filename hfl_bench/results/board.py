@@ -1,5 +1,6 @@
-"""The leaderboard: reproduced runs grouped over seeds (``grouping``'s rule), described and
-summarized (``setting``), with the published figures beside each group (``published``).
+"""The leaderboard: valid records (``validation``) only, reproduced runs grouped over seeds
+(``grouping``'s rule), described and summarized (``setting``), with the published figures beside
+each group (``published``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from hfl_bench.results.grouping import group_seeds
 from hfl_bench.results.loading import Loaded, Skipped
 from hfl_bench.results.published import Published, match
 from hfl_bench.results.setting import Group, describe
+from hfl_bench.results.validation import valid_records
 
 
 @dataclass
@@ -30,6 +32,15 @@ def named_records(loaded: Iterable[Loaded]) -> tuple[list[Loaded], list[Skipped]
         else:
             skipped.append(Skipped(str(r.path), "no method or task name"))
     return keep, skipped
+
+
+def board_records(loaded: Iterable[Loaded]) -> tuple[list[Loaded], list[Skipped]]:
+    """The records a board reads: named (``named_records``) and valid (``validation``: the
+    schema, finite numbers, accuracies within [0, 100]); every other one skipped with the reason,
+    never averaged in."""
+    named, unnamed = named_records(loaded)
+    valid, invalid = valid_records(named)
+    return valid, unnamed + invalid
 
 
 def build_groups(records: Iterable[Loaded]) -> list[Group]:

@@ -6,19 +6,30 @@ hyperparameters, task, pool, partition scheme and parameters, clients, rounds, o
 fields of ``config.NON_SEMANTIC`` such as seed, paths, device and checkpointing excluded) on the
 same data. The config hash leaves the data folder out and the partition hash changes with the
 seed (the partition is drawn from the run seed), so neither alone says "same data": a group is
-keyed on the config hash plus the task version and its train / test sizes, and if two records of
-one key still have the same seed but different partition hashes (same config, different data),
-the key is split by partition hash (a record that failed before its data loaded joins its
-config's only data variant).
+keyed on the config hash plus the data identity: task name, version, train / test sizes and the
+**data fingerprint** (``task.data_fingerprint``, a hash of exactly the data the run loaded).
+Records with different fingerprints never share a group; a record without one (written before
+fingerprints were recorded) has the identity "unknown data" and is grouped only with records that
+also lack it. If two records of one key still have the same seed but different partition hashes
+(same config, different data), the key is split by partition hash. A record that failed before
+its data loaded (no train size) joins its config's only data identity, or stays apart when the
+config ran on several.
 
-Within a group, the records with status ok give one seed each: the newest if a seed was run twice
-(the others are duplicates). Failed and diverged records are counted, never averaged in.
+Within a group, the records with status ok give one seed each. A seed recorded more than once (a
+seed run twice, or one record copied: the same ``record_id``) counts once, by this rule: the
+record with the **newest** ``date`` (ISO 8601, compared as instants; a date that does not parse
+counts as oldest), and among equal dates the one whose file has the **lexicographically greatest
+resolved path**. The others are duplicates. The rule depends on neither the order the files are
+found or named in nor the order of the arguments. Failed and diverged records are counted, never
+averaged in.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from hfl_bench.results.loading import Loaded
@@ -32,11 +43,25 @@ def seed_order(seed: Any) -> tuple:
 
 
 def data_identity(r: Loaded) -> Optional[tuple]:
-    """The data a run saw, as far as its record says (None for a run that failed before loading)."""
+    """The data a run saw, as far as its record says (None for a run that failed before loading).
+    The fingerprint is None in a record that has none: "unknown data", equal only to itself."""
     task = r.record.get("task") or {}
     if task.get("n_train") is None:
         return None
-    return (task.get("name"), task.get("version"), task.get("n_train"), task.get("n_test"))
+    return (task.get("name"), task.get("version"), task.get("n_train"), task.get("n_test"),
+            task.get("data_fingerprint"))
+
+
+def recency(r: Loaded) -> tuple:
+    """Sort key of the duplicate rule (module docstring): the largest is the record that counts."""
+    try:
+        when = dt.datetime.fromisoformat(r.date.replace("Z", "+00:00"))
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.timezone.utc)
+        instant = when.timestamp()
+    except (ValueError, OverflowError, OSError):
+        instant = float("-inf")
+    return (instant, str(Path(r.path).resolve()))
 
 
 def group_key(r: Loaded, data: Optional[tuple], by_partition: bool) -> tuple:
@@ -129,8 +154,8 @@ def _seed_group(records: list[Loaded], split: bool) -> SeedGroup:
             continue
         if r.status != "ok":  # no status the schema knows: neither a seed nor a failure
             continue
-        kept = newest.get(r.seed)  # a seed run twice: keep the newest (the first of equal dates)
-        if kept is not None and r.date <= kept.date:
+        kept = newest.get(r.seed)  # a seed recorded twice: keep the newest, then the greatest path
+        if kept is not None and recency(r) <= recency(kept):
             g.duplicates.append(r)
             continue
         if kept is not None:

@@ -6,8 +6,10 @@ global accuracy, classes ordered from abundant to rare training support, Fig. 2)
 round). Seeds of one setting are grouped by the leaderboard's rule (``grouping``: config hash on
 the same data, the newest record of a seed run twice) and drawn as their mean with a min-max band
 or error bar. One PNG per kind and task (records of different tasks are never mixed), each with a
-caption naming the records it drew and a ``<png>.sources.json`` sidecar listing them. Only
-reproduced records with status ``ok`` are drawn; every other one is reported with a reason.
+caption naming the records it drew and a ``<png>.sources.json`` sidecar listing them. Only valid
+(``validation``) reproduced records with status ``ok`` are drawn; every other one is reported
+with a reason. Record text is drawn as itself (``text.mpl_text``: no control characters, ``$``
+is not math).
 
 Matplotlib is imported only when drawing, so ``hfl-bench --help`` stays fast.
 """
@@ -25,6 +27,8 @@ from hfl_bench.config import NON_SEMANTIC
 from hfl_bench.paths import write_atomic
 from hfl_bench.results.grouping import SeedGroup, group_seeds
 from hfl_bench.results.loading import Loaded, ResultsError, Skipped, read_records, record_files
+from hfl_bench.results.text import mpl_text, terminal
+from hfl_bench.results.validation import valid_records
 
 KINDS = ("curves", "per-class", "per-arch", "bytes")
 # Record ids shown in a figure's caption; the sidecar always lists them all.
@@ -199,6 +203,8 @@ def _label(groups: list[Group]) -> None:
         for g, s in zip(gs, settings):
             what = ", ".join(f"{k}={s.get(k)}" for k in differing[:3]) or f"#{g.short_id}"
             g.label = f"{method} {what} (n={len(g.records)})"
+    for g in groups:
+        g.label = terminal(g.label)  # record text: one line, no control characters
 
 
 def setting_summary(groups: list[Group]) -> str:
@@ -229,7 +235,7 @@ def caption(task: str, groups: list[Group], sources_name: str) -> str:
         shown += f", ... +{len(ids) - CAPTION_MAX_IDS} more"
     text = (f"Drawn from {len(drawn)} records (status ok) of task {task}: {settings}. "
             f"Record ids: {shown}. All files: {sources_name}. {BAND_NOTE.capitalize()}.")
-    return textwrap.fill(text, width=170)
+    return textwrap.fill(terminal(text), width=170)  # record text: no control characters
 
 
 # ----------------------------------------------------------------------------- drawing
@@ -264,7 +270,7 @@ def draw_curves(ax, groups: list[Group], colors) -> dict[str, Any]:
         rounds = sorted(set.intersection(*(set(s) for s in series))) or sorted(set().union(*series))
         rows = [[s.get(rnd, float("nan")) for rnd in rounds] for s in series]
         mean, lo, hi = _stats(rows)
-        ax.plot(rounds, mean, color=colors[g.label], label=g.label, linewidth=1.2)
+        ax.plot(rounds, mean, color=colors[g.label], label=mpl_text(g.label), linewidth=1.2)
         if len(g.records) > 1:
             ax.fill_between(rounds, lo, hi, color=colors[g.label], alpha=0.15, linewidth=0)
     ax.set_xlabel("round")
@@ -290,7 +296,7 @@ def draw_per_class(ax, groups: list[Group], colors) -> dict[str, Any]:
     x = np.arange(len(order))
     for g in groups:
         mean, lo, hi = _stats([r.record["metrics"]["per_class_global_acc"] for r in g.records])
-        ax.plot(x, mean[order], marker="o", markersize=3, color=colors[g.label], label=g.label, linewidth=1.2)
+        ax.plot(x, mean[order], marker="o", markersize=3, color=colors[g.label], label=mpl_text(g.label), linewidth=1.2)
         if len(g.records) > 1:
             ax.fill_between(x, lo[order], hi[order], color=colors[g.label], alpha=0.12, linewidth=0)
     many = len(order) > 40  # e.g. CIFAR-100: label every 5th class
@@ -315,11 +321,11 @@ def draw_per_arch(ax, groups: list[Group], colors) -> dict[str, Any]:
         mean, lo, hi = _stats([[r.record["metrics"]["per_arch_global_acc"].get(a, np.nan) for a in archs]
                                for r in g.records])
         pos = x - 0.4 + width * (i + 0.5)
-        ax.bar(pos, mean, width, color=colors[g.label], label=g.label)
+        ax.bar(pos, mean, width, color=colors[g.label], label=mpl_text(g.label))
         if len(g.records) > 1:
             ax.errorbar(pos, mean, yerr=[mean - lo, hi - mean], fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
     ax.set_xticks(x)
-    ax.set_xticklabels(archs)
+    ax.set_xticklabels([mpl_text(a) for a in archs])
     ax.set_xlabel("architecture")
     ax.set_ylabel("global accuracy (%)")
     return {"architectures": archs}
@@ -334,13 +340,13 @@ def draw_bytes(ax, groups: list[Group], colors) -> dict[str, Any]:
         xs, xlo, xhi = _stats([[r.record["cost"]["bytes_sent_per_client_per_round"]] for r in g.records])
         ys, ylo, yhi = _stats([[r.record["metrics"]["global_acc"]] for r in g.records])
         if xs[0] <= 0:
-            ax.axhline(ys[0], color=colors[g.label], linestyle="--", linewidth=1, label=f"{g.label}, 0 bytes")
+            ax.axhline(ys[0], color=colors[g.label], linestyle="--", linewidth=1, label=mpl_text(f"{g.label}, 0 bytes"))
             reference_lines.append(g.label)
             continue
         any_point = True
         ax.errorbar(xs, ys, xerr=[xs - xlo, xhi - xs], yerr=[ys - ylo, yhi - ys], fmt="o", color=colors[g.label],
-                    capsize=3, label=g.label)
-        ax.annotate(g.method, (xs[0], ys[0]), textcoords="offset points", xytext=(5, 4), fontsize=7)
+                    capsize=3, label=mpl_text(g.label))
+        ax.annotate(mpl_text(g.method), (xs[0], ys[0]), textcoords="offset points", xytext=(5, 4), fontsize=7)
     ax.set_xscale("log")
     if not any_point:
         ax.set_xlim(1, 10)
@@ -372,10 +378,10 @@ def render(kind: str, task: str, groups: list[Group], png: Path) -> tuple[str, d
     details = DRAW[kind](ax, groups, colors)
     if kind != "bytes":
         ax.grid(True, alpha=0.2)
-    ax.set_title(f"{TITLES[kind]}: {task} ({setting_summary(groups)})", fontsize=11)
+    ax.set_title(mpl_text(f"{TITLES[kind]}: {task} ({setting_summary(groups)})"), fontsize=11)
     fig.legend(loc="outside right upper", fontsize=8, title="method (n seeds)", title_fontsize=8)
     text = caption(task, groups, f"{png.name}.sources.json")
-    fig.supxlabel(text, fontsize=6.5, x=0.005, ha="left", multialignment="left")
+    fig.supxlabel(mpl_text(text, one_line=False), fontsize=6.5, x=0.005, ha="left", multialignment="left")
     write_atomic(png, lambda f: fig.savefig(f, format="png", dpi=110))
     return text, details
 
@@ -432,6 +438,11 @@ def make_plots(kind: str, inputs: list[Path], out_dir: Path, tasks: list[str] = 
     skipped += no_id
     if not found:
         raise PlotError(f"no hfl-bench records found in {', '.join(map(str, inputs))} ({len(files)} JSON file(s) read)")
+    found, invalid = valid_records(found)  # an invalid record is listed, never drawn
+    skipped += invalid
+    if not found:
+        raise PlotError(f"no valid records in {', '.join(map(str, inputs))}: {len(invalid)} invalid "
+                        f"(hfl-bench leaderboard validate lists why)")
     selected = [r for r in found if (not tasks or r.task in tasks) and (not methods or r.method in methods)]
     if not selected:
         raise PlotError(f"none of the {len(found)} records match the filters"

@@ -9,18 +9,21 @@ import datetime as dt
 import hashlib
 import importlib.resources
 import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 import hfl_bench
-from hfl_bench.config import RunConfig, config_hash
-from hfl_bench.federation import RunResult
-from hfl_bench.paths import checkpoint_for, record_filename, write_atomic
-from hfl_bench.pools import n_params
+from hfl_bench.config import ConfigError, RunConfig, config_hash
+from hfl_bench.paths import (
+    UnsafePathError, checkpoint_for, inside, record_filename, unsaved_dirs, unsaved_folder, write_atomic,
+)
 from hfl_bench.provenance import environment, git_info, plugin_dist
+
+if TYPE_CHECKING:  # annotation only: reading records needs no torch
+    from hfl_bench.federation import RunResult
 
 SCHEMA_VERSION = "1.0"
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
@@ -84,11 +87,12 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "plugin_dist": plugin_dist(type(method).__module__),
             "hparams": method.hparams(),
         },
-        "task": dict(fed.info.as_record(), n_train=int(len(labels)), n_test=int(len(fed.data.test_y))),
+        "task": dict(fed.info.as_record(), n_train=int(len(labels)), n_test=int(len(fed.data.test_y)),
+                     **_fingerprint_field(fed.data)),
         "arch_pool": {
             "name": fed.pool.name,
             "assignment": assignment,
-            "n_params": [n_params(c.model) for c in fed.clients],
+            "n_params": [sum(p.numel() for p in c.model.parameters()) for c in fed.clients],
         },
         "partition": {
             "scheme": fed.partition.scheme,
@@ -134,14 +138,19 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
     return json.loads(json.dumps(record, default=_jsonable))
 
 
+def _fingerprint_field(data: Any) -> dict[str, str]:
+    """``{"data_fingerprint": ...}`` when the loaded data says exactly which data it is (the
+    engine's ``TaskData.fingerprint``); nothing for data that cannot say."""
+    fingerprint = getattr(data, "fingerprint", None)
+    return {"data_fingerprint": fingerprint} if isinstance(fingerprint, str) and fingerprint else {}
+
+
 def _jsonable(obj):
     if isinstance(obj, (np.integer,)):
         return int(obj)
     if isinstance(obj, (np.floating,)):
         return None if not np.isfinite(obj) else float(obj)
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, np.ndarray) or hasattr(obj, "tolist"):  # numpy arrays and torch tensors
         return obj.tolist()
     return str(obj)
 
@@ -173,6 +182,8 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
     try:
         device = pick_device(cfg.device)
     except Exception:  # noqa: BLE001 - e.g. CUDA asked for but absent (maybe the very error)
+        import torch
+
         device = torch.device("cpu")
     record = {
         "schema_version": SCHEMA_VERSION,
@@ -195,12 +206,134 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
 
 def write_record(record: dict[str, Any], out_dir: str | Path) -> Path:
     """Write the record; for a run that ended (ok or diverged), then delete its checkpoint, which
-    the record makes obsolete (a failed run keeps it: ``--resume`` may still continue it)."""
-    path = Path(out_dir) / record_filename(record)
+    the record makes obsolete (a failed run keeps it: ``--resume`` may still continue it).
+    ValueError for a record that is not strict JSON (NaN, infinity), UnsafePathError for a name
+    that cannot be a file name, OSError when the folder cannot take it."""
+    path = inside(out_dir, record_filename(record))
     write_atomic(path, json.dumps(record, indent=1, allow_nan=False) + "\n")
     if record.get("status") != "failed":
         checkpoint_for(path).unlink(missing_ok=True)
     return path
+
+
+def non_finite_fields(obj: Any, where: str = "") -> list[str]:
+    """The JSON paths (``a/b/0``) of every number in ``obj`` that is NaN or infinite."""
+    if isinstance(obj, float):
+        return [] if math.isfinite(obj) else [where or "(record)"]
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in non_finite_fields(v, f"{where}/{k}" if where else str(k))]
+    if isinstance(obj, (list, tuple)):
+        return [p for i, v in enumerate(obj) for p in non_finite_fields(v, f"{where}/{i}" if where else str(i))]
+    return []
+
+
+def _nulled(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _nulled(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_nulled(v) for v in obj]
+    return obj
+
+
+def strict_record(record: dict[str, Any]) -> dict[str, Any]:
+    """The record as strict JSON can hold it. One with a NaN or infinite number somewhere (a run
+    whose figures broke) becomes a failed record: those numbers null, everything else kept, and
+    the error naming the fields, so it is written, read back and never averaged in."""
+    bad = non_finite_fields(record)
+    if not bad:
+        return record
+    shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    note = f"record had non-finite numbers (NaN or infinity), written as null: {shown}"
+    previous = record.get("error")
+    return dict(_nulled(record), status="failed", error=f"{note}; {previous}" if previous else note)
+
+
+@dataclasses.dataclass
+class Saved:
+    """Where a record went. ``path`` is None when it could not be written anywhere; ``problem``
+    says why it is not (only) in its folder; ``record`` is what was written (``strict_record``)."""
+
+    record: dict[str, Any]
+    path: Path | None
+    intended: Path | None
+    problem: str | None = None
+
+    @property
+    def fallback(self) -> bool:
+        return self.path is not None and self.path != self.intended
+
+
+def save_record(record: dict[str, Any], out_dir: str | Path, keep_final: bool = False) -> Saved:
+    """Write a record so that a finished run is never lost: as strict JSON (``strict_record``) to
+    ``out_dir``; if that folder cannot take it (disk full, folder removed), to a new folder under
+    the first of ``paths.unsaved_dirs()`` that can, and ``problem`` says so. With ``keep_final``
+    a failed record does not replace a final (ok or diverged) record already at its path."""
+    record = strict_record(record)
+    try:
+        intended = inside(out_dir, record_filename(record))
+    except UnsafePathError as e:
+        return Saved(record, None, None, f"not written: {e}")
+    if keep_final and record.get("status") == "failed" and intended.is_file():
+        try:
+            existing = load_record(intended)
+        except ValueError:
+            existing = {}
+        if existing.get("status") in ("ok", "diverged"):
+            return Saved(record, None, intended, f"not written: the finished record already at {intended} was kept")
+    try:
+        return Saved(record, write_record(record, out_dir), intended)
+    except OSError as e:
+        first = f"could not be written to {intended} ({e.strerror or type(e).__name__})"
+    tried = []
+    for base in unsaved_dirs():
+        try:
+            path = write_record(record, unsaved_folder(base))
+        except OSError as e:
+            tried.append(f"{base}: {e.strerror or type(e).__name__}")
+            continue
+        return Saved(record, path, intended, f"{first}; saved to {path} instead (move it into {intended.parent})")
+    return Saved(record, None, intended, f"{first}, nor to a fallback folder ({'; '.join(tried)})")
+
+
+def data_fingerprint(cfg: RunConfig) -> str | None:
+    """The fingerprint of the data ``cfg`` would load (``Task.fingerprint(data_dir)``: cheap,
+    cached), or None when the task cannot say. Raises what the task raises (missing data)."""
+    from hfl_bench.data import get_task
+
+    fingerprint = getattr(get_task(cfg.task), "fingerprint", None)  # tasks predating fingerprints: None
+    value = fingerprint(cfg.data_dir) if callable(fingerprint) else None
+    return value if isinstance(value, str) and value else None
+
+
+def other_data(record: dict[str, Any], fingerprint: str | None) -> str | None:
+    """The recorded data fingerprint when it is known and differs from ``fingerprint``."""
+    recorded = (record.get("task") or {}).get("data_fingerprint") if isinstance(record.get("task"), dict) else None
+    if isinstance(recorded, str) and fingerprint is not None and recorded != fingerprint:
+        return recorded
+    return None
+
+
+def other_data_message(path: Path, recorded: str, current: str) -> str:
+    return (f"{path} holds a record of other data (data fingerprint {recorded}; this data: {current}); "
+            f"it is not overwritten: use another --out")
+
+
+def check_same_data(cfg: RunConfig, path: Path) -> None:
+    """Before a run: ConfigError when ``path`` holds a record of this config run on other data
+    (its file name would be the same). Data that cannot be fingerprinted, or a record without a
+    fingerprint (older records), is not a conflict."""
+    if not path.is_file():
+        return
+    try:
+        record = load_record(path)
+        current = data_fingerprint(cfg)
+    except Exception:  # noqa: BLE001 - an unreadable record is replaced; missing data fails in the run
+        return
+    recorded = other_data(record, current)
+    if recorded is not None:
+        raise ConfigError(other_data_message(path, recorded, current))
 
 
 class NotARecord(ValueError):
@@ -212,14 +345,33 @@ class NotARecord(ValueError):
         self.reason = reason
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads`` that refuses NaN, Infinity and -Infinity (Python's parser accepts them) and
+    numbers too large for a float (``1e999``); ValueError names the culprit."""
+    value = json.loads(text, parse_constant=_no_constant)
+    bad = non_finite_fields(value)
+    if bad:
+        raise ValueError(f"non-finite number at {bad[0]}")
+    return value
+
+
 def load_record(path: str | Path) -> dict[str, Any]:
-    """The record in ``path``; NotARecord (a ValueError) for a missing, unreadable or foreign file."""
+    """The record in ``path``; NotARecord (a ValueError) for a missing, unreadable or foreign file,
+    or one holding NaN or infinity (not JSON)."""
     try:
-        record = json.loads(Path(path).read_text())
+        record = loads_strict(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise NotARecord(f"record not found: {path}", "not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except json.JSONDecodeError as e:
         raise NotARecord(f"{path} is not valid JSON: {e}", f"not readable JSON ({type(e).__name__})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise NotARecord(f"{path} is not readable: {e}", f"not readable ({type(e).__name__})") from None
+    except ValueError as e:
+        raise NotARecord(f"{path} is not valid JSON: {e}", f"not valid JSON: {e}") from None
     if not isinstance(record, dict) or "schema_version" not in record:
         raise NotARecord(f"{path} is not an hfl-bench record (no schema_version)", "not an hfl-bench record")
     return record

@@ -12,6 +12,7 @@ from rich.text import Text
 from hfl_bench.results.board import Board
 from hfl_bench.results.published import Match, Published
 from hfl_bench.results.setting import METRICS, canonical, partition_label
+from hfl_bench.results.text import csv_cell, markdown_cell, terminal
 
 
 def _num(x: Optional[float], nd: int = 2) -> str:
@@ -154,30 +155,31 @@ def rank_rows(ranked: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def to_markdown(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
+    """A markdown table; every cell one line with its markdown and HTML escaped (``text``), so a
+    value can neither add a row or a column nor inject a link, code or HTML."""
     columns = list(columns)
-
-    def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|")
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    lines = ["| " + " | ".join(map(markdown_cell, columns)) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(markdown_cell(r.get(c, "")) for c in columns) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
 def to_csv(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:
+    """CSV by the csv module; text cells on one line, formula starts defused (``text.csv_cell``)."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({k: csv_cell(v) for k, v in r.items()} for r in rows)
     return buf.getvalue()
 
 
 def to_rich(rows: list[dict[str, str]], columns: Iterable[str], title: str) -> Table:
-    t = Table(title=title)
+    t = Table(title=Text(terminal(title)))
     for c in columns:
         right = c in ("seeds", "global acc", "local acc", "delta", "mean rank", "protocols", "#")
         # fold, not ellipsis: a narrow terminal still shows every character
         t.add_column(c, justify="right" if right else "left", overflow="fold")
     for r in rows:
         published = bool(r.get("source"))
-        t.add_row(*[Text(r.get(c, "")) for c in columns], style="dim" if published else None)  # Text: no markup
+        # Text, not str: never read as markup; terminal(): no escape sequences or control characters
+        t.add_row(*[Text(terminal(r.get(c, ""))) for c in columns], style="dim" if published else None)
     return t

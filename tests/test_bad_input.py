@@ -1,0 +1,114 @@
+"""Bad input, through the real CLI in subprocesses: each case exits 2 with one line on stderr and no
+traceback, writes nothing, and leaves the records already in ``--out`` untouched.
+
+The cases run concurrently (each is a fresh Python process that imports torch) and are checked
+one by one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+RUN = ["run", "--task", "digits", "--clients", "4", "--rounds", "1", "-q"]
+
+# (case id, arguments after `hfl-bench`, files to write first {name: text}, a phrase the line holds)
+CASES = [
+    ("lr-nan", [*RUN, "--lr", "nan"], {}, "finite"),
+    ("lr-inf", [*RUN, "--lr", "inf"], {}, "finite"),
+    ("lr-negative", [*RUN, "--lr", "-1"], {}, "--lr must be > 0"),
+    ("lr-zero", [*RUN, "--lr", "0"], {}, "--lr must be > 0"),
+    ("alpha-inf", [*RUN, "--alpha", "inf"], {}, "finite"),
+    ("alpha-nan", [*RUN, "--alpha", "nan"], {}, "finite"),
+    ("alpha-zero", [*RUN, "--alpha", "0"], {}, "--alpha must be > 0"),
+    ("seed-negative", [*RUN, "--seed", "-1"], {}, "--seed must be in [0, 2^63)"),
+    ("seed-too-large", [*RUN, "--seed", str(2**63)], {}, "--seed must be in [0, 2^63)"),
+    ("rounds-zero", [*RUN, "--rounds", "0"], {}, "--rounds must be >= 1"),
+    ("clients-zero", [*RUN, "--clients", "0"], {}, "--clients must be >= 1"),
+    ("local-epochs-zero", [*RUN, "--local-epochs", "0"], {}, "--local-epochs must be >= 1"),
+    ("batch-size-one", [*RUN, "--batch-size", "1"], {}, "--batch-size must be >= 2"),
+    ("eval-every-zero", [*RUN, "--eval-every", "0"], {}, "--eval-every must be >= 1"),
+    ("checkpoint-every-negative", [*RUN, "--checkpoint-every", "-1"], {}, "--checkpoint-every must be >= 0"),
+    ("public-size-negative", [*RUN, "--public-size", "-5"], {}, "--public-size must be >= 0"),
+    ("more-active-than-clients", [*RUN, "--clients-per-round", "5"], {}, "exceeds --clients"),
+    ("k-zero", [*RUN, "--partition", "classes", "--k", "0"], {}, "--k"),
+    ("exec-unknown", [*RUN, "--exec", "fastest"], {}, "--exec must be"),
+    ("vmap-unknown", [*RUN, "--vmap", "maybe"], {}, "--vmap must be"),
+    ("lockstep-unknown", [*RUN, "--lockstep", "sometimes"], {}, "--lockstep must be"),
+    ("param-nan", [*RUN, "--set", "temperature=nan"], {}, "finite"),
+    ("param-inf", [*RUN, "--set", "dp_epsilon=inf"], {}, "finite"),
+    ("param-not-a-number", [*RUN, "--set", "lam=abc"], {}, "not a valid float"),
+    ("param-out-of-range", [*RUN, "--set", "lam=2"], {}, "lam must be in [0, 1]"),
+    ("param-unknown", [*RUN, "--set", "nosuch=1"], {}, "unknown hyperparameter"),
+    ("param-without-value", [*RUN, "--set", "lam"], {}, "key=value"),
+    ("dfml-odd-period", [*RUN, "--method", "dfml", "--set", "period=3"], {}, "period must be an even"),
+    ("method-unknown", [*RUN, "--method", "cradd"], {}, "Did you mean 'crad'"),
+    ("task-unknown", [*RUN, "--task", "digitz"], {}, "Did you mean 'digits'"),
+    ("pool-unknown", [*RUN, "--pool", "nosuch"], {}, "unknown architecture pool"),
+    ("partition-unknown", [*RUN, "--partition", "nosuch"], {}, "unknown partitioner"),
+    ("device-unknown", [*RUN, "--device", "tpu"], {}, "unknown device"),
+    ("needs-public-set", [*RUN, "--method", "fedmd"], {}, "--public-size"),
+    ("fedavg-mixed-pool", [*RUN, "--method", "fedavg"], {}, "homogeneous pool"),
+    ("too-many-clients", [*RUN, "--clients", "200"], {}, "no validation or local test sample"),
+    ("yaml-rounds-list", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "rounds: [1, 2]\n"}, "'rounds' must be"),
+    ("yaml-rounds-float", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "rounds: 2.5\n"}, "'rounds' must be"),
+    ("yaml-seed-float", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "seed: 1.5\n"}, "'seed' must be"),
+    ("yaml-lr-bool", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "lr: true\n"}, "'lr' must be a number"),
+    ("yaml-params-list", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "method_params: [1, 2]\n"},
+     "method_params"),
+    ("yaml-param-nan", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "method_params: {min_support: .nan}\n"},
+     "finite"),
+    ("yaml-unknown-key", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "roundz: 3\n"}, "unknown setting"),
+    ("yaml-not-a-mapping", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "- 1\n- 2\n"}, "must hold a mapping"),
+    ("yaml-invalid", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "rounds: [1,\n"}, "not valid YAML"),
+    ("yaml-missing", ["run", "--config", "nosuch.yaml", "-q"], {}, "not found"),
+    ("partition-alpha-inf", ["partition", "--alpha", "inf"], {}, "finite"),
+    ("partition-clients-zero", ["partition", "--clients", "0"], {}, "--clients must be >= 1"),
+]
+
+
+def run_case(args: list[str], files: dict[str, str], folder: Path) -> subprocess.CompletedProcess:
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    out = folder / "out"
+    out.mkdir()
+    (out / "earlier.json").write_text('{"schema_version": "1.0", "earlier": true}\n')
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", COLUMNS="200")
+    command = [sys.executable, "-m", "hfl_bench.cli", *args]
+    if args[0] == "run":
+        command += ["--out", str(out)]
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-input")
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {case: pool.submit(run_case, args, files, root / case) for case, args, files, _ in CASES}
+    return root, {case: f.result() for case, f in futures.items()}
+
+
+def test_the_table_is_large_enough():
+    assert len({c[0] for c in CASES}) == len(CASES) >= 40
+
+
+@pytest.mark.parametrize("case,args,files,phrase", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gets_one_line_and_exit_2(case, args, files, phrase, results):
+    root, done = results
+    proc = done[case]
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    assert len(lines) == 1, lines
+    assert phrase in lines[0], lines[0]
+    out = root / case / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["earlier.json"]  # nothing written, nothing lost
+    assert json.loads((out / "earlier.json").read_text()) == {"schema_version": "1.0", "earlier": True}
+    assert sorted(p.name for p in (root / case).iterdir()) == sorted(["out", *files])  # nothing else either

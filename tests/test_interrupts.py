@@ -1,0 +1,141 @@
+"""Ctrl-C and a killed driver, in real subprocesses: ``run`` and ``matrix`` end with one line that
+names the exact command that continues (exit 130, no traceback), and that command does continue;
+the worker processes of ``matrix --jobs 2`` end with their driver, Ctrl-C or SIGKILL alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+CLI = [sys.executable, "-m", "hfl_bench.cli"]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", COLUMNS="400")
+FOREVER = 100_000  # rounds: a cell that is still running whenever the test interrupts it
+
+
+def _wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"exited with {proc.returncode} while waiting for {what}:\n{err[-3000:]}")
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    # A session of its own: its process group is the driver and whatever it starts, as in a
+    # terminal, where Ctrl-C signals the whole foreground group.
+    return subprocess.Popen([*CLI, *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _cleanup(proc: subprocess.Popen, pids: list[int]) -> None:
+    """Whatever the test left running, ended (by pid: only processes this test started)."""
+    for pid in [proc.pid, *pids]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.communicate()
+
+
+def _continue_command(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("interrupted (") and "Traceback" not in stderr, stderr
+    return lines[0].split("; continue with: ", 1)[1]
+
+
+def test_ctrl_c_in_run_prints_the_command_that_resumes_it(tmp_path):
+    out = tmp_path / "runs"
+    args = ["run", "--method", "local", "--task", "digits", "--clients", "4", "--rounds", "20",
+            "--checkpoint-every", "1", "--out", str(out), "--json"]
+    proc = _start(args, tmp_path)
+    try:
+        _wait_for(lambda: list((out / ".checkpoints").glob("*.pt")), 180, "the first round's checkpoint", proc)
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C in a terminal does
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        _cleanup(proc, [])
+    assert proc.returncode == 130, stderr
+    command = _continue_command(stderr)
+    assert "after round" in stderr and "continues from its last checkpoint" in stderr
+    assert shlex.split(command)[-len(args) - 1:] == [*args, "--resume"]
+    assert not list(out.glob("*.json"))
+    # The printed command is the exact one that continues: run it as printed.
+    done = subprocess.run(command, shell=True, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(Path(json.loads(done.stdout)["record"]).read_text())
+    assert record["status"] == "ok" and record["federation"]["resumed_from_rounds"]
+
+
+def _pool_matrix(tmp_path: Path) -> tuple[subprocess.Popen, list[str], Path, list[int]]:
+    """``matrix --jobs 2`` over two never-ending cells, once both workers run theirs; returns the
+    driver, its arguments, the output folder and the pids of everything it started."""
+    out = tmp_path / "records"
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump({
+        "methods": ["local"], "tasks": ["digits"], "seeds": [0, 1], "out": str(out),
+        "settings": {"rounds": FOREVER, "clients": 4, "checkpoint_every": 1}}))
+    args = ["matrix", "suite.yaml", "--jobs", "2", "-q"]
+    proc = _start(args, tmp_path)
+    try:
+        _wait_for(lambda: len(list((out / ".checkpoints").glob("*.pt"))) >= 2, 240, "both cells' checkpoints", proc)
+        pids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    except BaseException:
+        _cleanup(proc, [])
+        raise
+    assert len(pids) >= 3  # the fork server and two workers (and multiprocessing's resource tracker)
+    return proc, args, out, pids
+
+
+def test_ctrl_c_in_a_pool_matrix_stops_every_worker(tmp_path):
+    proc, args, out, pids = _pool_matrix(tmp_path)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+        _wait_for(lambda: not _alive(pids), 15, "the workers to end")
+    finally:
+        _cleanup(proc, pids)
+    assert proc.returncode == 130, stderr
+    command = _continue_command(stderr)
+    assert "0 of 2 cells done" in stderr
+    assert shlex.split(command)[-len(args):] == args  # the same command: it skips finished cells
+    assert len(list((out / ".checkpoints").glob("*.pt"))) == 2  # kept for the rerun
+
+
+def test_killing_a_pool_matrix_driver_ends_its_workers(tmp_path):
+    proc, _, _, pids = _pool_matrix(tmp_path)
+    try:
+        workers = _alive(pids)
+        assert len(workers) >= 3
+        os.kill(proc.pid, signal.SIGKILL)  # no handler, no cleanup: only the workers can notice
+        proc.wait(timeout=30)  # reaped (not communicate: live workers would hold its pipes open)
+        t0 = time.monotonic()
+        _wait_for(lambda: not _alive(pids), 10, f"the driver's processes {_alive(pids)} to end")
+        assert time.monotonic() - t0 < 10
+    finally:
+        _cleanup(proc, pids)
