@@ -304,10 +304,9 @@ def unreadable_dataset(task: str, path: Path, error: Exception, download: bool) 
     """A dataset file that exists but cannot be read (or fetched): one line naming the path."""
     what = "could not be downloaded or read" if download else "is missing or corrupt"
     detail = " ".join(str(error).split())
-    return DatasetError(
-        f"{task}: the data at {path} {what} ({type(error).__name__}: {detail}). "
-        "Pass --download to fetch it again (needs internet)."
-    )
+    advice = ("Check the internet connection, or copy the dataset into --data-dir by hand" if download
+              else "Pass --download to fetch it again (needs internet)")
+    return DatasetError(f"{task}: the data at {path} {what} ({type(error).__name__}: {detail}). {advice}.")
 
 
 def register_task(name: str):

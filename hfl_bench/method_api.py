@@ -76,7 +76,8 @@ __all__ = [
     "student_loss", "train_client", "train_students", "transfer_plan",
 ]
 
-FIDELITIES = ("paper", "reconstructed")
+# "original": a method first published in this project or in the plugin that ships it.
+FIDELITIES = ("paper", "reconstructed", "original")
 TOPOLOGIES = ("p2p", "server", "none")
 
 
@@ -89,7 +90,7 @@ class Method(abc.ABC):
     """Base class of every method. Subclass it, set the metadata, implement ``run_round``."""
 
     name: ClassVar[str] = ""  # set by register_method
-    fidelity: ClassVar[str] = "paper"  # "paper" or "reconstructed"
+    fidelity: ClassVar[str] = "paper"  # "paper", "reconstructed" or "original"
     citation: ClassVar[str] = ""
     topology: ClassVar[str] = "p2p"  # "p2p", "server" or "none"
     # Choices made where the source is silent; copied into every record.

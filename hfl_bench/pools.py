@@ -3,21 +3,31 @@
 Our own small models are registered into timm's model registry, so every pool member is built
 by ``timm.create_model``. Members adapt to the task: input channels (``in_chans``), classes
 (``num_classes``) and input size (``img_size``, used by the models that need it).
+
+timm is imported lazily (it takes seconds): importing this module registers the pools but not
+timm. Our models enter timm's registry the moment timm is imported, by whoever imports it
+(``build_model``, ``timm_module()``, or any ``import timm`` after this module's): a one-shot
+import hook runs ``_register_timm_models`` right after timm's own import.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import sys
+import threading
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import timm
 import torch
-from timm.models import register_model
-from timm.models.resnet import BasicBlock, ResNet
 from torch import nn
 
 from hfl_bench.data import TaskInfo
 from hfl_bench.registry import POOLS
+
+if TYPE_CHECKING:
+    from timm.models.resnet import ResNet
 
 # Arguments timm.create_model passes that our constructors have no use for.
 _TIMM_ONLY_KWARGS = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "features_only")
@@ -73,11 +83,13 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-def _small_input_resnet(channels, layers, num_classes, in_chans, **kwargs) -> ResNet:
+def _small_input_resnet(channels, layers, num_classes, in_chans, **kwargs) -> "ResNet":
     """timm's ResNet with a CIFAR-style stem: 3x3 stride-1 conv and no max-pool.
 
     The stem keeps timm's 64 channels: its first stage expects them.
     """
+    from timm.models.resnet import BasicBlock, ResNet
+
     model = ResNet(
         BasicBlock, layers=layers, channels=channels, num_classes=num_classes,
         in_chans=in_chans, **kwargs,
@@ -87,19 +99,16 @@ def _small_input_resnet(channels, layers, num_classes, in_chans, **kwargs) -> Re
     return model
 
 
-@register_model
 def resnet18_cifar(pretrained=False, num_classes=10, in_chans=3, img_size=None, **kwargs):
     """ResNet-18 (timm) with a CIFAR-style stem for small inputs: ~11.2M parameters."""
     return _small_input_resnet((64, 128, 256, 512), (2, 2, 2, 2), num_classes, in_chans, **_clean(kwargs))
 
 
-@register_model
 def resnet18_half_cifar(pretrained=False, num_classes=10, in_chans=3, img_size=None, **kwargs):
     """ResNet-18 at half channel width (stem stays 64, as timm's BN requires): ~2.8M parameters."""
     return _small_input_resnet((32, 64, 128, 256), (2, 2, 2, 2), num_classes, in_chans, **_clean(kwargs))
 
 
-@register_model
 def cnn6(pretrained=False, num_classes=10, in_chans=3, img_size=(32, 32), **kwargs):
     """CNN-6: five 3x3 conv-BN-ReLU layers and a linear head, no residuals (~0.76M parameters).
 
@@ -108,13 +117,11 @@ def cnn6(pretrained=False, num_classes=10, in_chans=3, img_size=(32, 32), **kwar
     return PlainCNN((32, 64, 128, 192, 256), {1, 2, 3}, num_classes, in_chans, img_size)
 
 
-@register_model
 def mlp_small(pretrained=False, num_classes=10, in_chans=1, img_size=(8, 8), **kwargs):
     """Two hidden layers (256, 128) on the flattened input: a CPU-sized non-convolutional member."""
     return MLP((256, 128), num_classes, in_chans, img_size)
 
 
-@register_model
 def cnn_small(pretrained=False, num_classes=10, in_chans=1, img_size=(8, 8), **kwargs):
     """Three conv-BN-ReLU layers (16, 32, 64 channels), max-pool after the first two, GAP."""
     return PlainCNN((16, 32, 64), {0, 1}, num_classes, in_chans, img_size)
@@ -124,6 +131,8 @@ class TinyResNet(nn.Module):
     """A 16-channel 3x3 stem, then two stages of timm's ``BasicBlock`` (16 and 32 channels)."""
 
     def __init__(self, num_classes, in_chans, widths=(16, 32)):
+        from timm.models.resnet import BasicBlock
+
         super().__init__()
         self.stem = nn.Sequential(*_conv_bn_relu(in_chans, widths[0]))
         blocks, cin = [], widths[0]
@@ -142,10 +151,81 @@ class TinyResNet(nn.Module):
         return self.fc(self.blocks(self.stem(x)).mean(dim=(2, 3)))
 
 
-@register_model
 def resnet_tiny(pretrained=False, num_classes=10, in_chans=1, img_size=None, **kwargs):
     """A tiny residual network from timm's BasicBlock: 16-channel stem, stages of 16 and 32."""
     return TinyResNet(num_classes, in_chans)
+
+
+# Registered into timm's model registry (by function name) when timm is imported.
+_TIMM_MODELS = (resnet18_cifar, resnet18_half_cifar, cnn6, mlp_small, cnn_small, resnet_tiny)
+_registered = False
+_register_lock = threading.RLock()
+
+
+def _register_timm_models() -> None:
+    """Register our models into timm's registry, once (timm warns when a name is registered twice)."""
+    global _registered
+    with _register_lock:
+        if _registered:
+            return
+        from timm.models import register_model
+
+        for fn in _TIMM_MODELS:
+            register_model(fn)
+        _registered = True
+
+
+def timm_module() -> ModuleType:
+    """``timm``, imported now if it was not, with our models registered."""
+    import timm
+
+    _register_timm_models()
+    return timm
+
+
+class _RegisterOnTimmImport(importlib.abc.MetaPathFinder):
+    """When ``timm`` is first imported (by anyone), register our models right after its module
+    has run, so ``timm.is_model("cnn_small")`` holds wherever timm is used. Leaves
+    ``sys.meta_path`` once timm has been imported."""
+
+    def __init__(self):
+        self._finding = threading.local()
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "timm" or getattr(self._finding, "on", False):
+            return None
+        self._finding.on = True
+        try:
+            spec = importlib.util.find_spec("timm")  # the other finders' answer
+        finally:
+            self._finding.on = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_timm = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            _remove_hook()
+            exec_timm(module)
+            _register_timm_models()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+_HOOK = _RegisterOnTimmImport()
+
+
+def _remove_hook() -> None:
+    try:
+        sys.meta_path.remove(_HOOK)
+    except ValueError:
+        pass
+
+
+if "timm" in sys.modules:
+    _register_timm_models()
+else:
+    sys.meta_path.insert(0, _HOOK)
 
 
 @dataclass(frozen=True)
@@ -177,7 +257,7 @@ class ArchPool:
 
 def build_model(member: PoolMember, info: TaskInfo) -> nn.Module:
     in_chans, *size = info.input_shape
-    return timm.create_model(
+    return timm_module().create_model(
         member.model,
         pretrained=False,
         num_classes=info.num_classes,
@@ -206,7 +286,10 @@ def n_params(model: nn.Module) -> int:
 
 
 def register_pool(pool: ArchPool) -> ArchPool:
-    return POOLS.register(pool.name, pool, origin=__name__)
+    """Register ``pool`` under its name; its origin is the calling module (a plugin's pools are
+    recorded as the plugin's, not hfl-bench's)."""
+    caller = sys._getframe(1).f_globals.get("__name__", __name__)
+    return POOLS.register(pool.name, pool, origin=caller)
 
 
 def get_pool(name: str) -> ArchPool:

@@ -1,16 +1,22 @@
 """Where a run's numbers came from: the code version (git) and the environment.
 
+Also which distribution (and version, and for an editable install the git commit) provides each
+registered plugin a run used: ``plugins_used``, the record's ``plugins`` block.
+
 Works from a source checkout and from an installed wheel: git is asked only when the package
 sits at the top of a git work tree (an editable install), never for a folder that merely lies
-inside some other repository (a wheel installed into a venv inside a checkout).
+inside some other repository (a wheel installed into a venv inside a checkout). A plugin's commit
+is asked only for an editable install (PEP 610), in the folder it was installed from.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.metadata
+import json
 import platform
 import subprocess
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +68,102 @@ def plugin_dist(module: str) -> str | None:
     top = module.split(".")[0]
     dists = importlib.metadata.packages_distributions().get(top)
     return dists[0] if dists else None
+
+
+# ----------------------------------------------------------------------------- plugins a run used
+
+# The registries a record names entries of, by the ``kind`` a record's ``plugins`` block uses.
+PLUGIN_KINDS = ("method", "task", "pool", "partitioner", "aggregator")
+
+
+def _registry(kind: str):
+    from hfl_bench.registry import AGGREGATORS, METHODS, PARTITIONERS, POOLS, TASKS
+
+    return {"method": METHODS, "task": TASKS, "pool": POOLS, "partitioner": PARTITIONERS,
+            "aggregator": AGGREGATORS}[kind]
+
+
+def origin_module(registry, name: str) -> str:
+    """The module that registered ``name``: its origin (``Registry.origin``), or the module part
+    of an entry point that named an object (``entry point pkg.mod:Obj`` -> ``pkg.mod``)."""
+    origin = registry.origin(name)
+    if origin.startswith("entry point "):
+        origin = origin[len("entry point "):].split(":", 1)[0]
+    return origin.strip()
+
+
+def is_builtin(registry, name: str) -> bool:
+    """Whether ``name`` was registered by hfl-bench itself (its origin module is under ``hfl_bench.``)."""
+    module = origin_module(registry, name)
+    return module == "hfl_bench" or module.startswith("hfl_bench.")
+
+
+@functools.lru_cache(maxsize=None)
+def _dist_facts(dist: str) -> tuple[str | None, Path | None]:
+    """The version of an installed distribution and, for an editable install (PEP 610
+    ``direct_url.json`` with ``dir_info.editable``), the local folder it was installed from."""
+    found = list(importlib.metadata.distributions(name=dist))
+    if not found:
+        return None, None
+    # A source checkout on sys.path (its ``*.egg-info``) may come before the installed metadata,
+    # which alone holds direct_url.json: look at every copy.
+    for d in found:
+        try:
+            direct = json.loads(d.read_text("direct_url.json") or "{}")
+        except ValueError:
+            continue
+        url = direct.get("url") if isinstance(direct, dict) else None
+        dir_info = direct.get("dir_info") if isinstance(direct, dict) else None
+        if isinstance(dir_info, dict) and dir_info.get("editable") is True and isinstance(url, str) \
+                and url.startswith("file://"):
+            return d.version, Path(urllib.parse.unquote(urllib.parse.urlparse(url).path))
+    return found[0].version, None
+
+
+def checkout_info(folder: Path) -> dict[str, Any]:
+    """``{"git_sha", "git_dirty"}`` of the git checkout that holds ``folder`` (an editable install's
+    source; it may be a subfolder of the checkout): HEAD, and whether tracked files under
+    ``folder`` have uncommitted changes. None for both outside a checkout."""
+    unknown = {"git_sha": None, "git_dirty": None}
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10)
+
+    try:
+        sha = git("rev-parse", "HEAD")
+        if sha.returncode != 0:
+            return unknown
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".")
+        return {"git_sha": sha.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return unknown
+
+
+def plugins_used(used) -> list[dict[str, Any]]:
+    """The record's ``plugins`` block: for each ``(kind, name)`` in ``used`` (``PLUGIN_KINDS``;
+    names not registered, or None, are left out; duplicates once), the registering module, the
+    distribution that provides it and its version (``importlib.metadata``) and, for an editable
+    install in a git checkout, its commit and dirty flag (``checkout_info``; null otherwise)."""
+    rows: list[dict[str, Any]] = []
+    seen: set[tuple[str, str]] = set()
+    git_by_folder: dict[Path, dict[str, Any]] = {}
+    for kind, name in used:
+        if not isinstance(name, str) or (kind, name) in seen:
+            continue
+        seen.add((kind, name))
+        registry = _registry(kind)
+        try:
+            if name not in registry:
+                continue
+            module = origin_module(registry, name)
+        except Exception:  # noqa: BLE001 - a plugin that fails to load is the run's error, not ours
+            continue
+        dist = plugin_dist(module) if module else None
+        version, folder = _dist_facts(dist) if dist else (None, None)
+        git = {"git_sha": None, "git_dirty": None}
+        if folder is not None:
+            if folder not in git_by_folder:
+                git_by_folder[folder] = checkout_info(folder)
+            git = git_by_folder[folder]
+        rows.append({"kind": kind, "name": name, "module": module, "dist": dist, "version": version, **git})
+    return rows

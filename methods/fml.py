@@ -35,7 +35,6 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import timm
 import torch
 import torch.nn.functional as F
 
@@ -52,7 +51,7 @@ from hfl_bench.method_api import (
     param,
     register_method,
 )
-from hfl_bench.pools import ArchPool, PoolMember, build_model, n_params
+from hfl_bench.pools import ArchPool, PoolMember, build_model, n_params, timm_module
 
 if TYPE_CHECKING:
     from hfl_bench.data import TaskInfo
@@ -84,7 +83,7 @@ def resolve_meme_arch(name: str, pool: ArchPool, info: "TaskInfo") -> PoolMember
     for member in pool.members:  # a member keeps its kwargs
         if name in (member.name, member.model):
             return member
-    if not timm.is_model(name):
+    if not timm_module().is_model(name):  # timm imported here, not at start-up
         known = ", ".join(m.name for m in pool.members)
         raise ConfigError(f"fml: meme_arch {name!r} is neither a member of pool {pool.name!r} ({known}) "
                           "nor a registered timm model; use 'auto' for the smallest member")

@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import torch
-
-from hfl_bench import engine
+from hfl_bench import testing
 from hfl_bench.federation import Federation
-from hfl_bench.config import RunConfig, resolve
-from hfl_bench.data import get_task
+from hfl_bench.config import RunConfig
 from hfl_bench.method_api import Method
 
 
 def cpu_federation(cfg: RunConfig) -> Federation:
-    """The federation ``cfg`` describes (unset fields from the task's defaults), on the CPU."""
-    task = get_task(cfg.task)
-    cfg = resolve(cfg, task.info.defaults)
-    return engine.build_federation(cfg, task.info, task.load(), torch.device("cpu"))
+    """The federation ``cfg`` describes (unset fields from the task's defaults), on the CPU
+    (``hfl_bench.testing.cpu_federation``, which plugin packages use too)."""
+    return testing.cpu_federation(cfg)
 
 
-def ready_method(cls: type[Method], fed: Federation, **params) -> Method:
-    """``cls`` with these hyperparameters, checked against ``fed`` and set up on it."""
-    method = cls(cls.Params(**params))
-    method.check(fed)
-    method.setup(fed)
-    return method
+def ready_method(cls: type[Method] | str, fed: Federation, **params) -> Method:
+    """``cls`` (or a method name) with these hyperparameters, checked against ``fed`` and set up on
+    it (``hfl_bench.testing.ready_method``)."""
+    return testing.ready_method(cls, fed, **params)
 
 
 def record_sends(fed: Federation, monkeypatch) -> list[tuple]:

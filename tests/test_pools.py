@@ -9,6 +9,7 @@ import torch
 from hfl_bench.data import get_task
 from hfl_bench.pools import ArchPool, PoolMember, build_model, get_pool, n_params
 from hfl_bench.registry import POOLS, RegistryError
+from hfl_bench.testing import builtin_names
 
 TASK_NAMES = ["digits", "mnist1d", "cifar10", "cifar100", "pathmnist"]
 BATCH = 2
@@ -16,7 +17,7 @@ BATCH = 2
 
 def _unique_members() -> list[PoolMember]:
     seen: dict[tuple, PoolMember] = {}
-    for _, pool in POOLS.items():
+    for pool in (POOLS.get(n) for n in builtin_names(POOLS)):
         for m in pool.members:
             seen.setdefault((m.model, tuple(sorted(m.kwargs.items()))), m)
     return list(seen.values())
@@ -45,7 +46,7 @@ def test_member_builds_and_forwards_for_every_task(member):
 
 def test_every_pool_member_is_a_timm_model():
     assert {"paper", "cpu", "cpu-cnn", "paper-resnet18"} <= set(POOLS.names())
-    for name, pool in POOLS.items():
+    for name, pool in ((n, POOLS.get(n)) for n in builtin_names(POOLS)):
         assert isinstance(pool, ArchPool) and pool.name == name
         assert pool.members and pool.description
         for m in pool.members:

@@ -24,6 +24,7 @@ from hfl_bench.registry import (
     Registry,
     RegistryError,
 )
+from hfl_bench.testing import builtin_names, is_builtin
 
 # --------------------------------------------------------------------------- Registry basics
 
@@ -110,7 +111,7 @@ def test_builtins_declared_as_entry_points(group, module):
 @pytest.mark.parametrize("kind", sorted(BUILTINS))
 def test_builtin_names_registered(kind):
     registry = REGISTRIES[kind]
-    assert BUILTINS[kind] <= set(registry.names())
+    assert BUILTINS[kind] <= set(builtin_names(registry))
     assert registry is {"methods": METHODS, "tasks": TASKS, "pools": POOLS, "partitions": PARTITIONERS,
                         "aggregators": AGGREGATORS}[kind]
 
@@ -119,6 +120,26 @@ def test_registered_methods_carry_their_names():
     for name, cls in METHODS.items():
         if name in BUILTINS["methods"]:
             assert cls.name == name
+
+
+@pytest.mark.parametrize("kind", sorted(BUILTINS))
+def test_builtin_names_are_those_hfl_bench_registered(kind):
+    """``hfl_bench.testing.builtin_names``: what the project's tests enumerate, whatever plugins
+    are installed (an entry whose origin module is not under ``hfl_bench.`` is left out)."""
+    registry = REGISTRIES[kind]
+    names = builtin_names(registry)
+    assert BUILTINS[kind] <= set(names) and names == sorted(names)
+    assert all(is_builtin(registry, n) == (n in names) for n in registry.names())
+
+
+def test_builtin_origins():
+    reg = Registry("thing")
+    reg.register("ours", object(), origin="hfl_bench.methods.crad")
+    reg.register("top", object(), origin="hfl_bench")
+    reg.register("theirs", object(), origin="hfl_bench_example.method")  # a prefix is not a package
+    reg.register("object-ep", object(), origin="entry point other_pkg.mod:Thing")
+    reg.register("builtin-ep", object(), origin="entry point hfl_bench.pools:PAPER")
+    assert builtin_names(reg) == ["builtin-ep", "ours", "top"]
 
 
 # --------------------------------------------------------------------------- third-party plugins
@@ -249,8 +270,10 @@ def test_object_entry_point_registered_in_fresh_registry(obj_plugin_registry):
     assert cls.__name__ == "ObjMethod"
     assert obj_plugin_registry.origin("obj-method") == "entry point hflb_demo_plugin2:ObjMethod"
     # Built-in modules were imported long ago and registered into the global registry: a fresh
-    # registry only gains what entry points name as objects.
-    assert obj_plugin_registry.names() == ["obj-method"]
+    # registry only gains what entry points name as objects (this one, and any other installed
+    # plugin's object entry points).
+    assert "obj-method" in obj_plugin_registry.names()
+    assert builtin_names(obj_plugin_registry) == []
 
 
 def test_object_entry_point_record_names_the_method(obj_plugin_registry, tiny_cfg, tmp_path):

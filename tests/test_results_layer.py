@@ -146,7 +146,7 @@ def test_schema_is_found_outside_the_checkout(tmp_path):
     assert proc.returncode == 0, proc.stderr
     module, schema, schema_id = json.loads(proc.stdout)
     assert module.startswith(str(tmp_path)) and schema.startswith(str(tmp_path))
-    assert schema_id == "hfl-bench/record-1.0"
+    assert schema_id == f"hfl-bench/record-{SCHEMA_VERSION}"
 
 
 def test_pyproject_ships_the_schema():

@@ -136,3 +136,29 @@ def validate(
         wide_out().print(f"{len(files) - len(invalid)} of {len(files)} records valid", highlight=False)
     if invalid:
         raise typer.Exit(1)
+
+
+@app.command()
+def html(
+    out_dir: Path = typer.Argument(..., help="The folder to write the site into (new, empty, or a site this wrote)."),
+    paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
+):
+    """Write the leaderboard as a static HTML site (OUT_DIR/index.html).
+
+    Per task and protocol a sortable, filterable table of groups with the published figures
+    beside them, the rank, the plots, one page per group (config, provenance, per-class and
+    per-architecture tables) and the record files copied beside them. No server, CDN or network:
+    open index.html from disk or put the folder on any static host. Skipped files are listed on
+    stderr and on the index page."""
+    from hfl_bench.results.html import build_site
+
+    try:
+        site = build_site(out_dir, _paths(paths))
+    except ResultsError as e:
+        fail(str(e))
+    for s in site.skipped:
+        note("skipped:", s.line())
+    if site.plot_note:
+        note("plots:", site.plot_note)
+    wide_out().print(plain(f"wrote {site.index} ({site.n_groups} groups from {site.n_records} records, "
+                           f"{len(site.group_pages)} group pages, {len(site.plots)} plots)"), highlight=False)

@@ -30,11 +30,20 @@ def list_(
         return
     t = Table(title=kind)
     columns = [c for c in (rows[0].keys() if rows else ["name"]) if c != "origin"]  # origin: --json only
-    for col in columns:
-        t.add_column(col)
+    for col in columns:  # short fields stay on one line; descriptions and member lists wrap
+        t.add_column(col, no_wrap=col not in WRAPPED, overflow="fold" if col in WRAPPED else "ellipsis")
     for row in rows:
-        t.add_row(*[_cell(row[c]) for c in columns])
+        t.add_row(*[_shape(row[c]) if c == "input" else _cell(row[c]) for c in columns])
     out.print(t)
+
+
+# Columns that may wrap at a narrow terminal; the others keep their values on one line.
+WRAPPED = ("description", "members", "source")
+
+
+def _shape(v: Any) -> Text:
+    """An input shape as one word, ``1x8x8`` (a list would be a cell of one line per number)."""
+    return plain("x".join(map(str, v)) if isinstance(v, list) else fmt(v))
 
 
 def _cell(v: Any) -> Text:
@@ -51,9 +60,12 @@ def _list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
         from hfl_bench.data import get_task
         from hfl_bench.pools import build_model, n_params
 
+        import torch
+
         info = get_task(task_name).info
         for name, pool in registry.items():
-            members = [f"{m.name} ({m.model}): {n_params(build_model(m, info)):,} params" for m in pool.members]
+            with torch.device("meta"):  # counted without allocating or initializing weights
+                members = [f"{m.name} ({m.model}): {n_params(build_model(m, info)):,} params" for m in pool.members]
             rows.append({"name": name, "members": members, "description": pool.description})
         return rows
     for name, obj in registry.items():

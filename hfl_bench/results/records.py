@@ -20,26 +20,31 @@ from hfl_bench.config import ConfigError, RunConfig, config_hash
 from hfl_bench.paths import (
     UnsafePathError, checkpoint_for, inside, record_filename, unsaved_dirs, unsaved_folder, write_atomic,
 )
-from hfl_bench.provenance import environment, git_info, plugin_dist
+from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_used
 
 if TYPE_CHECKING:  # annotation only: reading records needs no torch
     from hfl_bench.federation import RunResult
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # what new records are written as
+# Every version a record may carry; each keeps its own schema file, and a record is validated
+# against the schema of its own ``schema_version`` (1.1 added fidelity "original" and ``plugins``).
+SCHEMA_VERSIONS = ("1.0", "1.1")
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
 SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
 
 
-def schema_file():
-    """The record JSON Schema as a package resource (a Traversable: a file in a checkout or in an
-    installed wheel)."""
-    folder, name = SCHEMA_RESOURCE
-    return importlib.resources.files(__package__) / folder / name
+def schema_file(version: str = SCHEMA_VERSION):
+    """The record JSON Schema of ``version`` as a package resource (a Traversable: a file in a
+    checkout or in an installed wheel). ValueError for a version that has none."""
+    if version not in SCHEMA_VERSIONS:
+        raise ValueError(f"no record schema {version!r}; known: {', '.join(SCHEMA_VERSIONS)}")
+    folder = SCHEMA_RESOURCE[0]
+    return importlib.resources.files(__package__) / folder / f"record-{version}.schema.json"
 
 
-def load_schema() -> dict[str, Any]:
-    """The record JSON Schema (draft 2020-12) as a mapping."""
-    return json.loads(schema_file().read_text(encoding="utf-8"))
+def load_schema(version: str = SCHEMA_VERSION) -> dict[str, Any]:
+    """The record JSON Schema (draft 2020-12) of ``version`` (default: the current one) as a mapping."""
+    return json.loads(schema_file(version).read_text(encoding="utf-8"))
 
 
 def _pct(x: float) -> float | None:
@@ -129,6 +134,8 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "peak_memory": result.peak_memory,
         },
         "history": result.history,
+        "plugins": plugins_used(_used(cfg.method, method.hparams(), fed.info.name, fed.pool.name,
+                                      fed.partition.scheme)),
         "config": cfg_dict,
         "config_hash": chash,
         "code": {"hfl_bench_version": hfl_bench.__version__, **result.code},
@@ -136,6 +143,14 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     return json.loads(json.dumps(record, default=_jsonable))
+
+
+def _used(method: str, hparams: Any, task: str, pool: Any, partitioner: Any) -> list[tuple[str, Any]]:
+    """The ``(kind, name)`` of each registered plugin a run uses (``provenance.plugins_used``); the
+    method's aggregation rule is its ``aggregator`` hyperparameter, when it has one."""
+    aggregator = hparams.get("aggregator") if isinstance(hparams, dict) else None
+    return [("method", method), ("task", task), ("pool", pool), ("partitioner", partitioner),
+            ("aggregator", aggregator)]
 
 
 def _fingerprint_field(data: Any) -> dict[str, str]:
@@ -195,6 +210,7 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
         "task": task,
         "selection": {"rule": "best_mean_local_val", "round": None},
         "metrics": None,
+        "plugins": plugins_used(_used(cfg.method, method["hparams"], cfg.task, cfg.pool, cfg.partition)),
         "config": cfg_dict,
         "config_hash": chash,
         "code": {"hfl_bench_version": hfl_bench.__version__, **git_info()},

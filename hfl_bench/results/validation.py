@@ -1,6 +1,6 @@
 """Which records may be read at all: the record JSON Schema plus the checks it cannot express.
 
-A record is **valid** when it matches the schema (``records.load_schema``) and every number in it
+A record is **valid** when it matches the schema of its ``schema_version`` (``records.load_schema``) and every number in it
 is finite (JSON has no NaN or infinity; Python's parser accepts them, ``records.loads_strict``
 does not) and every accuracy (a ``*_acc`` field, or a per-class / per-architecture accuracy,
 under ``metrics`` or ``history``) is null or a number within [0, 100], and a reproduced record with
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from hfl_bench.results.loading import Loaded, Skipped
-from hfl_bench.results.records import load_schema, loads_strict, non_finite_fields
+from hfl_bench.results.records import SCHEMA_VERSION, SCHEMA_VERSIONS, load_schema, loads_strict, non_finite_fields
 
 ACCURACY_LISTS = ("per_class_global_acc", "per_arch_global_acc")
 
@@ -144,19 +144,39 @@ class SubsetValidator:
                 yield from self._errors(schema[branch], value, path)
 
 
-def schema_validator(reference: bool = True):
-    """A Draft 2020-12 validator of the record schema. With ``reference``, ``jsonschema``'s when it
-    is installed (``leaderboard validate``); else, or without it, ``SubsetValidator``: the same
-    verdicts on the record schema (tests/test_leaderboard checks it on every shipped record and
-    on mutations of one), about six times faster, so the leaderboard and the plots use it."""
+class VersionedValidator:
+    """Validates each record against the schema of its own ``schema_version`` (``SCHEMA_VERSIONS``;
+    a record with another or no version against the current schema, which then says what is
+    wrong). The same ``iter_errors`` / ``is_valid`` as the validators it holds."""
+
+    def __init__(self, make):
+        self.validators = {version: make(load_schema(version)) for version in SCHEMA_VERSIONS}
+
+    def for_record(self, record: Any):
+        version = record.get("schema_version") if isinstance(record, dict) else None
+        return self.validators.get(version if isinstance(version, str) else "", self.validators[SCHEMA_VERSION])
+
+    def iter_errors(self, instance: Any):
+        return self.for_record(instance).iter_errors(instance)
+
+    def is_valid(self, instance: Any) -> bool:
+        return next(iter(self.iter_errors(instance)), None) is None
+
+
+def schema_validator(reference: bool = True) -> VersionedValidator:
+    """A Draft 2020-12 validator of the record schemas, each record checked against its own
+    version's. With ``reference``, ``jsonschema``'s when it is installed (``leaderboard
+    validate``); else, or without it, ``SubsetValidator``: the same verdicts on the record schema
+    (tests/test_leaderboard checks it on every shipped record and on mutations of one), about six
+    times faster, so the leaderboard and the plots use it."""
     if reference:
         try:
             import jsonschema
         except ImportError:
             pass
         else:
-            return jsonschema.Draft202012Validator(load_schema())
-    return SubsetValidator(load_schema())
+            return VersionedValidator(jsonschema.Draft202012Validator)
+    return VersionedValidator(SubsetValidator)
 
 
 # ----------------------------------------------------------------------------- the checks

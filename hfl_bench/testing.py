@@ -1,0 +1,85 @@
+"""Helpers for tests of hfl-bench and of plugin packages (installed with hfl-bench, so a separate
+package's own tests can import them).
+
+- ``tiny_federation(task="digits", clients=4, **cfg)``: a federation on the CPU, ready for a
+  method's ``setup`` and ``run_round``;
+- ``ready_method(cls_or_name, fed, **params)``: a method with these hyperparameters, checked
+  against ``fed`` and set up on it;
+- ``run_record(*cli_args, out=...)``: ``hfl-bench run ...`` through the real CLI, in-process;
+  returns the record it wrote after checking that it is valid;
+- ``builtin_names(registry)``: the names hfl-bench itself registered (tests that enumerate a
+  registry run on these, so an installed plugin does not change what they check).
+
+This module sits above the command line (``run_record`` drives it); nothing in hfl-bench imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hfl_bench.config import RunConfig
+from hfl_bench.federation import Federation
+from hfl_bench.method_api import Method, get_method_class
+from hfl_bench.provenance import is_builtin
+from hfl_bench.registry import Registry
+
+__all__ = ["builtin_names", "cpu_federation", "is_builtin", "ready_method", "run_record", "tiny_federation"]
+
+
+def builtin_names(registry: Registry) -> list[str]:
+    """The sorted names in ``registry`` registered by hfl-bench itself (origin module under
+    ``hfl_bench.``); third-party entries are left out."""
+    return [name for name in registry.names() if is_builtin(registry, name)]
+
+
+def cpu_federation(cfg: RunConfig) -> Federation:
+    """The federation ``cfg`` describes (unset fields from the task's defaults), on the CPU."""
+    import torch
+
+    from hfl_bench import engine
+    from hfl_bench.config import resolve
+    from hfl_bench.data import get_task
+
+    task = get_task(cfg.task)
+    cfg = resolve(cfg, {**task.info.defaults, **task.folder_defaults(cfg.data_dir)})
+    return engine.build_federation(cfg, task.info, task.load(cfg.data_dir), torch.device("cpu"))
+
+
+def tiny_federation(task: str = "digits", clients: int = 4, **cfg: Any) -> Federation:
+    """A small federation on the CPU: ``clients`` clients on ``task`` (seed 0, 2 rounds), any other
+    ``RunConfig`` field as a keyword (``pool="cpu-cnn"``, ``public_size=100``, ...)."""
+    values: dict[str, Any] = {"seed": 0, "rounds": 2, **cfg}
+    return cpu_federation(RunConfig(task=task, clients=clients, **values))
+
+
+def ready_method(cls_or_name: type[Method] | str, fed: Federation, **params: Any) -> Method:
+    """The method (a class, or its registered name) with these hyperparameters, checked against
+    ``fed`` (``check``) and set up on it (``setup``)."""
+    cls = get_method_class(cls_or_name) if isinstance(cls_or_name, str) else cls_or_name
+    method = cls(cls.Params(**params))
+    method.check(fed)
+    method.setup(fed)
+    return method
+
+
+def run_record(*cli_args: str, out: str | Path | None = None) -> dict[str, Any]:
+    """Run ``hfl-bench run CLI_ARGS --out OUT --json -q`` in-process (typer's CliRunner), check it
+    exits 0 and that the record it wrote is valid (``results.validation.record_problems``), and
+    return the record. ``out`` defaults to a new temporary folder. AssertionError otherwise, with
+    the CLI's output or the record's problems."""
+    from typer.testing import CliRunner
+
+    from hfl_bench.cli import app
+    from hfl_bench.results.validation import record_problems
+
+    out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="hfl-bench-test-"))
+    result = CliRunner().invoke(app, ["run", *cli_args, "--out", str(out), "--json", "-q"])
+    assert result.exit_code == 0, f"hfl-bench run exited {result.exit_code}:\n{result.output}"
+    summary = json.loads(getattr(result, "stdout", result.output))
+    record = json.loads(Path(summary["record"]).read_text(encoding="utf-8"))
+    problems = record_problems(record)
+    assert not problems, f"invalid record {summary['record']}: {problems}"
+    return record

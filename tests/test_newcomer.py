@@ -1,0 +1,254 @@
+"""The first ten minutes (issue 14): --version, describe, the hyperparameter table on an unknown
+--set key, plain progress lines when piped, --threads in the record, timm imported lazily."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import hfl_bench
+from hfl_bench.cli import app
+
+ANSI = re.compile(r"\x1b[\[\]()]")
+ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", COLUMNS="120")
+
+
+def cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -m hfl_bench.cli ARGS`` with stdout and stderr as pipes (not a terminal)."""
+    return subprocess.run([sys.executable, "-m", "hfl_bench.cli", *args], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _stdout(result) -> str:
+    return getattr(result, "stdout", result.output)
+
+
+# --------------------------------------------------------------------------- --version
+
+
+def test_version_fast_path_in_a_subprocess():
+    proc = cli("--version", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"hfl-bench {hfl_bench.__version__}\n"
+
+
+def test_version_through_typer():
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert _stdout(result).strip() == f"hfl-bench {hfl_bench.__version__}"
+
+
+def test_flags_show_no_bool_type_in_help():
+    result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0
+    assert "--download" in result.output and "--threads" in result.output
+    assert "<bool>" not in result.output
+
+
+# --------------------------------------------------------------------------- describe
+
+
+def test_describe_method_lists_hyperparameters():
+    result = CliRunner().invoke(app, ["describe", "crad"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    text = _stdout(result)
+    lam = next(line for line in text.splitlines() if " lam " in line)
+    assert "0.7" in lam and "Distillation weight lambda." in lam
+    for needle in ("fidelity", "topology", "citation", "notes", "needs a public set"):
+        assert needle in text
+
+
+def test_describe_method_json():
+    result = CliRunner().invoke(app, ["describe", "crad", "--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(_stdout(result))
+    assert info["kind"] == "method" and info["name"] == "crad"
+    lam = next(p for p in info["hyperparameters"] if p["name"] == "lam")
+    assert lam == {"name": "lam", "type": "float", "default": 0.7, "help": "Distillation weight lambda."}
+    assert info["fidelity"] and info["topology"] and isinstance(info["notes"], list)
+    assert info["needs_public"] is False
+
+
+def test_describe_the_other_kinds():
+    runner = CliRunner()
+    result = runner.invoke(app, ["describe", "digits"])
+    assert result.exit_code == 0, result.output
+    assert "version" in result.output and "1x8x8" in result.output
+    info = json.loads(_stdout(runner.invoke(app, ["describe", "digits", "--json"])))
+    assert info["kind"] == "task" and info["version"] and info["num_classes"] == 10
+    assert info["input_shape"] == [1, 8, 8] and "license" in info and "defaults" in info
+    pool = json.loads(_stdout(runner.invoke(app, ["describe", "cpu", "--json"])))
+    assert [m["model"] for m in pool["members"]] == ["mlp_small", "cnn_small", "resnet_tiny"]
+    agg = json.loads(_stdout(runner.invoke(app, ["describe", "crad", "--kind", "aggregators", "--json"])))
+    assert agg["kind"] == "aggregator" and agg["description"]
+    part = json.loads(_stdout(runner.invoke(app, ["describe", "dirichlet", "--json"])))
+    assert part["kind"] == "partitioner"
+
+
+def test_describe_unknown_name_is_one_line():
+    result = CliRunner().invoke(app, ["describe", "nosuch"])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:")
+    result = CliRunner().invoke(app, ["describe", "crad", "--kind", "bogus"])
+    assert result.exit_code == 2
+
+
+# --------------------------------------------------------------------------- unknown --set key
+
+
+def test_unknown_set_key_on_a_terminal_prints_the_table(tmp_path):
+    """stderr on a pseudo-terminal: the error line, then the method's hyperparameter table."""
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hfl_bench.cli", "run", "--method", "crad", "--task", "digits",
+             "--set", "nosuch=1", "--out", str(tmp_path / "runs")],
+            env=dict(ENV, COLUMNS="160"), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        proc.wait(timeout=300)
+    finally:
+        os.close(master)
+    text = ANSI.sub("", b"".join(chunks).decode(errors="replace"))
+    assert proc.returncode == 2, text
+    assert "unknown hyperparameter" in text and "nosuch" in text
+    lam = next(line for line in text.splitlines() if " lam " in line)
+    assert "0.7" in lam and "Distillation weight" in lam
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*.json"))
+
+
+def test_unknown_set_key_piped_stays_one_line_naming_describe(tmp_path):
+    proc = cli("run", "--method", "crad", "--set", "nosuch=1", "--out", str(tmp_path / "runs"))
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, lines
+    assert "unknown hyperparameter" in lines[0] and "hfl-bench describe crad" in lines[0]
+
+
+# --------------------------------------------------------------------------- progress and threads
+
+
+def test_piped_run_prints_plain_progress_lines_and_records_threads(tmp_path):
+    proc = cli("run", "--method", "crad", "--task", "digits", "--rounds", "3", "--clients", "4",
+               "--threads", "1", "--out", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    progress = [line for line in proc.stderr.splitlines() if "round" in line]
+    assert [line.split("round ")[1].split()[0] for line in progress] == ["1/3", "2/3", "3/3"], proc.stderr
+    assert all("val " in line and "eta " in line for line in progress)
+    assert not ANSI.search(proc.stderr) and not ANSI.search(proc.stdout)
+    assert "round 1/3" not in proc.stdout  # progress goes to stderr
+    record = json.loads(next((tmp_path / "runs").glob("*.json")).read_text())
+    assert record["environment"]["torch_threads"] == 1
+
+
+def test_json_and_quiet_print_no_progress(tmp_path):
+    proc = cli("run", "--task", "digits", "--rounds", "2", "--clients", "4", "--json",
+               "--out", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    json.loads(proc.stdout)  # stdout is the JSON summary only
+    assert "round" not in proc.stderr
+
+
+def test_threads_flag_in_process_is_recorded_and_restored(tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    result = CliRunner().invoke(app, ["run", "--task", "digits", "--rounds", "1", "--clients", "4", "--threads", "2",
+                                      "--out", str(tmp_path / "runs"), "--json", "-q"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(Path(json.loads(_stdout(result))["record"]).read_text())
+    assert record["environment"]["torch_threads"] == 2
+    assert torch.get_num_threads() == before
+
+
+def test_threads_must_be_positive(tmp_path):
+    result = CliRunner().invoke(app, ["run", "--threads", "0", "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "--threads must be >= 1" in result.output
+
+
+def test_auto_threads_rule(monkeypatch):
+    from hfl_bench.cli import run as run_mod
+    from hfl_bench.config import RunConfig
+    from hfl_bench.registry import TASKS
+
+    small = RunConfig(task="digits", pool="cpu")
+    large = RunConfig(task="cifar10", pool="paper")
+    monkeypatch.setattr(run_mod, "idle_cores", lambda: 2)
+    assert run_mod.auto_threads(large, TASKS.get("cifar10").info) == 1  # busy machine: one thread
+    monkeypatch.setattr(run_mod, "idle_cores", lambda: 64)
+    assert run_mod.auto_threads(small, TASKS.get("digits").info) == 1  # small models: one thread
+    import torch
+
+    assert run_mod.auto_threads(large, TASKS.get("cifar10").info) == min(64, torch.get_num_threads())
+
+
+# --------------------------------------------------------------------------- lazy timm
+
+
+def test_pools_import_without_timm_and_models_still_build():
+    code = (
+        "import sys\n"
+        "import hfl_bench.pools as pools\n"
+        "assert 'timm' not in sys.modules, 'timm imported at start-up'\n"
+        "assert {'paper', 'cpu', 'cpu-cnn', 'paper-resnet18'} <= set(pools.POOLS.names())\n"
+        "from hfl_bench.registry import TASKS\n"
+        "info = TASKS.get('digits').info\n"
+        "for m in pools.get_pool('cpu').members:\n"
+        "    pools.build_model(m, info)\n"
+        "import timm\n"
+        "assert timm.is_model('cnn_small') and timm.is_model('resnet18_cifar')\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_a_plain_import_timm_sees_our_models():
+    code = ("import sys, hfl_bench.pools\n"
+            "assert 'timm' not in sys.modules\n"
+            "import timm\n"
+            "assert timm.is_model('resnet_tiny')\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_listing_methods_does_not_import_timm():
+    code = ("import sys\n"
+            "from hfl_bench.registry import METHODS, TASKS\n"
+            "METHODS.names(); TASKS.names()\n"
+            "print(sorted(m for m in ('timm', 'torchvision') if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_list_tasks_keeps_the_input_shape_on_one_line():
+    result = CliRunner().invoke(app, ["list", "tasks"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    digits = next(line for line in result.output.splitlines() if "digits" in line)
+    assert "1x8x8" in digits
+
+
+@pytest.mark.parametrize("kind", ["pools", "partitions", "aggregators"])
+def test_list_still_works(kind):
+    result = CliRunner().invoke(app, ["list", kind, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(_stdout(result))
