@@ -5,7 +5,7 @@ package's own tests can import them).
   method's ``setup`` and ``run_round``;
 - ``ready_method(cls_or_name, fed, **params)``: a method with these hyperparameters, checked
   against ``fed`` and set up on it;
-- ``run_record(*cli_args, out=...)``: ``hfl-bench run ...`` through the real CLI, in-process;
+- ``run_record(*cli_args, out=...)``: ``hfl-bench run ...`` through the real CLI, as a subprocess;
   returns the record it wrote after checking that it is valid;
 - ``builtin_names(registry)``: the names hfl-bench itself registered (tests that enumerate a
   registry run on these, so an installed plugin does not change what they check).
@@ -16,6 +16,8 @@ This module sits above the command line (``run_record`` drives it); nothing in h
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -66,19 +68,18 @@ def ready_method(cls_or_name: type[Method] | str, fed: Federation, **params: Any
 
 
 def run_record(*cli_args: str, out: str | Path | None = None) -> dict[str, Any]:
-    """Run ``hfl-bench run CLI_ARGS --out OUT --json -q`` in-process (typer's CliRunner), check it
-    exits 0 and that the record it wrote is valid (``results.validation.record_problems``), and
-    return the record. ``out`` defaults to a new temporary folder. AssertionError otherwise, with
-    the CLI's output or the record's problems."""
-    from typer.testing import CliRunner
-
-    from hfl_bench.cli import app
+    """Run ``hfl-bench run CLI_ARGS --out OUT --json -q`` as the command line it is (a
+    subprocess of this Python, ``python -m hfl_bench.cli``, so plugins are found through their
+    installed entry points), check it exits 0 and that the record it wrote is valid
+    (``results.validation.record_problems``), and return the record. ``out`` defaults to a new
+    temporary folder. AssertionError otherwise, with the CLI's output or the record's problems."""
     from hfl_bench.results.validation import record_problems
 
     out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="hfl-bench-test-"))
-    result = CliRunner().invoke(app, ["run", *cli_args, "--out", str(out), "--json", "-q"])
-    assert result.exit_code == 0, f"hfl-bench run exited {result.exit_code}:\n{result.output}"
-    summary = json.loads(getattr(result, "stdout", result.output))
+    command = [sys.executable, "-m", "hfl_bench.cli", "run", *cli_args, "--out", str(out), "--json", "-q"]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    assert proc.returncode == 0, f"hfl-bench run exited {proc.returncode}:\n{proc.stdout}{proc.stderr}"
+    summary = json.loads(proc.stdout)
     record = json.loads(Path(summary["record"]).read_text(encoding="utf-8"))
     problems = record_problems(record)
     assert not problems, f"invalid record {summary['record']}: {problems}"

@@ -168,15 +168,17 @@ def test_every_module_is_found():
             "hfl_bench.engine", "hfl_bench.methods", "hfl_bench.tasks"} <= set(modules)
 
 
-def test_no_import_cycles():
-    found = cycles(import_graph(with_type_checking=False))
+@pytest.mark.parametrize("with_type_checking", [False, True], ids=["runtime", "with-type-only-imports"])
+def test_no_import_cycles(with_type_checking):
+    # type-only imports count too: a type that needs its user's module is in the wrong module
+    found = cycles(import_graph(with_type_checking=with_type_checking))
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
 def test_nothing_below_the_cli_imports_it():
     offenders = {m: sorted(i for i in imports if i == CLI or i.startswith(CLI + "."))
                  for m, imports in import_graph(with_type_checking=True).items()
-                 if not (m == CLI or m.startswith(CLI + ".") or layer_of(m) > layer_of(CLI))}
+                 if not (m == CLI or m.startswith(CLI + "."))}
     offenders = {m: i for m, i in offenders.items() if i}
     assert not offenders, f"modules outside {CLI} that import it: {offenders}"
 
@@ -221,7 +223,7 @@ LAYERS = [
     ("engine", ("hfl_bench.engine",)),
     ("results and matrix", ("hfl_bench.results", "hfl_bench.matrix")),
     ("command line", ("hfl_bench.cli",)),
-    ("test helpers for plugin authors (they drive the command line)", ("hfl_bench.testing",)),
+    ("test helpers for plugin authors (they run the command line as a program)", ("hfl_bench.testing",)),
 ]
 
 

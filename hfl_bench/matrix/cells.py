@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 from hfl_bench.config import RunConfig
 from hfl_bench.paths import checkpoint_path
 
-if TYPE_CHECKING:
-    from hfl_bench.matrix.suite import Cell
 
 TRACEBACK_LINES = 12  # lines of traceback kept in a failed record's error text
 
@@ -48,12 +46,12 @@ def run_cell(cfg: RunConfig, threads: Optional[int] = None,
             result = engine.run(cfg, progress=progress)
         record = records.build_record(cfg, result)
     except Exception as e:  # noqa: BLE001 - the matrix records every failure and goes on
-        return build_failed(cfg, error_text(e))
+        return failed_record(cfg, error_text(e))
     checkpoint.unlink(missing_ok=True)
     return record
 
 
-def build_failed(cfg: RunConfig, error: str) -> dict[str, Any]:
+def failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
     """``records.build_failed_record``, or, should even that raise, the fields a failed record
     needs (the matrix writes a record for every cell it can)."""
     import dataclasses
@@ -82,6 +80,3 @@ def build_failed(cfg: RunConfig, error: str) -> dict[str, Any]:
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         }
 
-
-def failed_record(cell: Cell, error: str) -> dict[str, Any]:
-    return build_failed(cell.cfg, error)

@@ -136,7 +136,7 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1)
             try:
                 record = future.result()
             except Exception as e:  # noqa: BLE001 - e.g. a worker killed for memory
-                record = failed_record(cell, error_text(e))
+                record = failed_record(cell.cfg, error_text(e))
             done(cell, record)
     except BaseException:  # Ctrl-C: end the running cells and drop the queued ones, now
         stop_pool(pool)
@@ -215,7 +215,7 @@ def run_ray(cells: list[Cell], done: Done, address: Optional[str], cpus_per_cell
                 gpus = cell_gpus(cell.cfg, gpus_per_cell, resources.get("GPU", 0))
                 problem = unschedulable(cpus_per_cell, gpus, resources)
                 if problem:  # Ray would wait for it forever
-                    done(cell, failed_record(cell, f"ConfigError: {problem}"))
+                    done(cell, failed_record(cell.cfg, f"ConfigError: {problem}"))
                     continue
                 options = dict(num_cpus=cpus_per_cell, num_gpus=gpus, max_retries=0)
                 in_flight[remote.options(**options).remote(cell.cfg, threads)] = cell
@@ -226,7 +226,7 @@ def run_ray(cells: list[Cell], done: Done, address: Optional[str], cpus_per_cell
             try:
                 record = ray.get(ready[0])
             except Exception as e:  # noqa: BLE001 - a crashed worker or node
-                record = failed_record(cell, error_text(e, with_traceback=False))
+                record = failed_record(cell.cfg, error_text(e, with_traceback=False))
             done(cell, record)
     except BaseException:  # Ctrl-C: cells in flight on a cluster would otherwise run on
         for ref in list(in_flight):

@@ -121,7 +121,7 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
         elif existing.conflict is not None:  # a finished record of other data: neither skipped nor replaced
             report(cell, failed_row(cell, existing.conflict, _record_path(cell)))
         elif cell.error is not None:  # unresolvable: nothing to run
-            done(cell, failed_record(cell, cell.error))
+            done(cell, failed_record(cell.cfg, cell.error))
         else:
             todo.append(cell)
 

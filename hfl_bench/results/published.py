@@ -10,89 +10,9 @@ endpoint and metric). Published figures are never averaged in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
-from hfl_bench.results.setting import METRICS, Group, Stat
-
-
-@dataclass
-class Published:
-    """One published figure (one record of source.kind = published)."""
-
-    record: dict[str, Any]
-
-    @property
-    def method(self) -> str:
-        return self.record["method"]["name"]
-
-    @property
-    def task(self) -> str:
-        return self.record["task"]["name"]
-
-    @property
-    def metric(self) -> str:
-        return next((m for m in METRICS if (self.record.get("metrics") or {}).get(m) is not None), "global_acc")
-
-    @property
-    def value(self) -> Optional[float]:
-        return (self.record.get("metrics") or {}).get(self.metric)
-
-    @property
-    def sd(self) -> Optional[float]:
-        return (self.record.get("metrics") or {}).get("sd")
-
-    @property
-    def n_seeds(self) -> Optional[int]:
-        return (self.record.get("metrics") or {}).get("n_seeds")
-
-    @property
-    def endpoint(self) -> Optional[str]:
-        return (self.record.get("metrics") or {}).get("endpoint")
-
-    @property
-    def citation(self) -> dict[str, Any]:
-        return self.record["source"].get("citation") or {}
-
-    @property
-    def setting(self) -> dict[str, Any]:
-        return self.record.get("setting") or {}
-
-    @property
-    def pool(self) -> Optional[str]:
-        return (self.setting.get("pool") or {}).get("suite_name")
-
-    def as_dict(self) -> dict[str, Any]:
-        c = self.citation
-        return {
-            "record_id": self.record.get("record_id"), "method": self.method, "task": self.task,
-            "published_method": self.record["method"].get("published_name"), "metric": self.metric,
-            "endpoint": self.endpoint, "value": self.value, "sd": self.sd, "n_seeds": self.n_seeds,
-            "citation_key": c.get("key"), "arxiv_or_doi": c.get("arxiv_or_doi"), "locator": c.get("locator"),
-            "setting_match": c.get("setting_match"), "deviations": c.get("deviations", []), "setting": self.setting,
-        }
-
-
-@dataclass
-class Match:
-    """A published figure beside a group: the reproduced figure it compares to and the delta."""
-
-    published: Published
-    setting_match: str  # the record's own, downgraded to approximate where the group differs
-    differences: list[str]
-    reproduced: Stat
-
-    @property
-    def delta(self) -> Optional[float]:
-        if self.reproduced.mean is None or self.published.value is None:
-            return None
-        return round(self.reproduced.mean - self.published.value, 4)
-
-    def as_dict(self) -> dict[str, Any]:
-        return self.published.as_dict() | {
-            "setting_match": self.setting_match, "differences": self.differences,
-            "reproduced": self.reproduced.as_dict(), "delta": self.delta,
-        }
+from hfl_bench.results.setting import METRICS, Group, Match, Published, Stat  # noqa: F401  (Match, Published: re-exported)
 
 
 def _same(a: Any, b: Any) -> bool:

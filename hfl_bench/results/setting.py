@@ -1,7 +1,8 @@
 """A leaderboard group: one setting (what was run, read from its records) and its figures over
 seeds: mean and sample standard deviation (ddof = 1; None, shown as '-', for a single seed) of
 global and local accuracy and of every extra endpoint, over the group's ok seeds. Which records
-form a group is ``grouping``'s rule.
+form a group is ``grouping``'s rule. A published figure (``Published``) and its place beside a
+group (``Match``) are types of this module too; ``published`` decides which figure goes where.
 """
 
 from __future__ import annotations
@@ -9,13 +10,10 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from hfl_bench.results.grouping import SeedGroup
 from hfl_bench.results.loading import Loaded
-
-if TYPE_CHECKING:
-    from hfl_bench.results.published import Match
 
 METRICS = ("global_acc", "local_acc")
 
@@ -40,6 +38,85 @@ class Stat:
 
 
 @dataclass
+class Published:
+    """One published figure (one record of source.kind = published)."""
+
+    record: dict[str, Any]
+
+    @property
+    def method(self) -> str:
+        return self.record["method"]["name"]
+
+    @property
+    def task(self) -> str:
+        return self.record["task"]["name"]
+
+    @property
+    def metric(self) -> str:
+        return next((m for m in METRICS if (self.record.get("metrics") or {}).get(m) is not None), "global_acc")
+
+    @property
+    def value(self) -> Optional[float]:
+        return (self.record.get("metrics") or {}).get(self.metric)
+
+    @property
+    def sd(self) -> Optional[float]:
+        return (self.record.get("metrics") or {}).get("sd")
+
+    @property
+    def n_seeds(self) -> Optional[int]:
+        return (self.record.get("metrics") or {}).get("n_seeds")
+
+    @property
+    def endpoint(self) -> Optional[str]:
+        return (self.record.get("metrics") or {}).get("endpoint")
+
+    @property
+    def citation(self) -> dict[str, Any]:
+        return self.record["source"].get("citation") or {}
+
+    @property
+    def setting(self) -> dict[str, Any]:
+        return self.record.get("setting") or {}
+
+    @property
+    def pool(self) -> Optional[str]:
+        return (self.setting.get("pool") or {}).get("suite_name")
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.citation
+        return {
+            "record_id": self.record.get("record_id"), "method": self.method, "task": self.task,
+            "published_method": self.record["method"].get("published_name"), "metric": self.metric,
+            "endpoint": self.endpoint, "value": self.value, "sd": self.sd, "n_seeds": self.n_seeds,
+            "citation_key": c.get("key"), "arxiv_or_doi": c.get("arxiv_or_doi"), "locator": c.get("locator"),
+            "setting_match": c.get("setting_match"), "deviations": c.get("deviations", []), "setting": self.setting,
+        }
+
+
+@dataclass
+class Match:
+    """A published figure beside a group: the reproduced figure it compares to and the delta."""
+
+    published: Published
+    setting_match: str  # the record's own, downgraded to approximate where the group differs
+    differences: list[str]
+    reproduced: Stat
+
+    @property
+    def delta(self) -> Optional[float]:
+        if self.reproduced.mean is None or self.published.value is None:
+            return None
+        return round(self.reproduced.mean - self.published.value, 4)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.published.as_dict() | {
+            "setting_match": self.setting_match, "differences": self.differences,
+            "reproduced": self.reproduced.as_dict(), "delta": self.delta,
+        }
+
+
+@dataclass
 class Group:
     """The reproduced records of one setting, described for the leaderboard."""
 
@@ -61,7 +138,7 @@ class Group:
     n_diverged: int = 0
     n_duplicates: int = 0
     split_by_partition: bool = False
-    published: list["Match"] = field(default_factory=list)
+    published: list[Match] = field(default_factory=list)
 
     @property
     def seeds(self) -> list[Any]:
