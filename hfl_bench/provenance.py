@@ -23,24 +23,22 @@ from typing import Any
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the checkout, for an editable install
 
 
+UNKNOWN_CHECKOUT = {"git_sha": None, "git_dirty": None}
+
+
+def _git(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10)
+
+
 def git_info(root: Path = PACKAGE_ROOT) -> dict[str, Any]:
     """``{"git_sha", "git_dirty"}`` of the checkout the package runs from; None for both outside one."""
-    unknown = {"git_sha": None, "git_dirty": None}
-
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
-
     try:
-        top = git("rev-parse", "--show-toplevel")
-        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != root.resolve():
-            return unknown
-        sha = git("rev-parse", "HEAD")
-        if sha.returncode != 0:
-            return unknown
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-        return {"git_sha": sha.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
+        top = _git(root, "rev-parse", "--show-toplevel")
     except (OSError, subprocess.SubprocessError):
-        return unknown
+        return dict(UNKNOWN_CHECKOUT)
+    if top.returncode != 0 or Path(top.stdout.strip()).resolve() != root.resolve():
+        return dict(UNKNOWN_CHECKOUT)
+    return checkout_info(root)
 
 
 def environment(device) -> dict[str, Any]:
@@ -124,19 +122,14 @@ def checkout_info(folder: Path) -> dict[str, Any]:
     """``{"git_sha", "git_dirty"}`` of the git checkout that holds ``folder`` (an editable install's
     source; it may be a subfolder of the checkout): HEAD, and whether tracked files under
     ``folder`` have uncommitted changes. None for both outside a checkout."""
-    unknown = {"git_sha": None, "git_dirty": None}
-
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10)
-
     try:
-        sha = git("rev-parse", "HEAD")
+        sha = _git(folder, "rev-parse", "HEAD")
         if sha.returncode != 0:
-            return unknown
-        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".")
-        return {"git_sha": sha.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
+            return dict(UNKNOWN_CHECKOUT)
+        dirty = _git(folder, "status", "--porcelain", "--untracked-files=no", "--", ".")
     except (OSError, subprocess.SubprocessError):
-        return unknown
+        return dict(UNKNOWN_CHECKOUT)
+    return {"git_sha": sha.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
 
 
 def plugins_used(used) -> list[dict[str, Any]]:
