@@ -49,13 +49,14 @@ class RunConfig:
     clients: int | None = param(None, "Number of clients N; default: the task's.")
     clients_per_round: int | None = param(None, "Active clients per round (seeded draw); default: all.")
     rounds: int | None = param(None, "Communication rounds R; default: the task's.")
-    local_epochs: int = param(1, "Local epochs per round.")
-    batch_size: int = param(64, "Local batch size.")
-    lr: float = param(0.01, "SGD learning rate.")
-    momentum: float = param(0.9, "SGD momentum.")
-    weight_decay: float = param(5e-4, "SGD weight decay.")
+    local_epochs: int | None = param(None, "Local epochs per round; default: the task's, else 1.")
+    batch_size: int | None = param(None, "Local batch size; default: the task's, else 64.")
+    lr: float | None = param(None, "SGD learning rate; default: the task's, else 0.01.")
+    momentum: float | None = param(None, "SGD momentum; default: the task's, else 0.9.")
+    weight_decay: float | None = param(None, "SGD weight decay; default: the task's, else 5e-4.")
     grad_clip: float = param(10.0, "Gradient clipping (global norm); 0 disables.")
-    heldout_fraction: float = param(0.2, "Fraction of each client shard held out, split evenly into val and test.")
+    heldout_fraction: float | None = param(None, "Fraction of each client shard held out, split evenly into val and "
+                                           "test; default: the task's, else 0.2.")
     public_size: int = param(0, "Samples held out of the training set (stratified, before partitioning) as a public "
                              "transfer set for the methods that use one; 0 = none. CRAD setup: 500.")
     seed: int | None = param(None, "Run seed (python, numpy, torch, partition); default: the task's, else 0.")
@@ -110,9 +111,18 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# What an unset setting becomes when the task does not set it either. Tasks may set any of these
+# (``TaskInfo.defaults``): the optimizer and the held-out fraction are part of a task's protocol.
+FALLBACK_DEFAULTS: dict[str, Any] = {
+    "pool": "cpu", "partition": "dirichlet", "alpha": 0.3, "clients": 10, "rounds": 100, "seed": 0,
+    "local_epochs": 1, "batch_size": 64, "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4,
+    "heldout_fraction": 0.2,
+}
+
+
 def resolve(cfg: RunConfig, task_defaults: dict[str, Any]) -> RunConfig:
     """Fill the unset (None) fields from the task's protocol defaults, then from global ones."""
-    fallback = {"pool": "cpu", "partition": "dirichlet", "alpha": 0.3, "clients": 10, "rounds": 100, "seed": 0}
+    fallback = dict(FALLBACK_DEFAULTS)
     values = dataclasses.asdict(cfg)
     for name, value in values.items():
         if value is None and name in fallback:
@@ -133,15 +143,15 @@ def validate(cfg: RunConfig) -> None:
         (cfg.clients is None or cfg.clients >= 1, f"--clients must be >= 1, got {cfg.clients}"),
         (cfg.rounds is None or cfg.rounds >= 1, f"--rounds must be >= 1, got {cfg.rounds}"),
         (cfg.classes_per_client >= 1, f"--k (classes per client) must be >= 1, got {cfg.classes_per_client}"),
-        (cfg.local_epochs >= 1, f"--local-epochs must be >= 1, got {cfg.local_epochs}"),
+        (cfg.local_epochs is None or cfg.local_epochs >= 1, f"--local-epochs must be >= 1, got {cfg.local_epochs}"),
         (cfg.eval_every >= 1, f"--eval-every must be >= 1, got {cfg.eval_every}"),
         (cfg.checkpoint_every >= 0, f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
-        (cfg.batch_size >= 2, f"--batch-size must be >= 2, got {cfg.batch_size}"),
-        (cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}"),
-        (0 <= cfg.momentum < 1, f"momentum must be in [0, 1), got {cfg.momentum}"),
-        (cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}"),
+        (cfg.batch_size is None or cfg.batch_size >= 2, f"--batch-size must be >= 2, got {cfg.batch_size}"),
+        (cfg.lr is None or cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}"),
+        (cfg.momentum is None or 0 <= cfg.momentum < 1, f"momentum must be in [0, 1), got {cfg.momentum}"),
+        (cfg.weight_decay is None or cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}"),
         (cfg.grad_clip >= 0, f"grad_clip must be >= 0 (0 disables clipping), got {cfg.grad_clip}"),
-        (0 <= cfg.heldout_fraction < 1, f"heldout_fraction must be in [0, 1), got {cfg.heldout_fraction}"),
+        (cfg.heldout_fraction is None or 0 <= cfg.heldout_fraction < 1, f"heldout_fraction must be in [0, 1), got {cfg.heldout_fraction}"),
         (cfg.public_size >= 0, f"--public-size must be >= 0, got {cfg.public_size}"),
         (seed_ok, f"--seed must be in [0, 2^63), got {cfg.seed}"),
         (cfg.exec in ("auto", "reference", "fast"), f"--exec must be auto, reference or fast, got {cfg.exec!r}"),

@@ -19,7 +19,7 @@ def partition(
     k: int = typer.Option(2, "--k", help="Classes per client for --partition classes."),
     clients: Optional[int] = typer.Option(None, help="Number of clients; default: the task's."),
     seed: Optional[int] = typer.Option(None, help="Partition seed; default: the task's."),
-    heldout_fraction: float = typer.Option(0.2, help="Held-out fraction of each shard (val + test)."),
+    heldout_fraction: Optional[float] = typer.Option(None, help="Held-out fraction of each shard (val + test); default: the task's."),
     public_size: int = typer.Option(0, help="Public transfer set held out before partitioning (0 = none)."),
     data_dir: Optional[Path] = typer.Option(None, help="Dataset folder."),
     download: bool = typer.Option(False, "--download", help="Download the dataset if it is missing."),

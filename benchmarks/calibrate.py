@@ -1,0 +1,214 @@
+"""Calibration study: how much work a client does per round, chosen on `local` alone.
+
+Why: with the first wave's defaults (batch 64, lr 0.01, one local epoch) a digits client holds
+about 115 training samples and takes two SGD steps a round; the CRAD paper's clients (CIFAR-10,
+N = 10) take 60-80. This study varies batch size, learning rate and local epochs on each CPU task,
+runs **only the `local` method** (no communication, the floor every method must beat) and picks
+each task's defaults by a rule that never looks at another method:
+
+1. Held-out fraction (fixed before any run, from the data sizes alone): the smallest of 0.2, 0.3,
+   0.4 that gives every client a validation half of at least ``MIN_VAL`` samples on average
+   (validation and test halves are equal).
+2. Steps per client per round (median client, from the real partition): between ``MIN_STEPS``
+   and ``MAX_STEPS`` - "tens, not two", the order of the paper's 60-80.
+3. Converged within the budget: the trailing ``SMOOTH``-round mean of `local`'s mean validation
+   accuracy comes within ``TOLERANCE`` points of its maximum by half the study's rounds.
+4. Among the configurations that pass 2 and 3: the highest final validation accuracy (mean of the
+   last 10 rounds); configurations within ``TIE`` points of the best count as tied and the one
+   with the fewest steps per round (the cheapest) is chosen.
+5. The task's round budget: 1.5 x the chosen configuration's convergence round, rounded up to a
+   multiple of 10 (at least 30).
+
+Run it (resumable: a configuration whose record exists is not run again):
+
+    OMP_NUM_THREADS=1 python benchmarks/calibrate.py run --jobs 2      # the runs (about an hour on 2 cores)
+    python benchmarks/calibrate.py report                               # the summary and the choice
+
+Records go to ``benchmarks/results/calibration/<task>/``; the summary (every configuration's
+steps, seconds, curve and verdict, and the choice) to ``benchmarks/results/calibration.json``.
+Global test accuracy is in the summary for the reader and is never read by the rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "results" / "calibration"
+SUMMARY = ROOT / "benchmarks" / "results" / "calibration.json"
+
+TASKS = ("digits", "mnist1d")
+STUDY_ROUNDS = 100
+SEED = 0
+BASELINE = (64, 0.01, 1)  # the first wave's defaults: batch, lr, local epochs
+GRID = [BASELINE] + [(b, lr, e) for b in (16, 32) for lr in (0.01, 0.05) for e in (1, 2, 5)]
+HELDOUT_CHOICES = (0.2, 0.3, 0.4)
+MIN_VAL = 20
+MIN_STEPS, MAX_STEPS = 20, 100
+SMOOTH, TOLERANCE, TIE = 5, 1.0, 0.5
+
+
+def heldout_for(task: str) -> float:
+    """Rule 1: the smallest held-out fraction giving >= MIN_VAL validation samples per client."""
+    from hfl_bench import engine
+    from hfl_bench.config import RunConfig
+
+    t, cfg = engine.load_task(RunConfig(method="local", task=task))
+    n_train = len(t.load(cfg.data_dir).train_y)
+    for fraction in HELDOUT_CHOICES:
+        if n_train / cfg.clients * fraction / 2 >= MIN_VAL:
+            return fraction
+    return HELDOUT_CHOICES[-1]
+
+
+def study_config(task: str, batch: int, lr: float, epochs: int, heldout: float):
+    from hfl_bench import engine
+    from hfl_bench.config import RunConfig
+
+    cfg = RunConfig(method="local", task=task, batch_size=batch, lr=lr, local_epochs=epochs, heldout_fraction=heldout,
+                    rounds=STUDY_ROUNDS, seed=SEED, out=str(OUT / task), checkpoint_every=0)
+    return engine.load_task(cfg)[1]
+
+
+def steps_per_round(cfg) -> list[int]:
+    """SGD steps each client takes in one round (its training shard, the batch rule, the epochs)."""
+    from hfl_bench import engine
+    from hfl_bench.data import get_task
+    from hfl_bench.training import batch_bounds
+
+    task = get_task(cfg.task)
+    part = engine.partition_for(cfg, task.info, task.load(cfg.data_dir))
+    return [len(batch_bounds(len(c.train), cfg.batch_size)) * cfg.local_epochs for c in part.clients]
+
+
+def command(cfg) -> list[str]:
+    return [str(Path(sys.executable).with_name("hfl-bench")), "run", "--method", "local", "--task", cfg.task,
+            "--batch-size", str(cfg.batch_size), "--lr", str(cfg.lr), "--local-epochs", str(cfg.local_epochs),
+            "--heldout-fraction", str(cfg.heldout_fraction), "--rounds", str(cfg.rounds), "--seed", str(cfg.seed),
+            "--out", cfg.out, "--checkpoint-every", "0", "--threads", "1", "--quiet", "--json"]
+
+
+def run_all(jobs: int) -> None:
+    from hfl_bench.paths import record_path
+
+    todo = []
+    for task in TASKS:
+        heldout = heldout_for(task)
+        for batch, lr, epochs in GRID:
+            cfg = study_config(task, batch, lr, epochs, heldout)
+            if not record_path(cfg).exists():
+                todo.append(cfg)
+    print(f"{len(todo)} runs to do", flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def one(cfg) -> None:
+        done = subprocess.run(command(cfg), capture_output=True, text=True, env=env, cwd=ROOT)
+        tail = (done.stdout.strip() or done.stderr.strip()).splitlines()[-1:] or [""]
+        print(f"{cfg.task} b{cfg.batch_size} lr{cfg.lr} e{cfg.local_epochs}: rc {done.returncode} {tail[0][:200]}",
+              flush=True)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, todo))
+
+
+def smoothed(values: list[float], window: int = SMOOTH) -> list[float]:
+    return [statistics.fmean(values[max(0, i - window + 1): i + 1]) for i in range(len(values))]
+
+
+def convergence_round(rounds: list[int], val: list[float]) -> int:
+    """The first round whose trailing mean is within TOLERANCE points of the curve's best."""
+    curve = smoothed(val)
+    best = max(curve)
+    return next(r for r, v in zip(rounds, curve) if v >= best - TOLERANCE)
+
+
+def summarize(task: str, heldout: float, batch: int, lr: float, epochs: int) -> dict | None:
+    from hfl_bench.paths import record_path
+
+    cfg = study_config(task, batch, lr, epochs, heldout)
+    path = record_path(cfg)
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    history = [h for h in record["history"] if h["round"] >= 1]
+    rounds = [h["round"] for h in history]
+    val = [h["mean_val_acc"] for h in history]
+    glob = [h["global_acc"] for h in history if h.get("global_acc") is not None]
+    steps = steps_per_round(cfg)
+    conv = convergence_round(rounds, val)
+    median_steps = statistics.median(steps)
+    return {
+        "batch_size": batch, "lr": lr, "local_epochs": epochs, "heldout_fraction": heldout,
+        "steps_per_round": {"median": median_steps, "min": min(steps), "max": max(steps)},
+        "seconds": round(record["cost"]["wall_time_total_s"], 1),
+        "convergence_round": conv,
+        "final_val_acc": round(statistics.fmean(val[-10:]), 2),
+        "best_val_acc": round(max(val), 2),
+        "final_global_acc": round(statistics.fmean(glob[-10:]), 2) if glob else None,  # reported, never read
+        "val_curve": [round(v, 2) for v in val],
+        "passes": {"steps": MIN_STEPS <= median_steps <= MAX_STEPS, "converged": conv <= STUDY_ROUNDS // 2},
+        "record": str(path.relative_to(ROOT)),
+    }
+
+
+def choose(rows: list[dict]) -> dict | None:
+    """Rules 2-4 over one task's rows."""
+    ok = [r for r in rows if all(r["passes"].values())]
+    if not ok:
+        return None
+    best = max(r["final_val_acc"] for r in ok)
+    tied = [r for r in ok if r["final_val_acc"] >= best - TIE]
+    return min(tied, key=lambda r: (r["steps_per_round"]["median"], -r["final_val_acc"]))
+
+
+def report() -> dict:
+    summary: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                     "rule": {"study_rounds": STUDY_ROUNDS, "seed": SEED, "min_val": MIN_VAL, "min_steps": MIN_STEPS,
+                              "max_steps": MAX_STEPS, "smooth": SMOOTH, "tolerance": TOLERANCE, "tie": TIE},
+                     "tasks": {}}
+    for task in TASKS:
+        heldout = heldout_for(task)
+        rows = [r for r in (summarize(task, heldout, *g) for g in GRID) if r is not None]
+        chosen = choose(rows)
+        budget = None
+        if chosen is not None:
+            budget = max(30, int(math.ceil(1.5 * chosen["convergence_round"] / 10.0)) * 10)
+        summary["tasks"][task] = {"heldout_fraction": heldout, "configs": rows, "complete": len(rows) == len(GRID),
+                                  "chosen": None if chosen is None else {
+                                      k: chosen[k] for k in ("batch_size", "lr", "local_epochs", "heldout_fraction")},
+                                  "rounds": budget}
+        print(f"\n{task} (held-out fraction {heldout}; {len(rows)}/{len(GRID)} configurations run)")
+        print("| batch | lr | epochs | steps/round (median) | seconds | converged by | final val | final global |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            mark = " *" if chosen is r else ""
+            print(f"| {r['batch_size']} | {r['lr']} | {r['local_epochs']} | {r['steps_per_round']['median']:g} | "
+                  f"{r['seconds']} | {r['convergence_round']} | {r['final_val_acc']}{mark} | {r['final_global_acc']} |")
+        print(f"chosen: {summary['tasks'][task]['chosen']}, rounds {budget}")
+    SUMMARY.write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("run").add_argument("--jobs", type=int, default=1)
+    sub.add_parser("report")
+    args = parser.parse_args()
+    if args.cmd == "run":
+        run_all(args.jobs)
+    report()
+
+
+if __name__ == "__main__":
+    main()
