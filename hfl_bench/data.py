@@ -59,7 +59,9 @@ class TaskInfo:
 
     name: str
     version: str
-    num_classes: int
+    # None and () only in the registered info of a task that learns them from its folder when it
+    # loads (imagefolder); the info of a loaded task (``task.info`` after ``task.load``) has them.
+    num_classes: int | None
     input_shape: tuple[int, ...]  # (channels, height, width)
     source: str
     citation: str
@@ -225,27 +227,31 @@ def file_sha256(path: Path) -> str:
 def files_fingerprint(info: TaskInfo, files: list[Path]) -> str:
     """Fingerprint of a task that reads ``files``: relative path, size and content hash of each,
     the content hashes cached in the files' data folder (module docstring)."""
-    folder = Path(os.path.commonpath([str(Path(p).parent) for p in files]))
-    cache_path = folder / FINGERPRINT_CACHE
+    # Plain strings, not pathlib: an image folder lists tens of thousands of files, and pathlib's
+    # per-file parsing would cost seconds where the stat calls cost a fraction of one.
+    paths = [os.fspath(p if isinstance(p, Path) else Path(p)) for p in files]  # normalized, as pathlib writes them
+    folder = os.path.commonpath(list({os.path.dirname(p) or os.curdir for p in paths}))
+    prefix = folder.rstrip(os.sep) + os.sep
+    cache_path = Path(folder) / FINGERPRINT_CACHE
     cache = _read_cache(cache_path)
     parts: list[Any] = [info.name, info.version]
     changed = False
-    for path in files:
-        path = Path(path)
-        rel = path.relative_to(folder).as_posix()
+    for path in paths:
+        rel = (path[len(prefix):].replace(os.sep, "/") if path.startswith(prefix)
+               else Path(path).relative_to(folder).as_posix())  # e.g. "./x": the same as pathlib would say
         try:
-            st = path.stat()
+            st = os.stat(path)
         except FileNotFoundError:
-            raise missing_dataset(info.name, path) from None
+            raise missing_dataset(info.name, Path(path)) from None
         except OSError as e:
-            raise unreadable_dataset(info.name, path, e, download=False) from None
+            raise unreadable_dataset(info.name, Path(path), e, download=False) from None
         entry = cache.get(rel)
         if not (isinstance(entry, dict) and entry.get("size") == st.st_size
                 and entry.get("mtime_ns") == st.st_mtime_ns and isinstance(entry.get("sha256"), str)):
             try:
                 entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(path)}
             except OSError as e:
-                raise unreadable_dataset(info.name, path, e, download=False) from None
+                raise unreadable_dataset(info.name, Path(path), e, download=False) from None
             if time.time_ns() - st.st_mtime_ns >= RACY_NS:
                 cache[rel], changed = entry, True
         parts.append([rel, st.st_size, entry["sha256"]])

@@ -33,6 +33,7 @@ Family code shared by several methods lives in ``hfl_bench.families``.
 from __future__ import annotations
 
 import abc
+import re
 import dataclasses
 import inspect
 from contextlib import contextmanager
@@ -91,6 +92,10 @@ class Method(abc.ABC):
 
     name: ClassVar[str] = ""  # set by register_method
     fidelity: ClassVar[str] = "paper"  # "paper", "reconstructed" or "original"
+    # The version of the method's numerics, in every record: bump it whenever what the method
+    # computes changes (tests/test_method_pins.py refuses a changed pin under an unchanged version).
+    # Records of different versions never share a leaderboard group.
+    version: ClassVar[str] = ""
     citation: ClassVar[str] = ""
     topology: ClassVar[str] = "p2p"  # "p2p", "server" or "none"
     # Choices made where the source is silent; copied into every record.
@@ -164,6 +169,9 @@ def seeded_init(fed: Federation, *seed_parts) -> Iterator[None]:
         yield
 
 
+VERSION_PATTERN = re.compile(r"[0-9]+(\.[0-9]+){0,3}")
+
+
 def check_method_class(name: str, cls: Any) -> None:
     """A registered method must be a concrete ``Method`` subclass with valid metadata."""
     if not (inspect.isclass(cls) and issubclass(cls, Method)):
@@ -173,6 +181,9 @@ def check_method_class(name: str, cls: Any) -> None:
         raise RegistryError(f"method {name!r} ({cls.__qualname__}) does not implement {missing}")
     if cls.fidelity not in FIDELITIES:
         raise RegistryError(f"method {name!r}: fidelity must be one of {', '.join(FIDELITIES)}, got {cls.fidelity!r}")
+    if not (isinstance(cls.version, str) and VERSION_PATTERN.fullmatch(cls.version)):
+        raise RegistryError(f"method {name!r}: version must be a string like \"1.0\" (digits and dots), "
+                            f"got {cls.version!r}; set it on the class and bump it when its numerics change")
     if cls.topology not in TOPOLOGIES:
         raise RegistryError(f"method {name!r}: topology must be one of {', '.join(TOPOLOGIES)}, got {cls.topology!r}")
     if not dataclasses.is_dataclass(cls.Params):

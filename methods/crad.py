@@ -102,6 +102,7 @@ class UniformKD(PeerKD):
     """Peer KD with the uniform mean of the peer teachers (CRAD paper's Uniform KD)."""
 
     fidelity = "paper"
+    version = "1.0"
     Params = UniformParams
     notes = COMMON_NOTES
 
@@ -111,6 +112,7 @@ class UncertaintyKD(PeerKD):
     """Peer KD with per-sample softmax(-entropy) teacher weights (reconstructed form)."""
 
     fidelity = "reconstructed"
+    version = "1.0"
     Params = UncertaintyParams
     notes = COMMON_NOTES + ("teacher weight w_j(x) = softmax_j(-H(q_j(x))), entropy at T (paper ambiguous)",)
 
@@ -120,6 +122,7 @@ class CRAD(PeerKD):
     """CRAD: class-wise support and agreement filters, then Agresti-Coull precision weights."""
 
     fidelity = "paper"
+    version = "1.0"
     Params = CRADParams
     notes = COMMON_NOTES + (
         "support filter threshold n >= 2 validation samples (paper: a hyperparameter)",

@@ -136,6 +136,7 @@ class DFML(Method):
     """Decentralized mutual learning at a random aggregator, WSM supervision, cyclic alpha, peak models."""
 
     fidelity = "reconstructed"
+    version = "1.0"
     citation = "Khalil et al., DFML: Decentralized Federated Mutual Learning, arXiv 2402.01863, 2024"
     topology = "p2p"
     Params = DFMLParams

@@ -15,6 +15,7 @@ class FedAvg(Method):
     """Server averages the active clients' weights (by training size) and broadcasts to all."""
 
     fidelity = "paper"
+    version = "1.0"
     topology = "server"
     citation = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, 2017"
 

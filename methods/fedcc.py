@@ -302,6 +302,7 @@ class FedCC(Method):
     """C + 1 outputs, calibrated pseudo-labels on the unlabeled public set, confidence-weighted server."""
 
     fidelity = "paper"
+    version = "1.0"
     topology = "server"
     citation = ("Ye, Ayan, An, Carle, FedCC: Towards Addressing Label Distribution Skews in Distillation-Based "
                 "Federated Learning, arXiv 2608.23031")

@@ -273,6 +273,7 @@ class FedGD(Method):
     """A coordinator's generator synthesizes a transfer set from the snapshots; then the FedMD exchange."""
 
     fidelity = "reconstructed"
+    version = "1.0"
     topology = "server"
     citation = ("FedMD (Li & Wang, arXiv 1910.03581) on a synthetic transfer set generated as in TARGET "
                 "(Zhang et al., ICCV 2023, arXiv 2303.06937)")

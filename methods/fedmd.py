@@ -82,6 +82,7 @@ class FedMD(Method):
     """Transfer learning on the public set, then per round: consensus logits, digest, revisit."""
 
     fidelity = "paper"
+    version = "1.0"
     topology = "p2p"
     citation = "Li & Wang, FedMD: Heterogenous Federated Learning via Model Distillation, arXiv 1910.03581, 2019"
     needs_public = True

@@ -91,6 +91,7 @@ class FedMKD(Method):
     """Peer KD from the peers' round r-1 snapshots plus KD from the client's own round r-1 model."""
 
     fidelity = "reconstructed"
+    version = "1.0"
     topology = "p2p"
     citation = ("Lin, Tan, Liu, FedMKD: Personalized federated learning with memory knowledge distillation, "
                 "IEEE ICC 2025 (decentralized adaptation of the CRAD paper, arXiv 2609.00446)")

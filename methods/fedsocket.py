@@ -421,6 +421,7 @@ class FedSocket(Method):
     """Shared predictor Q on fixed features, Private <-> Q teaching, ownership-aware server averaging."""
 
     fidelity = "reconstructed"
+    version = "1.0"
     topology = "server"
     citation = ("Zhao, FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous Multimodal "
                 "Federated Learning, arXiv 2609.37582")
@@ -489,10 +490,10 @@ class FedSocket(Method):
         with seeded_init(fed, "fedsocket-q"):
             q0 = SharedPredictor(p.feature_dim, p.hidden_dim, p.rank, fed.num_classes)
         self.phi = {k: v.detach().clone() for k, v in q0.to(fed.device).state_dict().items()}
-        self.version = 0
+        self.predictor_version = 0
         # Each client's last received Q: a frozen teacher and predictor (copies train, not these).
         self.held = [copy.deepcopy(q0).to(fed.device).requires_grad_(False) for _ in fed.clients]
-        self.held_version = [-1] * fed.n_clients
+        self.held_predictor_version = [-1] * fed.n_clients
         self.download(fed, list(range(fed.n_clients)))
         self.omega_fus = [joint_weights(c.train_counts, p.fusion_rho).to(fed.device) for c in fed.clients]
         for c in fed.clients:  # the spec's private lr on the client's own SGD
@@ -515,11 +516,11 @@ class FedSocket(Method):
         payload = fed.channel.send(SERVER, clients, self.phi)
         for k in clients:
             self.held[k].load_state_dict(payload)
-            self.held_version[k] = self.version
+            self.held_predictor_version[k] = self.predictor_version
 
     def run_round(self, fed, rnd, active):
         p = self.params
-        self.download(fed, [k for k in active if self.held_version[k] != self.version])  # catch-up
+        self.download(fed, [k for k in active if self.held_predictor_version[k] != self.predictor_version])  # catch-up
         uploads, private_losses, q_losses = [], [], []
         for k in active:
             with fed.timer(Phase.TRAINING):
@@ -534,7 +535,7 @@ class FedSocket(Method):
         with fed.timer(Phase.AGGREGATION):
             self.phi = aggregate_q(self.phi, [u["q"] for u in uploads], [u["n"] for u in uploads],
                                    np.stack([u["class_counts"].numpy() for u in uploads]), keep=p.server_keep)
-            self.version += 1
+            self.predictor_version += 1
         self.download(fed, list(active))
         self.calibrate(fed, active)
         return {"private_loss": float(np.mean(private_losses)), "q_loss": float(np.mean(q_losses)),

@@ -119,6 +119,7 @@ class FML(Method):
     """Private model plus a shared-architecture meme per client (mutual KL); a server averages memes."""
 
     fidelity = "paper"
+    version = "1.0"
     topology = "server"
     citation = "Shen et al., Federated Mutual Learning, arXiv 2006.16765, 2020"
     notes = (

@@ -13,6 +13,7 @@ class Local(Method):
     """No communication: cross-entropy on each client's own data (the floor)."""
 
     fidelity = "paper"
+    version = "1.0"
     topology = "none"
     citation = "Reference point; no paper."
 

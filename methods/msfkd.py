@@ -89,6 +89,7 @@ class MSFKD(Method):
     """Public-set prediction exchange with per-sample confident-teacher selection, then local CE."""
 
     fidelity = "reconstructed"
+    version = "1.0"
     topology = "p2p"
     citation = ("Wang, Zhang, Tao, Chen, knowledge selection for federated distillation on a public set, "
                 "IEEE JSTSP 17(1), 2023 (MSFKD)")

@@ -282,7 +282,7 @@ def test_every_format_parses(real_record, tmp_path):
     assert {r["row_type"] for r in rows} == {"reproduced", "published"}
     code, out = show(*args, "--format", "markdown")
     table = out.split("\n\n")[0].splitlines()  # the groups table; the unmatched figures follow it
-    assert code == 0 and table[0].startswith("| method | task |") and set(table[1]) <= set("|-")
+    assert code == 0 and table[0].startswith("| method | version | task |") and set(table[1]) <= set("|-")
     assert "| 62.00 ± 2.83 |" in out and "fan2026crad" in out
     assert len({len(re.split(r"(?<!\\)\|", line)) for line in table}) == 1  # same cell count on every row
     code, out = show(*args, "--format", "table")

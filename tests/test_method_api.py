@@ -148,3 +148,17 @@ def test_timer_accepts_named_phases_only(tiny_cfg):
     with pytest.raises(TypeError, match="Phase"):
         with fed.timer("trainign"):
             pass
+
+
+@pytest.mark.parametrize("version", ["", None, 1.0, "v1", "1.0 beta"])
+def test_register_method_refuses_a_method_without_a_version(version):
+    with pytest.raises(RegistryError, match="version must be a string"):
+        @register_method("no-version")
+        class NoVersion(Method):  # noqa: F841
+            def run_round(self, fed, rnd, active):
+                return {}
+
+        NoVersion.version = version  # unreachable when the decorator refuses the class
+    with pytest.raises(RegistryError, match="version must be a string"):
+        attrs = {"run_round": lambda self, fed, rnd, active: {}, "version": version}
+        register_method("bad-version")(type("BadVersion", (Method,), attrs))

@@ -1,8 +1,10 @@
 """Every built-in method's results at a fixed seed and a small budget, pinned.
 
-A refactor must leave these bit for bit; a change to a method's numerics changes them, and the pin
-file is then regenerated in the same commit (``HFL_BENCH_UPDATE_PINS=1 pytest
-tests/test_method_pins.py``) with the reason in the commit message. The file lists built-in
+A refactor must leave these bit for bit; a change to a method's numerics changes them, and then
+the method's ``version`` is bumped and the pin file regenerated in the same commit
+(``HFL_BENCH_UPDATE_PINS=1 pytest tests/test_method_pins.py``), with the reason in the commit
+message. Each pin holds the method version it was made under: a changed result under the pinned
+version fails, and regenerating refuses it too, until the version is bumped. The file lists built-in
 methods by name, so an installed plugin method is neither required nor pinned.
 """
 
@@ -48,10 +50,13 @@ CASES = [(m, m, {}) for m in BUILTIN] + [
 def pinned_view(record: dict) -> dict:
     """What a run computes, without timing, dates or provenance."""
     history = [{k: v for k, v in entry.items() if k not in ("seconds", "phases")} for entry in record["history"]]
+    # metrics.final is a mean over the pinned history: pinning it again would add nothing
+    metrics = {k: v for k, v in (record["metrics"] or {}).items() if k != "final"} if record["metrics"] else None
     return {
+        "method_version": record["method"]["version"],
         "status": record["status"],
         "selection": record["selection"],
-        "metrics": record["metrics"],
+        "metrics": metrics,
         "history": history,
         "bytes_total": record["cost"]["bytes_total"],
         "partition_hash": record["partition"]["hash"],
@@ -71,13 +76,40 @@ def pins():
     return json.loads(PIN_FILE.read_text()) if PIN_FILE.exists() else {}
 
 
+def pin_problem(method: str, pinned: dict | None, got: dict) -> str | None:
+    """Why ``got`` may not stand against ``pinned`` (None: it may). Results that differ from the pin
+    under the same method version are a numerics change nobody versioned."""
+    if pinned is None or pinned == got:
+        return None
+    version = got["method_version"]
+    if pinned.get("method_version") == version:
+        return (f"{method}'s results changed but its version is still {version!r}: bump `version` on the "
+                f"method's class, then regenerate the pins (HFL_BENCH_UPDATE_PINS=1) in the same commit")
+    return (f"{method} is now version {version!r} (pinned under {pinned.get('method_version')!r}): "
+            f"regenerate the pins (HFL_BENCH_UPDATE_PINS=1) in the same commit")
+
+
+def test_pin_problem_forces_a_version_bump():
+    pinned = {"method_version": "1.0", "metrics": {"global_acc": 50.0}}
+    assert pin_problem("m", None, pinned) is None
+    assert pin_problem("m", pinned, dict(pinned)) is None
+    changed = {"method_version": "1.0", "metrics": {"global_acc": 51.0}}
+    assert "bump `version`" in pin_problem("m", pinned, changed)
+    bumped = {"method_version": "1.1", "metrics": {"global_acc": 51.0}}
+    assert "regenerate" in pin_problem("m", pinned, bumped) and "bump" not in pin_problem("m", pinned, bumped)
+
+
 @pytest.mark.parametrize("case,method,extra", CASES, ids=[c[0] for c in CASES])
 def test_method_matches_its_pin(case, method, extra, pins, tmp_path):
     got = json.loads(json.dumps(run_case(method, extra, tmp_path)))  # as stored: tuples become lists
     if UPDATE:
         stored = json.loads(PIN_FILE.read_text()) if PIN_FILE.exists() else {}
+        problem = pin_problem(method, stored.get(case), got)
+        if problem and "bump" in problem:
+            pytest.fail(problem)  # regenerating never hides a numerics change under an old version
         stored[case] = got
         PIN_FILE.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n")
         return
     assert case in pins, f"no pin for {case}: run with HFL_BENCH_UPDATE_PINS=1 and commit tests/pins/methods.json"
-    assert got == pins[case]
+    problem = pin_problem(method, pins[case], got)
+    assert problem is None, problem

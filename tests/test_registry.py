@@ -157,6 +157,7 @@ class DemoLocal(Method):
     """Demo plugin: cross-entropy on each client's own data."""
 
     fidelity = "reconstructed"
+    version = "1.0"
     topology = "none"
     citation = "demo"
 
@@ -176,6 +177,7 @@ class ObjMethod(Method):
     """Object entry point plugin: local cross-entropy."""
 
     fidelity = "reconstructed"
+    version = "1.0"
     topology = "none"
     citation = "demo"
 

@@ -4,7 +4,9 @@ found through importlib.resources, not through a path into the source checkout."
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import hashlib
 import importlib.resources
 import json
@@ -39,7 +41,7 @@ def record(seed: int, status: str = "ok", date: str = "2026-01-01T00:00:00+00:00
         "source": {"kind": "reproduced", "citation": None},
         "status": status,
         "error": None if status == "ok" else "boom",
-        "method": {"name": "crad", "fidelity": "paper", "hparams": {"lam": 0.7}},
+        "method": {"name": "crad", "fidelity": "paper", "version": "1.0", "hparams": {"lam": 0.7}},
         "task": {"name": "digits", "version": "1", "num_classes": 10, "n_train": 1000, "n_test": 200},
         "arch_pool": {"name": "cpu", "assignment": ["mlp_small"] * 4},
         "partition": {"scheme": "dirichlet", "params": {"alpha": 0.3}, "seed": seed, "hash": f"p{seed}",
@@ -98,8 +100,40 @@ def test_leaderboard_and_plots_group_the_same_records_the_same_way(folder):
     assert board == drawn
     a = config_hash(dataclasses.asdict(RunConfig(method="crad", task="digits", pool="cpu", partition="dirichlet",
                                                  alpha=0.3, clients=4, rounds=2)))
-    assert board[a] == ["a0.json", "a1-second.json", "a2-checkpointed.json"]  # seeds 0, 1 (newest), 2
-    assert [names for gid, names in board.items() if gid != a] == [["b0.json"]]
+    assert board[f"{a}@1.0"] == ["a0.json", "a1-second.json", "a2-checkpointed.json"]  # seeds 0, 1 (newest), 2
+    assert [names for gid, names in board.items() if gid != f"{a}@1.0"] == [["b0.json"]]
+
+
+def test_records_of_two_method_versions_never_share_a_group(folder):
+    """Same config hash, another method version (or none: a record from before versions): its own
+    group, its own leaderboard row, never averaged in; a group over two commits is marked."""
+    a0 = json.loads((folder / "a0.json").read_text())
+    newer = json.loads(json.dumps(a0)) | {"date": "2026-03-01T00:00:00+00:00"}
+    newer["method"]["version"] = "1.1"
+    older = json.loads(json.dumps(a0))
+    del older["method"]["version"]
+    older["schema_version"] = "1.1"
+    (folder / "a0-v1.1.json").write_text(json.dumps(newer))
+    (folder / "a0-unversioned.json").write_text(json.dumps(older))
+    for name, sha in (("a0.json", "aaaa"), ("a2-checkpointed.json", "bbbb")):
+        r = json.loads((folder / name).read_text())
+        r["code"] = {"git_sha": sha, "git_dirty": False}
+        (folder / name).write_text(json.dumps(r))
+    board, drawn = leaderboard_groups(folder), plot_groups(folder)
+    assert board == drawn
+    a = config_hash(dataclasses.asdict(RunConfig(method="crad", task="digits", pool="cpu", partition="dirichlet",
+                                                 alpha=0.3, clients=4, rounds=2)))
+    assert board[f"{a}@1.1"] == ["a0-v1.1.json"] and board[a] == ["a0-unversioned.json"]
+    assert board[f"{a}@1.0"] == ["a0.json", "a1-second.json", "a2-checkpointed.json"]
+    result = CliRunner().invoke(app, ["leaderboard", "show", str(folder), "--format", "csv"])
+    rows = {r["group_id"]: r for r in csv.DictReader(io.StringIO(result.stdout))}
+    assert rows[f"{a}@1.1"]["method_version"] == "1.1" and rows[a]["method_version"] == ""
+    result = CliRunner().invoke(app, ["leaderboard", "show", str(folder), "--format", "markdown"])
+    lines = [line for line in result.stdout.splitlines() if line.startswith("| crad |")]
+    versions = sorted(line.split(" | ")[1] for line in lines)
+    assert versions[0] == "-" and "1.0 (3 commits)" in versions and "1.1" in versions
+    ranked = CliRunner().invoke(app, ["leaderboard", "show", str(folder), "--rank", "--format", "json"])
+    assert ranked.exit_code == 0, ranked.output
 
 
 def test_the_commands_agree_too(folder, tmp_path):

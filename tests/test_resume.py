@@ -332,6 +332,8 @@ def test_generic_walk_round_trips_state_in_place(tmp_path):
 class LazyMethod(Method):
     """Creates a model during a round that setup does not create."""
 
+    version = "1.0"
+
     def setup(self, fed):
         self.extra: dict[int, nn.Module] = {}
 

@@ -168,10 +168,15 @@ def _show_method(info: dict[str, Any], console: Console) -> None:
     print_params(console, info["name"], info["hyperparameters"])
 
 
+FROM_DATA = "set from the data folder when it is loaded"
+
+
 def _show_task(info: dict[str, Any], console: Console) -> None:
-    shape = "x".join(str(s) for s in info.get("input_shape", []))
+    # A task that learns its classes and shape from its folder (imagefolder) registers neither.
+    shape = "x".join(str(s) for s in info.get("input_shape", [])) or FROM_DATA
+    classes = info.get("num_classes")
     _fields(console, [("task", info["name"]), ("description", info.get("description") or "-"),
-                      ("version", info.get("version")), ("classes", info.get("num_classes")),
+                      ("version", info.get("version")), ("classes", FROM_DATA if classes is None else classes),
                       ("input shape", shape), ("source", info.get("source")),
                       ("citation", info.get("citation")), ("license", info.get("license")),
                       ("main score", info.get("main_score")), ("augmentation", info.get("augmentation")),

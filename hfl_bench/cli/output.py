@@ -71,11 +71,11 @@ def cell(x: Any, nd: int = 2) -> Text:
 
 
 def wide_out() -> Console:
-    """stdout for wide tables: piped or captured output gets 160 columns unless COLUMNS says
+    """stdout for wide tables: piped or captured output gets 200 columns unless COLUMNS says
     otherwise (a terminal keeps its own width)."""
     console = Console()
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(width=160)
+        console = Console(width=200)
     return console
 
 

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hfl_bench.cli.output import USER_ERRORS, emit_json, fail, fmt, out, plain
+from hfl_bench.config import ConfigError
 from hfl_bench.registry import REGISTRIES, describe
 from hfl_bench.results.text import terminal
 
@@ -43,7 +44,7 @@ WRAPPED = ("description", "members", "source")
 
 def _shape(v: Any) -> Text:
     """An input shape as one word, ``1x8x8`` (a list would be a cell of one line per number)."""
-    return plain("x".join(map(str, v)) if isinstance(v, list) else fmt(v))
+    return plain(("x".join(map(str, v)) or "-") if isinstance(v, list) else fmt(v))  # []: set by the data
 
 
 def _cell(v: Any) -> Text:
@@ -63,6 +64,9 @@ def _list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
         import torch
 
         info = get_task(task_name).info
+        if info.num_classes is None:  # imagefolder: known once its folder is loaded
+            raise ConfigError(f"task {task_name} takes its classes and input shape from its data folder; "
+                              "size the pools with a task that declares them, e.g. --task cifar10-jpg")
         for name, pool in registry.items():
             with torch.device("meta"):  # counted without allocating or initializing weights
                 members = [f"{m.name} ({m.model}): {n_params(build_model(m, info)):,} params" for m in pool.members]

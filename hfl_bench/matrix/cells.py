@@ -72,7 +72,7 @@ def failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
             "source": {"kind": "reproduced", "citation": None},
             "status": "failed",
             "error": f"{error}\n(and building the failed record raised {type(e).__name__}: {e})",
-            "method": {"name": str(cfg.method), "fidelity": None},
+            "method": {"name": str(cfg.method), "fidelity": None, "version": None},
             "task": {"name": str(cfg.task), "version": None, "num_classes": None},
             "metrics": None,
             "config": json.loads(json.dumps(cfg_dict, default=str)),

@@ -41,6 +41,18 @@ class Loaded:
         return str(self._block("method").get("name"))
 
     @property
+    def method_version(self) -> Optional[str]:
+        """The method's version (schema 1.2); None in an older record ("unversioned")."""
+        version = self._block("method").get("version")
+        return version if isinstance(version, str) else None
+
+    @property
+    def commit(self) -> Optional[str]:
+        """The git commit the run's code was at (None when it ran outside a checkout)."""
+        sha = self._block("code").get("git_sha")
+        return sha if isinstance(sha, str) else None
+
+    @property
     def config_hash(self) -> Optional[str]:
         return self.record.get("config_hash")
 

@@ -1,7 +1,8 @@
 """The rank: methods ranked within each protocol (task, partition, clients, active clients,
 rounds, local epochs) that at least two methods ran, by the mean global accuracy of the method's
 best group there (higher is better); tied means share the average of their ranks. A method's
-score is its mean rank over the protocols it ran in.
+score is its mean rank over the protocols it ran in. Versions of a method are ranked apart
+(``crad@1.1``, ``crad@unversioned``) when the groups hold more than one; never merged.
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ def rank_methods(groups: list[Group]) -> list[dict[str, Any]]:
     """Mean rank of each method over the protocols that two or more methods ran (see module doc)."""
     best: dict[tuple, dict[str, float]] = defaultdict(dict)
     labels: dict[tuple, str] = {}
+    versions: dict[str, set] = defaultdict(set)
+    for g in groups:
+        versions[g.method].add(g.method_version)
     for g in groups:
         mean = g.stat().mean
         if mean is None:
             continue
         key = g.protocol()
         labels[key] = protocol_label(g)
-        best[key][g.method] = max(mean, best[key].get(g.method, float("-inf")))
+        name = g.method if len(versions[g.method]) == 1 else f"{g.method}@{g.method_version or 'unversioned'}"
+        best[key][name] = max(mean, best[key].get(name, float("-inf")))
     ranks: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for key, scores in sorted(best.items(), key=lambda kv: labels[kv[0]]):
         if len(scores) < 2:

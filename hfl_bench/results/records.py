@@ -25,10 +25,13 @@ from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_use
 if TYPE_CHECKING:  # annotation only: reading records needs no torch
     from hfl_bench.federation import RunResult
 
-SCHEMA_VERSION = "1.1"  # what new records are written as
+SCHEMA_VERSION = "1.2"  # what new records are written as
 # Every version a record may carry; each keeps its own schema file, and a record is validated
-# against the schema of its own ``schema_version`` (1.1 added fidelity "original" and ``plugins``).
-SCHEMA_VERSIONS = ("1.0", "1.1")
+# against the schema of its own ``schema_version`` (1.1 added fidelity "original" and ``plugins``;
+# 1.2 the method's ``version`` and the ``final`` figures of the last evaluated rounds).
+SCHEMA_VERSIONS = ("1.0", "1.1", "1.2")
+# The final figures average this many of the last rounds with a global test (round 0 excluded).
+FINAL_ROUNDS = 10
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
 SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
 
@@ -49,6 +52,20 @@ def load_schema(version: str = SCHEMA_VERSION) -> dict[str, Any]:
 
 def _pct(x: float) -> float | None:
     return None if x is None or not np.isfinite(x) else round(float(x), 4)
+
+
+def final_figures(history: list[dict[str, Any]], n: int = FINAL_ROUNDS) -> dict[str, Any] | None:
+    """Global and local accuracy averaged over the last ``n`` rounds that ran the global test
+    (round 0, before training, excluded): the figures at the end of the budget, reported beside
+    the selected round's. None when no round after round 0 was evaluated."""
+    evaluated = [h for h in history if h.get("round", 0) >= 1 and h.get("global_acc") is not None]
+    last = evaluated[-n:]
+    if not last:
+        return None
+    local = [h["local_acc"] for h in last if h.get("local_acc") is not None]
+    return {"rounds": len(last), "first_round": last[0]["round"], "last_round": last[-1]["round"],
+            "global_acc": _pct(float(np.mean([h["global_acc"] for h in last]))),
+            "local_acc": _pct(float(np.mean(local))) if local else None}
 
 
 def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
@@ -75,6 +92,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "per_class_global_acc": [_pct(v) for v in best.global_class_acc.mean(axis=0)],
             "per_arch_global_acc": {a: _pct(float(np.mean(v))) for a, v in per_arch.items()},
             "extra_endpoints": best.endpoints,
+            **({"final": final} if (final := final_figures(result.history)) else {}),
         }
     sent = result.bytes_sent_per_client_round
     rounds_run = len(result.history) - 1
@@ -87,6 +105,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         "method": {
             "name": cfg.method,  # the registry key: right also for an entry point that names a class
             "fidelity": method.fidelity,
+            "version": type(method).version,
             "citation": method.citation,
             "notes": list(method.notes),
             "plugin_dist": plugin_dist(type(method).__module__),
@@ -181,11 +200,11 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
 
     cfg_dict = dataclasses.asdict(cfg)
     chash = config_hash(cfg_dict)
-    method: dict[str, Any] = {"name": cfg.method, "fidelity": None, "hparams": dict(cfg.method_params)}
+    method: dict[str, Any] = {"name": cfg.method, "fidelity": None, "version": None, "hparams": dict(cfg.method_params)}
     task: dict[str, Any] = {"name": cfg.task, "version": None, "num_classes": None}
     try:
         cls = get_method_class(cfg.method)
-        method.update(fidelity=cls.fidelity, citation=cls.citation, notes=list(cls.notes),
+        method.update(fidelity=cls.fidelity, version=cls.version, citation=cls.citation, notes=list(cls.notes),
                       plugin_dist=plugin_dist(cls.__module__))
         method["hparams"] = dataclasses.asdict(coerce_params(cls.Params, cfg.method_params, cfg.method))
     except Exception:  # noqa: BLE001 - unknown method or bad hyperparameters: keep what we have

@@ -122,6 +122,7 @@ class Group:
 
     group_id: str
     method: str
+    method_version: Optional[str]  # None: records written before methods had versions
     task: str
     pool: str
     partition_scheme: str
@@ -153,6 +154,26 @@ class Group:
             return m.get(metric)
         return Stat.of(value(r) for r in self.ok)
 
+    def final_stat(self, metric: str = "global_acc") -> Stat:
+        """The mean over the last evaluated rounds (``metrics.final``, schema 1.2) over the ok seeds;
+        n counts the seeds whose records have it."""
+        return Stat.of(((r.record.get("metrics") or {}).get("final") or {}).get(metric) for r in self.ok)
+
+    @property
+    def commits(self) -> list[str]:
+        """The distinct code commits of the ok seeds ("unknown" for a run outside a checkout)."""
+        return sorted({r.commit or "unknown" for r in self.ok})
+
+    @property
+    def provenance_note(self) -> str:
+        """Empty when every seed ran the same commit with a clean tree; else what differs."""
+        notes = []
+        if len(self.commits) > 1:
+            notes.append(f"{len(self.commits)} commits")
+        if any((r.record.get("code") or {}).get("git_dirty") for r in self.ok):
+            notes.append("uncommitted changes")
+        return ", ".join(notes)
+
     def endpoints(self) -> list[str]:
         names = {e for r in self.ok for e in ((r.record.get("metrics") or {}).get("extra_endpoints") or {})}
         return sorted(names)
@@ -169,7 +190,8 @@ def describe(seeds: SeedGroup) -> Group:
     part, fed, cfg = first.get("partition") or {}, first.get("federation") or {}, first.get("config") or {}
     n_clients = fed.get("n_clients", cfg.get("clients"))
     return Group(
-        group_id=seeds.group_id, method=first["method"]["name"], task=first["task"]["name"],
+        group_id=seeds.group_id, method=first["method"]["name"], method_version=seeds.method_version,
+        task=first["task"]["name"],
         pool=(first.get("arch_pool") or {}).get("name") or cfg.get("pool") or "?",
         partition_scheme=part.get("scheme", cfg.get("partition") or "?"),
         partition_params=_with_public(dict(part.get("params") or _config_partition_params(cfg)),

@@ -147,6 +147,7 @@ def make_record(*, paper: dict[str, str], locator: str, setting_match: str, devi
         "error": None,
         "method": {
             "name": method, "published_name": published_method, "fidelity": fidelity,
+            "version": None,  # a paper's own implementation: no suite method version
             "citation": METHOD_CITATIONS[method],
             "notes": [f"published as {published_method!r}; suite method {method!r}", *notes],
             "hparams": hparams,

@@ -1,0 +1,334 @@
+"""Image files in the common class-per-subfolder layout, read offline: ``imagefolder`` (any such
+folder) and ``cifar10-jpg`` (CIFAR-10 as JPEG files).
+
+Layout: ``<root>/train/<class>/<image>`` and ``<root>/test/<class>/<image>``, images ending in
+.jpg, .jpeg or .png (any case). The classes are the sorted names of train/'s subfolders and test/
+must have the same ones. Names starting with "." are skipped (``.DS_Store``, macOS's ``._x.jpg``
+resource files, editor checkpoints).
+
+Images are decoded once with PIL (converted to RGB, optionally resized, optionally subsampled) and
+the result is kept in a cache file named after the data fingerprint, so a later load only reads
+that file. The fingerprint (``hfl_bench.data``) covers every image file of train/ and test/ plus
+the decoding settings (image size, subsamples and their seed): a changed file or setting is other
+data, with a new cache file. Cache folder: ``<root>/.hfl-bench-cache/`` when the root is writable,
+else ``$HFL_BENCH_CACHE``, else ``~/.cache/hfl-bench/imagefolder/``.
+
+``imagefolder`` learns its number of classes and image shape from the folder: its registered
+``info`` leaves them unknown (None and ()), and ``load`` sets the loaded instance's ``info`` (which
+the engine reads after loading) from the folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from hfl_bench.data import FINGERPRINT_CHARS, DatasetError, Task, TaskData, TaskInfo, files_fingerprint, register_task
+from hfl_bench.paths import write_atomic
+from hfl_bench.tasks.cifar import CITATION as CIFAR_CITATION
+from hfl_bench.tasks.cifar import LICENSE as CIFAR_LICENSE
+
+SPLITS = ("train", "test")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+CACHE_FOLDER = ".hfl-bench-cache"
+CACHE_ENV = "HFL_BENCH_CACHE"
+CACHE_FORMAT = 1  # bump when the cache file's layout changes (old files are then rebuilt)
+ARRAY_KEYS = ("train_x", "train_y", "test_x", "test_y")
+
+Split = tuple[list[Path], np.ndarray]  # image files and their labels
+
+
+class ImageFolderTask(Task):
+    """Base class of a task that reads ``<root>/{train,test}/<class>/<image>`` (module docstring).
+    A variant sets the class attributes below and its ``info``; ``info.num_classes = None`` means
+    the classes (and image shape) come from the folder."""
+
+    folder_name: ClassVar[str] = ""  # the root's subfolder of the data dir; "" = the data dir itself
+    image_size: ClassVar[int | None] = None  # resize to size x size (bilinear); None = keep, all equal
+    train_subsample: ClassVar[int | None] = None  # training images kept, stratified; None = all
+    test_subsample: ClassVar[int | None] = None
+    subsample_seed: ClassVar[int] = 0
+
+    _class_names: list[str] | None = None
+
+    # ----------------------------------------------------------------------- the Task interface
+
+    def data_files(self, data_dir: Path) -> list[Path]:
+        """Every image file of train/ and test/ (all of them, subsampled or not)."""
+        _, splits = self._scan(data_dir)
+        return [path for files, _ in splits.values() for path in files]
+
+    def fingerprint(self, data_dir: Path | str | None = None) -> str:
+        return self._with_settings(super().fingerprint(data_dir))
+
+    def load(self, data_dir: Path | str | None = None, download: bool = False) -> TaskData:
+        data = super().load(data_dir, download)
+        return dataclasses.replace(data, fingerprint=self._with_settings(data.fingerprint))
+
+    def load_arrays(self, data_dir: Path, download: bool):
+        root = self.root(data_dir)
+        if download:
+            raise DatasetError(f"{self.info.name} reads a local folder only ({root}): --download is not "
+                               "supported; run without it")
+        classes, splits = self._scan(data_dir)
+        # The same hash Task.load computes after us: the content hashes are cached by then, so it
+        # costs stat calls only.
+        key = self._with_settings(files_fingerprint(self.info, [p for files, _ in splits.values() for p in files]))
+        arrays = read_cache(key, classes, root, self.info.name)
+        if arrays is None:
+            arrays = self._decode(splits)
+            write_cache(key, arrays, classes, root, self.info.name)
+        self._adopt_folder(root, classes, tuple(arrays["train_x"].shape[1:]))
+        # Task.load then normalizes per channel like every task
+        return tuple(_unit_range(arrays[k]) if k.endswith("_x") else arrays[k] for k in ARRAY_KEYS)
+
+    def class_names(self) -> list[str] | None:
+        return self._class_names
+
+    # ----------------------------------------------------------------------- the folder
+
+    def root(self, data_dir: Path) -> Path:
+        return data_dir / self.folder_name if self.folder_name else data_dir
+
+    def missing_hint(self, data_dir: Path) -> str:
+        """What to do when the folder is not there (one sentence)."""
+        return "point --data-dir at a folder holding train/<class>/ and test/<class>/ with .jpg or .png images"
+
+    def _scan(self, data_dir: Path) -> tuple[list[str], dict[str, Split]]:
+        """The class names, and each split's image files (in class, then name order) and labels.
+        DatasetError (one line) for anything that does not match the layout."""
+        name, root = self.info.name, self.root(data_dir)
+        if not (root / "train").is_dir() or not (root / "test").is_dir():
+            raise DatasetError(f"{name}: no image folder at {root} (it needs train/ and test/); "
+                               f"{self.missing_hint(data_dir)}")
+        classes = _subfolders(root / "train")
+        if len(classes) < 2:
+            raise DatasetError(f"{name}: {root / 'train'} holds {len(classes)} class folders; a task needs at least 2 "
+                               "(train/<class>/<image>)")
+        test_classes = _subfolders(root / "test")
+        if test_classes != classes:
+            missing, extra = sorted(set(classes) - set(test_classes)), sorted(set(test_classes) - set(classes))
+            raise DatasetError(f"{name}: {root / 'test'} must hold the same class folders as train/: "
+                               f"missing {missing or 'none'}, extra {extra or 'none'}")
+        return classes, {split: _split_files(root / split, classes, name) for split in SPLITS}
+
+    # ----------------------------------------------------------------------- decoding
+
+    def _decode(self, splits: dict[str, Split]) -> dict[str, np.ndarray]:
+        """Subsample, then decode the kept images: uint8 N x 3 x H x W and int64 labels."""
+        out: dict[str, np.ndarray] = {}
+        first = None  # (path, shape) of the first image decoded: without image_size, all must match it
+        for i, (split, keep) in enumerate((("train", self.train_subsample), ("test", self.test_subsample))):
+            files, labels = splits[split]
+            if keep is not None and keep < len(files):
+                picked = stratified_pick(labels, keep, (self.subsample_seed, i))
+                files, labels = [files[j] for j in picked], labels[picked]
+            x = None
+            for j, path in enumerate(files):
+                a = self._decode_file(path)
+                first = first or (path, a.shape)
+                if a.shape != first[1]:
+                    raise DatasetError(f"{self.info.name}: images differ in size: {first[0]} is {_size(first[1])}, "
+                                       f"{path} is {_size(a.shape)}; set image_size on the task (a subclass of "
+                                       "ImageFolderTask) to resize them")
+                if x is None:
+                    x = np.empty((len(files), *a.shape), np.uint8)
+                x[j] = a
+            out[f"{split}_x"], out[f"{split}_y"] = x, labels
+        return out
+
+    def _decode_file(self, path: Path) -> np.ndarray:
+        """One image as uint8 3 x H x W: RGB, resized to image_size if set."""
+        from PIL import Image
+
+        size = self.image_size
+        try:
+            with Image.open(path) as image:
+                image = image.convert("RGB")  # grey and palette PNGs get 3 channels, alpha is dropped
+                if size is not None and image.size != (size, size):
+                    image = image.resize((size, size), Image.Resampling.BILINEAR)
+                return np.asarray(image).transpose(2, 0, 1)
+        except Exception as e:  # noqa: BLE001 - untrusted bytes fail in many ways: all are a bad file
+            detail = " ".join(str(e).split())
+            raise DatasetError(f"{self.info.name}: cannot read image {path} ({type(e).__name__}: {detail}); "
+                               "remove or replace the file") from None
+
+    # ----------------------------------------------------------------------- settings and metadata
+
+    def _settings(self) -> dict[str, int | None]:
+        return {"image_size": self.image_size, "train_subsample": self.train_subsample,
+                "test_subsample": self.test_subsample, "subsample_seed": self.subsample_seed}
+
+    def _with_settings(self, files_fp: str | None) -> str:
+        """The data fingerprint: the files' fingerprint and the decoding settings (other settings
+        yield other arrays from the same files)."""
+        text = json.dumps([files_fp, self._settings()], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_CHARS]
+
+    def _adopt_folder(self, root: Path, classes: list[str], shape: tuple[int, ...]) -> None:
+        """Set a folder-defined task's number of classes and input shape from the folder; check a
+        fixed task's number of classes against it (Task.load checks the shape)."""
+        self._class_names = classes
+        info, n = type(self).info, len(classes)
+        if info.num_classes is None:
+            self.info = dataclasses.replace(info, num_classes=n, input_shape=shape)
+        elif n != info.num_classes:
+            raise DatasetError(f"{info.name}: {root / 'train'} holds {n} class folders, expected {info.num_classes}")
+
+
+def _subfolders(folder: Path) -> list[str]:
+    with os.scandir(folder) as entries:
+        return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+
+
+def _images(folder: Path) -> list[Path]:
+    # scandir's is_file reads the directory entry: no stat call per image
+    with os.scandir(folder) as entries:
+        names = [e.name for e in entries if e.is_file() and not e.name.startswith(".")
+                 and e.name.lower().endswith(IMAGE_SUFFIXES)]
+    return [folder / n for n in sorted(names)]
+
+
+def _split_files(folder: Path, classes: list[str], task: str) -> Split:
+    per_class = [_images(folder / c) for c in classes]
+    if not any(per_class):
+        raise DatasetError(f"{task}: no .jpg, .jpeg or .png images under {folder}/<class>/")
+    for c, files in zip(classes, per_class):
+        if not files:
+            raise DatasetError(f"{task}: class folder {folder / c} holds no .jpg, .jpeg or .png images")
+    labels = np.concatenate([np.full(len(files), i, np.int64) for i, files in enumerate(per_class)])
+    return [p for files in per_class for p in files], labels
+
+
+def _unit_range(x: np.ndarray) -> np.ndarray:
+    """uint8 images as float32 in [0, 1], scaled in place (one copy of the decoded set, not two)."""
+    out = x.astype(np.float32)
+    out /= 255
+    return out
+
+
+def _size(shape: tuple[int, ...]) -> str:
+    return f"{shape[2]}x{shape[1]}"  # width x height, as image viewers say it
+
+
+def stratified_pick(labels: np.ndarray, total: int, seed) -> np.ndarray:
+    """Sorted indices of ``total`` items: each class gets its proportional share, rounded down, and
+    the items still missing go to the largest remainders (ties to the lower class), so the total is
+    exact; the members of each class are drawn with ``seed``."""
+    classes, counts = np.unique(labels, return_counts=True)
+    share, remainder = np.divmod(counts * total, counts.sum())  # integers: no float rounding
+    share[np.argsort(-remainder, kind="stable")[: total - share.sum()]] += 1
+    rng = np.random.default_rng(seed)
+    picked = [rng.choice(np.flatnonzero(labels == c), size=k, replace=False) for c, k in zip(classes, share)]
+    return np.sort(np.concatenate(picked))
+
+
+# --------------------------------------------------------------------------- the decoded-array cache
+
+
+def cache_folders(root: Path) -> list[Path]:
+    """Where a cache file may live, in order of preference (module docstring)."""
+    folders = [root / CACHE_FOLDER]
+    if os.environ.get(CACHE_ENV):
+        folders.append(Path(os.environ[CACHE_ENV]).expanduser())
+    return folders + [Path.home() / ".cache" / "hfl-bench" / "imagefolder"]
+
+
+def read_cache(key: str, classes: list[str], root: Path, task: str) -> dict[str, np.ndarray] | None:
+    """The cached arrays of this data, or None: a missing, unreadable or inconsistent cache file
+    is ignored (and rewritten after decoding)."""
+    for folder in cache_folders(root):
+        try:
+            with np.load(folder / f"{task}-{key}.npz", allow_pickle=False) as z:
+                if int(z["format"]) != CACHE_FORMAT or z["classes"].tolist() != classes:
+                    continue
+                arrays = {k: z[k] for k in ARRAY_KEYS}
+        except Exception:  # noqa: BLE001 - absent, truncated or garbage: decode again
+            continue
+        train_x, test_x = arrays["train_x"], arrays["test_x"]
+        if (train_x.dtype == test_x.dtype == np.uint8 and train_x.ndim == 4 and train_x.shape[1] == 3
+                and train_x.shape[1:] == test_x.shape[1:] and len(train_x) == len(arrays["train_y"])
+                and len(test_x) == len(arrays["test_y"])):
+            return arrays
+    return None
+
+
+def write_cache(key: str, arrays: dict[str, np.ndarray], classes: list[str], root: Path, task: str) -> None:
+    """Best effort, atomically, into the first cache folder that takes it."""
+    for folder in cache_folders(root):
+        try:
+            # A folder marked read-only is left alone, even by root (as the fingerprint cache does).
+            if folder == root / CACHE_FOLDER and not root.stat().st_mode & 0o222:
+                continue
+            write_atomic(folder / f"{task}-{key}.npz",
+                         lambda f: np.savez(f, format=CACHE_FORMAT, classes=np.array(classes), **arrays))
+            return
+        except OSError:
+            continue
+
+
+# --------------------------------------------------------------------------- the tasks
+
+
+@register_task("imagefolder")
+class ImageFolder(ImageFolderTask):
+    """Your own images: --data-dir holds train/<class>/ and test/<class>/ (.jpg, .jpeg or .png files)."""
+
+    info = TaskInfo(
+        name="imagefolder",
+        version="1.0",
+        num_classes=None,  # from the folder, when it is loaded
+        input_shape=(),
+        source="a local folder in the class-per-subfolder layout (--data-dir): train/<class>/, test/<class>/",
+        citation="the folder's own",
+        license="the folder's own",
+        description=(
+            "Any folder of .jpg/.jpeg/.png images, one subfolder per class, as train/ and test/ (the sorted "
+            "names are the classes). All images, at their native size (they must share one); RGB. Classes and "
+            "input shape are set from the folder when it is loaded. Decoded once into a cache file."
+        ),
+        augmentation="none",  # flips or crops could change the meaning of unknown images
+        defaults={"pool": "cpu", "rounds": 100, "clients": 10, "partition": "dirichlet", "alpha": 0.3},
+    )
+
+
+@register_task("cifar10-jpg")
+class CIFAR10JPG(ImageFolderTask):
+    """CIFAR-10 from JPEG files (the project's shared/data/cifar10-jpg.tar.gz), a CPU-sized subsample."""
+
+    folder_name = "cifar10-jpg"
+    image_size = 32
+    # CPU-sized training and test sets, stratified and seeded; bump info.version whenever they change.
+    # The test subsample keeps the per-round global test affordable on a CPU (every client's model
+    # on every test image each evaluated round): 2,000 images, 200 a class.
+    train_subsample = 10_000
+    test_subsample = 2_000
+
+    info = TaskInfo(
+        name="cifar10-jpg",
+        version="1.0",
+        num_classes=10,
+        input_shape=(3, 32, 32),
+        source="CIFAR-10 (https://www.cs.toronto.edu/~kriz/cifar.html) re-encoded as JPEG files by a public "
+               "mirror: cifar10-jpg.tar.gz, unpacked to <data-dir>/cifar10-jpg/{train,test}/<class>/<nnnn>.jpg",
+        citation=CIFAR_CITATION,
+        license=CIFAR_LICENSE,
+        description=(
+            "The JPEG re-encoding of CIFAR-10 from a public mirror (pixel values differ slightly from the "
+            f"pickled release): a stratified, seeded subsample of {train_subsample:,} of the 50,000 training "
+            f"images and of {test_subsample:,} of the 10,000 test images. Offline; expects <data-dir>/cifar10-jpg."
+        ),
+        augmentation="crop-flip",
+        defaults={"pool": "cpu", "rounds": 100, "clients": 10, "partition": "dirichlet", "alpha": 0.3},
+    )
+
+    def missing_hint(self, data_dir: Path) -> str:
+        return (f"unpack the CIFAR-10 JPEG archive into the data dir: tar -xzf cifar10-jpg.tar.gz -C {data_dir} "
+                "(the archive is the project's shared/data/cifar10-jpg.tar.gz), or point --data-dir at "
+                "the folder that holds cifar10-jpg/")
