@@ -21,8 +21,15 @@ each task's defaults by a rule that never looks at another method:
 
 Run it (resumable: a configuration whose record exists is not run again):
 
-    OMP_NUM_THREADS=1 python benchmarks/calibrate.py run --jobs 2      # the runs (about an hour on 2 cores)
-    python benchmarks/calibrate.py report                               # the summary and the choice
+    OMP_NUM_THREADS=1 python benchmarks/calibrate.py run --jobs 2      # digits and mnist1d (about an hour on 2 cores)
+    OMP_NUM_THREADS=1 python benchmarks/calibrate.py run --task cifar10-jpg --data-dir DIR   # real CIFAR-10 (JPEGs)
+    python benchmarks/calibrate.py report [--data-dir DIR]              # the summary and the choice
+
+The real-CIFAR protocol (``cifar10-jpg``: 10,000 training images, 2,000 test images, both
+stratified subsamples) is calibrated by the same rule on a smaller grid and fewer study rounds,
+because one round of one configuration costs ~15-30 s on a 2-core machine: batch 32 (the one batch
+size whose steps per round are of the paper's order for 800 training samples a client), learning
+rates 0.01 and 0.05, one local epoch.
 
 Records go to ``benchmarks/results/calibration/<task>/``; the summary (every configuration's
 steps, seconds, curve and verdict, and the choice) to ``benchmarks/results/calibration.json``.
@@ -47,23 +54,28 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "calibration"
 SUMMARY = ROOT / "benchmarks" / "results" / "calibration.json"
 
-TASKS = ("digits", "mnist1d")
-STUDY_ROUNDS = 100
 SEED = 0
 BASELINE = (64, 0.01, 1)  # the first wave's defaults: batch, lr, local epochs
 GRID = [BASELINE] + [(b, lr, e) for b in (16, 32) for lr in (0.01, 0.05) for e in (1, 2, 5)]
+# task -> (grid, study rounds)
+STUDIES = {
+    "digits": (GRID, 100),
+    "mnist1d": (GRID, 100),
+    "cifar10-jpg": ([(32, 0.01, 1), (32, 0.05, 1)], 40),
+}
+TASKS = ("digits", "mnist1d")  # the default of run and report; cifar10-jpg needs its data folder
 HELDOUT_CHOICES = (0.2, 0.3, 0.4)
 MIN_VAL = 20
 MIN_STEPS, MAX_STEPS = 20, 100
 SMOOTH, TOLERANCE, TIE = 5, 1.0, 0.5
 
 
-def heldout_for(task: str) -> float:
+def heldout_for(task: str, data_dir: str | None = None) -> float:
     """Rule 1: the smallest held-out fraction giving >= MIN_VAL validation samples per client."""
     from hfl_bench import engine
     from hfl_bench.config import RunConfig
 
-    t, cfg = engine.load_task(RunConfig(method="local", task=task))
+    t, cfg = engine.load_task(RunConfig(method="local", task=task, data_dir=data_dir))
     n_train = len(t.load(cfg.data_dir).train_y)
     for fraction in HELDOUT_CHOICES:
         if n_train / cfg.clients * fraction / 2 >= MIN_VAL:
@@ -71,12 +83,12 @@ def heldout_for(task: str) -> float:
     return HELDOUT_CHOICES[-1]
 
 
-def study_config(task: str, batch: int, lr: float, epochs: int, heldout: float):
+def study_config(task: str, batch: int, lr: float, epochs: int, heldout: float, data_dir: str | None = None):
     from hfl_bench import engine
     from hfl_bench.config import RunConfig
 
     cfg = RunConfig(method="local", task=task, batch_size=batch, lr=lr, local_epochs=epochs, heldout_fraction=heldout,
-                    rounds=STUDY_ROUNDS, seed=SEED, out=str(OUT / task), checkpoint_every=0)
+                    rounds=STUDIES[task][1], seed=SEED, out=str(OUT / task), checkpoint_every=0, data_dir=data_dir)
     return engine.load_task(cfg)[1]
 
 
@@ -95,17 +107,18 @@ def command(cfg) -> list[str]:
     return [str(Path(sys.executable).with_name("hfl-bench")), "run", "--method", "local", "--task", cfg.task,
             "--batch-size", str(cfg.batch_size), "--lr", str(cfg.lr), "--local-epochs", str(cfg.local_epochs),
             "--heldout-fraction", str(cfg.heldout_fraction), "--rounds", str(cfg.rounds), "--seed", str(cfg.seed),
-            "--out", cfg.out, "--checkpoint-every", "0", "--threads", "1", "--quiet", "--json"]
+            "--out", cfg.out, "--checkpoint-every", "0", "--threads", "1", "--quiet", "--json",
+            *(["--data-dir", cfg.data_dir] if cfg.data_dir else [])]
 
 
-def run_all(jobs: int) -> None:
+def run_all(tasks: tuple[str, ...], jobs: int, data_dir: str | None) -> None:
     from hfl_bench.paths import record_path
 
     todo = []
-    for task in TASKS:
-        heldout = heldout_for(task)
-        for batch, lr, epochs in GRID:
-            cfg = study_config(task, batch, lr, epochs, heldout)
+    for task in tasks:
+        heldout = heldout_for(task, data_dir)
+        for batch, lr, epochs in STUDIES[task][0]:
+            cfg = study_config(task, batch, lr, epochs, heldout, data_dir)
             if not record_path(cfg).exists():
                 todo.append(cfg)
     print(f"{len(todo)} runs to do", flush=True)
@@ -132,10 +145,10 @@ def convergence_round(rounds: list[int], val: list[float]) -> int:
     return next(r for r, v in zip(rounds, curve) if v >= best - TOLERANCE)
 
 
-def summarize(task: str, heldout: float, batch: int, lr: float, epochs: int) -> dict | None:
+def summarize(task: str, heldout: float, batch: int, lr: float, epochs: int, data_dir: str | None) -> dict | None:
     from hfl_bench.paths import record_path
 
-    cfg = study_config(task, batch, lr, epochs, heldout)
+    cfg = study_config(task, batch, lr, epochs, heldout, data_dir)
     path = record_path(cfg)
     if not path.exists():
         return None
@@ -156,7 +169,7 @@ def summarize(task: str, heldout: float, batch: int, lr: float, epochs: int) -> 
         "best_val_acc": round(max(val), 2),
         "final_global_acc": round(statistics.fmean(glob[-10:]), 2) if glob else None,  # reported, never read
         "val_curve": [round(v, 2) for v in val],
-        "passes": {"steps": MIN_STEPS <= median_steps <= MAX_STEPS, "converged": conv <= STUDY_ROUNDS // 2},
+        "passes": {"steps": MIN_STEPS <= median_steps <= MAX_STEPS, "converged": conv <= cfg.rounds // 2},
         "record": str(path.relative_to(ROOT)),
     }
 
@@ -171,23 +184,25 @@ def choose(rows: list[dict]) -> dict | None:
     return min(tied, key=lambda r: (r["steps_per_round"]["median"], -r["final_val_acc"]))
 
 
-def report() -> dict:
+def report(tasks: tuple[str, ...], data_dir: str | None) -> dict:
+    old = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
     summary: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                     "rule": {"study_rounds": STUDY_ROUNDS, "seed": SEED, "min_val": MIN_VAL, "min_steps": MIN_STEPS,
+                     "rule": {"study_rounds": {t: r for t, (_, r) in STUDIES.items()}, "seed": SEED, "min_val": MIN_VAL, "min_steps": MIN_STEPS,
                               "max_steps": MAX_STEPS, "smooth": SMOOTH, "tolerance": TOLERANCE, "tie": TIE},
-                     "tasks": {}}
-    for task in TASKS:
-        heldout = heldout_for(task)
-        rows = [r for r in (summarize(task, heldout, *g) for g in GRID) if r is not None]
+                     "tasks": dict(old.get("tasks", {}))}  # a task not reported now keeps its summary
+    for task in tasks:
+        grid = STUDIES[task][0]
+        heldout = heldout_for(task, data_dir)
+        rows = [r for r in (summarize(task, heldout, *g, data_dir) for g in grid) if r is not None]
         chosen = choose(rows)
         budget = None
         if chosen is not None:
             budget = max(30, int(math.ceil(1.5 * chosen["convergence_round"] / 10.0)) * 10)
-        summary["tasks"][task] = {"heldout_fraction": heldout, "configs": rows, "complete": len(rows) == len(GRID),
+        summary["tasks"][task] = {"heldout_fraction": heldout, "configs": rows, "complete": len(rows) == len(grid),
                                   "chosen": None if chosen is None else {
                                       k: chosen[k] for k in ("batch_size", "lr", "local_epochs", "heldout_fraction")},
                                   "rounds": budget}
-        print(f"\n{task} (held-out fraction {heldout}; {len(rows)}/{len(GRID)} configurations run)")
+        print(f"\n{task} (held-out fraction {heldout}; {len(rows)}/{len(grid)} configurations run)")
         print("| batch | lr | epochs | steps/round (median) | seconds | converged by | final val | final global |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
@@ -202,12 +217,17 @@ def report() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("run").add_argument("--jobs", type=int, default=1)
-    sub.add_parser("report")
+    for name in ("run", "report"):
+        p = sub.add_parser(name)
+        p.add_argument("--task", action="append", choices=sorted(STUDIES), help="default: digits and mnist1d")
+        p.add_argument("--data-dir", default=None, help="the data folder (cifar10-jpg: the one holding cifar10-jpg/)")
+        if name == "run":
+            p.add_argument("--jobs", type=int, default=1)
     args = parser.parse_args()
+    tasks = tuple(args.task or TASKS)
     if args.cmd == "run":
-        run_all(args.jobs)
-    report()
+        run_all(tasks, args.jobs, args.data_dir)
+    report(tasks, args.data_dir)
 
 
 if __name__ == "__main__":
