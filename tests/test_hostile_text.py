@@ -25,7 +25,7 @@ from hfl_bench.results.text import csv_cell, markdown_cell, mpl_text, terminal
 from helpers import invoke_cli
 
 REPO = Path(__file__).resolve().parent.parent
-REAL = REPO / "leaderboards" / "reproduced" / "digits" / "digits__crad__da48ac8fb4f0dad1__seed0.json"
+REAL = REPO / "leaderboards" / "archive" / "first-wave" / "digits" / "digits__crad__da48ac8fb4f0dad1__seed0.json"
 PUBLISHED = next((REPO / "leaderboards" / "published").glob("fan2026crad__cifar10__crad__global_acc__*.json"))
 
 HOSTILE = {

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from hfl_bench.cli import app
 
 REPO = Path(__file__).resolve().parent.parent
-MINI = REPO / "leaderboards" / "reproduced" / "mini"
+MINI = REPO / "leaderboards" / "archive" / "first-wave" / "mini"
 REPRODUCED = [MINI / "digits__crad__eeb0a26b41ab825c__seed0.json", MINI / "digits__crad__eeb0a26b41ab825c__seed1.json",
               MINI / "digits__fedavg__6340fec5c6ebc32d__seed0.json"]
 PUBLISHED = REPO / "leaderboards" / "published" / "fan2026crad__cifar10__crad__global_acc__40915a2d076d3c1a.json"

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from hfl_bench.cli import app
 from hfl_bench.config import ConfigError
+from hfl_bench.data import get_task
 from hfl_bench.matrix.executors import cell_gpus, unschedulable
 from hfl_bench.matrix.runner import engine_check, run_matrix
 from hfl_bench.matrix.suite import expected_filename, load_suite, parse_suite, resolve_cell, suite_cells
@@ -119,7 +120,7 @@ def test_unresolvable_cell_becomes_a_failed_record(tmp_path, validator):
     assert record["method"]["fidelity"] == "paper"  # local is registered: its details are filled in
 
 
-@pytest.mark.parametrize("name", ["mini", "crad-table1"])
+@pytest.mark.parametrize("name", ["mini", "crad-table1", "digits", "cifar10-jpg"])
 def test_shipped_suites_parse(name):
     suite = load_suite(REPO / "suites" / f"{name}.yaml")
     cells = suite_cells(suite)
@@ -133,10 +134,13 @@ def test_shipped_suites_parse(name):
         assert suite.out == "leaderboards/reproduced/mini" and suite.seeds == [0, 1, 2]
         assert set(suite.tasks) == {"digits", "mnist1d"}
         assert registered <= set(suite.methods)  # every registered built-in method is in it
-        assert {c.cfg.rounds for c in cells} == {100}
+        # the task's calibrated protocol, not a suite-wide override
+        for field in ("rounds", "batch_size", "lr", "local_epochs", "heldout_fraction"):
+            assert {(c.cfg.task, getattr(c.cfg, field)) for c in cells} == \
+                {(t, get_task(t).info.defaults[field]) for t in suite.tasks}, field
         assert {c.cfg.pool for c in cells if c.cfg.method == "fedavg"} == {"cpu-cnn"}
         assert {c.cfg.public_size for c in cells if c.cfg.method in ("fedmd", "msfkd", "fedcc")} == {200}
-    else:
+    elif name == "crad-table1":
         assert suite.seeds == [1024] and set(suite.tasks) == {"cifar10", "cifar100", "pathmnist"}
         assert {c.cfg.pool for c in cells} == {"paper"} and {c.cfg.rounds for c in cells} == {300}
         assert {c.cfg.public_size for c in cells if c.cfg.method in ("fedmd", "msfkd")} == {500}

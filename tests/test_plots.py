@@ -1,4 +1,4 @@
-"""``hfl-bench plot`` through the real CLI, drawn from real records of leaderboards/reproduced/digits."""
+"""``hfl-bench plot`` through the real CLI, drawn from real records of leaderboards/archive/first-wave/digits."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from hfl_bench.cli import app
 
-DIGITS = Path(__file__).resolve().parent.parent / "leaderboards" / "reproduced" / "digits"
+DIGITS = Path(__file__).resolve().parent.parent / "leaderboards" / "archive" / "first-wave" / "digits"
 # Two methods with two seeds each (one group of seeds per method) and one single-seed method
 # that sends no bytes (drawn as a reference line on the bytes plot).
 REAL = [

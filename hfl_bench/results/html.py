@@ -210,15 +210,15 @@ def _row(g: Group) -> dict[str, Any]:
     figures the site adds (fidelity, version, faults, cost) and the numbers to sort by."""
     rows, _ = display_rows(Board([g], [], []))
     head, published = rows[0], rows[1:]
-    gl, lo = g.stat("global_acc"), g.stat("local_acc")
+    gl, lo, final = g.stat("global_acc"), g.stat("local_acc"), g.final_stat("global_acc")
     sent = Stat.of(_get(r.record, "cost", "bytes_sent_per_client_per_round") for r in g.ok)
     wall = Stat.of((t / 60 if isinstance(t, (int, float)) else None)
                    for t in (_get(r.record, "cost", "wall_time_total_s") for r in g.ok))
     return {
         "cells": head, "published": published, "group": g,
-        "fidelity": _values(g.ok, "method", "fidelity"), "version": _values(g.ok, "method", "version"),
+        "fidelity": _values(g.ok, "method", "fidelity"), "version": head["version"],
         "faults": ", ".join(dict.fromkeys(_faults(r) for r in g.ok)) or "none",
-        "global_v": gl.mean, "local_v": lo.mean, "seeds_v": gl.n, "bytes_v": sent.mean, "minutes_v": wall.mean,
+        "global_v": gl.mean, "local_v": lo.mean, "final_v": final.mean, "seeds_v": gl.n, "bytes_v": sent.mean, "minutes_v": wall.mean,
         "bytes": _bytes(sent.mean), "minutes": _num(wall.mean),
         "delta_v": next((m.delta for m in g.published if m.delta is not None), None),
     }
@@ -484,6 +484,7 @@ details { margin: .5em 0; }
 <td class="num" data-v="{{ row.seeds_v }}">{{ row.cells["seeds"] }}</td>
 <td class="num" data-v="{{ row.global_v if row.global_v is not none else '' }}">{{ row.cells["global acc"] }}</td>
 <td class="num" data-v="{{ row.local_v if row.local_v is not none else '' }}">{{ row.cells["local acc"] }}</td>
+<td class="num" data-v="{{ row.final_v if row.final_v is not none else '' }}">{{ row.cells["final global"] }}</td>
 <td class="num" data-v="{{ g.n_failed }}">{{ g.n_failed }}</td>
 <td class="num" data-v="{{ g.n_diverged }}">{{ g.n_diverged }}</td>
 <td class="num" data-v="{{ row.bytes_v if row.bytes_v is not none else '' }}">{{ row.bytes }}</td>
@@ -498,7 +499,7 @@ details { margin: .5em 0; }
 <td class="num">{{ p["seeds"] }}</td>
 <td class="num">{{ p["global acc"] }}</td>
 <td class="num">{{ p["local acc"] }}</td>
-<td colspan="4"></td>
+<td colspan="5"></td>
 <td>{{ p["source"] }}</td><td>{{ p["locator"] }}</td><td>{{ p["match"] }}</td>
 <td class="num">{{ p["delta"] }}</td>
 </tr>
@@ -512,6 +513,7 @@ details { margin: .5em 0; }
 <th data-type="text">pool</th>{% if has_faults %}<th data-type="text">faults</th>{% endif %}
 <th data-type="text">setting</th><th class="num" data-type="num">seeds</th>
 <th class="num" data-type="num">global acc</th><th class="num" data-type="num">local acc</th>
+<th class="num" data-type="num">final global</th>
 <th class="num" data-type="num">failed</th><th class="num" data-type="num">diverged</th>
 <th class="num" data-type="num">bytes / client / round</th><th class="num" data-type="num">min / run</th>
 <th data-type="text">source</th><th data-type="text">locator</th><th data-type="text">match</th>
@@ -526,7 +528,9 @@ details { margin: .5em 0; }
 <h1>hfl-bench leaderboard</h1>
 <p class="note">Generated from {{ n_records }} records ({{ n_reproduced }} reproduced in {{ n_groups }} groups,
 {{ n_published }} published){% if skipped %}; {{ skipped|length }} left out{% endif %}.
-Reproduced runs are grouped over seeds: mean ± sample sd (ddof = 1; "-" for one seed) of global and local accuracy;
+Reproduced runs are grouped over seeds (and method versions: never averaged across): mean ± sample sd (ddof = 1;
+"-" for one seed) of global and local accuracy at the selected round (best mean validation accuracy), and of the
+final global accuracy (each run's mean over its last 10 evaluated rounds);
 failed and diverged runs are counted, never averaged in. Published figures sit beside the groups whose setting they
 do not contradict; delta = reproduced − published. Click a column header to sort; a method opens its group's page.</p>
 

@@ -48,7 +48,7 @@ class Group:
 
     method: str
     config_hash: str
-    group_id: str  # the seed group's: the config hash, and the partition hash if split by it
+    group_id: str  # the seed group's: the config hash, "@<method version>", "/<partition hash>" if split by it
     records: list[Loaded]
     label: str = ""
 
@@ -58,7 +58,10 @@ class Group:
 
     @property
     def short_id(self) -> str:
-        return "/".join(part[:8] for part in self.group_id.split("/"))
+        """Hashes shortened to 8 characters, the method version kept (``1a2b3c4d@1.0/5e6f7a8b``)."""
+        head, _, version = self.group_id.split("/")[0].partition("@")
+        parts = [head[:8] + (f"@{version}" if version else "")] + [p[:8] for p in self.group_id.split("/")[1:]]
+        return "/".join(parts)
 
 
 @dataclass
