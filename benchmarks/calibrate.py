@@ -61,7 +61,10 @@ GRID = [BASELINE] + [(b, lr, e) for b in (16, 32) for lr in (0.01, 0.05) for e i
 STUDIES = {
     "digits": (GRID, 100),
     "mnist1d": (GRID, 100),
-    "cifar10-jpg": ([(32, 0.01, 1), (32, 0.05, 1)], 40),
+    # 40 study rounds first: both configurations came within 1 point of their best at round 27, not
+    # by round 20, so neither passed rule 3; those records stay in the results folder, and the
+    # study was extended to 60 rounds (the same rule, the same grid).
+    "cifar10-jpg": ([(32, 0.01, 1), (32, 0.05, 1)], 60),
 }
 TASKS = ("digits", "mnist1d")  # the default of run and report; cifar10-jpg needs its data folder
 HELDOUT_CHOICES = (0.2, 0.3, 0.4)
