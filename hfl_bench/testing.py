@@ -50,10 +50,16 @@ def cpu_federation(cfg: RunConfig) -> Federation:
     return engine.build_federation(cfg, task.info, task.load(cfg.data_dir), torch.device("cpu"))
 
 
+# A quick protocol for tests: one local epoch at batch 64 (the tasks' calibrated protocols take
+# tens of SGD steps a round, more than a test of a code path needs).
+QUICK: dict[str, Any] = {"local_epochs": 1, "batch_size": 64, "lr": 0.01, "heldout_fraction": 0.2}
+
+
 def tiny_federation(task: str = "digits", clients: int = 4, **cfg: Any) -> Federation:
-    """A small federation on the CPU: ``clients`` clients on ``task`` (seed 0, 2 rounds), any other
-    ``RunConfig`` field as a keyword (``pool="cpu-cnn"``, ``public_size=100``, ...)."""
-    values: dict[str, Any] = {"seed": 0, "rounds": 2, **cfg}
+    """A small federation on the CPU: ``clients`` clients on ``task`` (seed 0, 2 rounds, the
+    ``QUICK`` protocol), any other ``RunConfig`` field as a keyword (``pool="cpu-cnn"``,
+    ``public_size=100``, ``local_epochs=2``, ...)."""
+    values: dict[str, Any] = {"seed": 0, "rounds": 2, **QUICK, **cfg}
     return cpu_federation(RunConfig(task=task, clients=clients, **values))
 
 

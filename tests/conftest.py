@@ -12,11 +12,13 @@ torch.set_num_threads(1)
 
 @pytest.fixture
 def tiny_cfg():
-    """A RunConfig for fast end-to-end runs on digits (4 clients, 2 rounds)."""
+    """A RunConfig for fast end-to-end runs on digits (4 clients, 2 rounds, and the quick protocol
+    of ``hfl_bench.testing.QUICK``: one local epoch at batch 64, not the task's calibrated one)."""
     from hfl_bench.config import RunConfig
+    from hfl_bench.testing import QUICK
 
     def make(**overrides):
-        values = dict(task="digits", clients=4, rounds=2, seed=0)
+        values = dict(task="digits", clients=4, rounds=2, seed=0, **QUICK)
         values.update(overrides)
         return RunConfig(**values)
 

@@ -100,9 +100,11 @@ def test_a_peer_kd_round_in_lockstep_matches_the_loop():
 
 
 def test_lockstep_flag_is_recorded_and_leaves_the_config_hash(run_record):
+    quick = ("--batch-size", "64", "--lr", "0.01", "--local-epochs", "1")  # the regime the tolerance is for
     on = run_record("--method", "fedavg", "--task", "digits", "--pool", "cpu-cnn", "--clients", "4", "--rounds", "1",
-                    "--lockstep", "on")
-    off = run_record("--method", "fedavg", "--task", "digits", "--pool", "cpu-cnn", "--clients", "4", "--rounds", "1")
+                    *quick, "--lockstep", "on")
+    off = run_record("--method", "fedavg", "--task", "digits", "--pool", "cpu-cnn", "--clients", "4", "--rounds", "1",
+                     *quick)
     assert on["federation"]["lockstep"] is True and off["federation"]["lockstep"] is False
     assert on["config_hash"] == off["config_hash"]
     assert on["metrics"]["global_acc"] == pytest.approx(off["metrics"]["global_acc"], abs=0.5)

@@ -22,11 +22,11 @@ from hfl_bench.matrix.suite import expected_filename, load_suite, parse_suite, r
 from hfl_bench.paths import checkpoint_path
 from hfl_bench.registry import METHODS
 from hfl_bench.results.records import load_schema
-from hfl_bench.testing import builtin_names
+from hfl_bench.testing import QUICK, builtin_names
 
 jsonschema = pytest.importorskip("jsonschema")
 REPO = Path(__file__).resolve().parent.parent
-SMALL = {"rounds": 2, "clients": 4}
+SMALL = {"rounds": 2, "clients": 4, **QUICK}
 
 
 @pytest.fixture(scope="module")

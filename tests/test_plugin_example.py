@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hfl_bench.provenance import checkout_info, git_info
+from hfl_bench.results.records import SCHEMA_VERSION
 from hfl_bench.results.validation import record_problems
 
 try:
@@ -85,7 +86,8 @@ def test_run_records_the_plugin_and_its_version(site, tmp_path):
     assert proc.returncode == 0, proc.stderr
     record = json.loads(Path(json.loads(proc.stdout)["record"]).read_text())
     assert record_problems(record) == []
-    assert record["schema_version"] == "1.1" and record["status"] == "ok"
+    assert record["schema_version"] == SCHEMA_VERSION and record["status"] == "ok"
+    assert record["method"]["version"] == "1.0"
     assert record["method"]["fidelity"] == "original"
     assert record["method"]["plugin_dist"] == DIST
     assert record["method"]["hparams"]["aggregator"] == "example-median"

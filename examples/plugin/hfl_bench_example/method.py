@@ -19,8 +19,7 @@ class ExampleKDParams:
 class ExampleKD(Method):
     """Example plugin: peer KD from the renormalized per-sample median of the peer teachers."""
 
-    fidelity = "original"
-    version = "1.0"
+    fidelity, version = "original", "1.0"
     citation = "hfl-bench-example-plugin (examples/plugin in the hfl-bench repository)"
     notes = ("teachers combined per sample and class by their median, renormalized",)
     Params = ExampleKDParams
