@@ -86,8 +86,11 @@ def test_task_info():
     info = get_task("cifar10-jpg").info
     assert info.num_classes == 10 and info.input_shape == (3, 32, 32) and info.augmentation == "crop-flip"
     assert "Krizhevsky" in info.citation and "JPEG" in info.description and "10,000" in info.description
-    assert info.defaults == {"pool": "cpu", "rounds": 100, "clients": 10, "partition": "dirichlet", "alpha": 0.3}
-    assert CIFAR10JPG.train_subsample == 10_000 and CIFAR10JPG.image_size == 32
+    # the calibrated CPU protocol (benchmarks/calibrate.py, README Protocol)
+    assert info.defaults == {"pool": "cpu", "rounds": 50, "clients": 10, "partition": "dirichlet", "alpha": 0.3,
+                             "batch_size": 32, "lr": 0.01, "local_epochs": 1, "heldout_fraction": 0.2}
+    assert CIFAR10JPG.train_subsample == 10_000 and CIFAR10JPG.test_subsample == 2_000
+    assert CIFAR10JPG.image_size == 32
     # imagefolder learns classes and shape from its folder: unknown until loaded
     info = get_task("imagefolder").info
     assert info.num_classes is None and info.input_shape == ()
