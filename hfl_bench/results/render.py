@@ -111,6 +111,7 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
     rows = []
     for g in board.groups:
         gl, lo = g.stat("global_acc"), g.stat("local_acc")
+        fg, fl = g.final_stat("global_acc"), g.final_stat("local_acc")
         rows.append({
             "row_type": "reproduced", "group_id": g.group_id, "method": g.method, "method_version": g.method_version,
             "commits": " ".join(g.commits), "task": g.task, "pool": g.pool,
@@ -118,9 +119,8 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
             "n_clients": g.n_clients, "clients_per_round": g.clients_per_round, "rounds": g.rounds,
             "local_epochs": g.local_epochs, "method_params": canonical(g.method_params),
             "seeds": " ".join(map(str, g.seeds)), "n_seeds": gl.n, "global_mean": gl.mean, "global_sd": gl.sd,
-            "local_mean": lo.mean, "local_sd": lo.sd, "final_global_mean": g.final_stat("global_acc").mean,
-            "final_global_sd": g.final_stat("global_acc").sd, "final_local_mean": g.final_stat("local_acc").mean,
-            "final_local_sd": g.final_stat("local_acc").sd, "n_failed": g.n_failed, "n_diverged": g.n_diverged,
+            "local_mean": lo.mean, "local_sd": lo.sd, "final_global_mean": fg.mean, "final_global_sd": fg.sd,
+            "final_local_mean": fl.mean, "final_local_sd": fl.sd, "n_failed": g.n_failed, "n_diverged": g.n_diverged,
             "n_duplicates": g.n_duplicates,
         })
         rows += [_published_csv(m.published, m, g.group_id) for m in g.published]
