@@ -38,6 +38,12 @@ def require_at_least(owner: str, params: Any, names: tuple[str, ...], minimum: f
             raise ConfigError(f"{owner}: {name} must be >= {minimum}, got {value}")
 
 
+# A record's final figures average the last this many rounds; the evaluator tests each of them.
+FINAL_ROUNDS = 10
+# Test rounds every k rounds by default (hfl_bench.evaluation; README, Performance).
+EVAL_EVERY = 10
+
+
 @dataclass
 class RunConfig:
     method: str = param("crad", "Method name (hfl-bench list methods).")
@@ -60,7 +66,9 @@ class RunConfig:
     public_size: int = param(0, "Samples held out of the training set (stratified, before partitioning) as a public "
                              "transfer set for the methods that use one; 0 = none. CRAD setup: 500.")
     seed: int | None = param(None, "Run seed (python, numpy, torch, partition); default: the task's, else 0.")
-    eval_every: int = param(1, "Evaluate the global test set every k rounds (and at every new best validation round).")
+    eval_every: int = param(EVAL_EVERY, "Test rounds (global test set, local test halves, extra endpoints) every k "
+                            "rounds, plus each of the last 10 rounds and the selected round; validation runs "
+                            "every round. 1 tests every round.")
     device: str = param("auto", "auto, cpu, cuda or cuda:N.")
     exec: str = param("auto", "Peer-KD execution path: reference (per batch, as Algorithm 1), fast or auto.")
     vmap: str = param("auto", "Stacked (vmapped) teacher inference per architecture: on, off or auto (= off; measured slower).")

@@ -21,6 +21,7 @@ from hfl_bench import checkpoint as ckpt
 from hfl_bench import config as config_mod
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.data import TaskData, TaskInfo, get_task
+from hfl_bench.evaluation import Evaluator, class_correct, evaluate_global  # noqa: F401 (re-exported)
 from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
 from hfl_bench.metering import Channel, Phase, PhaseTimer
 from hfl_bench.method_api import Method, get_method_class
@@ -28,7 +29,7 @@ from hfl_bench.partition import Partition, given_partition, make_partition
 from hfl_bench.paths import checkpoint_path
 from hfl_bench.pools import get_pool, seeded_model
 from hfl_bench.provenance import git_info
-from hfl_bench.training import Diverged, derive_seed, predict_logits, seeded_choice
+from hfl_bench.training import Diverged, derive_seed, seeded_choice
 
 log = logging.getLogger(__name__)
 
@@ -151,83 +152,6 @@ def _channels_last(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
 
 
-# ----------------------------------------------------------------------------- evaluation
-
-
-def class_correct(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
-    hit = logits.argmax(dim=-1) == y
-    return torch.bincount(y[hit], minlength=num_classes).float()
-
-
-def evaluate_local(fed: Federation, model: nn.Module, client: Client) -> tuple[torch.Tensor, int]:
-    """Per-class correct counts on the validation half and correct count on the test half."""
-    idx = torch.cat([client.val_idx, client.test_idx])
-    if len(idx) == 0:
-        return torch.zeros(fed.num_classes, device=fed.device), 0
-    logits = predict_logits(model, fed.data.train_x[idx])
-    y = fed.data.train_y[idx]
-    n_val = len(client.val_idx)
-    return class_correct(logits[:n_val], y[:n_val], fed.num_classes), int((logits[n_val:].argmax(-1) == y[n_val:]).sum())
-
-
-def evaluate_global(fed: Federation, model: nn.Module) -> torch.Tensor:
-    """Per-class correct counts on the task's standard test set, in large batches."""
-    return class_correct(predict_logits(model, fed.data.test_x), fed.data.test_y, fed.num_classes)
-
-
-class Evaluator:
-    """Evaluates client models each round, re-evaluating only the clients whose model changed.
-
-    The validation and local test halves are evaluated every round. The global test set is
-    evaluated every ``eval_every`` rounds, at the last round, and at every round that improves
-    the best mean validation accuracy, so the selected round always has exact global figures.
-    """
-
-    def __init__(self, fed: Federation, timer: PhaseTimer, eval_every: int = 1):
-        self.fed, self.timer, self.eval_every = fed, timer, eval_every
-        n, c = fed.n_clients, fed.num_classes
-        self.test_class_counts = torch.bincount(fed.data.test_y, minlength=c).float().cpu().numpy()
-        self.local_correct = np.zeros(n)
-        self.local_total = np.array([len(cl.test_idx) for cl in fed.clients])
-        self.global_correct = np.zeros((n, c))
-        self.global_stale: set[int] = set(range(n))
-        self.best_val = -np.inf
-
-    def __call__(self, rnd: int, models: list[nn.Module], changed: list[int], last: bool = False,
-                 endpoints: dict[str, list[nn.Module]] | None = None) -> RoundMetrics:
-        fed = self.fed
-        with self.timer(Phase.EVALUATION):
-            for cid in changed:
-                val_correct, self.local_correct[cid] = evaluate_local(fed, models[cid], fed.clients[cid])
-                fed.val_correct[cid] = val_correct
-            self.global_stale.update(changed)
-            val_tot = fed.val_counts.sum(1).cpu().numpy()
-            val = fed.val_correct.sum(1).cpu().numpy() / np.maximum(val_tot, 1) * 100
-            val[val_tot == 0] = np.nan
-            local = np.where(self.local_total > 0, self.local_correct / np.maximum(self.local_total, 1) * 100, np.nan)
-            mean_val = float(np.nanmean(val)) if np.isfinite(val).any() else -np.inf
-            improves = rnd > 0 and mean_val > self.best_val  # round 0 (initial models) is never selected
-            if improves:
-                self.best_val = mean_val
-            global_acc = global_class = None
-            if rnd % self.eval_every == 0 or last or improves:
-                for cid in sorted(self.global_stale):
-                    self.global_correct[cid] = evaluate_global(fed, models[cid]).cpu().numpy()
-                self.global_stale.clear()
-                global_class = self.global_correct / np.maximum(self.test_class_counts, 1) * 100
-                global_acc = self.global_correct.sum(1) / max(self.test_class_counts.sum(), 1) * 100
-                extra = {name: self.endpoint(predictors) for name, predictors in (endpoints or {}).items()}
-        return RoundMetrics(rnd, val, local, global_acc, global_class, extra if global_acc is not None else {})
-
-    def endpoint(self, predictors: list[nn.Module]) -> dict[str, float]:
-        """Mean global and local test accuracy (percent) of an extra endpoint's per-client predictors."""
-        fed = self.fed
-        g = [float(evaluate_global(fed, p).sum()) / max(self.test_class_counts.sum(), 1) * 100 for p in predictors]
-        local = [evaluate_local(fed, p, client)[1] / len(client.test_idx) * 100
-                 for p, client in zip(predictors, fed.clients) if len(client.test_idx)]
-        return {"global_acc": round(float(np.mean(g)), 4), "local_acc": round(float(np.mean(local)), 4) if local else None}
-
-
 # ----------------------------------------------------------------------------- the run
 
 
@@ -275,7 +199,7 @@ class Simulation:
             torch.cuda.reset_peak_memory_stats(device)
         self.t0 = time.perf_counter()
         self.method.setup(fed)
-        self.evaluator = Evaluator(fed, fed.timer, cfg.eval_every)
+        self.evaluator = Evaluator(fed, fed.timer, cfg.eval_every, cfg.rounds)
         self.all_clients = list(range(fed.n_clients))
         initial = self.evaluator(0, self.method.eval_models(fed), self.all_clients,
                                  endpoints=self.method.endpoints(fed))
@@ -325,8 +249,17 @@ class Simulation:
                 progress(rnd, self.cfg.rounds, entry)
         return self.result(status, error)
 
+    def resolve_pending(self) -> None:
+        """Compute the test figures of the best round if they were deferred (``Evaluator``) and
+        put them in the history, so the selected round is complete."""
+        metrics = self.evaluator.resolve()
+        if metrics is not None:
+            self.best = metrics
+            self.history[metrics.round].update(_test_entry(metrics))
+
     def save_checkpoint(self, path: str | Path) -> None:
         """Write everything needed to continue after the last completed round (atomically)."""
+        self.resolve_pending()  # a checkpoint holds no deferred evaluation
         ckpt.write(path, ckpt.simulation_state(self))
 
     def try_checkpoint(self, path: str | Path, rnd: int) -> None:
@@ -346,6 +279,7 @@ class Simulation:
 
     def result(self, status: str = "ok", error: str | None = None) -> RunResult:
         fed = self.fed
+        self.resolve_pending()
         sent = np.stack(self.sent) if self.sent else np.zeros((0, fed.n_clients))
         return RunResult(status, error, self.best, self.history, fed, self.method, time.perf_counter() - self.t0,
                          peak_memory(fed.device), sent, self.code, list(self.resumed_from))
@@ -368,14 +302,20 @@ def _history_entry(m: RoundMetrics, nbytes: int, seconds: float, scalars: dict[s
     entry = {
         "round": m.round,
         "mean_val_acc": _round(m.mean_val),
-        "local_acc": _round(float(np.nanmean(m.local_acc))) if np.isfinite(m.local_acc).any() else None,
-        "global_acc": None if m.global_acc is None else _round(float(np.mean(m.global_acc))),
+        **_test_entry(m),
         "bytes": int(nbytes),
         "seconds": round(seconds, 4),
         "phases": phases,
     }
     entry.update({k: _round(float(v)) for k, v in scalars.items()})
     return entry
+
+
+def _test_entry(m: RoundMetrics) -> dict[str, float | None]:
+    """A round's mean local and global test accuracy; None where the round ran no test."""
+    local = m.local_acc
+    return {"local_acc": _round(float(np.nanmean(local))) if local is not None and np.isfinite(local).any() else None,
+            "global_acc": None if m.global_acc is None else _round(float(np.mean(m.global_acc)))}
 
 
 def _round(x: float, nd: int = 4) -> float | None:

@@ -116,7 +116,7 @@ class RoundMetrics:
 
     round: int
     val_acc: np.ndarray  # [N] percent (nan for a client without a validation half)
-    local_acc: np.ndarray  # [N] percent (nan for a client without a test half)
+    local_acc: np.ndarray | None  # [N] percent (nan for a client without a test half); None: no test this round
     global_acc: np.ndarray | None  # [N] percent; None when the global test was skipped this round
     global_class_acc: np.ndarray | None  # [N, C] percent
     endpoints: dict[str, dict[str, float]] = field(default_factory=dict)  # extra endpoints (Method.endpoints)

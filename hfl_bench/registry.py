@@ -79,10 +79,12 @@ class Registry(Generic[T]):
             raise RegistryError(self.unknown_message(name)) from None
 
     def unknown_message(self, name: str) -> str:
-        names = self.names()
-        close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        return f"unknown {self.kind} {name!r}.{hint} Available: {', '.join(names) or '(none)'}"
+        return unknown_message(self.kind, name, self.names())
+
+    def untouched(self) -> bool:
+        """Nothing registered and no discovery run yet in this process: what this registry would
+        hold is exactly what its entry points register (``hfl_bench.metadata_index`` relies on it)."""
+        return not self._items and not self._discovered and not self._loading
 
     def origin(self, name: str) -> str:
         self.get(name)
@@ -102,6 +104,13 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self.names())
+
+
+def unknown_message(kind: str, name: str, names: list[str]) -> str:
+    """The error for an unknown ``name`` among ``names`` (sorted), with the closest one as a hint."""
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"unknown {kind} {name!r}.{hint} Available: {', '.join(names) or '(none)'}"
 
 
 def describe(obj: Any) -> str:

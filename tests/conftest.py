@@ -1,7 +1,11 @@
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HFL_BENCH_DATA", os.path.join(os.path.dirname(__file__), ".data-unused"))
+# Caches the CLI writes (the metadata index, unsaved records) go to a folder of this test session,
+# never the user's ~/.cache; subprocesses inherit it.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="hfl-bench-tests-cache-")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

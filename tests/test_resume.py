@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from hfl_bench import checkpoint, engine, paths
 from hfl_bench.results import records
 from hfl_bench.cli import app
-from hfl_bench.config import RunConfig
+from hfl_bench.config import EVAL_EVERY, RunConfig
 from hfl_bench.method_api import Method
 from hfl_bench.registry import METHODS
 from hfl_bench.testing import builtin_names
@@ -191,7 +191,7 @@ def test_resume_with_a_different_config_is_refused(tmp_path):
                                       "--checkpoint-every", "2", "--eval-every", "2", "--out", str(tmp_path),
                                       "--resume", "-q"])
     assert result.exit_code == 2
-    assert "different configuration" in result.output and "eval_every: 1 -> 2" in result.output
+    assert "different configuration" in result.output and f"eval_every: {EVAL_EVERY} -> 2" in result.output
     sim = engine.Simulation(config("local", tmp_path, rounds=5))
     with pytest.raises(checkpoint.CheckpointError, match=r"rounds: 3 -> 5"):
         sim.load_checkpoint(path)

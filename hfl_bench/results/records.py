@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import hfl_bench
-from hfl_bench.config import ConfigError, RunConfig, config_hash
+from hfl_bench.config import FINAL_ROUNDS, ConfigError, RunConfig, config_hash
 from hfl_bench.paths import (
     UnsafePathError, checkpoint_for, inside, record_filename, unsaved_dirs, unsaved_folder, write_atomic,
 )
@@ -30,8 +30,6 @@ SCHEMA_VERSION = "1.2"  # what new records are written as
 # against the schema of its own ``schema_version`` (1.1 added fidelity "original" and ``plugins``;
 # 1.2 the method's ``version`` and the ``final`` figures of the last evaluated rounds).
 SCHEMA_VERSIONS = ("1.0", "1.1", "1.2")
-# The final figures average this many of the last rounds with a global test (round 0 excluded).
-FINAL_ROUNDS = 10
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
 SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
 

@@ -1,0 +1,265 @@
+"""Evaluation: what each round measures, computed no more often than the record needs.
+
+The policy (``Evaluator``):
+
+- **Validation** (every client's validation half) runs every round, for the clients whose model
+  changed: it drives the selection of the reported round.
+- The **test figures** (global test set, every client's local test half and the method's extra
+  endpoints) are computed at the *test rounds*: round 0, every ``eval_every`` rounds, and each of
+  the last ``FINAL_ROUNDS`` rounds (the window the record's final figures average over).
+- A round that becomes the best so far by mean validation accuracy but is not a test round is
+  **snapshotted** (the state of every model and predictor the evaluation would run, copied in
+  memory), and its test figures are computed only if it is still the best when the run ends or
+  a checkpoint is written. So the selected round always has exact figures, computed once, and a
+  run does not pay a full test for every round that is briefly the best.
+
+Whatever the policy, a model is evaluated only when it may have changed since its last
+evaluation (``changed``), models and predictors with identical parameters (FML's memes after a
+broadcast, FedAvg's clients) are evaluated once, each client's held-out rows are gathered once
+per run, and on a CPU convolutional models run with channels-last weights and inputs (measured
+faster, ``benchmarks/bench_inference.py``; the model's own tensors are put back afterwards).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from hfl_bench.config import FINAL_ROUNDS
+from hfl_bench.federation import RoundMetrics
+from hfl_bench.metering import Phase, PhaseTimer
+from hfl_bench.training import predict_logits
+
+if TYPE_CHECKING:
+    from hfl_bench.federation import Federation
+
+
+def class_correct(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
+    hit = logits.argmax(dim=-1) == y
+    return torch.bincount(y[hit], minlength=num_classes).float()
+
+
+def evaluate_global(fed: Federation, model: nn.Module) -> torch.Tensor:
+    """Per-class correct counts on the task's standard test set, in large batches."""
+    return class_correct(predict_logits(model, fed.data.test_x), fed.data.test_y, fed.num_classes)
+
+
+# ----------------------------------------------------------------------------- speed helpers
+
+
+def _tensors(module: nn.Module) -> list[torch.Tensor]:
+    return [*module.parameters(), *module.buffers()]
+
+
+@contextlib.contextmanager
+def channels_last(modules: list[nn.Module], enabled: bool) -> Iterator[None]:
+    """Run ``modules`` with channels-last 4-D weights for the block, then put back the very
+    tensors they had (same storage, same values): evaluation only, training never sees it."""
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+    if enabled:
+        seen: set[int] = set()
+        for module in modules:
+            for t in _tensors(module):
+                if t.dim() == 4 and id(t) not in seen and not t.is_contiguous(memory_format=torch.channels_last):
+                    seen.add(id(t))
+                    saved.append((t, t.data))
+                    t.data = t.data.contiguous(memory_format=torch.channels_last)
+    try:
+        yield
+    finally:
+        for t, data in saved:
+            t.data = data
+
+
+def _fingerprint(module: nn.Module) -> tuple | None:
+    """A cheap key under which modules with equal parameters collide (None: never shared)."""
+    tensors = _tensors(module)
+    if not any(True for _ in module.parameters()):
+        return None  # a parameter-free wrapper may compute anything: evaluate it on its own
+    sample = tuple(float(t.detach().reshape(-1)[:: max(1, t.numel() // 8)].double().sum()) for t in tensors)
+    return (type(module), tuple(tuple(t.shape) for t in tensors), sample)
+
+
+def distinct(modules: list[nn.Module]) -> tuple[list[nn.Module], list[int]]:
+    """The distinct modules of ``modules`` and, for each input, the index of its representative.
+    Two modules are the same when they are of the same class and every parameter and buffer is
+    equal (torch.equal): they compute the same function, so one evaluation serves both."""
+    reps: list[nn.Module] = []
+    by_key: dict[tuple, list[int]] = {}
+    index = []
+    for module in modules:
+        key = _fingerprint(module)
+        found = None
+        if key is not None:
+            for r in by_key.get(key, []):
+                if reps[r] is module or all(torch.equal(a, b) for a, b in zip(_tensors(reps[r]), _tensors(module))):
+                    found = r
+                    break
+        if found is None:
+            found = len(reps)
+            reps.append(module)
+            if key is not None:
+                by_key.setdefault(key, []).append(found)
+        index.append(found)
+    return reps, index
+
+
+# ----------------------------------------------------------------------------- the policy
+
+
+@dataclass
+class Snapshot:
+    """A best-so-far round whose test figures are not computed yet: the state of every module
+    its evaluation would run, with the evaluator's caches as they were after that round."""
+
+    round: int
+    val_acc: np.ndarray
+    models: list[nn.Module]
+    endpoints: dict[str, list[nn.Module]]
+    stale: set[int]
+    local_correct: np.ndarray
+    global_correct: np.ndarray
+    states: list[tuple[nn.Module, dict[str, torch.Tensor]]]
+
+
+def _module_states(modules: list[nn.Module]) -> list[tuple[nn.Module, dict[str, torch.Tensor]]]:
+    unique = list({id(m): m for m in modules}.values())
+    return [(m, {k: v.detach().clone() for k, v in m.state_dict().items()}) for m in unique]
+
+
+@contextlib.contextmanager
+def loaded(states: list[tuple[nn.Module, dict[str, torch.Tensor]]]) -> Iterator[None]:
+    """Modules in a saved state for the block; their current state is restored afterwards
+    (in place: the same parameter tensors, so optimizers and caches keep their references)."""
+    current = _module_states([m for m, _ in states])
+    try:
+        for module, state in states:
+            module.load_state_dict(state)
+        yield
+    finally:
+        for module, state in current:
+            module.load_state_dict(state)
+
+
+class Evaluator:
+    """Evaluates the clients' models each round under the policy in the module docstring."""
+
+    def __init__(self, fed: Federation, timer: PhaseTimer, eval_every: int = 1, rounds: int | None = None):
+        self.fed, self.timer, self.eval_every = fed, timer, eval_every
+        self.rounds = rounds if rounds is not None else fed.cfg.rounds
+        n, c = fed.n_clients, fed.num_classes
+        self.test_class_counts = torch.bincount(fed.data.test_y, minlength=c).float().cpu().numpy()
+        self.local_correct = np.zeros(n)
+        self.local_total = np.array([len(cl.test_idx) for cl in fed.clients])
+        self.global_correct = np.zeros((n, c))
+        self.global_stale: set[int] = set(range(n))  # clients whose test figures are out of date
+        self.best_val = -np.inf
+        self.pending: Snapshot | None = None
+        self.fast_layout = fed.device.type == "cpu" and fed.data.test_x.dim() == 4
+        # inputs prepared once per run: each client's validation and local test rows, the test set
+        rows = lambda idx: (self._layout(fed.data.train_x[idx]), fed.data.train_y[idx])  # noqa: E731
+        self._val = [rows(cl.val_idx) for cl in fed.clients]
+        self._test = [rows(cl.test_idx) for cl in fed.clients]
+        self._global_x = self._layout(fed.data.test_x)
+
+    def _layout(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=torch.channels_last) if self.fast_layout else x
+
+    def is_test_round(self, rnd: int, last: bool = False) -> bool:
+        return rnd % self.eval_every == 0 or last or rnd > self.rounds - FINAL_ROUNDS
+
+    # -- the per-model measurements
+
+    def val_correct(self, model: nn.Module, cid: int) -> torch.Tensor:
+        x, y = self._val[cid]
+        if len(y) == 0:
+            return torch.zeros(self.fed.num_classes, device=self.fed.device)
+        return class_correct(predict_logits(model, x), y, self.fed.num_classes)
+
+    def local_test_correct(self, model: nn.Module, cid: int) -> int:
+        x, y = self._test[cid]
+        return int((predict_logits(model, x).argmax(-1) == y).sum()) if len(y) else 0
+
+    def global_class_correct(self, model: nn.Module) -> np.ndarray:
+        logits = predict_logits(model, self._global_x)
+        return class_correct(logits, self.fed.data.test_y, self.fed.num_classes).cpu().numpy()
+
+    # -- one round
+
+    def __call__(self, rnd: int, models: list[nn.Module], changed: list[int], last: bool = False,
+                 endpoints: dict[str, list[nn.Module]] | None = None) -> RoundMetrics:
+        fed, endpoints = self.fed, endpoints or {}
+        with self.timer(Phase.EVALUATION):
+            with channels_last([models[cid] for cid in changed], self.fast_layout):
+                for cid in changed:
+                    fed.val_correct[cid] = self.val_correct(models[cid], cid)
+            self.global_stale.update(changed)
+            val = self._val_acc()
+            mean_val = float(np.nanmean(val)) if np.isfinite(val).any() else -np.inf
+            improves = rnd > 0 and mean_val > self.best_val  # round 0 (initial models) is never selected
+            if improves:
+                self.best_val = mean_val
+            if self.is_test_round(rnd, last):
+                if improves:  # this round's figures are exact: an older snapshot is no longer the best
+                    self.pending = None
+                self._test_figures(models, self.global_stale, self.local_correct, self.global_correct)
+                self.global_stale.clear()
+                return self._metrics(rnd, val, models, endpoints, self.local_correct, self.global_correct)
+            if improves:
+                self.pending = Snapshot(rnd, val, list(models), dict(endpoints), set(self.global_stale),
+                                        self.local_correct.copy(), self.global_correct.copy(),
+                                        _module_states([*models, *(p for ps in endpoints.values() for p in ps)]))
+        return RoundMetrics(rnd, val, None, None, None, {})
+
+    def resolve(self) -> RoundMetrics | None:
+        """The pending best round's full figures, computed from its snapshot (None if none)."""
+        snap, self.pending = self.pending, None
+        if snap is None:
+            return None
+        with self.timer(Phase.EVALUATION), loaded(snap.states):
+            self._test_figures(snap.models, snap.stale, snap.local_correct, snap.global_correct)
+            return self._metrics(snap.round, snap.val_acc, snap.models, snap.endpoints,
+                                 snap.local_correct, snap.global_correct)
+
+    def _val_acc(self) -> np.ndarray:
+        fed = self.fed
+        val_tot = fed.val_counts.sum(1).cpu().numpy()
+        val = fed.val_correct.sum(1).cpu().numpy() / np.maximum(val_tot, 1) * 100
+        val[val_tot == 0] = np.nan
+        return val
+
+    def _test_figures(self, models: list[nn.Module], stale: set[int], local_correct: np.ndarray,
+                      global_correct: np.ndarray) -> None:
+        """Fill the local and global correct counts of the ``stale`` clients (in place)."""
+        cids = sorted(stale)
+        with channels_last([models[c] for c in cids], self.fast_layout):
+            for cid in cids:
+                local_correct[cid] = self.local_test_correct(models[cid], cid)
+            reps, index = distinct([models[c] for c in cids])
+            per_rep = [self.global_class_correct(m) for m in reps]
+        for cid, r in zip(cids, index):
+            global_correct[cid] = per_rep[r]
+
+    def _metrics(self, rnd: int, val: np.ndarray, models: list[nn.Module], endpoints: dict[str, list[nn.Module]],
+                 local_correct: np.ndarray, global_correct: np.ndarray) -> RoundMetrics:
+        local = np.where(self.local_total > 0, local_correct / np.maximum(self.local_total, 1) * 100, np.nan)
+        global_class = global_correct / np.maximum(self.test_class_counts, 1) * 100
+        global_acc = global_correct.sum(1) / max(self.test_class_counts.sum(), 1) * 100
+        extra = {name: self.endpoint(predictors) for name, predictors in endpoints.items()}
+        return RoundMetrics(rnd, val, local, global_acc, global_class, extra)
+
+    def endpoint(self, predictors: list[nn.Module]) -> dict[str, float]:
+        """Mean global and local test accuracy (percent) of an extra endpoint's per-client predictors."""
+        total = max(self.test_class_counts.sum(), 1)
+        with channels_last(predictors, self.fast_layout):
+            reps, index = distinct(predictors)
+            per_rep = [float(self.global_class_correct(p).sum()) / total * 100 for p in reps]
+            local = [self.local_test_correct(p, cid) / self.local_total[cid] * 100
+                     for cid, p in enumerate(predictors) if self.local_total[cid]]
+        g = [per_rep[r] for r in index]
+        return {"global_acc": round(float(np.mean(g)), 4), "local_acc": round(float(np.mean(local)), 4) if local else None}

@@ -1,0 +1,123 @@
+"""The evaluation policy (hfl_bench.evaluation): tests only at the rounds the record needs, yet the
+selected round's figures are exactly those of testing every round."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import ready_method
+from test_method_pins import BUILTIN, PARAMS, POOL, PUBLIC
+
+from hfl_bench import engine, evaluation
+from hfl_bench.config import RunConfig
+from hfl_bench.results import records
+from hfl_bench.testing import QUICK, tiny_federation
+
+# lr 0.5 makes the validation curve jump, so best rounds fall between test rounds; six rounds,
+# a test every 3 and a one-round final window: test rounds 0, 3 and 6, the others deferred.
+NOISY = {**QUICK, "lr": 0.5}
+ROUNDS, EVERY = 6, 3
+
+
+@pytest.fixture
+def short_final_window(monkeypatch):
+    monkeypatch.setattr(evaluation, "FINAL_ROUNDS", 1)
+
+
+def run(method: str, eval_every: int, **extra) -> dict:
+    values = dict(method=method, task="digits", clients=4, rounds=ROUNDS, seed=0, checkpoint_every=0,
+                  method_params=dict(PARAMS.get(method, {})), pool=POOL.get(method),
+                  public_size=100 if method in PUBLIC else 0, eval_every=eval_every, **{**NOISY, **extra})
+    cfg = engine.load_task(RunConfig(**values))[1]
+    return records.build_record(cfg, engine.run(cfg))
+
+
+def selected(record: dict) -> dict:
+    """The selected round and its figures (the final window is not part of the comparison)."""
+    return {"selection": record["selection"], "status": record["status"],
+            "metrics": {k: v for k, v in record["metrics"].items() if k != "final"}}
+
+
+@pytest.mark.parametrize("method", BUILTIN)
+def test_the_default_policy_selects_the_same_round_with_the_same_figures(method, short_final_window):
+    every_round = run(method, 1)
+    policy = run(method, EVERY)
+    assert selected(policy) == selected(every_round)
+    tested = {h["round"] for h in policy["history"] if h["global_acc"] is not None}
+    assert tested == {0, 3, 6, policy["selection"]["round"]}
+    for h in policy["history"]:
+        full = every_round["history"][h["round"]]
+        if h["round"] in tested:
+            assert (h["global_acc"], h["local_acc"]) == (full["global_acc"], full["local_acc"])
+        else:
+            assert h["global_acc"] is None and h["local_acc"] is None
+
+
+def test_a_best_round_between_test_rounds_is_evaluated_from_its_snapshot(short_final_window):
+    record = run("local", EVERY)
+    best = record["selection"]["round"]
+    assert best % EVERY != 0 and best != ROUNDS  # the deferred path ran (a noisy curve, seed 0)
+    assert record["history"][best]["global_acc"] == record["metrics"]["global_acc"]
+
+
+def test_a_checkpoint_resolves_the_deferred_best_and_resume_gives_the_same_record(tmp_path, short_final_window):
+    ckpt = tmp_path / "run.ckpt"
+    cfg = engine.load_task(RunConfig(method="local", task="digits", clients=4, rounds=ROUNDS, seed=0,
+                                     eval_every=EVERY, checkpoint_every=0, **NOISY))[1]
+    straight = records.build_record(cfg, engine.run(cfg))
+    first = engine.Simulation(cfg)
+    for rnd in range(1, 5):
+        first.step(rnd)
+    assert first.evaluator.pending is not None  # round 4 is the best so far and not a test round
+    first.save_checkpoint(ckpt)
+    assert first.evaluator.pending is None
+    second = engine.Simulation(cfg)
+    second.load_checkpoint(ckpt)
+    resumed = records.build_record(cfg, second.run())
+    assert selected(resumed) == selected(straight)
+    assert [h["global_acc"] for h in resumed["history"]] == [h["global_acc"] for h in straight["history"]]
+
+
+def test_identical_models_are_evaluated_once(monkeypatch):
+    fed = tiny_federation(method="fml")
+    method = ready_method("fml", fed)
+    method.run_round(fed, 1, list(range(fed.n_clients)))
+    evaluator = evaluation.Evaluator(fed, fed.timer)
+    calls = []
+    real = evaluator.global_class_correct
+    monkeypatch.setattr(evaluator, "global_class_correct", lambda m: calls.append(m) or real(m))
+    memes = method.endpoints(fed)["meme"]
+    figures = evaluator.endpoint(memes)
+    assert len(calls) == 1  # four memes, one broadcast state
+    separately = [float(evaluation.evaluate_global(fed, m).sum()) for m in memes]
+    assert figures["global_acc"] == round(separately[0] / len(fed.data.test_y) * 100, 4)
+    # a changed parameter makes a different model
+    with torch.no_grad():
+        next(memes[1].parameters()).add_(1.0)
+    reps, index = evaluation.distinct(memes)
+    assert len(reps) == 2 and index == [0, 1, 0, 0]
+
+
+def test_channels_last_evaluation_puts_back_the_very_tensors():
+    fed = tiny_federation(pool="cpu-cnn")
+    model = fed.clients[0].model
+    before = {name: (p.data_ptr(), p.clone()) for name, p in model.named_parameters()}
+    with evaluation.channels_last([model], enabled=True):
+        conv = [p for p in model.parameters() if p.dim() == 4]
+        assert conv and all(p.is_contiguous(memory_format=torch.channels_last) for p in conv)
+    for name, p in model.named_parameters():
+        assert p.data_ptr() == before[name][0] and torch.equal(p, before[name][1]) and p.is_contiguous()
+
+
+def test_snapshot_state_is_a_copy():
+    fed = tiny_federation()
+    model = fed.clients[0].model
+    states = evaluation._module_states([model, model])
+    assert len(states) == 1
+    kept = copy.deepcopy(states[0][1])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    assert all(torch.equal(states[0][1][k], kept[k]) for k in kept)
