@@ -21,7 +21,7 @@ mean seconds per round split into training (private + meme), evaluation and the 
 times one test round on its own, which is what each of the last 10 rounds of a run costs.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_htfllib.py [--data ../shared/data/mnist-htfl]
-        [--rounds 10] [--every-round-rounds 2]
+        [--rounds 10] [--every-round-rounds 1] [--digits-crad]
 
 Writes ``benchmarks/results/htfllib-fml-mnist20.json``.
 """
@@ -74,7 +74,11 @@ def measure(data: str, eval_every: int, rounds: int) -> dict:
     t = time.perf_counter()
     sim = Simulation(config(data, eval_every, budget=10_000))
     setup_s = time.perf_counter() - t
-    entries = [sim.step(rnd) for rnd in range(1, rounds + 1)]
+    entries = []
+    for rnd in range(1, rounds + 1):
+        entries.append(e := sim.step(rnd))
+        print(f"  k={eval_every} round {rnd}: {e['seconds']:.1f} s (training {e['phases'].get('training', 0):.1f}, "
+              f"evaluation {e['phases'].get('evaluation', 0):.1f})", flush=True)
     training = [e["phases"].get("training", 0.0) for e in entries]
     evaluation = [e["phases"].get("evaluation", 0.0) for e in entries]
     seconds = [e["seconds"] for e in entries]
@@ -128,7 +132,7 @@ def main() -> None:
     ap.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data" / "mnist-htfl"),
                     help="the PFLlib / HtFLlib MNIST folder (config.json, train/, test/)")
     ap.add_argument("--rounds", type=int, default=10, help="rounds of the default policy (one full period)")
-    ap.add_argument("--every-round-rounds", type=int, default=2, help="rounds with a test every round")
+    ap.add_argument("--every-round-rounds", type=int, default=1, help="rounds with a test every round")
     ap.add_argument("--digits-crad", action="store_true", help="also: whole crad runs on digits at its defaults, "
                     "with a test every round and with the default policy")
     ap.add_argument("--only-digits", action="store_true", help="skip the MNIST-20 workload")
