@@ -35,11 +35,19 @@ def _wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | Non
     pytest.fail(f"timed out after {timeout} s waiting for {what}")
 
 
+def _terminal_signals() -> None:
+    # A foreground command in a terminal never starts with SIGINT ignored; a test run launched
+    # in the background of a non-interactive shell does (POSIX shells ignore SIGINT in
+    # asynchronous commands) and Python keeps an inherited SIG_IGN, so the CLI is started as a
+    # terminal would start it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
     # A session of its own: its process group is the driver and whatever it starts, as in a
     # terminal, where Ctrl-C signals the whole foreground group.
     return subprocess.Popen([*CLI, *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=_terminal_signals)
 
 
 def _alive(pids: list[int]) -> list[int]:
