@@ -199,7 +199,7 @@ class Simulation:
             torch.cuda.reset_peak_memory_stats(device)
         self.t0 = time.perf_counter()
         self.method.setup(fed)
-        self.evaluator = Evaluator(fed, fed.timer, cfg.eval_every, cfg.rounds)
+        self.evaluator = Evaluator(fed, fed.timer, cfg.eval_every)
         self.all_clients = list(range(fed.n_clients))
         initial = self.evaluator(0, self.method.eval_models(fed), self.all_clients,
                                  endpoints=self.method.endpoints(fed))

@@ -149,9 +149,8 @@ def loaded(states: list[tuple[nn.Module, dict[str, torch.Tensor]]]) -> Iterator[
 class Evaluator:
     """Evaluates the clients' models each round under the policy in the module docstring."""
 
-    def __init__(self, fed: Federation, timer: PhaseTimer, eval_every: int = 1, rounds: int | None = None):
+    def __init__(self, fed: Federation, timer: PhaseTimer, eval_every: int = 1):
         self.fed, self.timer, self.eval_every = fed, timer, eval_every
-        self.rounds = rounds if rounds is not None else fed.cfg.rounds
         n, c = fed.n_clients, fed.num_classes
         self.test_class_counts = torch.bincount(fed.data.test_y, minlength=c).float().cpu().numpy()
         self.local_correct = np.zeros(n)
@@ -171,7 +170,7 @@ class Evaluator:
         return x.contiguous(memory_format=torch.channels_last) if self.fast_layout else x
 
     def is_test_round(self, rnd: int, last: bool = False) -> bool:
-        return rnd % self.eval_every == 0 or last or rnd > self.rounds - FINAL_ROUNDS
+        return rnd % self.eval_every == 0 or last or rnd > self.fed.cfg.rounds - FINAL_ROUNDS
 
     # -- the per-model measurements
 
