@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-import yaml
 
 SEED_LIMIT = 2**63  # seeds are in [0, 2^63): torch and the seed derivation take 63-bit integers
 
@@ -97,6 +96,8 @@ HASH_NEUTRAL_DEFAULTS = {"public_size": 0}
 
 def read_yaml_mapping(path: str | Path, what: str, expected: str) -> dict[str, Any]:
     """A YAML file holding a mapping (an empty file is an empty one); ConfigError otherwise."""
+    import yaml  # here: commands that read no YAML (--help, list) do not pay for it
+
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except FileNotFoundError:

@@ -10,7 +10,6 @@ registered under the entry point's name.
 from __future__ import annotations
 
 import difflib
-import importlib.metadata
 import inspect
 import types
 from typing import Any, Callable, Generic, Iterator, TypeVar
@@ -57,6 +56,8 @@ class Registry(Generic[T]):
         """Load every entry point of this registry's group once."""
         if self._discovered or self._loading or not self.entry_point_group:
             return
+        import importlib.metadata  # here: --help never reads entry points
+
         self._loading = True
         try:
             for ep in sorted(

@@ -156,12 +156,13 @@ def test_second_call_reads_the_index_without_importing_torch(built):
             "sys.argv = ['hfl-bench', 'list', 'methods', '--json']\n"
             "from hfl_bench.cli import main\n"
             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "print('torch' in sys.modules, 'timm' in sys.modules, 'hfl_bench.methods' in sys.modules)\n")
+            "print('torch' in sys.modules, 'timm' in sys.modules, 'hfl_bench.methods' in sys.modules,\n"
+            "      'numpy' in sys.modules)\n")
     proc = subprocess.run([sys.executable, "-c", code], env=built["env"], cwd=built["cwd"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     *rows, imported = proc.stdout.splitlines()
-    assert imported == "False False False"
+    assert imported == "False False False False"
     assert json.loads("\n".join(rows)) == json.loads(built["first"].stdout)
 
 

@@ -240,6 +240,21 @@ def test_listing_methods_does_not_import_timm():
     assert proc.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize("args", [["--help"], ["leaderboard", "--help"], ["matrix", "--help"], ["plot", "--help"]])
+def test_help_imports_neither_the_data_stack_nor_the_results_layer(args):
+    """--help answers from the Typer app alone: numpy, torch, YAML, the results layer and the matrix
+    runner are imported by the commands that use them, not at start-up."""
+    heavy = ("numpy", "torch", "timm", "yaml", "hfl_bench.results.records", "hfl_bench.matrix.runner")
+    code = ("import sys\n"
+            f"sys.argv = ['hfl-bench', *{args!r}]\n"
+            "from hfl_bench.cli import main\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "[]"
+
+
 def test_list_tasks_keeps_the_input_shape_on_one_line():
     result = CliRunner().invoke(app, ["list", "tasks"], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output

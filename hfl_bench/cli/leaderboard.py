@@ -8,19 +8,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from hfl_bench.cli.output import err, fail, note, plain, wide_out
-from hfl_bench.results.board import Board, board_records, build_board
-from hfl_bench.results.loading import ResultsError, load_records, record_files
-from hfl_bench.results.ranking import rank_methods
-from hfl_bench.results.render import (
-    COLUMNS, CSV_COLUMNS, TABLE_COLUMNS, UNMATCHED_COLUMNS, board_json, csv_rows, display_rows, rank_rows, to_csv,
-    to_markdown, to_rich,
-)
-from hfl_bench.results.validation import invalid_files, schema_validator
+
+# The results layer (and numpy under it) is imported inside each command, so that `hfl-bench
+# --help` and `list` do not pay for it.
+if TYPE_CHECKING:
+    from hfl_bench.results.board import Board
 
 # The folders of a source checkout; an installed package is given paths.
 REPO = Path(__file__).resolve().parents[2]
@@ -51,6 +48,10 @@ def show(
     put the matching published figures beside each group with the delta reproduced - published.
     Only records that `leaderboard validate` accepts are read; each other file is listed on stderr
     (skipped, with the reason) and never averaged in."""
+    from hfl_bench.results.board import board_records, build_board
+    from hfl_bench.results.loading import ResultsError, load_records
+    from hfl_bench.results.ranking import rank_methods
+
     fmt = "json" if as_json else fmt
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
@@ -70,6 +71,11 @@ def show(
 
 
 def _print_board(board: Board, fmt: str) -> None:
+    from hfl_bench.results.render import (
+        COLUMNS, CSV_COLUMNS, TABLE_COLUMNS, UNMATCHED_COLUMNS, board_json, csv_rows, display_rows, to_csv,
+        to_markdown, to_rich,
+    )
+
     if fmt == "json":
         sys.stdout.write(json.dumps(board_json(board), indent=1) + "\n")
         return
@@ -93,6 +99,8 @@ def _print_board(board: Board, fmt: str) -> None:
 
 
 def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
+    from hfl_bench.results.render import rank_rows, to_csv, to_markdown, to_rich
+
     columns = ("#", "method", "mean rank", "protocols", "ranks")
     if fmt == "json":
         sys.stdout.write(json.dumps({"ties": "average rank", "rank": ranked}, indent=1) + "\n")
@@ -115,6 +123,9 @@ def validate(
     """Check every record against the JSON Schema, and that its numbers are finite (no NaN or
     Infinity) and its accuracies within [0, 100]; exit 1 listing each problem if any is invalid.
     (The leaderboard and the plots read only the records this accepts.)"""
+    from hfl_bench.results.loading import ResultsError, record_files
+    from hfl_bench.results.validation import invalid_files, schema_validator
+
     validator = schema_validator()
     try:
         files = record_files(_paths(paths))
@@ -151,6 +162,7 @@ def html(
     open index.html from disk or put the folder on any static host. Skipped files are listed on
     stderr and on the index page."""
     from hfl_bench.results.html import build_site
+    from hfl_bench.results.loading import ResultsError
 
     try:
         site = build_site(out_dir, _paths(paths))

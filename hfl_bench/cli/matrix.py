@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 from rich.markup import escape
@@ -13,11 +13,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from hfl_bench.cli.output import USER_ERRORS, cell, command_line, emit_json, err, fail, interrupted, note, out, plain
-from hfl_bench.matrix.executors import EXECUTORS
-from hfl_bench.matrix.runner import count_statuses, dry_run_row, exit_code, run_matrix
-from hfl_bench.matrix.suite import Cell, Suite, load_suite, suite_cells
-from hfl_bench.paths import check_out_dir
 from hfl_bench.results.text import terminal
+
+if TYPE_CHECKING:
+    from hfl_bench.matrix.suite import Cell, Suite
 
 
 def matrix(
@@ -43,6 +42,12 @@ def matrix(
     every cell is ok, diverged or skipped; 1 when any cell failed (with --dry-run: would fail); 2
     for a bad suite, flag or --out; 130 when interrupted.
     """
+    # Imported here so that `hfl-bench --help` does not pay for the matrix runner.
+    from hfl_bench.matrix.executors import EXECUTORS
+    from hfl_bench.matrix.runner import count_statuses, dry_run_row, exit_code, run_matrix
+    from hfl_bench.matrix.suite import load_suite, suite_cells
+    from hfl_bench.paths import check_out_dir
+
     if executor not in EXECUTORS:
         fail(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if jobs is not None and jobs < 1:
@@ -93,6 +98,8 @@ STATUS_STYLE = {"ok": "green", "diverged": "yellow", "failed": "bold red", "skip
 
 
 def _print_table(suite: Suite, folder: str, rows: list[dict[str, Any]], elapsed: Optional[float]) -> None:
+    from hfl_bench.matrix.runner import count_statuses
+
     title = f"suite {suite.name}: {len(rows)} cells -> {folder}"
     t = Table(title=plain(title))
     for col, justify in (("method", "left"), ("task", "left"), ("seed", "right"), ("status", "left"),

@@ -8,7 +8,6 @@ import typer
 from rich.table import Table
 
 from hfl_bench.cli.output import cell, emit_json, fail, out, plain
-from hfl_bench.results.plots import PlotError, make_plots
 
 
 def plot_command(
@@ -22,6 +21,8 @@ def plot_command(
 ):
     """Draw figures from records: one PNG per kind and task, named KIND__TASK.png, each with a
     caption naming its records and a KIND__TASK.png.sources.json sidecar listing them."""
+    from hfl_bench.results.plots import PlotError, make_plots  # here: --help does not load numpy
+
     try:
         written, skipped = make_plots(kind, inputs, out_dir, tasks, methods)
     except PlotError as e:
