@@ -21,7 +21,10 @@ mean seconds per round split into training (private + meme), evaluation and the 
 times one test round on its own, which is what each of the last 10 rounds of a run costs.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_htfllib.py [--data ../shared/data/mnist-htfl]
-        [--rounds 10] [--every-round-rounds 1] [--digits-crad]
+        [--rounds 10] [--every-round-rounds 1] [--digits-crad] [--floor]
+
+``--floor`` measures only the bare-torch training floor of the workload (``torch_floor``): what
+one round's training costs on this CPU with no framework at all.
 
 Writes ``benchmarks/results/htfllib-fml-mnist20.json``.
 """
@@ -127,6 +130,45 @@ def whole_run(method: str, task: str, eval_every: int) -> dict:
             "selected": {"round": result.best.round, "global_acc": round(float(result.best.global_acc.mean()), 4)}}
 
 
+def torch_floor(samples: int, batch: int = 64, repeats: int = 3) -> dict:
+    """The floor under any framework's training on this workload: two FedAvgCNNs trained mutually
+    (forward both, CE + KL each, one backward, clip, SGD step each) in a bare torch loop on random
+    images, no data pipeline, no evaluation. Milliseconds per sample (best of ``repeats`` passes
+    over 2,100 samples, one client's share), and the seconds one round of ``samples`` would take;
+    also with channels-last weights and inputs (not what hfl-bench trains with)."""
+    import torch
+    import torch.nn.functional as F
+
+    from htfl_pool import FedAvgCNN
+
+    def one_pass(channels_last: bool, n: int = 2100) -> float:
+        torch.manual_seed(0)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        models = [FedAvgCNN().to(memory_format=fmt) for _ in range(2)]
+        opts = [torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4) for m in models]
+        x_all, y_all = torch.randn(n, 1, 28, 28), torch.randint(0, 10, (n,))
+        t = time.perf_counter()
+        for s in range(0, n, batch):
+            x, y = x_all[s:s + batch].contiguous(memory_format=fmt), y_all[s:s + batch]
+            logits = [m(x) for m in models]
+            probs = [z.detach().softmax(-1) for z in logits]
+            loss = sum(0.5 * F.cross_entropy(z, y) + 0.5 * F.kl_div(z.log_softmax(-1), p, reduction="batchmean")
+                       for z, p in zip(logits, reversed(probs)))
+            for o in opts:
+                o.zero_grad(set_to_none=True)
+            loss.backward()
+            for m, o in zip(models, opts):
+                torch.nn.utils.clip_grad_norm_(m.parameters(), 10.0)
+                o.step()
+        return (time.perf_counter() - t) / n * 1e3
+
+    out = {"what": torch_floor.__doc__.split("\n\n")[0].replace("\n", " "), "samples": samples}
+    for name, cl in (("contiguous", False), ("channels_last", True)):
+        ms = min(one_pass(cl) for _ in range(repeats))
+        out[name] = {"ms_per_sample": round(ms, 3), "round_training_s": round(ms * samples / 1e3, 1)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data" / "mnist-htfl"),
@@ -136,12 +178,34 @@ def main() -> None:
     ap.add_argument("--digits-crad", action="store_true", help="also: whole crad runs on digits at its defaults, "
                     "with a test every round and with the default policy")
     ap.add_argument("--only-digits", action="store_true", help="skip the MNIST-20 workload")
+    ap.add_argument("--floor", action="store_true", help="only the bare-torch training floor of the workload; "
+                    "added to the results file, the rest of it kept")
     args = ap.parse_args()
     import torch
 
     from hfl_bench.config import EVAL_EVERY
 
     torch.set_num_threads(1)
+    if args.floor:
+        path = HERE / "results" / "htfllib-fml-mnist20.json"
+        doc = json.loads(path.read_text()) if path.exists() else {}
+        doc["torch_floor"] = f = torch_floor(BEFORE["training_samples"])
+        print(f"bare-torch FML training: {f['contiguous']['ms_per_sample']} ms/sample = "
+              f"{f['contiguous']['round_training_s']} s per round of {f['samples']} samples "
+              f"(channels-last {f['channels_last']['ms_per_sample']} ms = {f['channels_last']['round_training_s']} s)",
+              flush=True)
+        # hfl-bench's own training of one round, right after, under the same load: the ratio is the
+        # framework's overhead over the bare loop.
+        engine = measure(args.data, EVAL_EVERY, 1)
+        f["hfl_bench_round_training_s"] = engine["training_s"]
+        f["hfl_bench_ms_per_sample"] = round(engine["training_s"] / engine["training_samples"] * 1e3, 3)
+        f["hfl_bench_over_floor"] = round(f["hfl_bench_ms_per_sample"] / f["contiguous"]["ms_per_sample"], 2)
+        f["date"], f["load_average"] = dt.date.today().isoformat(), os.getloadavg()
+        print(f"hfl-bench: {f['hfl_bench_ms_per_sample']} ms/sample ({engine['training_samples']} samples), "
+              f"{f['hfl_bench_over_floor']}x the bare loop", flush=True)
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {path}")
+        return
     results, digits = {}, {}
     if args.digits_crad or args.only_digits:
         for name, every in (("every round", 1), ("default", EVAL_EVERY)):
