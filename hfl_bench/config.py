@@ -64,6 +64,9 @@ class RunConfig:
                                            "test; default: the task's, else 0.2.")
     public_size: int = param(0, "Samples held out of the training set (stratified, before partitioning) as a public "
                              "transfer set for the methods that use one; 0 = none. CRAD setup: 500.")
+    faults: str = param("", "One fault per run, KIND:WHO[@STRENGTH][/MODE]: label-noise, byzantine, free-rider or "
+                        "straggler; WHO a fraction of the clients (seeded) or a list [1,3]; e.g. byzantine:0.2, "
+                        "label-noise:0.3@0.5/pair. Empty or none: no faults (README, Faults).")
     seed: int | None = param(None, "Run seed (python, numpy, torch, partition); default: the task's, else 0.")
     eval_every: int = param(EVAL_EVERY, "Test rounds (global test set, local test halves, extra endpoints) every k "
                             "rounds, plus each of the last 10 rounds and the selected round; validation runs "
@@ -91,7 +94,7 @@ NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_e
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 # Fields added after the first records: left out of the hash at their default, so a config that
 # does not use them keeps the hash it always had (older records stay comparable).
-HASH_NEUTRAL_DEFAULTS = {"public_size": 0}
+HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "faults": ""}
 
 
 def read_yaml_mapping(path: str | Path, what: str, expected: str) -> dict[str, Any]:

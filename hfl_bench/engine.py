@@ -22,6 +22,7 @@ from hfl_bench import config as config_mod
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.data import TaskData, TaskInfo, get_task
 from hfl_bench.evaluation import Evaluator, class_correct, evaluate_global  # noqa: F401 (re-exported)
+from hfl_bench.faults import canonical_config, plan_for
 from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
 from hfl_bench.metering import Channel, Phase, PhaseTimer
 from hfl_bench.method_api import Method, get_method_class
@@ -63,9 +64,15 @@ def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: tor
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         data = dataclasses.replace(data, train_x=_channels_last(data.train_x), test_x=_channels_last(data.test_x))
+    faults = plan_for(cfg)
+    if faults is not None:  # label-noise flips the faulty clients' training labels (a copy), before training
+        data = dataclasses.replace(data, train_y=faults.apply_label_noise(
+            data.train_y, [c.train for c in partition.clients], info.num_classes))
+        labels = data.train_y.cpu().numpy()
     clients = []
-    fed = Federation(cfg, info, data, partition, pool, device, clients, Channel(cfg.clients),
-                     torch.zeros(0), torch.zeros(0), PhaseTimer(device))
+    channel = Channel(cfg.clients, tamper=None if faults is None else faults.tamper, method=cfg.method)
+    fed = Federation(cfg, info, data, partition, pool, device, clients, channel,
+                     torch.zeros(0), torch.zeros(0), PhaseTimer(device), faults=faults)
     for cid, (split, arch) in enumerate(zip(partition.clients, pool.assign(cfg.clients))):
         model = seeded_model(arch, info, derive_seed(cfg.seed, "init", cid), device, keep_global_rng=False)
         as_tensor = lambda a: torch.as_tensor(a, dtype=torch.long, device=device)  # noqa: E731
@@ -171,7 +178,8 @@ def load_task(cfg: RunConfig):
     """The config's task and the config resolved against its defaults (checked before and after)."""
     config_mod.validate(cfg)  # types and ranges first: a bad value never reaches the task
     task = get_task(cfg.task)
-    return task, config_mod.resolve(cfg, {**task.info.defaults, **task.folder_defaults(cfg.data_dir)})
+    resolved = config_mod.resolve(cfg, {**task.info.defaults, **task.folder_defaults(cfg.data_dir)})
+    return task, canonical_config(resolved)  # the fault spec checked and spelled one way
 
 
 def peak_memory(device: torch.device) -> dict[str, int | None]:
@@ -208,20 +216,30 @@ class Simulation:
         self.sent: list[np.ndarray] = []
         self.resumed_from: list[int] = []  # rounds of the checkpoints this run was resumed from
 
-    def active_clients(self, rnd: int) -> list[int]:
+    def drawn_clients(self, rnd: int) -> list[int]:
+        """The clients drawn for round ``rnd`` (all of them without --clients-per-round)."""
         k = self.cfg.clients_per_round or self.cfg.clients
         if k >= self.fed.n_clients:
             return self.all_clients
         return seeded_choice(self.cfg.seed, self.fed.n_clients, k, "active", rnd)
 
+    def active_clients(self, rnd: int) -> list[int]:
+        """The drawn clients less the stragglers that miss this round (--faults straggler:...)."""
+        drawn = self.drawn_clients(rnd)
+        faults = self.fed.faults
+        return drawn if faults is None else [c for c in drawn if not faults.misses(c, rnd)]
+
     def step(self, rnd: int) -> dict[str, Any]:
         """Run round ``rnd`` and evaluate; raises ``Diverged``."""
         fed, method = self.fed, self.method
         active = self.active_clients(rnd)
-        fed.channel.start_round()
+        fed.channel.start_round(rnd)
         t_round = time.perf_counter()
-        scalars = method.run_round(fed, rnd, active) or {}
-        changed = sorted(set(method.changed_clients(fed, active)))
+        if active:
+            scalars = method.run_round(fed, rnd, active) or {}
+            changed = sorted(set(method.changed_clients(fed, active)))
+        else:  # every drawn client is a straggler that misses this round: nothing runs
+            scalars, changed = {}, []
         metrics = self.evaluator(rnd, method.eval_models(fed), changed, last=rnd == self.cfg.rounds,
                                  endpoints=method.endpoints(fed))
         seconds = time.perf_counter() - t_round
@@ -229,7 +247,8 @@ class Simulation:
         nbytes = int(fed.channel.sent.sum() + fed.channel.server_sent)
         entry = _history_entry(metrics, nbytes, seconds, scalars, fed.timer.pop())
         self.history.append(entry)
-        if np.isfinite(metrics.mean_val) and (self.best is None or metrics.mean_val > self.best.mean_val):
+        score = self.evaluator.selection_score(metrics.val_acc)
+        if np.isfinite(score) and (self.best is None or score > self.evaluator.selection_score(self.best.val_acc)):
             self.best = metrics
         return entry
 
@@ -281,8 +300,9 @@ class Simulation:
         fed = self.fed
         self.resolve_pending()
         sent = np.stack(self.sent) if self.sent else np.zeros((0, fed.n_clients))
+        faults = None if fed.faults is None else fed.faults.record(len(self.history) - 1, self.drawn_clients)
         return RunResult(status, error, self.best, self.history, fed, self.method, time.perf_counter() - self.t0,
-                         peak_memory(fed.device), sent, self.code, list(self.resumed_from))
+                         peak_memory(fed.device), sent, self.code, list(self.resumed_from), faults)
 
 
 def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False,

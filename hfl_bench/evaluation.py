@@ -158,6 +158,10 @@ class Evaluator:
         self.global_correct = np.zeros((n, c))
         self.global_stale: set[int] = set(range(n))  # clients whose test figures are out of date
         self.best_val = -np.inf
+        # Selection (the reported round) reads the honest clients' validation when faults are on,
+        # all clients' otherwise (or when every client is faulty).
+        honest = fed.faults.honest if fed.faults is not None else []
+        self.selection_clients = np.asarray(honest if honest else range(n), dtype=np.int64)
         self.pending: Snapshot | None = None
         self.fast_layout = fed.device.type == "cpu" and fed.data.test_x.dim() == 4
         # inputs prepared once per run: each client's validation and local test rows, the test set
@@ -171,6 +175,11 @@ class Evaluator:
 
     def is_test_round(self, rnd: int, last: bool = False) -> bool:
         return rnd % self.eval_every == 0 or last or rnd > self.fed.cfg.rounds - FINAL_ROUNDS
+
+    def selection_score(self, val_acc: np.ndarray) -> float:
+        """Mean validation accuracy over the selection clients (nan when none has a figure)."""
+        val = val_acc[self.selection_clients]
+        return float(np.nanmean(val)) if np.isfinite(val).any() else float("nan")
 
     # -- the per-model measurements
 
@@ -199,7 +208,8 @@ class Evaluator:
                     fed.val_correct[cid] = self.val_correct(models[cid], cid)
             self.global_stale.update(changed)
             val = self._val_acc()
-            mean_val = float(np.nanmean(val)) if np.isfinite(val).any() else -np.inf
+            mean_val = self.selection_score(val)
+            mean_val = mean_val if np.isfinite(mean_val) else -np.inf
             improves = rnd > 0 and mean_val > self.best_val  # round 0 (initial models) is never selected
             if improves:
                 self.best_val = mean_val

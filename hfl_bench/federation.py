@@ -9,7 +9,9 @@ run, evaluates it and checkpoints it. A method may
   set, ``--public-size``), ``data`` (the task's tensors, on the device) and ``pool``;
 - train each client's ``model`` with its ``optimizer``, and replace both (FedCC rebuilds every
   model with an extra output): the engine evaluates whatever ``Method.eval_models`` returns;
-- send through ``channel`` (the only way bytes are counted) and time its work with
+- send through ``channel`` (the only way bytes are counted; every send declares its payload kind,
+  ``hfl_bench.metering.Payload``, and the method uses what ``send`` returns: under message faults
+  that is what the receivers get) and time its work with
   ``timer(Phase.TRAINING)`` (named phases only, ``hfl_bench.metering.Phase``).
 
 Everything else (the partition's index tensors, evaluation state) belongs to the engine. The
@@ -62,6 +64,10 @@ class Federation:
     timer: "PhaseTimer"
     # Training indices of the public transfer set (--public-size), on the device; empty if none.
     public_idx: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    # The run's fault plan (--faults; an hfl_bench.faults.FaultPlan, which builds on the training
+    # blocks, hence untyped here), None without faults. Methods do not read it: the channel, the
+    # training loops and the engine apply it.
+    faults: Any = None
 
     @property
     def public_x(self) -> torch.Tensor:
@@ -141,3 +147,4 @@ class RunResult:
     bytes_sent_per_client_round: np.ndarray  # [rounds, N]
     code: dict[str, Any]  # provenance.git_info() when the run started
     resumed_from_rounds: list[int] = field(default_factory=list)
+    faults: dict[str, Any] | None = None  # FaultPlan.record(): the record's faults section

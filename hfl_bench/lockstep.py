@@ -45,7 +45,9 @@ def train_students(
     losses: dict[int, float] = {}
     # Only whole-epoch target tensors can be stacked; per-batch target functions (the reference
     # path) train in the loop.
-    stackable = [i for i in cids if isinstance(targets.get(i, torch.zeros(0)), torch.Tensor)]
+    # A free-rider never trains (``training.fit`` returns at once for it): never stacked either.
+    riders = fed.faults.free_riders if getattr(fed, "faults", None) is not None else frozenset()
+    stackable = [i for i in cids if isinstance(targets.get(i, torch.zeros(0)), torch.Tensor) and i not in riders]
     for group in lockstep_groups(fed, stackable, with_targets=set(targets)) if fed.use_lockstep else []:
         losses.update(train_lockstep(fed, group, plans, targets, lam, temperature))
     for i in cids:

@@ -22,8 +22,10 @@ services it composes are imported from here (they live in the building blocks):
 - inference and losses: ``predict_logits``, ``soft_targets``, ``kd_loss``, ``student_loss``;
   ``batch_targets(targets, batch)`` slices a student's ``Targets`` (whole-epoch tensor or
   per-batch function, as the peer-KD backbone hands them out) for one batch;
-- communication and timing: ``fed.channel.send(src, dsts, payload)`` (``SERVER`` for the
-  server), ``fed.timer(Phase.TRAINING)``;
+- communication and timing: ``fed.channel.send(src, dsts, payload, kind)`` (``SERVER`` for the
+  server; ``kind`` a ``Payload``, or a mapping of a dict payload's keys to kinds) returns what the
+  receivers get, which is what the method must use (under ``--faults`` a faulty client's message
+  arrives corrupted); ``fed.timer(Phase.TRAINING)``;
 - seeds: ``derive_seed(fed.cfg.seed, ...)`` for any draw a method makes;
 - errors: ``ConfigError`` for a setting the method cannot run, ``require_at_least`` for ranges.
 
@@ -47,7 +49,7 @@ from hfl_bench.checkpoint import load_attrs, pack_attrs
 from hfl_bench.config import ConfigError, param, require_at_least
 from hfl_bench.federation import Client, Federation
 from hfl_bench.lockstep import train_students
-from hfl_bench.metering import SERVER, Phase
+from hfl_bench.metering import SERVER, Payload, Phase
 from hfl_bench.pools import PoolMember, seeded_model
 from hfl_bench.registry import METHODS, RegistryError
 from hfl_bench.training import (
@@ -72,7 +74,7 @@ from hfl_bench.training import (
 
 __all__ = [
     "SERVER", "Batch", "Client", "ConfigError", "Diverged", "EpochPlan", "Federation", "Method", "NoParams",
-    "Phase", "Targets", "Trainee", "TransferPlan", "batch_targets", "derive_seed", "finite_mean", "fit", "get_method_class", "kd_loss", "make_plan",
+    "Payload", "Phase", "Targets", "Trainee", "TransferPlan", "batch_targets", "derive_seed", "finite_mean", "fit", "get_method_class", "kd_loss", "make_plan",
     "new_model", "param", "predict_logits", "register_method", "require_at_least", "seeded_init", "soft_targets",
     "student_loss", "train_client", "train_students", "transfer_plan",
 ]

@@ -44,9 +44,10 @@ def cpu_federation(cfg: RunConfig) -> Federation:
     from hfl_bench import engine
     from hfl_bench.config import resolve
     from hfl_bench.data import get_task
+    from hfl_bench.faults import canonical_config
 
     task = get_task(cfg.task)
-    cfg = resolve(cfg, {**task.info.defaults, **task.folder_defaults(cfg.data_dir)})
+    cfg = canonical_config(resolve(cfg, {**task.info.defaults, **task.folder_defaults(cfg.data_dir)}))
     return engine.build_federation(cfg, task.info, task.load(cfg.data_dir), torch.device("cpu"))
 
 

@@ -245,11 +245,28 @@ def finite_mean(total: torch.Tensor | float, batches: int, who: str) -> float:
 
 
 class Trainee(NamedTuple):
-    """A model ``fit`` steps, with its optimizer and a name for error messages."""
+    """A model ``fit`` steps, with its optimizer, a name for error messages and the client that
+    owns it (``cid``; None: found by identity among the clients' models, else nobody's). A
+    free-rider's trainees are never stepped (``--faults free-rider:...``)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
     who: str
+    cid: int | None = None
+
+
+def free_riding(fed: "Federation", trainees: Sequence[Trainee]) -> list[bool]:
+    """For each trainee, whether a free-rider owns it (then ``fit`` leaves it untouched)."""
+    riders = fed.faults.free_riders if getattr(fed, "faults", None) is not None else frozenset()
+    if not riders:
+        return [False] * len(trainees)
+    out = []
+    for t in trainees:
+        owner = t.cid
+        if owner is None:
+            owner = next((c for c in riders if fed.clients[c].model is t.model), None)
+        out.append(owner in riders)
+    return out
 
 
 Plan = EpochPlan | TransferPlan
@@ -267,6 +284,13 @@ def fit(fed: "Federation", plan: Plan, trainees: Sequence[Trainee], loss_fn: Los
     on the device and read once per call, so a GPU never waits on a step.
     """
     clip = fed.cfg.grad_clip if clip is None else clip
+    idle = free_riding(fed, trainees)
+    if all(idle):  # free-riders only: nothing trains, nothing runs
+        return [0.0] * len(trainees)
+    # A free-rider's model may still teach the others (its forward runs), but it is never
+    # stepped and its buffers (BatchNorm statistics) are put back afterwards.
+    kept = [{k: v.clone() for k, v in t.model.named_buffers()} if i else None for t, i in zip(trainees, idle)]
+    stepped = [t for t, i in zip(trainees, idle) if not i]
     for t in trainees:
         t.model.train()
     device = plan.indices.device if isinstance(plan, EpochPlan) else plan.x.device
@@ -274,15 +298,22 @@ def fit(fed: "Federation", plan: Plan, trainees: Sequence[Trainee], loss_fn: Los
     steps = 0
     for batch in plan.batches(fed):
         losses = list(loss_fn(batch))
-        for t in trainees:
+        for t in stepped:
             t.optimizer.zero_grad(set_to_none=True)
         (losses[0] if len(losses) == 1 else sum(losses)).backward()
-        for t in trainees:
+        for t in stepped:
             if clip > 0:
                 nn.utils.clip_grad_norm_(t.model.parameters(), clip)
             t.optimizer.step()
         totals += torch.stack([loss.detach() for loss in losses])
         steps += 1
+    for t, buffers in zip(trainees, kept):
+        if buffers is not None:
+            with torch.no_grad():
+                for name, value in t.model.named_buffers():
+                    value.copy_(buffers[name])
+            for q in t.model.parameters():
+                q.grad = None
     return [finite_mean(total, steps, t.who) for total, t in zip(totals.tolist(), trainees)]
 
 
@@ -300,7 +331,7 @@ def train_client(fed: "Federation", client: "Client", plan: Plan, loss: ClientLo
     keeps) over ``plan`` with ``loss(batch, logits)``; plain CE by default. Returns the mean loss."""
     model = client.model if model is None else model
     optimizer = client.optimizer if optimizer is None else optimizer
-    trainee = Trainee(model, optimizer, who or f"client {client.cid}")
+    trainee = Trainee(model, optimizer, who or f"client {client.cid}", client.cid)
     return fit(fed, plan, [trainee], lambda b: [loss(b, model(b.x))])[0]
 
 

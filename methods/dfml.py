@@ -55,7 +55,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hfl_bench.method_api import ConfigError, Method, Phase, Trainee, derive_seed, fit, make_plan, param, register_method
+from hfl_bench.method_api import (
+    ConfigError, Method, Payload, Phase, Trainee, derive_seed, fit, make_plan, param, register_method,
+)
 
 BETA_FLOOR = 1e-8  # smallest class proportion entering log beta (absent classes)
 
@@ -111,7 +113,7 @@ def dfml_loss(logits: torch.Tensor, y: torch.Tensor, log_beta: torch.Tensor,
 def mutual_learning(fed, plan, members: list[int], log_beta: torch.Tensor, alpha: float) -> list[float]:
     """Train every member's model over ``plan`` (the aggregator's data); mean loss per member."""
     models = [fed.clients[n].model for n in members]
-    trainees = [Trainee(model, fed.clients[n].optimizer, f"client {n}") for n, model in zip(members, models)]
+    trainees = [Trainee(model, fed.clients[n].optimizer, f"client {n}", n) for n, model in zip(members, models)]
 
     def losses(b):
         logits = [model(b.x) for model in models]
@@ -172,14 +174,16 @@ class DFML(Method):
         alpha = alpha_at(t, p.alpha_max, p.period)
         a = draw_aggregator(fed.cfg.seed, rnd, active)
         members = [a] + [n for n in active if n != a]
-        for n in members[1:]:
-            fed.channel.send(n, a, fed.clients[n].model.state_dict())
+        for n in members[1:]:  # the aggregator trains what it received
+            fed.clients[n].model.load_state_dict(fed.channel.send(n, a, fed.clients[n].model.state_dict(),
+                                                                  Payload.PARAMS))
         log_beta = log_class_prior(fed.clients[a].train_counts).to(fed.device)
         plan = make_plan(fed, a, rnd, epochs=p.epochs)
         with fed.timer(Phase.TRAINING):
             losses = mutual_learning(fed, plan, members, log_beta, alpha)
-        for n in members[1:]:
-            fed.channel.send(a, n, fed.clients[n].model.state_dict())
+        for n in members[1:]:  # and each owner keeps what came back
+            fed.clients[n].model.load_state_dict(fed.channel.send(a, n, fed.clients[n].model.state_dict(),
+                                                                  Payload.PARAMS))
         peak = is_peak(t, p.period)
         if peak:
             for n in members:

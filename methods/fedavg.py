@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from hfl_bench.method_api import SERVER, ConfigError, Method, make_plan, register_method, train_students
+from hfl_bench.method_api import SERVER, ConfigError, Method, Payload, make_plan, register_method, train_students
 
 
 @register_method("fedavg")
@@ -29,13 +29,14 @@ class FedAvg(Method):
 
     def setup(self, fed):
         # The server's initial model (client 0's initialization) goes to every other client.
-        first = fed.channel.send(SERVER, list(range(1, fed.n_clients)), fed.clients[0].model.state_dict())
+        first = fed.channel.send(SERVER, list(range(1, fed.n_clients)), fed.clients[0].model.state_dict(),
+                                 Payload.PARAMS)
         for c in fed.clients[1:]:
             c.model.load_state_dict(first)
 
     def run_round(self, fed, rnd, active):
         losses = train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
-        states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict()) for i in active]
+        states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict(), Payload.PARAMS) for i in active]
         weights = torch.tensor([len(fed.clients[i].train_idx) for i in active], dtype=torch.float64)
         weights = weights / weights.sum()
         avg = {}
@@ -44,7 +45,7 @@ class FedAvg(Method):
                 avg[key] = sum(w * s[key].double() for w, s in zip(weights.tolist(), states)).to(ref.dtype)
             else:
                 avg[key] = ref.clone()  # e.g. BatchNorm's num_batches_tracked
-        fed.channel.send(SERVER, list(range(fed.n_clients)), avg)
+        avg = fed.channel.send(SERVER, list(range(fed.n_clients)), avg, Payload.PARAMS)
         for c in fed.clients:
             c.model.load_state_dict(avg)
         return {"train_loss": sum(losses) / len(losses)}

@@ -61,8 +61,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hfl_bench.families.transfer import train_on_transfer, transfer_logits, upload_and_broadcast
+from hfl_bench.families.transfer import broadcast, train_on_transfer, transfer_logits, upload
 from hfl_bench.method_api import (
+    Payload,
     ConfigError,
     EpochPlan,
     Method,
@@ -384,10 +385,10 @@ class FedCC(Method):
                                                            pseudo_labels(w.alpha, w.m, c), p.lam, rnd))
         logits = transfer_logits(fed, {cid: fed.clients[cid].model for cid in active}, x)
         uploads = {cid: soft_targets(z, p.tau) for cid, z in logits.items()}  # float32 [M, C + 1]
+        uploads = upload(fed, uploads, Payload.PROBS)  # what the server received
         with fed.timer(Phase.AGGREGATION):
             targets = aggregate_predictions(torch.stack([uploads[cid] for cid in active]))
-        upload_and_broadcast(fed, uploads, targets, list(range(fed.n_clients)))
-        self.targets = targets
+        self.targets = broadcast(fed, targets, list(range(fed.n_clients)), Payload.PROBS)
         out = {"train_loss": float(np.mean(ce))}
         for name, values in (("sync_loss", sync), ("pseudo_loss", refine), ("alpha_mean", alpha)):
             if values:

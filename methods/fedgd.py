@@ -87,6 +87,7 @@ from hfl_bench.families.fedmd_exchange import (
 from hfl_bench.families.peer_kd import frozen_snapshots
 from hfl_bench.families.transfer import transfer_logits
 from hfl_bench.method_api import (
+    Payload,
     SERVER,
     ConfigError,
     Method,
@@ -320,16 +321,16 @@ class FedGD(Method):
     def run_round(self, fed, rnd, active):
         p = self.params
         with fed.timer(Phase.AGGREGATION):
-            for i in active:  # the coordinator needs white-box snapshots
-                fed.channel.send(i, SERVER, fed.clients[i].model)
-            snapshots = frozen_snapshots(fed, active)
+            # the coordinator needs white-box snapshots: frozen copies of what it received
+            received = {i: fed.channel.send(i, SERVER, fed.clients[i].model, Payload.MODEL) for i in active}
+            snapshots = frozen_snapshots(fed, active, received)
         with fed.timer(Phase.GENERATOR):
             g_stats = train_generator(fed, self.generator, self.g_opt, list(snapshots.values()), p, rnd)
             x = synthesize(fed, self.generator, p, rnd)
         target = consensus(transfer_logits(fed, snapshots, x))
         with fed.timer(Phase.AGGREGATION):
-            fed.channel.send(SERVER, active, x)
-            fed.channel.send(SERVER, active, target)
+            x = fed.channel.send(SERVER, active, x, Payload.GENERATOR)
+            target = fed.channel.send(SERVER, active, target, Payload.LOGITS)
         out = digest_and_revisit(fed, rnd, active, x, target, self.digest_opts, p)
         out.update(g_stats)
         return out

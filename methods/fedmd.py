@@ -55,6 +55,7 @@ from hfl_bench.families.fedmd_exchange import (
 )
 from hfl_bench.families.transfer import share_all_to_all, transfer_logits
 from hfl_bench.method_api import (
+    Payload,
     Method,
     Phase,
     derive_seed,
@@ -132,6 +133,7 @@ class FedMD(Method):
         x = self.alignment_set(fed, rnd)
         logits = transfer_logits(fed, {i: fed.clients[i].model for i in active}, x)
         with fed.timer(Phase.AGGREGATION):
-            share_all_to_all(fed, logits)
-            target = consensus(logits)  # every client computes the same mean
+            received = share_all_to_all(fed, logits, Payload.LOGITS)
+            # every client computes the same mean, of what was sent (a byzantine client included)
+            target = consensus(received)
         return digest_and_revisit(fed, rnd, active, x, target, self.digest_opts, self.params)

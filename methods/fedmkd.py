@@ -117,12 +117,13 @@ class FedMKD(Method):
 
     def run_round(self, fed, rnd, active):
         p = self.params
-        exchange_snapshots(fed, active, None)  # the memory never leaves its client
+        received = exchange_snapshots(fed, active, None)  # the memory never leaves its client
         plans = {i: make_plan(fed, i, rnd) for i in active}
         with_memory = {i for i in active if i in self.trained} if p.mu > 0 else set()
         # counts and accuracies are unused by the uniform mean; the Aggregator API takes them
         targets = peer_targets(fed, plans, active, self.aggregate, temperature=p.temperature,
-                               counts=fed.val_counts, accs=fed.val_accs(), memory=with_memory)
+                               counts=fed.val_counts, accs=fed.val_accs(), memory=with_memory,
+                               teachers={j: received[j]["snapshot"] for j in active})
         with fed.timer(targets.phase):
             losses = [train_client(fed, fed.clients[i], plans[i],
                                    fedmkd_loss(targets.peer.get(i), targets.memory.get(i), p.lam, p.mu, p.temperature))

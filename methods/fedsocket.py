@@ -89,6 +89,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl_bench.method_api import (
+    Payload,
     SERVER,
     ConfigError,
     Method,
@@ -403,7 +404,7 @@ def teach_q(fed, cid: int, rnd: int, q_copy: nn.Module, feats: torch.Tensor, p: 
     t_soft = F.softmax(t_logits / p.temperature, dim=-1)
     rel = reliability_weights(F.softmax(t_logits, dim=-1), plan.labels(fed))
     opt = torch.optim.Adam(q_copy.parameters(), lr=p.q_lr)
-    trainee = Trainee(q_copy, opt, f"client {cid} Q copy")
+    trainee = Trainee(q_copy, opt, f"client {cid} Q copy", cid)
 
     def loss(b):  # Q reads the features of the batch's samples, not their (augmented) views
         logits = q_copy(feats[b.idx])
@@ -414,6 +415,10 @@ def teach_q(fed, cid: int, rnd: int, q_copy: nn.Module, feats: torch.Tensor, p: 
 
 
 # ----------------------------------------------------------------------------- the method
+
+
+# What a client uploads each round: Q's parameters, its sample count and its class counts.
+UPLOAD_KINDS = {"q": Payload.PARAMS, "n": Payload.COUNTS, "class_counts": Payload.COUNTS}
 
 
 @register_method("fedsocket")
@@ -513,7 +518,7 @@ class FedSocket(Method):
         """The server sends the current Q to ``clients``; each loads it as the Q it holds."""
         if not clients:
             return
-        payload = fed.channel.send(SERVER, clients, self.phi)
+        payload = fed.channel.send(SERVER, clients, self.phi, Payload.PARAMS)
         for k in clients:
             self.held[k].load_state_dict(payload)
             self.held_predictor_version[k] = self.predictor_version
@@ -531,7 +536,7 @@ class FedSocket(Method):
             uploads.append(fed.channel.send(k, SERVER, {
                 "q": q_copy.state_dict(), "n": int(counts.sum()),
                 "class_counts": torch.as_tensor(counts, dtype=torch.int64),
-            }))
+            }, UPLOAD_KINDS))
         with fed.timer(Phase.AGGREGATION):
             self.phi = aggregate_q(self.phi, [u["q"] for u in uploads], [u["n"] for u in uploads],
                                    np.stack([u["class_counts"].numpy() for u in uploads]), keep=p.server_keep)

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from hfl_bench.method_api import (
+    Payload,
     SERVER,
     ConfigError,
     Method,
@@ -151,9 +152,9 @@ class FML(Method):
         with fed.timer(Phase.TRAINING):
             losses = [self.mutual_train(fed, i, make_plan(fed, i, rnd)) for i in active]
         with fed.timer(Phase.AGGREGATION):
-            states = [fed.channel.send(i, SERVER, self.memes[i].state_dict()) for i in active]
+            states = [fed.channel.send(i, SERVER, self.memes[i].state_dict(), Payload.PARAMS) for i in active]
             avg = weighted_average(states, [float(len(fed.clients[i].train_idx)) for i in active])
-            fed.channel.send(SERVER, list(range(fed.n_clients)), avg)
+            avg = fed.channel.send(SERVER, list(range(fed.n_clients)), avg, Payload.PARAMS)
             for meme in self.memes:
                 meme.load_state_dict(avg)
         return {"train_loss": sum(l for l, _ in losses) / len(losses),
@@ -162,8 +163,8 @@ class FML(Method):
     def mutual_train(self, fed, cid: int, plan) -> list[float]:
         """The private model and the meme, trained together over the client's plan: mean losses."""
         client, meme, p = fed.clients[cid], self.memes[cid], self.params
-        trainees = [Trainee(client.model, client.optimizer, f"client {cid} (private)"),
-                    Trainee(meme, self.meme_opts[cid], f"client {cid} (meme)")]
+        trainees = [Trainee(client.model, client.optimizer, f"client {cid} (private)", cid),
+                    Trainee(meme, self.meme_opts[cid], f"client {cid} (meme)", cid)]
         return fit(fed, plan, trainees, lambda b: mutual_losses(client.model(b.x), meme(b.x), b.y, p.alpha, p.beta))
 
     def endpoints(self, fed):

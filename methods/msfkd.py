@@ -39,6 +39,7 @@ import torch
 
 from hfl_bench.families.transfer import share_all_to_all, train_on_transfer, transfer_logits
 from hfl_bench.method_api import (
+    Payload,
     ConfigError,
     Method,
     Phase,
@@ -124,7 +125,7 @@ class MSFKD(Method):
         x = fed.public_x
         logits = transfer_logits(fed, {cid: fed.clients[cid].model for cid in active}, x)
         shared = {cid: soft_targets(z, p.temperature) for cid, z in logits.items()}  # float32 [M, C]
-        share_all_to_all(fed, shared)
+        shared = share_all_to_all(fed, shared, Payload.PROBS)  # what the peers received
         with fed.timer(Phase.AGGREGATION):
             soft = torch.stack([shared[cid] for cid in active])
             targets, n_kept, fallback = select_targets(soft, confidence(soft, p.temperature) >= p.tau)

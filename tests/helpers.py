@@ -25,7 +25,8 @@ def record_sends(fed: Federation, monkeypatch) -> list[tuple]:
     sends still go through (and are counted) as usual."""
     sends: list[tuple] = []
     send = fed.channel.send
-    monkeypatch.setattr(fed.channel, "send", lambda src, dst, p: sends.append((src, dst)) or send(src, dst, p))
+    monkeypatch.setattr(fed.channel, "send",
+                        lambda src, dst, p, kind: sends.append((src, dst)) or send(src, dst, p, kind))
     return sends
 
 

@@ -131,10 +131,10 @@ def test_round_exchange_metering_and_unlabeled_public_set(monkeypatch):
     uploads = {}
     send = fed.channel.send
 
-    def spy(src, dsts, payload):
+    def spy(src, dsts, payload, kind):
         if dsts == SERVER:
             uploads[src] = payload.clone()
-        return send(src, dsts, payload)
+        return send(src, dsts, payload, kind)
 
     monkeypatch.setattr(fed.channel, "send", spy)
     active = [0, 2, 3]

@@ -48,10 +48,10 @@ def test_memes_are_the_sample_weighted_average_after_a_round(tiny_cfg, monkeypat
     uploads: dict[int, dict[str, torch.Tensor]] = {}
     send = fed.channel.send
 
-    def spy(src, dsts, payload):
+    def spy(src, dsts, payload, kind):
         if dsts == SERVER:  # copy now: the state_dict shares storage with the live meme
             uploads[src] = {k: v.detach().clone() for k, v in payload.items()}
-        return send(src, dsts, payload)
+        return send(src, dsts, payload, kind)
 
     monkeypatch.setattr(fed.channel, "send", spy)
     active = [0, 2, 3]

@@ -28,7 +28,7 @@ from torch import nn
 
 from hfl_bench.aggregation import Aggregator
 from hfl_bench.lockstep import train_students
-from hfl_bench.metering import Phase
+from hfl_bench.metering import Payload, Phase
 from hfl_bench.training import (
     EpochPlan,
     Targets,
@@ -46,11 +46,32 @@ def peers_of(cid: int, active: list[int]) -> list[int]:
     return [j for j in active if j != cid]
 
 
-def exchange_snapshots(fed: "Federation", active: list[int], stats: torch.Tensor | None) -> None:
-    """Every active client sends its snapshot (and its 2C statistics, if any) to every active peer."""
+SNAPSHOT_KINDS = {"snapshot": Payload.MODEL, "counts": Payload.COUNTS, "accs": Payload.ACCURACIES}
+
+
+def exchange_snapshots(fed: "Federation", active: list[int], stats: torch.Tensor | None) -> dict[int, dict]:
+    """Every active client sends its snapshot (and its 2C statistics ``stats[j]`` = [counts,
+    accuracies], if any) to every active peer. Returns what the peers receive from each sender:
+    ``{"snapshot": module, "counts": [C], "accs": [C]}`` (the live model and the very statistics,
+    unless a fault corrupted them)."""
+    received = {}
     for j in active:
-        payload = {"snapshot": fed.clients[j].model, "stats": None if stats is None else stats[j]}
-        fed.channel.send(j, peers_of(j, active), payload)
+        payload: dict = {"snapshot": fed.clients[j].model}
+        if stats is not None:
+            payload.update(counts=stats[j, 0], accs=stats[j, 1])
+        kinds = {k: SNAPSHOT_KINDS[k] for k in payload}
+        received[j] = fed.channel.send(j, peers_of(j, active), payload, kinds)
+    return received
+
+
+def received_stats(received: dict[int, dict], counts: torch.Tensor, accs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``counts`` and ``accs`` [N, C] with each sender's rows replaced by what its peers received."""
+    counts, accs = counts.clone(), accs.clone()
+    for j, payload in received.items():
+        if "counts" in payload:
+            counts[j] = payload["counts"]
+            accs[j] = payload["accs"]
+    return counts, accs
 
 
 def teacher_major_probs(
@@ -92,10 +113,16 @@ def teacher_major_probs(
 
 
 def _arch_groups(fed: "Federation", teachers: dict[int, nn.Module]) -> list[list[int]]:
+    """Teachers that can be stacked, by architecture; a teacher that is not its client's live model
+    (a corrupted snapshot) runs on its own."""
     groups: dict[str, list[int]] = {}
+    alone = []
     for j in teachers:
-        groups.setdefault(fed.clients[j].arch.name, []).append(j)
-    return list(groups.values())
+        if teachers[j] is fed.clients[j].model:
+            groups.setdefault(fed.clients[j].arch.name, []).append(j)
+        else:
+            alone.append([j])
+    return list(groups.values()) + alone
 
 
 def aggregate_peer_targets(
@@ -126,10 +153,11 @@ def reference_target_fn(
     return targets
 
 
-def frozen_snapshots(fed: "Federation", ids: list[int]) -> dict[int, nn.Module]:
+def frozen_snapshots(fed: "Federation", ids: list[int], models: dict[int, nn.Module] | None = None) -> dict[int, nn.Module]:
+    """Frozen eval-mode copies of ``models`` (what was received; default the clients' live models)."""
     snaps = {}
     for j in ids:
-        snap = copy.deepcopy(fed.clients[j].model).eval()
+        snap = copy.deepcopy(fed.clients[j].model if models is None else models[j]).eval()
         snap.requires_grad_(False)
         snaps[j] = snap
     return snaps
@@ -158,31 +186,42 @@ class PeerTargets:
 def peer_targets(
     fed: "Federation", plans: dict[int, EpochPlan], active: list[int], aggregate: Aggregator, *,
     temperature: float, counts: torch.Tensor, accs: torch.Tensor, memory: set[int] = frozenset(),
+    teachers: dict[int, nn.Module] | None = None,
 ) -> PeerTargets:
-    """The round's distillation targets on every active student's plan, by the run's execution path."""
+    """The round's distillation targets on every active student's plan, by the run's execution
+    path. ``teachers`` are the snapshots the peers received (``exchange_snapshots``; default the
+    live models); a memory (``memory``) is always the student's own live model."""
+    teachers = {j: fed.clients[j].model for j in active} if teachers is None else teachers
     if fed.exec_path == "fast":
-        return _fast_targets(fed, plans, active, aggregate, temperature, counts, accs, memory)
+        return _fast_targets(fed, plans, active, aggregate, temperature, counts, accs, memory, teachers)
     bf16 = fed.device.type == "cuda"
-    snapshots = frozen_snapshots(fed, active)  # students train while their snapshots still teach
+    snapshots = frozen_snapshots(fed, active, teachers)  # students train while their snapshots still teach
     peer = {i: reference_target_fn(snapshots, peers_of(i, active), aggregate, temperature, counts, accs, bf16=bf16)
             for i in active if peers_of(i, active)}
-    own = {i: memory_target_fn(snapshots[i], temperature, bf16) for i in active if i in memory}
+    own = {i: memory_target_fn(snapshots[i] if teachers[i] is fed.clients[i].model
+                               else frozen_snapshots(fed, [i])[i], temperature, bf16)
+           for i in active if i in memory}
     return PeerTargets(peer, own, Phase.TRAINING_WITH_TEACHERS)
 
 
 def _fast_targets(fed: "Federation", plans: dict[int, EpochPlan], active: list[int], aggregate: Aggregator,
-                  temperature: float, counts: torch.Tensor, accs: torch.Tensor, memory: set[int]) -> PeerTargets:
+                  temperature: float, counts: torch.Tensor, accs: torch.Tensor, memory: set[int],
+                  teachers: dict[int, nn.Module]) -> PeerTargets:
     """Teacher by teacher. A client with a memory is one more student of its own model, so every
     live model runs once over its peers' views and its own before anyone trains: the live models
-    are still the round r-1 snapshots, and no copy is needed."""
-    teachers = {j: fed.clients[j].model for j in active}
+    are still the round r-1 snapshots, and no copy is needed. A client whose sent snapshot is not
+    its live model (a fault corrupted it) gets its memory targets from its live model apart."""
+    own_teacher = {i for i in memory if teachers[i] is fed.clients[i].model}
 
     def students_of(j: int) -> list[int]:
-        return peers_of(j, list(plans)) + ([j] if j in memory else [])
+        return peers_of(j, list(plans)) + ([j] if j in own_teacher else [])
 
     with fed.timer(Phase.TEACHER_INFERENCE):
         probs = teacher_major_probs(fed, plans, teachers, temperature, students_of)
-    own = {i: probs[i].pop(i) for i in plans if i in memory}
+        own = {i: probs[i].pop(i) for i in plans if i in own_teacher}
+        bf16 = fed.device.type == "cuda"
+        for i in sorted(set(memory) & set(plans) - own_teacher):
+            own[i] = soft_targets(predict_logits(fed.clients[i].model, plans[i].view(fed), bf16=bf16), temperature)
     return PeerTargets(aggregate_peer_targets(fed, probs, active, aggregate, counts, accs), own, Phase.TRAINING)
 
 
@@ -192,9 +231,12 @@ def peer_kd_round(
 ) -> dict[str, float]:
     """One round of the backbone: exchange, teacher inference, aggregation, student training."""
     stats = torch.stack([counts, accs], dim=1)  # [N, 2, C]: what a client shares besides its snapshot
-    exchange_snapshots(fed, active, stats)
+    received = exchange_snapshots(fed, active, stats)
+    counts, accs = received_stats(received, counts, accs)  # what the peers received, used from here on
+    teachers = {j: received[j]["snapshot"] for j in active}
     plans = {i: make_plan(fed, i, rnd) for i in active}
-    targets = peer_targets(fed, plans, active, aggregate, temperature=temperature, counts=counts, accs=accs)
+    targets = peer_targets(fed, plans, active, aggregate, temperature=temperature, counts=counts, accs=accs,
+                           teachers=teachers)
     with fed.timer(targets.phase):
         losses = train_students(fed, active, plans, targets=targets.peer, lam=lam, temperature=temperature)
     return {"train_loss": sum(losses) / len(losses)}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch import nn
 
-from hfl_bench.metering import Phase, SERVER
+from hfl_bench.metering import SERVER, Kind, Phase
 from hfl_bench.training import Trainee, fit, predict_logits, transfer_plan
 
 if TYPE_CHECKING:
@@ -32,21 +32,23 @@ def transfer_logits(fed: "Federation", models: dict[int, nn.Module], x: torch.Te
         return {cid: predict_logits(model, x, bf16=bf16) for cid, model in models.items()}
 
 
-def share_all_to_all(fed: "Federation", outputs: dict[int, torch.Tensor]) -> None:
-    """Decentralized exchange: every client sends its output matrix to every other client in
-    ``outputs`` (what a server-free FedMD / MSFKD puts on the network)."""
+def share_all_to_all(fed: "Federation", outputs: dict[int, torch.Tensor], kind: Kind) -> dict[int, torch.Tensor]:
+    """Decentralized exchange: every client sends its output matrix (of ``kind``: logits or
+    probabilities) to every other client in ``outputs`` (what a server-free FedMD / MSFKD puts on
+    the network). Returns what the receivers got from each sender; methods form their targets
+    from it."""
     senders = list(outputs)
-    for cid, out in outputs.items():
-        fed.channel.send(cid, [j for j in senders if j != cid], out)
+    return {cid: fed.channel.send(cid, [j for j in senders if j != cid], out, kind) for cid, out in outputs.items()}
 
 
-def upload_and_broadcast(fed: "Federation", outputs: dict[int, torch.Tensor], consensus: torch.Tensor,
-                         receivers: list[int]) -> None:
-    """Server exchange: each client uploads its output matrix, the server broadcasts one
-    aggregate to ``receivers``."""
-    for cid, out in outputs.items():
-        fed.channel.send(cid, SERVER, out)
-    fed.channel.send(SERVER, receivers, consensus)
+def upload(fed: "Federation", outputs: dict[int, torch.Tensor], kind: Kind) -> dict[int, torch.Tensor]:
+    """Server exchange, first half: each client uploads its output matrix; what the server got."""
+    return {cid: fed.channel.send(cid, SERVER, out, kind) for cid, out in outputs.items()}
+
+
+def broadcast(fed: "Federation", aggregate: torch.Tensor, receivers: list[int], kind: Kind) -> torch.Tensor:
+    """Server exchange, second half: the server broadcasts one aggregate to ``receivers``."""
+    return fed.channel.send(SERVER, receivers, aggregate, kind)
 
 
 def train_on_transfer(
