@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import hfl_bench
-from hfl_bench.config import FINAL_ROUNDS, ConfigError, RunConfig, config_hash
+from hfl_bench.config import FINAL_ROUNDS, HASH_NEUTRAL_DEFAULTS, ConfigError, RunConfig, config_hash
 from hfl_bench.paths import (
     UnsafePathError, checkpoint_for, inside, record_filename, unsaved_dirs, unsaved_folder, write_atomic,
 )
@@ -25,11 +25,12 @@ from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_use
 if TYPE_CHECKING:  # annotation only: reading records needs no torch
     from hfl_bench.federation import RunResult
 
-SCHEMA_VERSION = "1.2"  # what new records are written as
+SCHEMA_VERSION = "1.3"  # what new records are written as
 # Every version a record may carry; each keeps its own schema file, and a record is validated
 # against the schema of its own ``schema_version`` (1.1 added fidelity "original" and ``plugins``;
-# 1.2 the method's ``version`` and the ``final`` figures of the last evaluated rounds).
-SCHEMA_VERSIONS = ("1.0", "1.1", "1.2")
+# 1.2 the method's ``version`` and the ``final`` figures of the last evaluated rounds; 1.3 the
+# ``faults`` section and the ``honest`` / ``faulty`` figures of a run with --faults).
+SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3")
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
 SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
 
@@ -66,6 +67,31 @@ def final_figures(history: list[dict[str, Any]], n: int = FINAL_ROUNDS) -> dict[
             "local_acc": _pct(float(np.mean(local))) if local else None}
 
 
+def group_figures(best: Any, clients: list[int]) -> dict[str, Any]:
+    """The selected round's mean global, local and validation accuracy over ``clients``."""
+    if not clients:
+        return {"n_clients": 0, "global_acc": None, "local_acc": None, "mean_val_acc": None}
+    idx = np.asarray(clients)
+
+    def mean(values: np.ndarray | None) -> float | None:
+        if values is None:
+            return None
+        v = np.asarray(values, dtype=float)[idx]
+        return _pct(float(np.nanmean(v))) if np.isfinite(v).any() else None
+
+    return {"n_clients": len(clients), "global_acc": mean(best.global_acc), "local_acc": mean(best.local_acc),
+            "mean_val_acc": mean(best.val_acc)}
+
+
+def faults_section(cfg_dict: dict[str, Any], faults: dict[str, Any]) -> dict[str, Any]:
+    """The record's ``faults`` block: the plan (``FaultPlan.record``), the selection rule and the
+    config hash of the same run without faults (the baseline a drop is measured against)."""
+    baseline = {**cfg_dict, "faults": HASH_NEUTRAL_DEFAULTS["faults"]}
+    honest = faults.get("honest_clients") or []
+    return {**faults, "selection": "honest" if honest else "all",
+            "baseline_config_hash": config_hash(baseline)}
+
+
 def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
     fed, method, best = result.fed, result.method, result.best
     cfg_dict = dataclasses.asdict(cfg)
@@ -92,6 +118,9 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "extra_endpoints": best.endpoints,
             **({"final": final} if (final := final_figures(result.history)) else {}),
         }
+        if result.faults is not None:  # the headline under faults: the honest clients' figures
+            metrics["honest"] = group_figures(best, result.faults["honest_clients"])
+            metrics["faulty"] = group_figures(best, result.faults["faulty_clients"])
     sent = result.bytes_sent_per_client_round
     rounds_run = len(result.history) - 1
     record = {
@@ -142,6 +171,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         },
         "seeds": {"python": cfg.seed, "numpy": cfg.seed, "torch": cfg.seed, "partition": cfg.seed},
         "selection": {"rule": "best_mean_local_val", "round": best.round if best else None},
+        **({"faults": faults_section(cfg_dict, result.faults)} if result.faults is not None else {}),
         "metrics": metrics,
         "cost": {
             "bytes_sent_per_client_per_round": float(sent.mean()) if sent.size else 0.0,
