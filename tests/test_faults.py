@@ -371,3 +371,9 @@ def test_a_suite_setting_sets_the_fault_of_every_cell(tmp_path):
     bad = suite_cells(parse_suite({"methods": ["crad"], "tasks": ["digits"], "seeds": [0],
                                    "settings": {"faults": "byzantine:9"}}), out=tmp_path)[0]
     assert "fraction of faulty clients" in bad.error
+
+
+def test_run_help_shows_the_faults_flag():
+    result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "--faults" in result.output and "KIND:WHO[@STRENGTH][/MODE]" in result.output

@@ -62,7 +62,7 @@ def run(
     heldout_fraction: Optional[float] = typer.Option(None, help="Fraction of each client shard held out, split evenly into validation and test; default: the task's."),
     seed: Optional[int] = typer.Option(None, help="Seed of python, numpy, torch and the partition; default: the task's."),
     public_size: Optional[int] = typer.Option(None, help="Hold out this many training samples (stratified, before partitioning) as a public transfer set; needed by fedmd, msfkd, fedcc. \\[default: 0]"),
-    faults: Optional[str] = typer.Option(None, "--faults", help="One fault per run: KIND:WHO[@STRENGTH][/MODE], KIND label-noise, byzantine, free-rider or straggler, WHO a fraction of the clients or a list [1,3] (e.g. byzantine:0.2, label-noise:0.3@0.5/pair); none = no faults (README, Faults). \\[default: none]"),
+    faults: Optional[str] = typer.Option(None, "--faults", help="One fault per run: KIND:WHO\\[@STRENGTH]\\[/MODE], KIND label-noise, byzantine, free-rider or straggler, WHO a fraction of the clients or a list \\[1,3] (e.g. byzantine:0.2, label-noise:0.3@0.5/pair); none = no faults (README, Faults). \\[default: none]"),
     eval_every: Optional[int] = typer.Option(None, help="Test rounds every k rounds, plus the last 10 and the selected round (validation: every round); 1 tests every round. \\[default: 10]"),
     device: Optional[str] = typer.Option(None, help="auto, cpu, cuda or cuda:N. \\[default: auto]"),
     exec_path: Optional[str] = typer.Option(None, "--exec", help="Peer-KD path: reference, fast or auto. \\[default: auto]"),
