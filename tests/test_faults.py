@@ -21,6 +21,7 @@ from hfl_bench.families.peer_kd import exchange_snapshots
 from hfl_bench.metering import SERVER, Payload, payload_bytes
 from hfl_bench.method_api import new_model
 from hfl_bench.results import records
+from hfl_bench.results.records import FAULTS_SCHEMA_VERSION, SCHEMA_VERSION
 from hfl_bench.results.validation import record_problems
 from hfl_bench.testing import QUICK, ready_method, tiny_federation
 from hfl_bench.training import predict_logits
@@ -299,12 +300,19 @@ CASES = ([(m, "byzantine:0.5") for m in BUILTIN] + [(m, "free-rider:0.5") for m 
 def test_every_method_runs_under_every_fault_kind(method, faults, validator):
     record = _run(method, faults)
     assert record["status"] == "ok", record["error"]
+    assert record["schema_version"] == FAULTS_SCHEMA_VERSION
     assert record["faults"]["spec"] == parse_faults(faults).canonical
     assert record["config"]["faults"] == record["faults"]["spec"]
     honest = record["metrics"]["honest"]
     assert honest["n_clients"] == len(record["faults"]["honest_clients"]) and honest["global_acc"] is not None
     assert record["faults"]["baseline_config_hash"] == config_hash(dict(record["config"], faults=""))
     assert not record_problems(json.loads(json.dumps(record)), validator)
+
+
+def test_a_record_without_faults_is_what_it_was():
+    record = _run("local", "none")
+    assert record["schema_version"] == SCHEMA_VERSION == "1.2" and record["config"]["faults"] == ""
+    assert "faults" not in record and "honest" not in record["metrics"]
 
 
 def test_a_peer_kd_method_on_the_reference_path_runs_byzantine_peers():

@@ -25,7 +25,12 @@ from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_use
 if TYPE_CHECKING:  # annotation only: reading records needs no torch
     from hfl_bench.federation import RunResult
 
-SCHEMA_VERSION = "1.3"  # what new records are written as
+SCHEMA_VERSION = "1.2"  # what new records without faults (and published records) are written as
+# A record of a run with --faults is written as 1.3, the version that added its ``faults`` section
+# and ``metrics.honest`` / ``metrics.faulty``. 1.3 adds nothing else, so a record without faults
+# keeps the version that holds all of it, and every record written before stays byte for byte
+# what its writer writes now (the shipped published records included).
+FAULTS_SCHEMA_VERSION = "1.3"
 # Every version a record may carry; each keeps its own schema file, and a record is validated
 # against the schema of its own ``schema_version`` (1.1 added fidelity "original" and ``plugins``;
 # 1.2 the method's ``version`` and the ``final`` figures of the last evaluated rounds; 1.3 the
@@ -124,7 +129,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
     sent = result.bytes_sent_per_client_round
     rounds_run = len(result.history) - 1
     record = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSION if result.faults is None else FAULTS_SCHEMA_VERSION,
         "record_id": hashlib.sha256(f"{chash}|{cfg.seed}|reproduced".encode()).hexdigest()[:16],
         "source": {"kind": "reproduced", "citation": None},
         "status": result.status,
