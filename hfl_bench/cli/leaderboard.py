@@ -46,6 +46,9 @@ def show(
 ):
     """Group reproduced records by setting (mean, sample sd, seeds; failed runs counted apart) and
     put the matching published figures beside each group with the delta reproduced - published.
+    The fault setting is part of the setting and of the rank's protocol; under faults the headline
+    is the honest clients' accuracy and `drop` the mean change against the same seeds without
+    faults.
     Only records that `leaderboard validate` accepts are read; each other file is listed on stderr
     (skipped, with the reason) and never averaged in."""
     from hfl_bench.results.board import board_records, build_board
@@ -90,7 +93,9 @@ def _print_board(board: Board, fmt: str) -> None:
             sys.stdout.write(f"\n{title}:\n\n" + to_markdown(unmatched, UNMATCHED_COLUMNS))
         return
     if rows:
-        title_groups = "reproduced groups: mean ± sample sd over seeds ('-': one seed); delta = reproduced - published"
+        title_groups = ("reproduced groups: mean ± sample sd over seeds ('-': one seed); delta = reproduced - published"
+                        + ("; faults: accuracy over the honest clients, drop = with faults - the same seeds without"
+                           if any(g.has_faults for g in board.groups) else ""))
         wide_out().print(to_rich(rows, TABLE_COLUMNS, title_groups))
     else:
         wide_out().print("no reproduced records match", highlight=False)

@@ -11,7 +11,8 @@ from hfl_bench.cli.output import cell, emit_json, fail, out, plain
 
 
 def plot_command(
-    kind: str = typer.Argument(..., help="curves, per-class, per-arch, bytes or all."),
+    kind: str = typer.Argument(..., help="curves, per-class, per-arch, bytes, robustness or all "
+                              "(all draws robustness only when some record ran with --faults)."),
     inputs: list[Path] = typer.Argument(..., metavar="RECORDS...",
                                         help="Record files or folders (searched recursively for *.json)."),
     out_dir: Path = typer.Option(Path("plots"), "--out", help="Folder for the PNGs and their sidecars."),
@@ -20,7 +21,9 @@ def plot_command(
     as_json: bool = typer.Option(False, "--json", help="Print the written files (and skipped records) as JSON."),
 ):
     """Draw figures from records: one PNG per kind and task, named KIND__TASK.png, each with a
-    caption naming its records and a KIND__TASK.png.sources.json sidecar listing them."""
+    caption naming its records and a KIND__TASK.png.sources.json sidecar listing them.
+    robustness: the honest clients' global accuracy (mean ± sd over seeds) against fault strength,
+    one panel per fault kind, the run without faults at 0."""
     from hfl_bench.results.plots import PlotError, make_plots  # here: --help does not load numpy
 
     try:

@@ -1,6 +1,7 @@
 """The leaderboard: valid records (``validation``) only, reproduced runs grouped over seeds
 (``grouping``'s rule), described and summarized (``setting``), with the published figures beside
-each group (``published``).
+each group (``published``) and, for a group run with faults, its drop against the same seeds
+without faults (``robustness``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Iterable, Optional
 from hfl_bench.results.grouping import group_seeds
 from hfl_bench.results.loading import Loaded, Skipped
 from hfl_bench.results.published import Published, match
+from hfl_bench.results.robustness import attach_drops
 from hfl_bench.results.setting import Group, describe
 from hfl_bench.results.validation import valid_records
 
@@ -44,8 +46,11 @@ def board_records(loaded: Iterable[Loaded]) -> tuple[list[Loaded], list[Skipped]
 
 
 def build_groups(records: Iterable[Loaded]) -> list[Group]:
-    """Every reproduced group, described."""
-    return [describe(g) for g in group_seeds(records)]
+    """Every reproduced group, described; a group run with faults with its drop (paired before
+    any filter, so a filter never hides a baseline)."""
+    groups = [describe(g) for g in group_seeds(records)]
+    attach_drops(groups)
+    return groups
 
 
 def build_board(records: list[Loaded], tasks: Iterable[str] = (), methods: Iterable[str] = (),

@@ -37,7 +37,7 @@ from hfl_bench.results.board import Board, board_records, build_board
 from hfl_bench.results.grouping import SeedGroup, group_seeds
 from hfl_bench.results.loading import Loaded, ResultsError, Skipped, load_records
 from hfl_bench.results.ranking import protocol_label, rank_methods
-from hfl_bench.results.render import UNMATCHED_COLUMNS, _num, _pm, display_rows, rank_rows
+from hfl_bench.results.render import UNMATCHED_COLUMNS, _num, _pm, display_rows, drop_label, rank_rows
 from hfl_bench.results.setting import Group, Stat, canonical, partition_label
 
 # Marks a folder this module wrote, so regenerating may clear its old pages, and nothing else.
@@ -177,11 +177,6 @@ def _bytes(x: Optional[float]) -> str:
     return f"{x:.0f} B"
 
 
-def _faults(r: Loaded) -> str:
-    f = _get(r.record, "config", "faults")
-    return "none" if f in (None, {}, [], "") else _text(f)
-
-
 # ----------------------------------------------------------------------------- the board's groups
 
 
@@ -207,7 +202,7 @@ def _page_name(g: Group, members: list[Loaded]) -> str:
 
 def _row(g: Group) -> dict[str, Any]:
     """One group's row and the published rows beside it (``render.display_rows``), with the
-    figures the site adds (fidelity, version, faults, cost) and the numbers to sort by."""
+    figures the site adds (fidelity, version, faults and the drop, cost) and the numbers to sort by."""
     rows, _ = display_rows(Board([g], [], []))
     head, published = rows[0], rows[1:]
     gl, lo, final = g.stat("global_acc"), g.stat("local_acc"), g.final_stat("global_acc")
@@ -217,7 +212,7 @@ def _row(g: Group) -> dict[str, Any]:
     return {
         "cells": head, "published": published, "group": g,
         "fidelity": _values(g.ok, "method", "fidelity"), "version": head["version"],
-        "faults": ", ".join(dict.fromkeys(_faults(r) for r in g.ok)) or "none",
+        "faults": g.faults, "drop": drop_label(g) or "", "drop_v": g.drop.mean if g.drop is not None else None,
         "global_v": gl.mean, "local_v": lo.mean, "final_v": final.mean, "seeds_v": gl.n, "bytes_v": sent.mean, "minutes_v": wall.mean,
         "bytes": _bytes(sent.mean), "minutes": _num(wall.mean),
         "delta_v": next((m.delta for m in g.published if m.delta is not None), None),
@@ -286,6 +281,27 @@ def _members(sg: Optional[SeedGroup], g: Group, hrefs: dict[int, str]) -> list[d
     return out
 
 
+def _fault_rows(g: Group) -> list[tuple[str, str]]:
+    """A group run with faults: whose figure the headline is, the all-client figures, the drop and
+    the seeds it paired."""
+    if not g.has_faults:
+        return []
+    every, honest = g.stat("global_acc", clients="all"), g.stat("global_acc", clients="honest")
+    faulty = g.stat("global_acc", clients="faulty")
+    rows = [("headline", "honest clients (metrics.honest)"),
+            ("global acc, honest clients", _pm(honest.mean, honest.sd)),
+            ("global acc, faulty clients", _pm(faulty.mean, faulty.sd)),
+            ("global acc, all clients", _pm(every.mean, every.sd))]
+    drop = g.drop
+    if drop is None or drop.mean is None:
+        rows.append(("drop against no faults", "- (no fault-free record of the same config and seed)"))
+    else:
+        pairs = ", ".join(f"seed {p.seed}: {p.drop:+.2f}" for p in drop.pairs if p.drop is not None)
+        rows.append(("drop against no faults", f"{drop.mean:+.2f} over {drop.n_paired} paired seeds ({pairs}); "
+                                               f"baseline config hash {_text(drop.baseline_config_hash)}"))
+    return rows
+
+
 def _group_page(g: Group, sg: Optional[SeedGroup], row: dict[str, Any], hrefs: dict[int, str]) -> dict[str, Any]:
     first = (sg.describing() if sg else g.ok[0]).record
     task = first.get("task") if isinstance(first.get("task"), dict) else {}
@@ -297,6 +313,7 @@ def _group_page(g: Group, sg: Optional[SeedGroup], row: dict[str, Any], hrefs: d
         ("rounds", _text(g.rounds)), ("local epochs", _text(g.local_epochs)),
         ("method params", _text(g.method_params)), ("method hparams", _text(g.hparams)),
         ("fidelity", row["fidelity"]), ("method version", row["version"]), ("faults", row["faults"]),
+        *_fault_rows(g),
         ("config hash", g.config_hash), ("group id", g.group_id),
         ("split by partition hash", "yes" if g.split_by_partition else "no"),
         ("data", f"task version {_text(task.get('version'))}, train {_text(task.get('n_train'))}, "
@@ -483,6 +500,7 @@ details { margin: .5em 0; }
 <td>{{ row.cells["setting"] }}</td>
 <td class="num" data-v="{{ row.seeds_v }}">{{ row.cells["seeds"] }}</td>
 <td class="num" data-v="{{ row.global_v if row.global_v is not none else '' }}">{{ row.cells["global acc"] }}</td>
+{% if has_faults %}<td class="num" data-v="{{ row.drop_v if row.drop_v is not none else '' }}">{{ row.drop }}</td>{% endif %}
 <td class="num" data-v="{{ row.local_v if row.local_v is not none else '' }}">{{ row.cells["local acc"] }}</td>
 <td class="num" data-v="{{ row.final_v if row.final_v is not none else '' }}">{{ row.cells["final global"] }}</td>
 <td class="num" data-v="{{ g.n_failed }}">{{ g.n_failed }}</td>
@@ -498,6 +516,7 @@ details { margin: .5em 0; }
 <td>{{ p["setting"] }}</td>
 <td class="num">{{ p["seeds"] }}</td>
 <td class="num">{{ p["global acc"] }}</td>
+{% if has_faults %}<td></td>{% endif %}
 <td class="num">{{ p["local acc"] }}</td>
 <td colspan="5"></td>
 <td>{{ p["source"] }}</td><td>{{ p["locator"] }}</td><td>{{ p["match"] }}</td>
@@ -512,7 +531,8 @@ details { margin: .5em 0; }
 <th data-type="text">method</th><th data-type="text">fidelity</th><th data-type="text">version</th>
 <th data-type="text">pool</th>{% if has_faults %}<th data-type="text">faults</th>{% endif %}
 <th data-type="text">setting</th><th class="num" data-type="num">seeds</th>
-<th class="num" data-type="num">global acc</th><th class="num" data-type="num">local acc</th>
+<th class="num" data-type="num">global acc</th>{% if has_faults %}<th class="num" data-type="num">drop</th>{% endif %}
+<th class="num" data-type="num">local acc</th>
 <th class="num" data-type="num">final global</th>
 <th class="num" data-type="num">failed</th><th class="num" data-type="num">diverged</th>
 <th class="num" data-type="num">bytes / client / round</th><th class="num" data-type="num">min / run</th>
@@ -531,7 +551,9 @@ details { margin: .5em 0; }
 Reproduced runs are grouped over seeds (and method versions: never averaged across): mean ± sample sd (ddof = 1;
 "-" for one seed) of global and local accuracy at the selected round (best mean validation accuracy), and of the
 final global accuracy (each run's mean over its last 10 evaluated rounds);
-failed and diverged runs are counted, never averaged in. Published figures sit beside the groups whose setting they
+failed and diverged runs are counted, never averaged in.{% if has_faults %} Under faults the headline is the honest
+clients' accuracy, and drop = honest global accuracy with faults − the same seed's global accuracy without faults,
+mean over the paired seeds (n), "-" when no fault-free record of the same config and seed is here.{% endif %} Published figures sit beside the groups whose setting they
 do not contradict; delta = reproduced − published. Click a column header to sort; a method opens its group's page.</p>
 
 <div class="filters">

@@ -2,8 +2,10 @@
 
 Kinds: ``curves`` (global accuracy per round, the CRAD paper's Fig. 3), ``per-class`` (per-class
 global accuracy, classes ordered from abundant to rare training support, Fig. 2), ``per-arch``
-(global accuracy per architecture) and ``bytes`` (accuracy against bytes sent per client per
-round). Seeds of one setting are grouped by the leaderboard's rule (``grouping``: config hash on
+(global accuracy per architecture), ``bytes`` (accuracy against bytes sent per client per
+round) and ``robustness`` (honest clients' global accuracy against fault strength, one panel per
+fault kind, the fault-free baseline at x = 0; x per kind: ``robustness``; drawn by ``all`` only
+when records run with faults are present). Seeds of one setting are grouped by the leaderboard's rule (``grouping``: config hash on
 the same data, the newest record of a seed run twice) and drawn as their mean with a min-max band
 or error bar. One PNG per kind and task (records of different tasks are never mixed), each with a
 caption naming the records it drew and a ``<png>.sources.json`` sidecar listing them. Only valid
@@ -26,11 +28,15 @@ from typing import Any, Callable, Iterable, Optional
 from hfl_bench.config import NON_SEMANTIC
 from hfl_bench.paths import write_atomic
 from hfl_bench.results.grouping import SeedGroup, group_seeds
+from hfl_bench.results.grouping import data_identity
 from hfl_bench.results.loading import Loaded, ResultsError, Skipped, read_records, record_files
+from hfl_bench.results import robustness
+from hfl_bench.results.setting import Stat, figure
 from hfl_bench.results.text import mpl_text, terminal
 from hfl_bench.results.validation import valid_records
 
-KINDS = ("curves", "per-class", "per-arch", "bytes")
+KINDS = ("curves", "per-class", "per-arch", "bytes", "robustness")
+FAULT_KINDS_ONLY = ("robustness",)  # drawn by ``all`` only when some record ran with faults
 # Record ids shown in a figure's caption; the sidecar always lists them all.
 CAPTION_MAX_IDS = 8
 BAND_NOTE = "mean over seeds; bands / error bars span min to max over seeds"
@@ -228,7 +234,7 @@ def setting_summary(groups: list[Group]) -> str:
     return ", ".join(str(p) for p in parts)
 
 
-def caption(task: str, groups: list[Group], sources_name: str) -> str:
+def caption(task: str, groups: list[Group], sources_name: str, band_note: str = BAND_NOTE) -> str:
     """The footnote every figure carries: how many records, which task, which runs."""
     drawn = [r for g in groups for r in g.records]
     settings = "; ".join(f"{g.method}#{g.config_hash[:8]} seeds {','.join(map(str, g.seeds))}" for g in groups)
@@ -237,7 +243,7 @@ def caption(task: str, groups: list[Group], sources_name: str) -> str:
     if len(ids) > CAPTION_MAX_IDS:
         shown += f", ... +{len(ids) - CAPTION_MAX_IDS} more"
     text = (f"Drawn from {len(drawn)} records (status ok) of task {task}: {settings}. "
-            f"Record ids: {shown}. All files: {sources_name}. {BAND_NOTE.capitalize()}.")
+            f"Record ids: {shown}. All files: {sources_name}. {band_note[0].upper() + band_note[1:]}.")
     return textwrap.fill(terminal(text), width=170)  # record text: no control characters
 
 
@@ -431,7 +437,7 @@ def make_plots(kind: str, inputs: list[Path], out_dir: Path, tasks: list[str] = 
     draw."""
     if kind != "all" and kind not in KINDS:
         raise PlotError(f"unknown plot kind {kind!r}; choose one of: {', '.join(KINDS)}, all")
-    kinds = list(KINDS) if kind == "all" else [kind]
+    kinds = [k for k in KINDS if k not in FAULT_KINDS_ONLY] if kind == "all" else [kind]
     try:
         files = record_files(inputs)
     except ResultsError as e:
@@ -450,13 +456,25 @@ def make_plots(kind: str, inputs: list[Path], out_dir: Path, tasks: list[str] = 
     if not selected:
         raise PlotError(f"none of the {len(found)} records match the filters"
                         f"{' --task ' + ','.join(tasks) if tasks else ''}{' --method ' + ','.join(methods) if methods else ''}")
+    faulty = any(robustness.faults_section(r) for r in selected)
+    if kind == "all" and faulty:
+        kinds.append("robustness")
+    if kind == "robustness" and not faulty:
+        raise PlotError(f"no records run with --faults among the {len(selected)} record(s): the robustness plot "
+                        "draws the honest clients' accuracy against fault strength (hfl-bench matrix "
+                        "suites/robustness.yaml writes such records)")
     seed_groups, not_drawn = drawable_groups(selected)
     skipped += not_drawn
     written: list[Written] = []
     for task in sorted({g.ok[0].task for g in seed_groups}):
         task_groups = [g for g in seed_groups if g.ok[0].task == task]
         for k in kinds:
-            fig, lacking = plot_task(k, task, task_groups, skipped, out_dir)
+            if k == "robustness":
+                if kind == "all" and not any(robustness.faults_section(r) for g in task_groups for r in g.ok):
+                    continue  # a task without faulty runs has no robustness figure under ``all``
+                fig, lacking = plot_robustness(task, task_groups, skipped, out_dir)
+            else:
+                fig, lacking = plot_task(k, task, task_groups, skipped, out_dir)
             skipped += lacking
             if fig:
                 written.append(fig)
@@ -464,3 +482,195 @@ def make_plots(kind: str, inputs: list[Path], out_dir: Path, tasks: list[str] = 
         reasons = "; ".join(sorted({s.reason for s in skipped if s.task is not None})) or "no drawable records"
         raise PlotError(f"nothing to draw from {len(selected)} record(s): {reasons}")
     return written, skipped
+
+
+# ----------------------------------------------------------------------------- robustness
+
+ROBUSTNESS_NOTE = ("each point: mean ± sample sd over seeds of the selected round's global accuracy over the "
+                   "honest clients (all clients at x = 0, the run without faults)")
+
+
+@dataclass
+class Point:
+    """One setting on the robustness plot: a seed group at its x."""
+
+    x: float
+    group: Group
+    faults: str  # the canonical spec, "none" at the baseline
+
+    def stat(self) -> Stat:
+        return Stat.of(figure(r.record, "global_acc") for r in self.group.records)
+
+
+@dataclass
+class Series:
+    """One method's line in one fault kind's panel: the baseline and its fault settings."""
+
+    key: tuple
+    method: str
+    version: Optional[str]
+    params: str  # what else sets the line apart (mode; who, where x is the strength)
+    points: list[Point]
+    label: str = ""
+
+
+def robustness_series(seed_groups: list[SeedGroup], task: str) -> tuple[dict[str, list[Series]], list[Skipped]]:
+    """Per fault kind, the lines to draw (``robustness`` says which x each kind uses), and the
+    records left out. A line joins the groups of one method, version and baseline config that
+    differ only in the fault's x; its x = 0 point is the fault-free group of the baseline config on
+    the same data."""
+    lacking: list[Skipped] = []
+    clean = [sg for sg in seed_groups if not any(robustness.faults_section(r) for r in sg.ok)]
+    clean_ids = {id(sg) for sg in clean}
+    panels: dict[str, dict[tuple, Series]] = {}
+    used: set[int] = set()
+    for sg in seed_groups:
+        if id(sg) in clean_ids:
+            continue
+        usable = []
+        for r in sg.ok:
+            if robustness.fault_x(r) is None:
+                lacking.append(Skipped(str(r.path), "robustness: no fault kind, strength or fraction in the faults section",
+                                       task=task))
+            elif figure(r.record, "global_acc", "honest") is None:
+                lacking.append(Skipped(str(r.path), "robustness: no metrics.honest.global_acc (every client faulty?)",
+                                       task=task))
+            else:
+                usable.append(r)
+        if not usable:
+            continue
+        first = usable[0]
+        kind = robustness.fault_kind(first)
+        base = robustness.baseline_hash(first)
+        key = (first.method, first.method_version, base, robustness.series_params(first), data_identity(first))
+        series = panels.setdefault(kind, {}).setdefault(key, Series(key, first.method, first.method_version,
+                                                                    robustness.series_params(first), []))
+        spec = str(robustness.faults_section(first).get("spec") or "?")
+        series.points.append(Point(robustness.fault_x(first), Group(first.method, str(sg.config_hash), sg.group_id,
+                                                                     usable), spec))
+    for kind, by_key in panels.items():
+        for series in by_key.values():
+            _, version, base, _, identity = series.key
+            for sg in clean:
+                r0 = sg.ok[0]
+                if sg.config_hash == base and sg.method_version == version and data_identity(r0) == identity:
+                    series.points.append(Point(0.0, Group(r0.method, str(sg.config_hash), sg.group_id, list(sg.ok)),
+                                               "none"))
+                    used.add(id(sg))
+            series.points.sort(key=lambda p: (p.x, p.group.group_id))
+    for sg in clean:
+        if id(sg) not in used:
+            lacking += [Skipped(str(r.path), "robustness: run without faults, and no run with faults of its config "
+                                             "to compare with", task=task) for r in sg.ok]
+    out = {}
+    for kind in sorted(panels):
+        lines = sorted(panels[kind].values(), key=lambda s: (s.method, str(s.version), s.params, str(s.key[2])))
+        _label_series(lines)
+        out[kind] = lines
+    return out, lacking
+
+
+def _label_series(lines: list[Series]) -> None:
+    """The method, and what sets two of its lines apart (version, mode / who, baseline config)."""
+    by_method: dict[str, list[Series]] = {}
+    for s in lines:
+        by_method.setdefault(s.method, []).append(s)
+    for method, ss in by_method.items():
+        for s in ss:
+            parts = [method]
+            if len({x.version for x in ss}) > 1:
+                parts.append(f"@{s.version or 'unversioned'}")
+            if len({x.params for x in ss}) > 1 and s.params:
+                parts.append(s.params)
+            s.label = " ".join(parts)
+        labels = [s.label for s in ss]
+        for s in ss:
+            if labels.count(s.label) > 1:
+                s.label += f" #{str(s.key[2])[:8]}"
+    for s in lines:
+        ns = sorted({len(p.group.records) for p in s.points})
+        s.label = terminal(f"{s.label} (n={ns[0]}{'-' + str(ns[-1]) if len(ns) > 1 else ''})")
+
+
+def draw_robustness(fig, panels: dict[str, list[Series]]) -> dict[str, Any]:
+    """One panel per fault kind: each line's points at their x, mean ± sd over seeds."""
+    from matplotlib import colormaps
+
+    methods = sorted({s.method for lines in panels.values() for s in lines})
+    cmap = colormaps["tab10" if len(methods) <= 10 else "tab20"]
+    colors = {m: cmap(i % cmap.N) for i, m in enumerate(methods)}
+    styles = ("-", "--", ":", "-.")
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    details = []
+    for ax, (kind, lines) in zip(axes, panels.items()):
+        by_method: dict[str, int] = {}
+        drawn = []
+        for s in lines:
+            stats = [p.stat() for p in s.points]
+            xs = [p.x for p in s.points]
+            ys = [st.mean for st in stats]
+            err = [st.sd or 0.0 for st in stats]
+            style = styles[by_method.setdefault(s.method, 0) % len(styles)]
+            by_method[s.method] += 1
+            ax.errorbar(xs, ys, yerr=err, fmt="o", linestyle=style, color=colors[s.method], capsize=3, markersize=4,
+                        linewidth=1.2, label=mpl_text(s.label))
+            drawn.append({"label": s.label, "method": s.method, "method_version": s.version, "params": s.params,
+                          "baseline_config_hash": s.key[2],
+                          "points": [{"x": p.x, "faults": p.faults, "mean": st.mean, "sd": st.sd, "n": st.n,
+                                      "seeds": p.group.seeds, "config_hash": p.group.config_hash,
+                                      "record_ids": [r.record_id for r in p.group.records]}
+                                     for p, st in zip(s.points, stats)]})
+        ax.set_title(mpl_text(kind), fontsize=10)
+        ax.set_xlabel(mpl_text(textwrap.fill(robustness.X_LABELS.get(kind, "fraction of faulty clients")
+                                             + "; 0 = no faults", 40)), fontsize=8)
+        ax.grid(True, alpha=0.2)
+        ax.legend(fontsize=7, loc="best")
+        details.append({"fault_kind": kind, "x": robustness.X_LABELS.get(kind, "fraction of faulty clients"),
+                        "series": drawn})
+    axes[0].set_ylabel("global accuracy, honest clients (%)")
+    return {"statistics": ROBUSTNESS_NOTE, "panels": details}
+
+
+def plot_robustness(task: str, seed_groups: list[SeedGroup], skipped: list[Skipped], out_dir: Path
+                    ) -> tuple[Optional[Written], list[Skipped]]:
+    """The robustness figure of one task (one panel per fault kind), with its sources sidecar;
+    (None, reasons) when no record of the task ran with faults."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels, lacking = robustness_series(seed_groups, task)
+    if not panels:
+        return None, lacking
+    groups: list[Group] = []
+    seen: set[str] = set()
+    for lines in panels.values():
+        for s in lines:
+            for p in s.points:
+                if p.group.group_id + str(id(p.group.records[0])) not in seen:
+                    seen.add(p.group.group_id + str(id(p.group.records[0])))
+                    groups.append(p.group)
+    groups.sort(key=lambda g: (g.method, g.config_hash, g.group_id))
+    png = out_dir / f"robustness__{_safe(task)}.png"
+    fig = Figure(figsize=(11, 6.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    details = draw_robustness(fig, panels)
+    fig.suptitle(mpl_text(f"Robustness: honest clients' global accuracy against fault strength: {task} "
+                          f"({setting_summary(groups)})"), fontsize=11)
+    text = caption(task, groups, f"{png.name}.sources.json", ROBUSTNESS_NOTE)
+    fig.supxlabel(mpl_text(text, one_line=False), fontsize=6.5, x=0.005, ha="left", multialignment="left")
+    write_atomic(png, lambda f: fig.savefig(f, format="png", dpi=110))
+    drawn = [r for g in groups for r in g.records]
+    task_skipped = [s for s in skipped if s.task == task] + lacking
+    sources = png.with_name(png.name + ".sources.json")
+    write_atomic(sources, json.dumps({
+        "png": png.name, "kind": "robustness", "task": task, "n_records": len(drawn),
+        "records": [source_entry(r) for r in drawn],
+        "groups": [{"label": g.method, "method": g.method, "config_hash": g.config_hash, "seeds": g.seeds,
+                    "faults": robustness.faults_section(g.records[0]).get("spec") or "none",
+                    "record_ids": [r.record_id for r in g.records]} for g in groups],
+        "skipped": [s.as_dict() for s in task_skipped],
+        "statistics": ROBUSTNESS_NOTE,
+        "caption": text,
+        "details": details,
+    }, indent=1, default=str) + "\n")
+    return Written("robustness", task, png, sources, drawn, groups), lacking

@@ -5,7 +5,8 @@ every group of the same method and task whose setting it does not contradict: pa
 and parameters, clients, active clients per round and the hyperparameters the paper pins must
 agree where the paper states them; rounds, local epochs and pool may differ, which turns the
 shown setting match to approximate. The delta is reproduced mean - published figure (of the same
-endpoint and metric). Published figures are never averaged in.
+endpoint and metric). Published figures are never averaged in, and never sit beside a group run
+with faults (no paper's figure was measured under this suite's faults).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def match(pub: Published, g: Group) -> Optional[Match]:
     """The published figure beside this group, or None if the setting contradicts it."""
-    if pub.method != g.method or pub.task != g.task:
+    if pub.method != g.method or pub.task != g.task or g.has_faults:
         return None
     s = pub.setting
     part = s.get("partition") or {}

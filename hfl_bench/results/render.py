@@ -41,6 +41,16 @@ def _published_setting(p: Published) -> str:
     return _setting_label(partition, s.get("n_clients"), s.get("clients_per_round"), s.get("rounds"))
 
 
+def drop_label(g: Any) -> str:
+    """A group's drop against the same seeds without faults: ``-2.10 (n=3)``, ``-`` when no seed
+    could be paired, empty for a group without faults."""
+    if not g.has_faults:
+        return ""
+    if g.drop is None or g.drop.mean is None:
+        return "-"
+    return f"{g.drop.mean:+.2f} (n={g.drop.n_paired})"
+
+
 def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """Rows for the table and markdown formats: each group followed by the published figures
     beside it; then the published figures that match no group."""
@@ -53,8 +63,9 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
             setting += " " + _params_label(g.method_params)
         fg, fl = g.final_stat("global_acc"), g.final_stat("local_acc")
         rows.append({
-            "method": g.method, "version": version_label(g), "task": g.task, "pool": g.pool, "setting": setting,
-            "seeds": str(gl.n), "global acc": _pm(gl.mean, gl.sd), "local acc": _pm(lo.mean, lo.sd),
+            "method": g.method, "version": version_label(g), "task": g.task, "pool": g.pool, "faults": g.faults,
+            "setting": setting, "seeds": str(gl.n), "global acc": _pm(gl.mean, gl.sd), "drop": drop_label(g),
+            "local acc": _pm(lo.mean, lo.sd),
             "final global": _pm(fg.mean, fg.sd), "final local": _pm(fl.mean, fl.sd),
             "failed/diverged": f"{g.n_failed}/{g.n_diverged}", "source": "", "locator": "",
             "match": "", "delta": "",
@@ -78,7 +89,7 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
     return {
         "method": f"  ↳ {published_as}{endpoint}" if m else f"{p.method}{endpoint}", "task": "" if m else p.task,
         "published as": published_as,
-        "pool": p.pool or "(other)", "setting": _published_setting(p), "seeds": str(p.n_seeds or "?"),
+        "pool": p.pool or "(other)", "faults": "none", "setting": _published_setting(p), "seeds": str(p.n_seeds or "?"),
         "global acc": value if p.metric == "global_acc" else "", "local acc": value if p.metric == "local_acc" else "",
         "failed/diverged": "", "source": str(c.get("key")), "locator": str(c.get("locator")),
         "match": m.setting_match if m else str(c.get("setting_match", "")),
@@ -88,38 +99,48 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
 
 # The terminal table leaves out the locator (long) and the final local accuracy (width); markdown,
 # csv and json keep them. "global acc" and
-# "local acc" are at the selected round (the headline, the papers' rule); "final" ones are the mean
-# over the last evaluated rounds (records.FINAL_ROUNDS).
-COLUMNS = ("method", "version", "task", "pool", "setting", "seeds", "global acc", "local acc", "final global",
-           "final local", "failed/diverged", "source", "locator", "match", "delta")
+# "local acc" are at the selected round (the headline, the papers' rule; over the honest clients
+# for a group run with faults); "final" ones are the mean over the last evaluated rounds
+# (records.FINAL_ROUNDS), over all clients. "drop" is a faulty group's drop against the same seeds
+# without faults (``robustness``).
+COLUMNS = ("method", "version", "task", "pool", "faults", "setting", "seeds", "global acc", "drop", "local acc",
+           "final global", "final local", "failed/diverged", "source", "locator", "match", "delta")
 TABLE_COLUMNS = tuple(c for c in COLUMNS if c not in ("locator", "final local"))
 UNMATCHED_COLUMNS = ("method", "published as", "task", "pool", "setting", "seeds", "global acc", "local acc",
                      "source", "locator", "match")
 
 CSV_COLUMNS = (
     "row_type", "group_id", "method", "method_version", "commits", "task", "pool", "partition_scheme",
-    "partition_params", "n_clients", "clients_per_round", "rounds", "local_epochs", "method_params", "seeds", "n_seeds",
-    "global_mean", "global_sd", "local_mean", "local_sd", "final_global_mean", "final_global_sd", "final_local_mean",
-    "final_local_sd", "n_failed", "n_diverged", "n_duplicates", "endpoint", "citation_key", "arxiv_or_doi",
+    "partition_params", "n_clients", "clients_per_round", "rounds", "local_epochs", "method_params", "faults",
+    "headline_clients", "seeds", "n_seeds", "global_mean", "global_sd", "local_mean", "local_sd", "all_global_mean",
+    "all_global_sd", "all_local_mean", "all_local_sd", "drop_mean", "drop_n_paired", "drop_seeds",
+    "final_global_mean", "final_global_sd", "final_local_mean", "final_local_sd", "n_failed", "n_diverged", "n_duplicates", "endpoint", "citation_key", "arxiv_or_doi",
     "locator", "setting_match", "published_metric", "published_value", "published_sd", "reproduced_mean", "delta",
 )
 
 
 def csv_rows(board: Board) -> list[dict[str, Any]]:
     """Flat rows: one per group (row_type reproduced), one per published figure beside it
-    (row_type published, same group_id), one per unmatched published figure (empty group_id)."""
+    (row_type published, same group_id), one per unmatched published figure (empty group_id).
+    global_* / local_* are the headline (honest clients under faults), all_* every client's."""
     rows = []
     for g in board.groups:
         gl, lo = g.stat("global_acc"), g.stat("local_acc")
+        ag, al = g.stat("global_acc", clients="all"), g.stat("local_acc", clients="all")
         fg, fl = g.final_stat("global_acc"), g.final_stat("local_acc")
+        drop = g.drop
         rows.append({
             "row_type": "reproduced", "group_id": g.group_id, "method": g.method, "method_version": g.method_version,
             "commits": " ".join(g.commits), "task": g.task, "pool": g.pool,
             "partition_scheme": g.partition_scheme, "partition_params": canonical(g.partition_params),
             "n_clients": g.n_clients, "clients_per_round": g.clients_per_round, "rounds": g.rounds,
-            "local_epochs": g.local_epochs, "method_params": canonical(g.method_params),
+            "local_epochs": g.local_epochs, "method_params": canonical(g.method_params), "faults": g.faults,
+            "headline_clients": g.headline_clients,
             "seeds": " ".join(map(str, g.seeds)), "n_seeds": gl.n, "global_mean": gl.mean, "global_sd": gl.sd,
-            "local_mean": lo.mean, "local_sd": lo.sd, "final_global_mean": fg.mean, "final_global_sd": fg.sd,
+            "local_mean": lo.mean, "local_sd": lo.sd, "all_global_mean": ag.mean, "all_global_sd": ag.sd,
+            "all_local_mean": al.mean, "all_local_sd": al.sd, "drop_mean": drop.mean if drop else None,
+            "drop_n_paired": drop.n_paired if drop else None,
+            "drop_seeds": " ".join(map(str, drop.seeds)) if drop else None, "final_global_mean": fg.mean, "final_global_sd": fg.sd,
             "final_local_mean": fl.mean, "final_local_sd": fl.sd, "n_failed": g.n_failed, "n_diverged": g.n_diverged,
             "n_duplicates": g.n_duplicates,
         })
@@ -133,6 +154,7 @@ def _published_csv(p: Published, m: Optional[Match], group_id: str) -> dict[str,
     part = s.get("partition") or {}
     return {
         "row_type": "published", "group_id": group_id, "method": p.method, "task": p.task, "pool": p.pool,
+        "faults": "none",
         "partition_scheme": part.get("scheme"), "partition_params": canonical(part.get("params") or {}),
         "n_clients": s.get("n_clients"), "clients_per_round": s.get("clients_per_round"), "rounds": s.get("rounds"),
         "local_epochs": s.get("local_epochs"), "n_seeds": p.n_seeds, "endpoint": p.endpoint,
@@ -154,15 +176,22 @@ def board_json(board: Board) -> dict[str, Any]:
             "partition_hashes": sorted({r.partition_hash for r in g.ok}, key=str),
             "split_by_partition": g.split_by_partition, "n_clients": g.n_clients,
             "clients_per_round": g.clients_per_round, "rounds": g.rounds, "local_epochs": g.local_epochs,
-            "method_params": g.method_params, "seeds": g.seeds, "n_seeds": len(g.ok),
+            "method_params": g.method_params, "faults": g.faults, "headline_clients": g.headline_clients,
+            "seeds": g.seeds, "n_seeds": len(g.ok),
             "global_acc": g.stat("global_acc").as_dict(), "local_acc": g.stat("local_acc").as_dict(),
+            "all_clients": {m: g.stat(m, clients="all").as_dict() for m in METRICS},
+            **({"honest": {m: g.stat(m, clients="honest").as_dict() for m in METRICS},
+                "faulty": {m: g.stat(m, clients="faulty").as_dict() for m in METRICS}} if g.has_faults else {}),
+            "drop": g.drop.as_dict() if g.drop is not None else None,
             "final": {m: g.final_stat(m).as_dict() for m in METRICS},
             "endpoints": {e: {m: g.stat(m, e).as_dict() for m in METRICS} for e in g.endpoints()},
             "n_failed": g.n_failed, "n_diverged": g.n_diverged, "n_duplicates": g.n_duplicates,
             "records": [str(r.path) for r in g.ok],
             "published": [m.as_dict() for m in g.published],
         })
-    return {"sd": "sample standard deviation (ddof=1); null for a single seed", "groups": groups,
+    return {"sd": "sample standard deviation (ddof=1); null for a single seed",
+            "headline": "global_acc and local_acc are over the honest clients for a group run with faults "
+                        "(metrics.honest), over all clients otherwise (all_clients)", "groups": groups,
             "unmatched_published": [p.as_dict() for p in board.unmatched], "skipped": board.skipped}
 
 
@@ -194,7 +223,7 @@ def to_csv(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:
 def to_rich(rows: list[dict[str, str]], columns: Iterable[str], title: str) -> Table:
     t = Table(title=Text(terminal(title)))
     for c in columns:
-        right = c in ("seeds", "global acc", "local acc", "final global", "final local", "delta", "mean rank", "protocols", "#")
+        right = c in ("seeds", "global acc", "drop", "local acc", "final global", "final local", "delta", "mean rank", "protocols", "#")
         # fold, not ellipsis: a narrow terminal still shows every character
         t.add_column(c, justify="right" if right else "left", overflow="fold")
     for r in rows:

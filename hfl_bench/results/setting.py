@@ -1,7 +1,12 @@
 """A leaderboard group: one setting (what was run, read from its records) and its figures over
 seeds: mean and sample standard deviation (ddof = 1; None, shown as '-', for a single seed) of
 global and local accuracy and of every extra endpoint, over the group's ok seeds. Which records
-form a group is ``grouping``'s rule. A published figure (``Published``) and its place beside a
+form a group is ``grouping``'s rule.
+
+The fault setting (``config.faults``, README Faults) is part of the setting and of the protocol
+the rank compares within. The **headline** of a record run with faults (one with a ``faults``
+section, schema 1.3) is its honest clients' figure (``metrics.honest``); of any other record, the
+all-client figure. The all-client figures stay available (``Group.stat(..., clients="all")``). A published figure (``Published``) and its place beside a
 group (``Match``) are types of this module too; ``published`` decides which figure goes where.
 """
 
@@ -16,6 +21,32 @@ from hfl_bench.results.grouping import SeedGroup
 from hfl_bench.results.loading import Loaded
 
 METRICS = ("global_acc", "local_acc")
+NO_FAULTS = "none"  # the fault setting of a run without faults
+CLIENTS = ("headline", "all", "honest", "faulty")  # whose figure ``Group.stat`` reads
+
+
+def fault_setting(record: dict[str, Any]) -> str:
+    """A record's fault setting: the canonical spec (``faults.spec``, else ``config.faults``), or
+    ``none`` for a run without faults."""
+    section = record.get("faults") if isinstance(record.get("faults"), dict) else {}
+    spec = section.get("spec")
+    if spec in (None, ""):
+        cfg = record.get("config") if isinstance(record.get("config"), dict) else {}
+        spec = cfg.get("faults")
+    if spec in (None, "", {}, []):
+        return NO_FAULTS
+    return spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True, default=str)
+
+
+def figure(record: dict[str, Any], metric: str, clients: str = "headline") -> Optional[float]:
+    """One selected-round figure of a record: over all clients, the honest or the faulty ones, or
+    the headline (honest for a record run with faults, all otherwise; module doc)."""
+    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
+    if clients == "headline":
+        clients = "honest" if isinstance(record.get("faults"), dict) else "all"
+    if clients != "all":
+        metrics = metrics.get(clients) if isinstance(metrics.get(clients), dict) else {}
+    return metrics.get(metric)
 
 
 @dataclass
@@ -140,18 +171,30 @@ class Group:
     n_duplicates: int = 0
     split_by_partition: bool = False
     published: list[Match] = field(default_factory=list)
+    faults: str = NO_FAULTS  # the fault setting (canonical spec), part of the setting and protocol
+    drop: Optional[Any] = None  # robustness.Drop: against the same seeds without faults (faulty groups)
 
     @property
     def seeds(self) -> list[Any]:
         return [r.seed for r in self.ok]
 
-    def stat(self, metric: str = "global_acc", endpoint: Optional[str] = None) -> Stat:
-        """One figure over the group's ok seeds: the headline, or a named extra endpoint."""
+    @property
+    def has_faults(self) -> bool:
+        return self.faults != NO_FAULTS
+
+    @property
+    def headline_clients(self) -> str:
+        """Whose figure the headline is: ``honest`` when the group's records ran with faults."""
+        return "honest" if any(isinstance(r.record.get("faults"), dict) for r in self.ok) else "all"
+
+    def stat(self, metric: str = "global_acc", endpoint: Optional[str] = None, clients: str = "headline") -> Stat:
+        """One figure over the group's ok seeds: the headline (honest clients under faults, module
+        doc), all clients, the honest or the faulty ones; or a named extra endpoint (all clients)."""
         def value(r: Loaded):
-            m = r.record.get("metrics") or {}
             if endpoint:
-                m = (m.get("extra_endpoints") or {}).get(endpoint) or {}
-            return m.get(metric)
+                m = r.record.get("metrics") or {}
+                return ((m.get("extra_endpoints") or {}).get(endpoint) or {}).get(metric)
+            return figure(r.record, metric, clients)
         return Stat.of(value(r) for r in self.ok)
 
     def final_stat(self, metric: str = "global_acc") -> Stat:
@@ -179,9 +222,10 @@ class Group:
         return sorted(names)
 
     def protocol(self) -> tuple:
-        """What the rank compares methods within: task, partition, clients, rounds, epochs."""
+        """What the rank compares methods within: task, partition, clients, rounds, epochs and the
+        fault setting (a group with faults is never ranked against fault-free ones)."""
         return (self.task, self.partition_scheme, canonical(self.partition_params), self.n_clients,
-                self.clients_per_round, self.rounds, self.local_epochs)
+                self.clients_per_round, self.rounds, self.local_epochs, self.faults)
 
 
 def describe(seeds: SeedGroup) -> Group:
@@ -201,6 +245,7 @@ def describe(seeds: SeedGroup) -> Group:
         method_params=dict(cfg.get("method_params") or {}), hparams=dict(first["method"].get("hparams") or {}),
         config_hash=first.get("config_hash") or "?", ok=list(seeds.ok), n_failed=seeds.n_failed,
         n_diverged=seeds.n_diverged, n_duplicates=len(seeds.duplicates), split_by_partition=seeds.split_by_partition,
+        faults=fault_setting(first),
     )
 
 
