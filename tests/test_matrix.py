@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -120,11 +121,48 @@ def test_unresolvable_cell_becomes_a_failed_record(tmp_path, validator):
     assert record["method"]["fidelity"] == "paper"  # local is registered: its details are filled in
 
 
-@pytest.mark.parametrize("name", ["mini", "crad-table1", "digits", "cifar10-jpg"])
+def test_the_faults_axis(tmp_path):
+    """``faults:`` lists fault settings (none included): one cell per spec, canonical in the cell's
+    config, so each has its own config hash and record path; faults then may not be a setting."""
+    suite = parse_suite({"methods": ["local", "crad"], "tasks": ["digits"], "seeds": [0, 1],
+                         "faults": ["none", "byzantine:0.2", "label-noise:[1,2]@0.5/pair"]})
+    assert suite.faults == ["", "byzantine:0.2/random", "label-noise:[1,2]@0.5/pair"]
+    cells = suite_cells(suite, out=tmp_path)
+    assert len(cells) == 2 * 2 * 3 and all(c.error is None for c in cells)
+    assert [c.cfg.faults for c in cells[:4]] == [""] * 4  # the runs without faults come first
+    assert [(c.cfg.method, c.cfg.seed) for c in cells[:4]] == [("local", 0), ("local", 1), ("crad", 0), ("crad", 1)]
+    assert len({c.record_path() for c in cells}) == 12
+    assert "faults byzantine:0.2/random" in cells[4].label and "faults" not in cells[0].label
+    bad = [({"faults": []}, "faults must be a non-empty list"),
+           ({"faults": ["byzantine:0.2", "byzantine:0.2/random"]}, "faults lists byzantine:0.2/random more than once"),
+           ({"faults": ["byzantine:2"]}, "fraction of faulty clients must be in (0, 1]"),
+           ({"faults": ["none"], "settings": {"faults": "byzantine:0.2"}}, "'faults' is set by the suite's faults list"),
+           ({"faults": ["none"], "method_overrides": {"local": {"faults": "none"}}}, "set by the suite's faults list")]
+    for extra, message in bad:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            parse_suite({"methods": ["local"], "tasks": ["digits"], **extra})
+    # without the axis a faults setting is a setting like any other
+    [cell] = suite_cells(parse_suite({"methods": ["local"], "tasks": ["digits"], "seeds": [0],
+                                      "settings": {"faults": "free-rider:0.2"}}), out=tmp_path)
+    assert cell.cfg.faults == "free-rider:0.2"
+
+
+def test_matrix_dry_run_lists_the_fault_settings(tmp_path):
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({"methods": ["local"], "tasks": ["digits"], "seeds": [0], "out": str(tmp_path / "r"),
+                                    "faults": ["none", "free-rider:0.5"]}))
+    result = CliRunner().invoke(app, ["matrix", str(path), "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["cells"]
+    assert [r["faults"] for r in rows] == ["none", "free-rider:0.5"] and {r["status"] for r in rows} == {"would run"}
+    assert rows[0]["record"] != rows[1]["record"]
+
+
+@pytest.mark.parametrize("name", ["mini", "crad-table1", "digits", "cifar10-jpg", "robustness"])
 def test_shipped_suites_parse(name):
     suite = load_suite(REPO / "suites" / f"{name}.yaml")
     cells = suite_cells(suite)
-    assert len(cells) == len(suite.methods) * len(suite.tasks) * len(suite.seeds)
+    assert len(cells) == len(suite.methods) * len(suite.tasks) * len(suite.seeds) * len(suite.faults)
     assert all(c.error is None for c in cells), [c.error for c in cells if c.error]
     registered = set(builtin_names(METHODS))  # an installed plugin's methods are not the suites' business
     for cell in cells:
@@ -140,6 +178,19 @@ def test_shipped_suites_parse(name):
                 {(t, get_task(t).info.defaults[field]) for t in suite.tasks}, field
         assert {c.cfg.pool for c in cells if c.cfg.method == "fedavg"} == {"cpu-cnn"}
         assert {c.cfg.public_size for c in cells if c.cfg.method in ("fedmd", "msfkd", "fedcc")} == {200}
+    elif name == "robustness":
+        assert suite.out == "leaderboards/reproduced/robustness" and suite.seeds == [0, 1, 2]
+        assert suite.tasks == ["digits"] and len(cells) == 105
+        assert {"local", "uniform-kd", "crad", "fedmd", "fedcc", "dfml", "fml"} <= set(suite.methods)
+        assert suite.faults == ["", "label-noise:0.3@0.5/symmetric", "byzantine:0.2/random", "byzantine:0.4/random",
+                                "free-rider:0.2"]
+        for field in ("rounds", "batch_size", "lr", "local_epochs", "heldout_fraction", "clients"):
+            assert {getattr(c.cfg, field) for c in cells} == {get_task("digits").info.defaults[field]}, field
+        assert {c.cfg.public_size for c in cells} == {200}  # one partition for every cell, as in mini
+        # every cell with faults has its baseline in the suite: the same config without faults
+        from hfl_bench.config import config_hash
+        hashes = {config_hash(vars(c.cfg)) for c in cells if not c.cfg.faults}
+        assert all(config_hash(dict(vars(c.cfg), faults="")) in hashes for c in cells if c.cfg.faults)
     elif name == "crad-table1":
         assert suite.seeds == [1024] and set(suite.tasks) == {"cifar10", "cifar100", "pathmnist"}
         assert {c.cfg.pool for c in cells} == {"paper"} and {c.cfg.rounds for c in cells} == {300}

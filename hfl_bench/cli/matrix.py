@@ -1,5 +1,5 @@
-"""``hfl-bench matrix``: run a suite (methods x tasks x seeds) and print its summary, with a
-progress bar over cells (and over rounds for in-process runs)."""
+"""``hfl-bench matrix``: run a suite (methods x tasks x seeds, optionally x fault settings) and
+print its summary, with a progress bar over cells (and over rounds for in-process runs)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def matrix(
-    suite_file: Path = typer.Argument(..., metavar="SUITE", help="Suite YAML (methods x tasks x seeds; see README)."),
+    suite_file: Path = typer.Argument(..., metavar="SUITE", help="Suite YAML (methods x tasks x seeds, optionally x fault settings; see README)."),
     executor: str = typer.Option("local", help="local (in-process, or a process pool with --jobs > 1) or ray."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="local: worker processes \\[default: 1, in-process]; ray: most cells in flight \\[default: all]."),
     threads: Optional[int] = typer.Option(None, help="Torch threads per cell; default: 1 in a pool worker, --cpus-per-cell in a Ray task, unchanged in-process."),
@@ -32,7 +32,8 @@ def matrix(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ):
-    """Run every cell of a suite (methods x tasks x seeds), one record per cell.
+    """Run every cell of a suite (methods x tasks x seeds, x fault settings when the suite lists
+    faults), one record per cell.
 
     A cell whose record is already in the output folder (same config hash and seed, status ok or
     diverged, same data) is skipped, so a rerun resumes; failed cells are retried. Anything a cell
@@ -102,13 +103,16 @@ def _print_table(suite: Suite, folder: str, rows: list[dict[str, Any]], elapsed:
 
     title = f"suite {suite.name}: {len(rows)} cells -> {folder}"
     t = Table(title=plain(title))
-    for col, justify in (("method", "left"), ("task", "left"), ("seed", "right"), ("status", "left"),
-                         ("global acc (%)", "right"), ("time (s)", "right"), ("record", "left")):
+    faults = any(r.get("faults", "none") != "none" for r in rows)
+    columns = (("method", "left"), ("task", "left"), *((("faults", "left"),) if faults else ()), ("seed", "right"),
+               ("status", "left"), ("global acc (%)", "right"), ("time (s)", "right"), ("record", "left"))
+    for col, justify in columns:
         t.add_column(col, justify=justify)
     for r in rows:
         style = STATUS_STYLE.get(r["status"], "")
         record = Path(r["record"]).name if r["record"] else "-"
-        t.add_row(plain(r["method"]), plain(r["task"]), cell(r["seed"]), plain(r["status"], style),
+        t.add_row(plain(r["method"]), plain(r["task"]), *((plain(r.get("faults", "none")),) if faults else ()),
+                  cell(r["seed"]), plain(r["status"], style),
                   cell(r["global_acc"]), cell(r["wall_time_s"], 1), plain(record))
     out.print(t)
     counts = ", ".join(f"{n} {s}" for s, n in count_statuses(rows).items())
@@ -116,7 +120,9 @@ def _print_table(suite: Suite, folder: str, rows: list[dict[str, Any]], elapsed:
     out.print(plain(f"{counts}{took}"), highlight=False)
     for r in rows:
         if r["error"] and r["status"] in ("failed", "would fail"):
-            note(f"{r['status']}:", f"{r['method']} on {r['task']}, seed {r['seed']}: {r['error']}", style="red")
+            faults_note = f", faults {r['faults']}" if r.get("faults", "none") != "none" else ""
+            note(f"{r['status']}:", f"{r['method']} on {r['task']}, seed {r['seed']}{faults_note}: {r['error']}",
+                 style="red")
 
 
 class _CellProgress:

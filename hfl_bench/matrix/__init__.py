@@ -1,4 +1,4 @@
-"""Matrix runs: a suite of methods x tasks x seeds, run cell by cell (no command line here:
+"""Matrix runs: a suite of methods x tasks x seeds (x fault settings), run cell by cell (no command line here:
 ``hfl_bench.cli.matrix`` is the ``hfl-bench matrix`` command).
 
 Modules: ``suite`` (the suite file and its cells), ``resume`` (which cells already have a final
@@ -25,6 +25,8 @@ Suite format::
     methods: [local, crad, fedavg]
     tasks: [digits, mnist1d]
     seeds: [0, 1, 2]                # optional; default: each task's default seed
+    faults: [none, byzantine:0.2]   # optional fault axis (README Faults): one cell per spec, none =
+                                    # no faults; then faults may not appear in settings or overrides
     settings:                       # shared: any RunConfig field, plus method_params
       rounds: 100
     task_overrides:                 # optional, per task; applied over settings

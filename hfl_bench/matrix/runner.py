@@ -24,14 +24,18 @@ def _record_path(cell: Cell) -> Optional[Path]:
 
 def summary_row(cell: Cell, record: Optional[dict[str, Any]], status: str, path: Optional[Path]) -> dict[str, Any]:
     """One line of the summary: ``status`` is ok, diverged, failed or skipped (a final record
-    was already there); ``record_status`` is the status inside the record file."""
+    was already there); ``record_status`` is the status inside the record file; ``global_acc``
+    the headline (the honest clients' under faults)."""
     record = record or {}
     metrics = record.get("metrics") or {}
+    if isinstance(record.get("faults"), dict):  # under faults the headline is the honest clients' figure
+        metrics = metrics.get("honest") or {}
     error = record.get("error") or cell.error
     return {
         "method": cell.cfg.method,
         "task": cell.cfg.task,
         "seed": cell.cfg.seed,
+        "faults": cell.cfg.faults or "none",
         "status": status,
         "record_status": record.get("status"),
         "global_acc": metrics.get("global_acc"),

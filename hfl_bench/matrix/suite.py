@@ -13,7 +13,7 @@ from hfl_bench import paths
 from hfl_bench.config import ConfigError, RunConfig, read_yaml_mapping
 from hfl_bench.matrix.cells import error_text
 
-SUITE_KEYS = ("name", "description", "out", "methods", "tasks", "seeds", "settings",
+SUITE_KEYS = ("name", "description", "out", "methods", "tasks", "seeds", "faults", "settings",
               "task_overrides", "method_overrides")
 # Set by the suite's axes and its ``out``, so not allowed among the settings.
 AXIS_FIELDS = ("method", "task", "seed", "out")
@@ -22,12 +22,15 @@ SETTING_KEYS = tuple(k for k in config_mod.FIELDS if k not in AXIS_FIELDS)
 
 @dataclass
 class Suite:
-    """A parsed suite file: the three axes, shared settings and overrides."""
+    """A parsed suite file: the axes, shared settings and overrides. ``faults`` is the optional
+    fault axis: canonical specs, ``""`` for no faults; ``[None]`` when the suite has no such axis
+    (a ``faults`` setting, if any, then applies as any other setting)."""
 
     name: str
     methods: list[str]
     tasks: list[str]
     seeds: list[Optional[int]]
+    faults: list[Optional[str]] = field(default_factory=lambda: [None])
     out: str = "runs"
     description: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
@@ -45,7 +48,8 @@ class Cell:
 
     @property
     def label(self) -> str:
-        return f"{self.cfg.method} on {self.cfg.task}, seed {self.cfg.seed}"
+        faults = f", faults {self.cfg.faults}" if self.cfg.faults else ""
+        return f"{self.cfg.method} on {self.cfg.task}, seed {self.cfg.seed}{faults}"
 
     def record_path(self) -> Path:
         return paths.record_path(self.cfg)
@@ -63,14 +67,16 @@ def parse_suite(data: dict[str, Any], default_name: str = "suite", where: str = 
     methods = _names(data, "methods", where)
     tasks = _names(data, "tasks", where)
     seeds = _seeds(data.get("seeds"), where)
-    settings = _settings(data.get("settings"), f"{where}: settings")
-    task_overrides = _overrides(data, "task_overrides", tasks, "tasks", where)
-    method_overrides = _overrides(data, "method_overrides", methods, "methods", where)
+    faults = _faults(data.get("faults"), where)
+    axis = faults != [None]
+    settings = _settings(data.get("settings"), f"{where}: settings", faults_axis=axis)
+    task_overrides = _overrides(data, "task_overrides", tasks, "tasks", where, faults_axis=axis)
+    method_overrides = _overrides(data, "method_overrides", methods, "methods", where, faults_axis=axis)
     out = data.get("out", "runs")
     if not isinstance(out, str) or not out.strip():
         raise ConfigError(f"{where}: out must be a folder path, got {out!r}")
     return Suite(name=str(data.get("name") or default_name), methods=methods, tasks=tasks, seeds=seeds,
-                 out=out, description=str(data.get("description") or ""), settings=settings,
+                 faults=faults, out=out, description=str(data.get("description") or ""), settings=settings,
                  task_overrides=task_overrides, method_overrides=method_overrides)
 
 
@@ -108,20 +114,41 @@ def _seeds(seeds: Any, where: str) -> list[Optional[int]]:
     return seeds
 
 
+def _faults(specs: Any, where: str) -> list[Optional[str]]:
+    """The fault axis: a list of fault specs (``none`` for no faults), each checked and written
+    canonically (README Faults); ``[None]`` when the suite has none."""
+    if specs is None:
+        return [None]
+    from hfl_bench.faults import parse_faults  # here: reading a suite without faults loads no torch
+
+    if isinstance(specs, str):
+        specs = [specs]
+    if not isinstance(specs, list) or not specs or not all(isinstance(x, str) or x is None for x in specs):
+        raise ConfigError(f"{where}: faults must be a non-empty list of fault specs (none for no faults), "
+                          f"got {specs!r}")
+    canonical = []
+    for text in specs:
+        spec = parse_faults(text)  # ConfigError, one line, naming the spec
+        canonical.append("" if spec is None else spec.canonical)
+    _no_duplicates([c or "none" for c in canonical], "faults", where)
+    return canonical
+
+
 def _no_duplicates(items: list, key: str, where: str) -> None:
     repeated = sorted({str(x) for x in items if items.count(x) > 1})
     if repeated:
         raise ConfigError(f"{where}: {key} lists {', '.join(repeated)} more than once")
 
 
-def _settings(values: Any, where: str) -> dict[str, Any]:
+def _settings(values: Any, where: str, faults_axis: bool = False) -> dict[str, Any]:
     if values is None:
         return {}
     if not isinstance(values, dict):
         raise ConfigError(f"{where} must be a mapping of run settings, got {values!r}")
-    for axis in AXIS_FIELDS:
+    for axis in AXIS_FIELDS + (("faults",) if faults_axis else ()):
         if axis in values:
-            hint = "the suite's top-level out" if axis == "out" else f"the suite's {axis}s list"
+            hint = ("the suite's top-level out" if axis == "out" else "the suite's faults list" if axis == "faults"
+                    else f"the suite's {axis}s list")
             raise ConfigError(f"{where}: {axis!r} is set by {hint}, not here")
     _check_keys(values, SETTING_KEYS, where)
     params = values.get("method_params")
@@ -130,7 +157,8 @@ def _settings(values: Any, where: str) -> dict[str, Any]:
     return dict(values)
 
 
-def _overrides(data: dict[str, Any], key: str, names: list[str], axis: str, where: str) -> dict[str, dict]:
+def _overrides(data: dict[str, Any], key: str, names: list[str], axis: str, where: str,
+               faults_axis: bool = False) -> dict[str, dict]:
     raw = data.get(key) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: {key} must map names to settings, got {raw!r}")
@@ -138,7 +166,7 @@ def _overrides(data: dict[str, Any], key: str, names: list[str], axis: str, wher
     if stray:  # most likely a typo: an override that would never apply
         raise ConfigError(f"{where}: {key} names {', '.join(map(str, stray))}, not in the suite's {axis} "
                           f"({', '.join(names)})")
-    return {name: _settings(values, f"{where}: {key}.{name}") for name, values in raw.items()}
+    return {name: _settings(values, f"{where}: {key}.{name}", faults_axis) for name, values in raw.items()}
 
 
 def merge_settings(*layers: dict[str, Any]) -> dict[str, Any]:
@@ -156,15 +184,20 @@ def merge_settings(*layers: dict[str, Any]) -> dict[str, Any]:
 
 
 def suite_cells(suite: Suite, out: str | Path | None = None) -> list[Cell]:
-    """Every cell, task by task, method by method, seed by seed (the summary's order)."""
+    """Every cell, task by task, fault setting by fault setting (in the suite's order, so the
+    runs without faults, listed first, finish first), method by method, seed by seed (the
+    summary's order)."""
     folder = str(out if out is not None else suite.out)
     cells = []
     for task in suite.tasks:
-        for method in suite.methods:
-            values = merge_settings(suite.settings, suite.task_overrides.get(task, {}),
-                                    suite.method_overrides.get(method, {}))
-            for seed in suite.seeds:
-                cells.append(resolve_cell(dict(values, method=method, task=task, seed=seed, out=folder)))
+        for faults in suite.faults:
+            for method in suite.methods:
+                values = merge_settings(suite.settings, suite.task_overrides.get(task, {}),
+                                        suite.method_overrides.get(method, {}))
+                if faults is not None:
+                    values["faults"] = faults
+                for seed in suite.seeds:
+                    cells.append(resolve_cell(dict(values, method=method, task=task, seed=seed, out=folder)))
     return cells
 
 
