@@ -67,6 +67,10 @@ class RunConfig:
     faults: str = param("", "One fault per run, KIND:WHO[@STRENGTH][/MODE]: label-noise, byzantine, free-rider or "
                         "straggler; WHO a fraction of the clients (seeded) or a list [1,3]; e.g. byzantine:0.2, "
                         "label-noise:0.3@0.5/pair. Empty or none: no faults (README, Faults).")
+    recipient_fraction: float | None = param(None, "Multimodal tasks: the fraction of clients (seeded draw) that are "
+                                             "recipients, missing --missing-modality; default: the task's (0.5).")
+    missing_modality: str | None = param(None, "Multimodal tasks: the modality recipients do not observe; default: "
+                                         "the task's (hfl-bench describe TASK lists its modalities).")
     seed: int | None = param(None, "Run seed (python, numpy, torch, partition); default: the task's, else 0.")
     eval_every: int = param(EVAL_EVERY, "Test rounds (global test set, local test halves, extra endpoints) every k "
                             "rounds, plus each of the last 10 rounds and the selected round; validation runs "
@@ -94,7 +98,7 @@ NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_e
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 # Fields added after the first records: left out of the hash at their default, so a config that
 # does not use them keeps the hash it always had (older records stay comparable).
-HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "faults": ""}
+HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "faults": "", "recipient_fraction": None, "missing_modality": None}
 
 
 def read_yaml_mapping(path: str | Path, what: str, expected: str) -> dict[str, Any]:
@@ -137,8 +141,8 @@ def resolve(cfg: RunConfig, task_defaults: dict[str, Any]) -> RunConfig:
     fallback = dict(FALLBACK_DEFAULTS)
     values = dataclasses.asdict(cfg)
     for name, value in values.items():
-        if value is None and name in fallback:
-            values[name] = task_defaults.get(name, fallback[name])
+        if value is None and (name in fallback or name in task_defaults):  # a multimodal task's own settings too
+            values[name] = task_defaults.get(name, fallback.get(name))
     out = RunConfig(**values)
     validate(out)
     return out
@@ -165,6 +169,8 @@ def validate(cfg: RunConfig) -> None:
         (cfg.grad_clip >= 0, f"grad_clip must be >= 0 (0 disables clipping), got {cfg.grad_clip}"),
         (cfg.heldout_fraction is None or 0 <= cfg.heldout_fraction < 1, f"heldout_fraction must be in [0, 1), got {cfg.heldout_fraction}"),
         (cfg.public_size >= 0, f"--public-size must be >= 0, got {cfg.public_size}"),
+        (cfg.recipient_fraction is None or 0 <= cfg.recipient_fraction <= 1,
+         f"--recipient-fraction must be in [0, 1], got {cfg.recipient_fraction}"),
         (seed_ok, f"--seed must be in [0, 2^63), got {cfg.seed}"),
         (cfg.exec in ("auto", "reference", "fast"), f"--exec must be auto, reference or fast, got {cfg.exec!r}"),
         (cfg.vmap in ("auto", "on", "off"), f"--vmap must be auto, on or off, got {cfg.vmap!r}"),

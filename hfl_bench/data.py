@@ -54,6 +54,21 @@ PAPER_PROTOCOL = {"pool": "paper", "rounds": 300, "clients": 10, "partition": "d
 
 
 @dataclass(frozen=True)
+class Modality:
+    """One named input modality of a multimodal task and the shape of one sample of it."""
+
+    name: str
+    shape: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
 class TaskInfo:
     """Declarative metadata of a task. Bump ``version`` whenever the data a task yields changes."""
 
@@ -71,11 +86,20 @@ class TaskInfo:
     augmentation: str = "none"  # a name in hfl_bench.augment.AUGMENTATIONS
     # Protocol defaults for this task (any RunConfig field); CLI flags and YAML override them.
     defaults: dict[str, Any] = field(default_factory=dict)
+    # A multimodal task's modalities, in the order they are laid out: a sample is the
+    # concatenation of each modality's flattened values, stored as a [1, 1, D] "image"
+    # (``input_shape`` (1, 1, D), D the sum of the sizes). Empty for a single-modality task.
+    # A value a client does not observe is NaN in the data it is handed (hfl_bench.modalities).
+    modalities: tuple[Modality, ...] = ()
 
     def as_record(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["input_shape"] = list(self.input_shape)
         d.pop("defaults")
+        if self.modalities:
+            d["modalities"] = [{"name": m.name, "shape": list(m.shape)} for m in self.modalities]
+        else:  # single-modality records stay as they always were
+            d.pop("modalities")
         return d
 
 

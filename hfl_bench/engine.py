@@ -25,11 +25,14 @@ from hfl_bench.evaluation import Evaluator, class_correct, evaluate_global  # no
 from hfl_bench.faults import canonical_config, plan_for
 from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
 from hfl_bench.metering import Channel, Phase, PhaseTimer
+from hfl_bench.modalities import ModalityPlan, mask_clients
+from hfl_bench.modalities import plan_for as modality_plan_for
 from hfl_bench.method_api import Method, get_method_class
 from hfl_bench.partition import Partition, given_partition, make_partition
 from hfl_bench.paths import checkpoint_path
-from hfl_bench.pools import get_pool, seeded_model
+from hfl_bench.pools import check_pool_for_task, get_pool, seeded_model
 from hfl_bench.provenance import git_info
+from hfl_bench.registry import METHODS, RegistryError
 from hfl_bench.training import Diverged, derive_seed, seeded_choice
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,12 @@ def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: tor
     labels = data.train_y.numpy()
     partition = partition_for(cfg, info, data)
     pool = get_pool(cfg.pool)
+    check_pool_for_task(pool, info)
+    modal = modality_plan_for(cfg, info)
+    if modal is not None:  # recipients never see their missing modality: NaN in every row they hold
+        check_modality_setting(cfg, modal)
+        rows = [torch.as_tensor(np.concatenate([c.train, c.val, c.test]), dtype=torch.long) for c in partition.clients]
+        data = dataclasses.replace(data, train_x=mask_clients(data.train_x, info, modal, rows))
     data = data.to(device)
     cuda = device.type == "cuda"
     if cuda:  # channels-last convolutions are faster on tensor cores; indexing keeps the layout
@@ -74,17 +83,30 @@ def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: tor
     fed = Federation(cfg, info, data, partition, pool, device, clients, channel,
                      torch.zeros(0), torch.zeros(0), PhaseTimer(device), faults=faults)
     for cid, (split, arch) in enumerate(zip(partition.clients, pool.assign(cfg.clients))):
+        observed = modal.observed[cid] if modal is not None else ()
+        if modal is not None:  # a recipient's architecture has encoders for what it observes only
+            arch = arch.observing(observed, modal.names)
         model = seeded_model(arch, info, derive_seed(cfg.seed, "init", cid), device, keep_global_rng=False)
         as_tensor = lambda a: torch.as_tensor(a, dtype=torch.long, device=device)  # noqa: E731
         clients.append(Client(
             cid, arch, model, fed.make_optimizer(model), as_tensor(split.train), as_tensor(split.val),
-            as_tensor(split.test), np.bincount(labels[split.train], minlength=info.num_classes),
+            as_tensor(split.test), np.bincount(labels[split.train], minlength=info.num_classes), observed,
         ))
     fed.public_idx = torch.as_tensor(partition.public, dtype=torch.long, device=device)
     fed.val_counts = torch.as_tensor(partition.class_counts(labels, info.num_classes, "val"),
                                      dtype=torch.float32, device=device)
     fed.val_correct = torch.zeros_like(fed.val_counts)
     return fed
+
+
+def check_modality_setting(cfg: RunConfig, plan: ModalityPlan) -> None:
+    """Settings a missing-modality run cannot combine with yet (one clear line each)."""
+    if cfg.faults:
+        raise ConfigError("--faults on a task with missing modalities is not supported yet: run faults on a "
+                          "single-modality task, or drop --faults")
+    if cfg.public_size and plan.recipients:
+        raise ConfigError("--public-size on a task with missing modalities would hand recipients the modality "
+                          "they miss (a public sample holds every modality): drop --public-size")
 
 
 def partition_for(cfg: RunConfig, info: TaskInfo, data: TaskData) -> Partition:
@@ -167,6 +189,7 @@ ProgressFn = Callable[[int, int, dict[str, Any]], None]
 
 def make_method(cfg: RunConfig) -> Method:
     cls = get_method_class(cfg.method)
+    check_method_for_task(cls, cfg.task)
     params = config_mod.coerce_params(cls.Params, cfg.method_params, cfg.method)
     if cls.needs_public and not cfg.public_size:
         raise ConfigError(f"method {cfg.method} needs a public transfer set: pass --public-size N "
@@ -174,11 +197,24 @@ def make_method(cfg: RunConfig) -> Method:
     return cls(params)
 
 
+def check_method_for_task(cls: type[Method], task: str) -> None:
+    """A task whose clients miss modalities runs only methods written for it (one clear line)."""
+    try:
+        info = get_task(task).info
+    except RegistryError:
+        return  # an unknown task is reported where the task is loaded, with its own message
+    if info.modalities and not cls.missing_modalities:
+        able = sorted(n for n in METHODS.names() if getattr(METHODS.get(n), "missing_modalities", False))
+        raise ConfigError(f"method {cls.name} does not run task {info.name}, whose clients miss modalities: "
+                          f"{cls.why_single_modality}. Methods that do: {', '.join(able)}")
+
+
 def load_task(cfg: RunConfig):
     """The config's task and the config resolved against its defaults (checked before and after)."""
     config_mod.validate(cfg)  # types and ranges first: a bad value never reaches the task
     task = get_task(cfg.task)
     resolved = config_mod.resolve(cfg, {**task.info.defaults, **task.folder_defaults(cfg.data_dir)})
+    modality_plan_for(resolved, task.info)  # a modality setting that does not fit the task: before any data loads
     return task, canonical_config(resolved)  # the fault spec checked and spelled one way
 
 
@@ -301,8 +337,10 @@ class Simulation:
         self.resolve_pending()
         sent = np.stack(self.sent) if self.sent else np.zeros((0, fed.n_clients))
         faults = None if fed.faults is None else fed.faults.record(len(self.history) - 1, self.drawn_clients)
+        modal = modality_plan_for(self.cfg, fed.info)
         return RunResult(status, error, self.best, self.history, fed, self.method, time.perf_counter() - self.t0,
-                         peak_memory(fed.device), sent, self.code, list(self.resumed_from), faults)
+                         peak_memory(fed.device), sent, self.code, list(self.resumed_from), faults,
+                         None if modal is None else modal.record())
 
 
 def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False,

@@ -33,6 +33,7 @@ from torch import nn
 from hfl_bench.config import FINAL_ROUNDS
 from hfl_bench.federation import RoundMetrics
 from hfl_bench.metering import Phase, PhaseTimer
+from hfl_bench.modalities import mask
 from hfl_bench.training import predict_logits
 
 if TYPE_CHECKING:
@@ -168,7 +169,16 @@ class Evaluator:
         rows = lambda idx: (self._layout(fed.data.train_x[idx]), fed.data.train_y[idx])  # noqa: E731
         self._val = [rows(cl.val_idx) for cl in fed.clients]
         self._test = [rows(cl.test_idx) for cl in fed.clients]
-        self._global_x = self._layout(fed.data.test_x)
+        # A client is tested through the modalities it observes: the global test set with the
+        # others NaN (hfl_bench.modalities), one copy per distinct set of observed modalities.
+        full = tuple(m.name for m in fed.info.modalities)
+        inputs: dict[tuple[str, ...], torch.Tensor] = {}
+        for cl in fed.clients:
+            key = cl.modalities if cl.modalities != full else ()
+            if key not in inputs:
+                inputs[key] = self._layout(fed.data.test_x if not key else mask(fed.data.test_x, fed.info, key))
+        self._input_key = [cl.modalities if cl.modalities != full else () for cl in fed.clients]
+        self._global_inputs = inputs
 
     def _layout(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=torch.channels_last) if self.fast_layout else x
@@ -193,9 +203,24 @@ class Evaluator:
         x, y = self._test[cid]
         return int((predict_logits(model, x).argmax(-1) == y).sum()) if len(y) else 0
 
-    def global_class_correct(self, model: nn.Module) -> np.ndarray:
-        logits = predict_logits(model, self._global_x)
+    def global_class_correct(self, model: nn.Module, cid: int) -> np.ndarray:
+        """Per-class correct counts of ``model`` on the global test set as client ``cid`` sees it."""
+        logits = predict_logits(model, self._global_inputs[self._input_key[cid]])
         return class_correct(logits, self.fed.data.test_y, self.fed.num_classes).cpu().numpy()
+
+    def global_counts(self, models: list[nn.Module], cids: list[int]) -> list[np.ndarray]:
+        """``global_class_correct`` of ``models[i]`` for client ``cids[i]``, computed once per distinct
+        model among the clients that see the same test inputs."""
+        out: list[np.ndarray] = [np.zeros(0)] * len(cids)
+        by_input: dict[tuple[str, ...], list[int]] = {}
+        for i, cid in enumerate(cids):
+            by_input.setdefault(self._input_key[cid], []).append(i)
+        for positions in by_input.values():
+            reps, index = distinct([models[i] for i in positions])
+            per_rep = [self.global_class_correct(m, cids[positions[0]]) for m in reps]
+            for i, r in zip(positions, index):
+                out[i] = per_rep[r]
+        return out
 
     # -- one round
 
@@ -249,26 +274,33 @@ class Evaluator:
         with channels_last([models[c] for c in cids], self.fast_layout):
             for cid in cids:
                 local_correct[cid] = self.local_test_correct(models[cid], cid)
-            reps, index = distinct([models[c] for c in cids])
-            per_rep = [self.global_class_correct(m) for m in reps]
-        for cid, r in zip(cids, index):
-            global_correct[cid] = per_rep[r]
+            counts = self.global_counts([models[c] for c in cids], cids)
+        for cid, count in zip(cids, counts):
+            global_correct[cid] = count
 
     def _metrics(self, rnd: int, val: np.ndarray, models: list[nn.Module], endpoints: dict[str, list[nn.Module]],
                  local_correct: np.ndarray, global_correct: np.ndarray) -> RoundMetrics:
         local = np.where(self.local_total > 0, local_correct / np.maximum(self.local_total, 1) * 100, np.nan)
         global_class = global_correct / np.maximum(self.test_class_counts, 1) * 100
         global_acc = global_correct.sum(1) / max(self.test_class_counts.sum(), 1) * 100
-        extra = {name: self.endpoint(predictors) for name, predictors in endpoints.items()}
-        return RoundMetrics(rnd, val, local, global_acc, global_class, extra)
+        per_client = {name: self.endpoint(predictors) for name, predictors in endpoints.items()}
+        extra = {name: _means(figures) for name, figures in per_client.items()}
+        return RoundMetrics(rnd, val, local, global_acc, global_class, extra, per_client)
 
-    def endpoint(self, predictors: list[nn.Module]) -> dict[str, float]:
-        """Mean global and local test accuracy (percent) of an extra endpoint's per-client predictors."""
-        total = max(self.test_class_counts.sum(), 1)
+    def endpoint(self, predictors: list[nn.Module]) -> dict[str, np.ndarray]:
+        """Each client's global and local test accuracy (percent; nan without a local test half)
+        with an extra endpoint's predictor."""
+        total = float(max(self.test_class_counts.sum(), 1))
+        cids = list(range(len(predictors)))
         with channels_last(predictors, self.fast_layout):
-            reps, index = distinct(predictors)
-            per_rep = [float(self.global_class_correct(p).sum()) / total * 100 for p in reps]
-            local = [self.local_test_correct(p, cid) / self.local_total[cid] * 100
-                     for cid, p in enumerate(predictors) if self.local_total[cid]]
-        g = [per_rep[r] for r in index]
-        return {"global_acc": round(float(np.mean(g)), 4), "local_acc": round(float(np.mean(local)), 4) if local else None}
+            g = np.array([float(c.sum()) / total * 100 for c in self.global_counts(predictors, cids)])
+            local = np.array([self.local_test_correct(p, cid) / self.local_total[cid] * 100 if self.local_total[cid]
+                              else np.nan for cid, p in enumerate(predictors)])
+        return {"global_acc": g, "local_acc": local}
+
+
+def _means(figures: dict[str, np.ndarray]) -> dict[str, float | None]:
+    """An endpoint's figures over all clients: mean global, mean local (where a client has one)."""
+    local = figures["local_acc"]
+    return {"global_acc": round(float(np.mean(figures["global_acc"])), 4),
+            "local_acc": round(float(np.nanmean(local)), 4) if np.isfinite(local).any() else None}

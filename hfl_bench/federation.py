@@ -47,6 +47,9 @@ class Client:
     val_idx: torch.Tensor
     test_idx: torch.Tensor
     train_counts: np.ndarray  # per-class training counts
+    # The modalities this client observes (a multimodal task); empty for a single-modality task.
+    # The others are NaN in every row it holds and in the test inputs it is evaluated on.
+    modalities: tuple[str, ...] = ()
 
 
 @dataclass
@@ -78,6 +81,12 @@ class Federation:
     def public_y(self) -> torch.Tensor:
         """Labels of the public transfer set: only for methods that use it labeled (FedMD)."""
         return self.data.train_y[self.public_idx]
+
+    @property
+    def recipients(self) -> list[int]:
+        """Clients that miss a modality of a multimodal task (none for a single-modality task)."""
+        full = len(self.info.modalities)
+        return [c.cid for c in self.clients if c.modalities and len(c.modalities) < full]
 
     @property
     def n_clients(self) -> int:
@@ -126,6 +135,9 @@ class RoundMetrics:
     global_acc: np.ndarray | None  # [N] percent; None when the global test was skipped this round
     global_class_acc: np.ndarray | None  # [N, C] percent
     endpoints: dict[str, dict[str, float]] = field(default_factory=dict)  # extra endpoints (Method.endpoints)
+    # Per client figures of each extra endpoint: {name: {"global_acc": [N], "local_acc": [N]}} (percent,
+    # nan where a client has no local test half): the results layer averages them over client groups.
+    endpoint_clients: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     @property
     def mean_val(self) -> float:
@@ -148,3 +160,6 @@ class RunResult:
     code: dict[str, Any]  # provenance.git_info() when the run started
     resumed_from_rounds: list[int] = field(default_factory=list)
     faults: dict[str, Any] | None = None  # FaultPlan.record(): the record's faults section
+    # A multimodal task's modality access (hfl_bench.modalities.ModalityPlan.record()): the record's
+    # ``modalities`` section, with the recipients and donors whose figures the record reports.
+    modalities: dict[str, Any] | None = None

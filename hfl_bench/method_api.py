@@ -105,6 +105,11 @@ class Method(abc.ABC):
     Params: ClassVar[type] = NoParams
     # True for a method that cannot run without the public transfer set (``--public-size``).
     needs_public: ClassVar[bool] = False
+    # True for a method that runs on a task whose clients miss modalities (hfl_bench.modalities):
+    # it reads inputs only through the clients' own models (they fuse whatever modalities a row
+    # has) or handles the modalities itself. The others refuse such a task with ``why_single_modality``.
+    missing_modalities: ClassVar[bool] = False
+    why_single_modality: ClassVar[str] = "it was written for inputs of one modality"
 
     def __init__(self, params: Any = None):
         self.params = params if params is not None else self.Params()

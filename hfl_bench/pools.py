@@ -156,8 +156,72 @@ def resnet_tiny(pretrained=False, num_classes=10, in_chans=1, img_size=None, **k
     return TinyResNet(num_classes, in_chans)
 
 
+class LateFusionNet(nn.Module):
+    """Multimodal late fusion: one encoder per observed modality (any timm model, its classifier
+    sized to ``dim``), the mean of the encodings of the modalities a sample has, ReLU, a linear head.
+
+    A modality is read only for the rows where all its values are finite: a missing modality is
+    NaN (hfl_bench.modalities), so a recipient's rows never reach the encoder of what it lacks,
+    and a donor's model used as a teacher on a recipient's rows fuses the modalities the
+    recipient has. ``modalities`` names the encoders this model has (a recipient's model has only
+    the ones it observes); a row with none of them gives NaN logits, never a silent guess.
+    """
+
+    def __init__(self, encoders: dict[str, nn.Module], layout: dict[str, tuple[slice, tuple[int, ...]]],
+                 dim: int, num_classes: int):
+        super().__init__()
+        self.encoders = nn.ModuleDict(encoders)
+        self.layout = {name: layout[name] for name in encoders}
+        self.modalities = tuple(encoders)
+        self.dim = dim
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(len(x), -1)
+        total = flat.new_zeros(len(x), self.dim)
+        count = flat.new_zeros(len(x), 1)
+        for name, encoder in self.encoders.items():
+            where, shape = self.layout[name]
+            part = flat[:, where]
+            present = torch.isfinite(part).all(dim=1)
+            if bool(present.all()):
+                total = total + encoder(part.reshape(-1, *shape))
+                count = count + 1
+            elif bool(present.any()):
+                rows = present.nonzero().squeeze(1)
+                total = total.index_add(0, rows, encoder(part[rows].reshape(-1, *shape)))
+                count = count + present.unsqueeze(1).to(count.dtype)
+        return self.head(torch.relu(total / count))  # 0/0 = NaN for a row with none of our modalities
+
+
+def late_fusion(pretrained=False, num_classes=10, in_chans=1, img_size=None, encoders=(), dim=64,
+                task_modalities=(), observed=None, **kwargs):
+    """Late fusion of per-modality timm encoders (``encoders``: (modality, timm model name) pairs)
+    for a multimodal task; ``observed`` limits it to those modalities (a recipient's model)."""
+    from hfl_bench.config import ConfigError
+
+    if not task_modalities:
+        raise ConfigError("late_fusion models are for multimodal tasks (hfl-bench list tasks shows their "
+                          "modalities); use a single-modality pool such as cpu")
+    names = [m.name for m in task_modalities]
+    chosen = dict(encoders)
+    unknown = sorted(set(chosen) - set(names))
+    if unknown or set(names) - set(chosen):
+        raise ConfigError(f"late_fusion: encoders for {sorted(chosen)}, but the task's modalities are {names}")
+    keep = [n for n in names if observed is None or n in observed]
+    timm = timm_module()
+    layout, start = {}, 0
+    for m in task_modalities:
+        layout[m.name] = (slice(start, start + m.size), tuple(m.shape))
+        start += m.size
+    built = {n: timm.create_model(chosen[n], pretrained=False, num_classes=dim, in_chans=layout[n][1][0],
+                                  img_size=layout[n][1][1:]) for n in keep}
+    return LateFusionNet(built, layout, dim, num_classes)
+
+
 # Registered into timm's model registry (by function name) when timm is imported.
-_TIMM_MODELS = (resnet18_cifar, resnet18_half_cifar, cnn6, mlp_small, cnn_small, resnet_tiny)
+_TIMM_MODELS = (resnet18_cifar, resnet18_half_cifar, cnn6, mlp_small, cnn_small, resnet_tiny, late_fusion)
+MULTIMODAL_MODELS = ("late_fusion",)  # pool members that build a model for a multimodal task
 _registered = False
 _register_lock = threading.RLock()
 
@@ -238,6 +302,18 @@ class PoolMember:
     def name(self) -> str:
         return self.label or self.model
 
+    @property
+    def multimodal(self) -> bool:
+        return self.model in MULTIMODAL_MODELS
+
+    def observing(self, observed: tuple[str, ...], all_modalities: tuple[str, ...]) -> "PoolMember":
+        """This member built with encoders for ``observed`` only; named ``label[image]`` when that is
+        not every modality (a recipient's architecture, reported apart from the donors')."""
+        if tuple(observed) == tuple(all_modalities):
+            return self
+        return PoolMember(self.model, {**self.kwargs, "observed": tuple(observed)},
+                          f"{self.name}[{'+'.join(observed)}]")
+
 
 @dataclass(frozen=True)
 class ArchPool:
@@ -257,14 +333,31 @@ class ArchPool:
 
 def build_model(member: PoolMember, info: TaskInfo) -> nn.Module:
     in_chans, *size = info.input_shape
+    extra = {"task_modalities": info.modalities} if member.multimodal else {}
     return timm_module().create_model(
         member.model,
         pretrained=False,
         num_classes=info.num_classes,
         in_chans=in_chans,
         img_size=tuple(size),
+        **extra,
         **member.kwargs,
     )
+
+
+def check_pool_for_task(pool: "ArchPool", info: TaskInfo) -> None:
+    """A multimodal task needs a pool of multimodal members, and a single-modality task one of
+    single-modality members (ConfigError naming a pool that fits)."""
+    from hfl_bench.config import ConfigError
+
+    multimodal = [m.multimodal for m in pool.members]
+    if info.modalities and not all(multimodal):
+        raise ConfigError(f"pool {pool.name} does not build models for a task with several modalities "
+                          f"({info.name}: {', '.join(m.name for m in info.modalities)}); use a multimodal pool "
+                          f"such as cpu-mm")
+    if not info.modalities and any(multimodal):
+        raise ConfigError(f"pool {pool.name} builds multimodal models; task {info.name} has one modality: "
+                          f"use a pool such as cpu")
 
 
 def seeded_model(member: PoolMember, info: TaskInfo, seed: int, device: torch.device, *,
@@ -306,6 +399,15 @@ register_pool(ArchPool(
     "cpu",
     (PoolMember("mlp_small"), PoolMember("cnn_small"), PoolMember("resnet_tiny")),
     "CPU-sized heterogeneous pool for the offline tasks: an MLP, a plain CNN and a tiny ResNet.",
+))
+register_pool(ArchPool(
+    "cpu-mm",
+    (PoolMember("late_fusion", {"encoders": (("image", "cnn_small"), ("signal", "mlp_small"))}, "fusion-cnn-mlp"),
+     PoolMember("late_fusion", {"encoders": (("image", "mlp_small"), ("signal", "cnn_small"))}, "fusion-mlp-cnn"),
+     PoolMember("late_fusion", {"encoders": (("image", "resnet_tiny"), ("signal", "cnn_small"))}, "fusion-resnet-cnn")),
+    "Multimodal CPU pool for digits-mnist1d: per-modality encoders (image, signal) fused late (mean of "
+    "64-d encodings, ReLU, linear head), heterogeneous across clients; a recipient's model has only the "
+    "encoders of what it observes.",
 ))
 register_pool(ArchPool(
     "cpu-cnn", (PoolMember("cnn_small"),), "Homogeneous CPU pool (every client a cnn_small), e.g. for fedavg."

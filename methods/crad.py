@@ -53,6 +53,8 @@ class PeerKD(Method):
     citation = CITATION
     topology = "p2p"
     Params = PeerKDParams
+    # Reads inputs only through the clients' own models, which fuse the modalities a row has.
+    missing_modalities = True
 
     def check(self, fed):
         try:

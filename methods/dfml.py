@@ -141,6 +141,7 @@ class DFML(Method):
     version = "1.0"
     citation = "Khalil et al., DFML: Decentralized Federated Mutual Learning, arXiv 2402.01863, 2024"
     topology = "p2p"
+    why_single_modality = "its generator synthesizes inputs of one modality"
     Params = DFMLParams
     notes = (
         "alpha_t = alpha_max (1 - cos(2 pi t / P)) / 2, alpha_max 0.8, P 10, t = rounds completed (reconstructed)",

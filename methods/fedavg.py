@@ -17,6 +17,8 @@ class FedAvg(Method):
     fidelity = "paper"
     version = "1.0"
     topology = "server"
+    why_single_modality = ("it averages one architecture's parameters, and a recipient's model lacks the "
+                           "encoder of the modality it misses")
     citation = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, 2017"
 
     def check(self, fed):

@@ -308,6 +308,7 @@ class FedCC(Method):
     citation = ("Ye, Ayan, An, Carle, FedCC: Towards Addressing Label Distribution Skews in Distillation-Based "
                 "Federated Learning, arXiv 2608.23031")
     needs_public = True
+    why_single_modality = "it needs a public set, and a public sample would hand recipients the modality they miss"
     notes = (
         "public set used unlabeled (its labels are never read)",
         "optimizer: Adam lr 1e-3, no weight decay (the paper's; optimizer=sgd gives the suite's SGD), kept across "

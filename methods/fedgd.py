@@ -276,6 +276,7 @@ class FedGD(Method):
     fidelity = "reconstructed"
     version = "1.0"
     topology = "server"
+    why_single_modality = "its generator synthesizes inputs of one modality"
     citation = ("FedMD (Li & Wang, arXiv 1910.03581) on a synthetic transfer set generated as in TARGET "
                 "(Zhang et al., ICCV 2023, arXiv 2303.06937)")
     needs_public = False

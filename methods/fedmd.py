@@ -87,6 +87,7 @@ class FedMD(Method):
     topology = "p2p"
     citation = "Li & Wang, FedMD: Heterogenous Federated Learning via Model Distillation, arXiv 1910.03581, 2019"
     needs_public = True
+    why_single_modality = "it needs a public set, and a public sample would hand recipients the modality they miss"
     notes = (
         "before round 1, every client: transfer_epochs (5) CE epochs on the labeled public set, then "
         "private_init_epochs (2) on its private data, with its own SGD; extra budget beyond the R rounds",

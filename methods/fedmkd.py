@@ -93,6 +93,8 @@ class FedMKD(Method):
     fidelity = "reconstructed"
     version = "1.0"
     topology = "p2p"
+    # Reads inputs only through the clients' own models, which fuse the modalities a row has.
+    missing_modalities = True
     citation = ("Lin, Tan, Liu, FedMKD: Personalized federated learning with memory knowledge distillation, "
                 "IEEE ICC 2025 (decentralized adaptation of the CRAD paper, arXiv 2609.00446)")
     notes = (

@@ -122,6 +122,8 @@ class FML(Method):
     fidelity = "paper"
     version = "1.0"
     topology = "server"
+    # Reads inputs only through the clients' own models, which fuse the modalities a row has.
+    missing_modalities = True
     citation = "Shen et al., Federated Mutual Learning, arXiv 2006.16765, 2020"
     notes = (
         "meme architecture: the pool's smallest member by parameter count unless meme_arch names one",

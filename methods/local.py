@@ -15,6 +15,8 @@ class Local(Method):
     fidelity = "paper"
     version = "1.0"
     topology = "none"
+    # Reads inputs only through the clients' own models, which fuse the modalities a row has.
+    missing_modalities = True
     citation = "Reference point; no paper."
 
     def run_round(self, fed, rnd, active):

@@ -95,6 +95,7 @@ class MSFKD(Method):
     citation = ("Wang, Zhang, Tao, Chen, knowledge selection for federated distillation on a public set, "
                 "IEEE JSTSP 17(1), 2023 (MSFKD)")
     needs_public = True
+    why_single_modality = "it needs a public set, and a public sample would hand recipients the modality they miss"
     notes = (
         "public set used unlabeled (its labels are never read)",
         "teachers = the other active clients of the round; the student's own prediction is never a candidate; "

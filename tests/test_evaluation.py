@@ -87,12 +87,12 @@ def test_identical_models_are_evaluated_once(monkeypatch):
     evaluator = evaluation.Evaluator(fed, fed.timer)
     calls = []
     real = evaluator.global_class_correct
-    monkeypatch.setattr(evaluator, "global_class_correct", lambda m: calls.append(m) or real(m))
+    monkeypatch.setattr(evaluator, "global_class_correct", lambda m, cid: calls.append(m) or real(m, cid))
     memes = method.endpoints(fed)["meme"]
     figures = evaluator.endpoint(memes)
     assert len(calls) == 1  # four memes, one broadcast state
     separately = [float(evaluation.evaluate_global(fed, m).sum()) for m in memes]
-    assert figures["global_acc"] == round(separately[0] / len(fed.data.test_y) * 100, 4)
+    assert figures["global_acc"].tolist() == [separately[0] / len(fed.data.test_y) * 100] * len(memes)
     # a changed parameter makes a different model
     with torch.no_grad():
         next(memes[1].parameters()).add_(1.0)

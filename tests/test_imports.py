@@ -219,7 +219,7 @@ LAYERS = [
     ("building blocks", ("hfl_bench.data", "hfl_bench.partition", "hfl_bench.pools", "hfl_bench.augment",
                          "hfl_bench.metering", "hfl_bench.aggregation", "hfl_bench.training", "hfl_bench.lockstep",
                          "hfl_bench.checkpoint", "hfl_bench.evaluation", "hfl_bench.families", "hfl_bench.tasks",
-                         "hfl_bench.faults")),
+                         "hfl_bench.faults", "hfl_bench.modalities")),
     ("method API", ("hfl_bench.method_api",)),
     ("methods", ("hfl_bench.methods",)),
     ("engine", ("hfl_bench.engine",)),

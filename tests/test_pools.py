@@ -12,6 +12,7 @@ from hfl_bench.registry import POOLS, RegistryError
 from hfl_bench.testing import builtin_names
 
 TASK_NAMES = ["digits", "mnist1d", "cifar10", "cifar100", "pathmnist"]
+MULTIMODAL_TASKS = ["digits-mnist1d"]
 BATCH = 2
 
 
@@ -31,8 +32,9 @@ def _task_info(name):
 
 @pytest.mark.parametrize("member", _unique_members(), ids=lambda m: m.model)
 def test_member_builds_and_forwards_for_every_task(member):
+    """Every member builds for every task of its kind (one modality, or several)."""
     assert timm.is_model(member.model)
-    for task in TASK_NAMES:
+    for task in (MULTIMODAL_TASKS if member.multimodal else TASK_NAMES):
         info = _task_info(task)
         torch.manual_seed(0)
         model = build_model(member, info).eval()

@@ -71,7 +71,10 @@ def list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
                               "size the pools with a task that declares them, e.g. --task cifar10-jpg")
         for name, pool in registry.items():
             with torch.device("meta"):  # counted without allocating or initializing weights
-                members = [f"{m.name} ({m.model}): {n_params(build_model(m, info)):,} params" for m in pool.members]
+                members = [f"{m.name} ({m.model}): {n_params(build_model(m, info)):,} params"
+                           if m.multimodal == bool(info.modalities) else
+                           f"{m.name} ({m.model}): for {'multimodal' if m.multimodal else 'single-modality'} tasks"
+                           for m in pool.members]
             rows.append({"name": name, "members": members, "description": pool.description})
         return rows
     for name, obj in registry.items():
@@ -82,6 +85,8 @@ def list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
             info = obj.info
             row.update(version=info.version, classes=info.num_classes, input=list(info.input_shape),
                        source=info.source)
+            if info.modalities:
+                row["modalities"] = {m.name: list(m.shape) for m in info.modalities}
         row["origin"] = registry.origin(name)
         rows.append(row)
     return rows
@@ -115,6 +120,8 @@ def _method(name: str, cls: Any) -> dict[str, Any]:
         "kind": "method", "name": name, "description": inspect.getdoc(cls) or "",
         "fidelity": getattr(cls, "fidelity", None), "topology": getattr(cls, "topology", None),
         "citation": getattr(cls, "citation", ""), "needs_public": bool(getattr(cls, "needs_public", False)),
+        "missing_modalities": ("runs" if getattr(cls, "missing_modalities", False)
+                               else f"refuses: {getattr(cls, 'why_single_modality', '')}"),
         "notes": list(getattr(cls, "notes", ()) or ()),
         "hyperparameters": hyperparameters(getattr(cls, "Params", None)),
     }
@@ -204,7 +211,7 @@ def _method_view(info: dict[str, Any]) -> list:
     view = [_fields([("method", info["name"]), ("description", info["description"]),
                      ("fidelity", info["fidelity"]), ("topology", info["topology"]),
                      ("citation", info["citation"] or "-"), ("needs a public set", info["needs_public"]),
-                     ("origin", info["origin"])])]
+                     ("missing modalities", info.get("missing_modalities", "-")), ("origin", info["origin"])])]
     if info["notes"]:
         view.append(["heading", "notes (choices the suite made where the source leaves room):"])
         view += [["bullet", str(n)] for n in info["notes"]]
@@ -220,6 +227,8 @@ def _task_view(info: dict[str, Any]) -> list:
                      ("input shape", shape), ("source", info.get("source")),
                      ("citation", info.get("citation")), ("license", info.get("license")),
                      ("main score", info.get("main_score")), ("augmentation", info.get("augmentation")),
+                     *([("modalities", ", ".join(f"{m['name']} {'x'.join(map(str, m['shape']))}"
+                                                 for m in info["modalities"]))] if info.get("modalities") else []),
                      ("origin", info["origin"])])]
     defaults = info.get("defaults") or {}
     if defaults:

@@ -63,6 +63,8 @@ def run(
     seed: Optional[int] = typer.Option(None, help="Seed of python, numpy, torch and the partition; default: the task's."),
     public_size: Optional[int] = typer.Option(None, help="Hold out this many training samples (stratified, before partitioning) as a public transfer set; needed by fedmd, msfkd, fedcc. \\[default: 0]"),
     faults: Optional[str] = typer.Option(None, "--faults", help="One fault per run: KIND:WHO\\[@STRENGTH]\\[/MODE], KIND label-noise, byzantine, free-rider or straggler, WHO a fraction of the clients or a list \\[1,3] (e.g. byzantine:0.2, label-noise:0.3@0.5/pair); none = no faults (README, Faults). \\[default: none]"),
+    recipient_fraction: Optional[float] = typer.Option(None, help="Multimodal tasks: fraction of clients (seeded) that are recipients missing --missing-modality; default: the task's (0.5)."),
+    missing_modality: Optional[str] = typer.Option(None, help="Multimodal tasks: the modality recipients do not observe; default: the task's (hfl-bench describe TASK)."),
     eval_every: Optional[int] = typer.Option(None, help="Test rounds every k rounds, plus the last 10 and the selected round (validation: every round); 1 tests every round. \\[default: 10]"),
     device: Optional[str] = typer.Option(None, help="auto, cpu, cuda or cuda:N. \\[default: auto]"),
     exec_path: Optional[str] = typer.Option(None, "--exec", help="Peer-KD path: reference, fast or auto. \\[default: auto]"),
@@ -83,7 +85,8 @@ def run(
     flags = dict(
         method=method, task=task, pool=pool, partition=partition, alpha=alpha, classes_per_client=k,
         clients=clients, clients_per_round=clients_per_round, rounds=rounds, local_epochs=local_epochs,
-        batch_size=batch_size, lr=lr, heldout_fraction=heldout_fraction, seed=seed, public_size=public_size, faults=faults, eval_every=eval_every, device=device, exec=exec_path, vmap=vmap,
+        batch_size=batch_size, lr=lr, heldout_fraction=heldout_fraction, seed=seed, public_size=public_size, faults=faults,
+        recipient_fraction=recipient_fraction, missing_modality=missing_modality, eval_every=eval_every, device=device, exec=exec_path, vmap=vmap,
         lockstep=lockstep,
         data_dir=str(data_dir) if data_dir else None, download=download or None,
         out=str(out_dir) if out_dir else None, checkpoint_every=checkpoint_every,
@@ -276,7 +279,9 @@ def _say_checkpoint(path: Path, resume: bool) -> None:
 
 def _headline(record: dict[str, Any]) -> dict[str, Any]:
     m = record.get("metrics") or {}
-    return {k: m.get(k) for k in ("global_acc", "local_acc", "mean_val_acc")} | {
+    groups = {f"{who}_global_acc": m[who].get("global_acc") for who in ("recipients", "donors")
+              if isinstance(m.get(who), dict)}
+    return {k: m.get(k) for k in ("global_acc", "local_acc", "mean_val_acc")} | groups | {
         "selected_round": record["selection"]["round"]}
 
 
@@ -368,6 +373,8 @@ def _print_summary(record: dict[str, Any]) -> None:
         ("global acc (%)", _number(_get(m, "global_acc"))),
         ("local acc (%)", _number(_get(m, "local_acc"))),
         ("mean val acc (%)", _number(_get(m, "mean_val_acc"))),
+        *[(f"global acc, {who} (%)", _number(_get(m, who, "global_acc")))  # a multimodal task's client groups
+          for who in ("recipients", "donors") if isinstance(_get(m, who), dict)],
         ("selected round", _number(_get(record, "selection", "round"))),
     ]
     if _get(record, "source", "kind") == "reproduced":

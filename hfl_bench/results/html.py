@@ -1,9 +1,10 @@
 """The leaderboard as a static HTML site (``hfl-bench leaderboard html OUT_DIR [RECORDS...]``).
 
 One ``index.html`` (per task and protocol a sortable table of groups with the published figures
-beside them, a filter by method, pool and fault setting, the cross-task rank, the plots, which
-records were drawn and which were left out and why), one page per record group under ``groups/``
-(resolved config, provenance, per-class and per-architecture tables, links to the records), the
+beside them, a filter by method, pool, fault and modality setting, the cross-task rank, the plots,
+which records were drawn and which were left out and why; a multimodal group's recipients' headline
+with its donors', all clients' and endpoints' figures under it), one page per record group under
+``groups/`` (resolved config, provenance, per-class and per-architecture tables, links to the records), the
 record files copied under ``records/`` and the plots (``plots.make_plots``) under ``plots/``.
 
 Safe to open from ``file://`` or any static host, and safe with hostile records:
@@ -37,8 +38,8 @@ from hfl_bench.results.board import Board, board_records, build_board
 from hfl_bench.results.grouping import SeedGroup, group_seeds
 from hfl_bench.results.loading import Loaded, ResultsError, Skipped, load_records
 from hfl_bench.results.ranking import protocol_label, rank_methods
-from hfl_bench.results.render import UNMATCHED_COLUMNS, _num, _pm, display_rows, drop_label, rank_rows
-from hfl_bench.results.setting import Group, Stat, canonical, partition_label
+from hfl_bench.results.render import KIND, UNMATCHED_COLUMNS, _num, _pm, display_rows, drop_label, rank_rows
+from hfl_bench.results.setting import Group, Stat, canonical, modalities_section, partition_label
 
 # Marks a folder this module wrote, so regenerating may clear its old pages, and nothing else.
 MARKER = ".hfl-bench-site"
@@ -201,16 +202,19 @@ def _page_name(g: Group, members: list[Loaded]) -> str:
 
 
 def _row(g: Group) -> dict[str, Any]:
-    """One group's row and the published rows beside it (``render.display_rows``), with the
-    figures the site adds (fidelity, version, faults and the drop, cost) and the numbers to sort by."""
+    """One group's row, a multimodal group's other figures and the published rows beside it
+    (``render.display_rows``), with the figures the site adds (fidelity, version, faults and the
+    drop, cost) and the numbers to sort by."""
     rows, _ = display_rows(Board([g], [], []))
-    head, published = rows[0], rows[1:]
+    head = rows[0]
+    clients = [r for r in rows[1:] if r[KIND] == "clients"]
+    published = [r for r in rows[1:] if r[KIND] == "published"]
     gl, lo, final = g.stat("global_acc"), g.stat("local_acc"), g.final_stat("global_acc")
     sent = Stat.of(_get(r.record, "cost", "bytes_sent_per_client_per_round") for r in g.ok)
     wall = Stat.of((t / 60 if isinstance(t, (int, float)) else None)
                    for t in (_get(r.record, "cost", "wall_time_total_s") for r in g.ok))
     return {
-        "cells": head, "published": published, "group": g,
+        "cells": head, "clients": clients, "published": published, "group": g, "modalities": g.modalities,
         "fidelity": _values(g.ok, "method", "fidelity"), "version": head["version"],
         "faults": g.faults, "drop": drop_label(g) or "", "drop_v": g.drop.mean if g.drop is not None else None,
         "global_v": gl.mean, "local_v": lo.mean, "final_v": final.mean, "seeds_v": gl.n, "bytes_v": sent.mean, "minutes_v": wall.mean,
@@ -253,10 +257,17 @@ def _per_arch(g: Group) -> list[dict[str, str]]:
 
 
 def _endpoints(g: Group) -> list[dict[str, str]]:
+    """Each extra endpoint's figures: over all clients, or for a multimodal group over the
+    recipients, the donors and all clients (one row each)."""
+    who = (("headline", ""),)
+    if g.is_multimodal:
+        who = (("recipients", "recipients"), ("donors", "donors"), ("all", "all clients"))
     out = []
     for e in g.endpoints():
-        gl, lo = g.stat("global_acc", e), g.stat("local_acc", e)
-        out.append({"endpoint": e, "global": _pm(gl.mean, gl.sd), "local": _pm(lo.mean, lo.sd), "n": str(gl.n)})
+        for clients, label in who:
+            gl, lo = g.stat("global_acc", e, clients), g.stat("local_acc", e, clients)
+            out.append({"endpoint": e, "clients": label, "global": _pm(gl.mean, gl.sd), "local": _pm(lo.mean, lo.sd),
+                        "n": str(gl.n)})
     return out
 
 
@@ -302,6 +313,25 @@ def _fault_rows(g: Group) -> list[tuple[str, str]]:
     return rows
 
 
+def _modality_rows(g: Group) -> list[tuple[str, str]]:
+    """A multimodal group: its modalities, whose figure the headline is, the recipients', donors'
+    and all clients' accuracy, and which clients each seed drew as recipients."""
+    if not g.is_multimodal:
+        return []
+    sections = [(r.seed, modalities_section(r.record)) for r in g.ok]
+    names = next((s.get("names") for _, s in sections if s.get("names")), None)
+    rows = [("modalities", f"{g.modalities} (modalities: {_text(names)})"),
+            ("headline", "recipients (metrics.recipients): the clients that miss a modality"
+                         if g.headline_clients == "recipients" else "all clients (no client misses a modality)")]
+    for metric, label in (("global_acc", "global acc"), ("local_acc", "local acc")):
+        for clients, who in (("recipients", "recipients"), ("donors", "donors"), ("all", "all clients")):
+            st = g.stat(metric, clients=clients)
+            rows.append((f"{label}, {who}", _pm(st.mean, st.sd)))
+    drawn = "; ".join(f"seed {_text(seed)}: {_text(s.get('recipients'))}" for seed, s in sections)
+    rows.append(("recipients by seed", drawn or "-"))
+    return rows
+
+
 def _group_page(g: Group, sg: Optional[SeedGroup], row: dict[str, Any], hrefs: dict[int, str]) -> dict[str, Any]:
     first = (sg.describing() if sg else g.ok[0]).record
     task = first.get("task") if isinstance(first.get("task"), dict) else {}
@@ -313,7 +343,7 @@ def _group_page(g: Group, sg: Optional[SeedGroup], row: dict[str, Any], hrefs: d
         ("rounds", _text(g.rounds)), ("local epochs", _text(g.local_epochs)),
         ("method params", _text(g.method_params)), ("method hparams", _text(g.hparams)),
         ("fidelity", row["fidelity"]), ("method version", row["version"]), ("faults", row["faults"]),
-        *_fault_rows(g),
+        *_fault_rows(g), *_modality_rows(g),
         ("config hash", g.config_hash), ("group id", g.group_id),
         ("split by partition hash", "yes" if g.split_by_partition else "no"),
         ("data", f"task version {_text(task.get('version'))}, train {_text(task.get('n_train'))}, "
@@ -325,6 +355,7 @@ def _group_page(g: Group, sg: Optional[SeedGroup], row: dict[str, Any], hrefs: d
         "config": [(k, _text(v)) for k, v in cfg.items()],
         "matches": [{"cells": p, "differences": m.differences} for p, m in zip(row["published"], g.published)],
         "per_class": _per_class(g), "per_arch": _per_arch(g), "endpoints": _endpoints(g),
+        "multimodal": g.is_multimodal,
         "members": _members(sg, g, hrefs),
         "citation": _values(g.ok, "method", "citation"),
         "notes": list(dict.fromkeys(n for r in g.ok for n in (_get(r.record, "method", "notes") or [])
@@ -419,6 +450,7 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
     ordered = [sections[k] for k in sorted(sections)]
     rows = [row for s in ordered for row in s["rows"]]
     has_faults = any(row["faults"] != "none" for row in rows)
+    has_modalities = any(row["group"].is_multimodal for row in rows)
     ranked = rank_methods(board.groups)
     _, unmatched = display_rows(board)
     reproduced = [r for r in records if r.kind == "reproduced"]
@@ -428,6 +460,7 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
 
     index = env.get_template("index.html").render(
         csp=csp(SCRIPT), script=SCRIPT, root="", sections=ordered, has_faults=has_faults,
+        has_modalities=has_modalities, modalities=sorted({row["modalities"] for row in rows}),
         methods=sorted({row["group"].method for row in rows}), pools=sorted({row["group"].pool for row in rows}),
         faults=sorted({row["faults"] for row in rows}), rank=rank_rows(ranked), unmatched=unmatched,
         unmatched_columns=UNMATCHED_COLUMNS, figures=figures, plot_note=plot_note, drawn=drawn,
@@ -442,6 +475,7 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
     for g, sg, row in pages:
         page = out_dir / "groups" / row["page"]
         page.write_text(group_template.render(csp=csp(None), root="../", has_faults=has_faults,
+                                              has_modalities=has_modalities,
                                               **_group_page(g, sg, row, hrefs)), encoding="utf-8")
         written.append(page)
     return Site(out_dir / "index.html", len(records), len(board.groups), written, skipped,
@@ -472,7 +506,7 @@ table.sortable th { cursor: pointer; user-select: none; white-space: nowrap; }
 table.sortable th[aria-sort="ascending"]::after { content: " \25B2"; }
 table.sortable th[aria-sort="descending"]::after { content: " \25BC"; }
 td.num, th.num { text-align: right; white-space: nowrap; }
-tr.published td { color: #555; background: #fafafa; font-size: 12px; }
+tr.published td, tr.clients td { color: #555; background: #fafafa; font-size: 12px; }
 tbody.group { border-top: 2px solid #bbb; }
 .note { color: #555; } .mono, code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px; }
 .filters label { margin-right: 1em; }
@@ -488,9 +522,9 @@ details { margin: .5em 0; }
 </html>
 """,
     "_row.html": r"""{# One group (tbody): its row, then the published figures beside it. #}
-{% macro group_rows(row, root, has_faults, link=True) %}
+{% macro group_rows(row, root, has_faults, has_modalities=False, link=True) %}
 {% set g = row.group %}
-<tbody class="group" data-method="{{ g.method }}" data-pool="{{ g.pool }}" data-faults="{{ row.faults }}">
+<tbody class="group" data-method="{{ g.method }}" data-pool="{{ g.pool }}" data-faults="{{ row.faults }}"{% if has_modalities %} data-modalities="{{ row.modalities }}"{% endif %}>
 <tr class="reproduced">
 <td>{% if link %}<a href="{{ root }}groups/{{ row.page }}">{{ row.cells["method"] }}</a>{% else %}{{ row.cells["method"] }}{% endif %}</td>
 <td>{{ row.fidelity }}</td>
@@ -510,6 +544,17 @@ details { margin: .5em 0; }
 <td></td><td></td><td></td>
 <td class="num" data-v="{{ row.delta_v if row.delta_v is not none else '' }}"></td>
 </tr>
+{% for c in row.clients %}
+<tr class="clients">
+<td>{{ c["method"] }}</td><td colspan="{{ 4 if has_faults else 3 }}">besides the recipients' headline</td>
+<td></td>
+<td class="num">{{ c["seeds"] }}</td>
+<td class="num">{{ c["global acc"] }}</td>
+{% if has_faults %}<td></td>{% endif %}
+<td class="num">{{ c["local acc"] }}</td>
+<td colspan="9"></td>
+</tr>
+{% endfor %}
 {% for p in row.published %}
 <tr class="published">
 <td>{{ p["method"] }}</td><td colspan="{{ 4 if has_faults else 3 }}">published figure</td>
@@ -553,7 +598,10 @@ Reproduced runs are grouped over seeds (and method versions: never averaged acro
 final global accuracy (each run's mean over its last 10 evaluated rounds);
 failed and diverged runs are counted, never averaged in.{% if has_faults %} Under faults the headline is the honest
 clients' accuracy, and drop = honest global accuracy with faults − the same seed's global accuracy without faults,
-mean over the paired seeds (n), "-" when no fault-free record of the same config and seed is here.{% endif %} Published figures sit beside the groups whose setting they
+mean over the paired seeds (n), "-" when no fault-free record of the same config and seed is here.{% endif %}{% if has_modalities %}
+For a multimodal task (setting missing=MODALITY recipients=FRACTION, a protocol of its own) the headline global and local
+accuracy is the recipients' (the clients that miss a modality; all clients' where none does); the ↳ rows under such a
+group give the donors', all clients' and each extra endpoint's figures.{% endif %} Published figures sit beside the groups whose setting they
 do not contradict; delta = reproduced − published. Click a column header to sort; a method opens its group's page.</p>
 
 <div class="filters">
@@ -565,6 +613,10 @@ do not contradict; delta = reproduced − published. Click a column header to so
 <label>faults <select data-filter="faults" id="filter-faults"><option value="">all</option>
 {% for f in faults %}<option value="{{ f }}">{{ f }}</option>{% endfor %}</select></label>
 {% endif %}
+{% if has_modalities %}
+<label>modalities <select data-filter="modalities" id="filter-modalities"><option value="">all</option>
+{% for m in modalities %}<option value="{{ m }}">{{ m }}</option>{% endfor %}</select></label>
+{% endif %}
 </div>
 
 {% for s in sections %}
@@ -572,7 +624,7 @@ do not contradict; delta = reproduced − published. Click a column header to so
 <h2>{{ s.task }} <span class="note">— {{ s.protocol }}</span></h2>
 <table class="sortable leaderboard">
 {{ header(has_faults) }}
-{% for row in s.rows %}{{ group_rows(row, root, has_faults) }}{% endfor %}
+{% for row in s.rows %}{{ group_rows(row, root, has_faults, has_modalities) }}{% endfor %}
 </table>
 </section>
 {% else %}
@@ -582,7 +634,8 @@ do not contradict; delta = reproduced − published. Click a column header to so
 <h2 id="rank">Rank across tasks</h2>
 <p class="note">Within each protocol (task, partition and public hold-out, N, active clients, rounds) run by two or more
 methods, methods are ranked by their best group's mean global accuracy; ties share the average rank. A method's score
-is its mean rank over its protocols.</p>
+is its mean rank over its protocols.{% if has_modalities %} A multimodal group's protocol includes its modality setting,
+and its accuracy there is the recipients'.{% endif %}</p>
 {% if rank %}
 <table class="rank">
 <thead><tr><th>#</th><th>method</th><th class="num">mean rank</th><th class="num">protocols</th><th>ranks</th></tr></thead>
@@ -652,7 +705,7 @@ is its mean rank over its protocols.</p>
 <h1>{{ title }}</h1>
 <table class="summary">
 {{ header(has_faults) }}
-{{ group_rows(row, root, has_faults, link=False) }}
+{{ group_rows(row, root, has_faults, has_modalities, link=False) }}
 </table>
 
 {% if matches %}
@@ -705,9 +758,9 @@ is its mean rank over its protocols.</p>
 {% if endpoints %}
 <h2>Extra endpoints</h2>
 <table class="endpoints">
-<thead><tr><th>endpoint</th><th class="num">global acc</th><th class="num">local acc</th><th class="num">seeds</th></tr></thead>
+<thead><tr><th>endpoint</th>{% if multimodal %}<th>clients</th>{% endif %}<th class="num">global acc</th><th class="num">local acc</th><th class="num">seeds</th></tr></thead>
 <tbody>
-{% for e in endpoints %}<tr><td>{{ e.endpoint }}</td><td class="num">{{ e.global }}</td><td class="num">{{ e.local }}</td><td class="num">{{ e.n }}</td></tr>
+{% for e in endpoints %}<tr><td>{{ e.endpoint }}</td>{% if multimodal %}<td>{{ e.clients }}</td>{% endif %}<td class="num">{{ e.global }}</td><td class="num">{{ e.local }}</td><td class="num">{{ e.n }}</td></tr>
 {% endfor %}
 </tbody></table>
 {% endif %}

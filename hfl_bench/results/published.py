@@ -6,14 +6,18 @@ and parameters, clients, active clients per round and the hyperparameters the pa
 agree where the paper states them; rounds, local epochs and pool may differ, which turns the
 shown setting match to approximate. The delta is reproduced mean - published figure (of the same
 endpoint and metric). Published figures are never averaged in, and never sit beside a group run
-with faults (no paper's figure was measured under this suite's faults).
+with faults (no paper's figure was measured under this suite's faults), nor beside a multimodal
+group unless their setting names the same modality setting (``setting.modalities``: the missing
+modality and the recipient fraction); beside one, the delta is against the recipients' figure.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from hfl_bench.results.setting import METRICS, Group, Match, Published, Stat  # noqa: F401  (Match, Published: re-exported)
+from hfl_bench.results.setting import (  # noqa: F401  (Match, Published: re-exported)
+    METRICS, Group, Match, Published, Stat, modality_setting,
+)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -27,6 +31,8 @@ def match(pub: Published, g: Group) -> Optional[Match]:
     if pub.method != g.method or pub.task != g.task or g.has_faults:
         return None
     s = pub.setting
+    if modality_setting({"modalities": s.get("modalities")}) != g.modalities:
+        return None
     part = s.get("partition") or {}
     if part.get("scheme") is not None and part["scheme"] != g.partition_scheme:
         return None

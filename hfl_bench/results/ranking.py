@@ -1,6 +1,7 @@
 """The rank: methods ranked within each protocol (task, partition, clients, active clients,
-rounds, local epochs, fault setting) that at least two methods ran, by the mean global accuracy
-of the method's best group there (the headline: honest clients under faults; higher is better);
+rounds, local epochs, fault setting, modality setting) that at least two methods ran, by the mean
+global accuracy of the method's best group there (the headline: honest clients under faults, the
+recipients of a multimodal run; higher is better);
 tied means share the average of their ranks. A method's
 score is its mean rank over the protocols it ran in. Versions of a method are ranked apart
 (``crad@1.1``, ``crad@unversioned``) when the groups hold more than one; never merged.
@@ -59,4 +60,6 @@ def average_ranks(scores: dict[str, float]) -> dict[str, float]:
 def protocol_label(g: Group) -> str:
     active = "" if g.clients_per_round in (None, g.n_clients) else f"/{g.clients_per_round}"
     faults = f" faults={g.faults}" if g.has_faults else ""
-    return f"{g.task} {partition_label(g.partition_scheme, g.partition_params)} N={g.n_clients}{active} R={g.rounds}{faults}"
+    modalities = f" {g.modalities}" if g.is_multimodal else ""  # missing=<modality> recipients=<fraction>
+    return (f"{g.task} {partition_label(g.partition_scheme, g.partition_params)} N={g.n_clients}{active} "
+            f"R={g.rounds}{faults}{modalities}")

@@ -31,11 +31,16 @@ SCHEMA_VERSION = "1.2"  # what new records without faults (and published records
 # keeps the version that holds all of it, and every record written before stays byte for byte
 # what its writer writes now (the shipped published records included).
 FAULTS_SCHEMA_VERSION = "1.3"
+# A record of a multimodal run (a task with named modalities, some clients missing one) is written
+# as 1.4: 1.3 plus its ``modalities`` section and ``metrics.recipients`` / ``metrics.donors``. Only
+# such runs carry them, so every other record keeps 1.2 (or 1.3 under faults) for the same reason.
+MODALITIES_SCHEMA_VERSION = "1.4"
 # Every version a record may carry; each keeps its own schema file, and a record is validated
 # against the schema of its own ``schema_version`` (1.1 added fidelity "original" and ``plugins``;
 # 1.2 the method's ``version`` and the ``final`` figures of the last evaluated rounds; 1.3 the
-# ``faults`` section and the ``honest`` / ``faulty`` figures of a run with --faults).
-SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3")
+# ``faults`` section and the ``honest`` / ``faulty`` figures of a run with --faults; 1.4 the
+# ``modalities`` section and the ``recipients`` / ``donors`` figures of a multimodal run).
+SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
 SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
 
@@ -88,6 +93,38 @@ def group_figures(best: Any, clients: list[int]) -> dict[str, Any]:
             "mean_val_acc": mean(best.val_acc)}
 
 
+def endpoint_figures(best: Any, clients: list[int]) -> dict[str, dict[str, float | None]]:
+    """Each extra endpoint's selected-round accuracy over ``clients`` (``RoundMetrics.endpoint_clients``):
+    the mean global accuracy (every client has the global test) and the mean local accuracy over
+    the clients that have a local test half; None where no client of the group has a figure."""
+    idx = np.asarray(clients, dtype=int)
+
+    def mean(values: Any, skip_nan: bool) -> float | None:
+        if values is None or not idx.size:
+            return None
+        v = np.asarray(values, dtype=float)[idx]
+        if skip_nan:
+            return _pct(float(np.nanmean(v))) if np.isfinite(v).any() else None
+        return _pct(float(np.mean(v)))
+
+    return {name: {"global_acc": mean(per.get("global_acc"), skip_nan=False),
+                   "local_acc": mean(per.get("local_acc"), skip_nan=True)}
+            for name, per in (getattr(best, "endpoint_clients", None) or {}).items()}
+
+
+def modality_figures(best: Any, clients: list[int]) -> dict[str, Any]:
+    """``group_figures`` over ``clients`` plus each extra endpoint's figures over them: a multimodal
+    run's ``metrics.recipients`` (the headline: the clients that miss a modality) or ``metrics.donors``."""
+    return {**group_figures(best, clients), "endpoints": endpoint_figures(best, clients)}
+
+
+def schema_version_of(result: RunResult) -> str:
+    """The version a run's record is written as: the oldest that holds all of it (module constants)."""
+    if result.modalities is not None:
+        return MODALITIES_SCHEMA_VERSION
+    return SCHEMA_VERSION if result.faults is None else FAULTS_SCHEMA_VERSION
+
+
 def faults_section(cfg_dict: dict[str, Any], faults: dict[str, Any]) -> dict[str, Any]:
     """The record's ``faults`` block: the plan (``FaultPlan.record``), the selection rule and the
     config hash of the same run without faults (the baseline a drop is measured against)."""
@@ -126,10 +163,13 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         if result.faults is not None:  # the headline under faults: the honest clients' figures
             metrics["honest"] = group_figures(best, result.faults["honest_clients"])
             metrics["faulty"] = group_figures(best, result.faults["faulty_clients"])
+        if result.modalities is not None:  # the headline of a multimodal run: the recipients' figures
+            metrics["recipients"] = modality_figures(best, result.modalities["recipients"])
+            metrics["donors"] = modality_figures(best, result.modalities["donors"])
     sent = result.bytes_sent_per_client_round
     rounds_run = len(result.history) - 1
     record = {
-        "schema_version": SCHEMA_VERSION if result.faults is None else FAULTS_SCHEMA_VERSION,
+        "schema_version": schema_version_of(result),
         "record_id": hashlib.sha256(f"{chash}|{cfg.seed}|reproduced".encode()).hexdigest()[:16],
         "source": {"kind": "reproduced", "citation": None},
         "status": result.status,
@@ -177,6 +217,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         "seeds": {"python": cfg.seed, "numpy": cfg.seed, "torch": cfg.seed, "partition": cfg.seed},
         "selection": {"rule": "best_mean_local_val", "round": best.round if best else None},
         **({"faults": faults_section(cfg_dict, result.faults)} if result.faults is not None else {}),
+        **({"modalities": dict(result.modalities)} if result.modalities is not None else {}),
         "metrics": metrics,
         "cost": {
             "bytes_sent_per_client_per_round": float(sent.mean()) if sent.size else 0.0,

@@ -1,4 +1,10 @@
-"""The leaderboard as rows: the terminal table (rich), markdown, csv and json, and the rank."""
+"""The leaderboard as rows: the terminal table (rich), markdown, csv and json, and the rank.
+
+A multimodal group (``Group.is_multimodal``) shows its recipients' figures as the headline, and
+beside them the donors', all clients' and each extra endpoint's: as ``↳`` rows under the group in
+the table and markdown (whose note says whose the headline is), as columns and ``endpoint`` rows in
+csv, as blocks in json. A single-modality group's rows are what they were.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ from rich.text import Text
 
 from hfl_bench.results.board import Board
 from hfl_bench.results.published import Match, Published
-from hfl_bench.results.setting import METRICS, canonical, partition_label
+from hfl_bench.results.setting import METRICS, Group, canonical, modalities_section, partition_label
 from hfl_bench.results.text import csv_cell, markdown_cell, terminal
 
 
@@ -51,14 +57,28 @@ def drop_label(g: Any) -> str:
     return f"{g.drop.mean:+.2f} (n={g.drop.n_paired})"
 
 
+# Keys of a display row that are not columns: what the row is ("group", "clients": a multimodal
+# group's other client groups and endpoints, "published") and a note the table's title and the
+# markdown carry once (whose figure a multimodal headline is).
+KIND, NOTE = "_kind", "_note"
+MODALITY_NOTE = ("multimodal groups (setting missing=MODALITY recipients=FRACTION): global and local acc are over "
+                 "the recipients, the clients that miss a modality (all clients where none does); the ↳ rows give "
+                 "the donors', all clients' and each extra endpoint's figures")
+# The client groups a multimodal group shows besides its headline, and their labels.
+OTHER_CLIENTS = (("donors", "donors"), ("all", "all clients"))
+
+
 def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """Rows for the table and markdown formats: each group followed by the published figures
-    beside it; then the published figures that match no group."""
+    """Rows for the table and markdown formats: each group followed by a multimodal group's other
+    figures (``clients_rows``) and the published figures beside it; then the published figures
+    that match no group."""
     rows = []
     for g in board.groups:
         gl, lo = g.stat("global_acc"), g.stat("local_acc")
         setting = _setting_label(partition_label(g.partition_scheme, g.partition_params), g.n_clients,
                                  g.clients_per_round, g.rounds)
+        if g.is_multimodal:
+            setting += " " + g.modalities
         if g.method_params:
             setting += " " + _params_label(g.method_params)
         fg, fl = g.final_stat("global_acc"), g.final_stat("local_acc")
@@ -68,10 +88,28 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
             "local acc": _pm(lo.mean, lo.sd),
             "final global": _pm(fg.mean, fg.sd), "final local": _pm(fl.mean, fl.sd),
             "failed/diverged": f"{g.n_failed}/{g.n_diverged}", "source": "", "locator": "",
-            "match": "", "delta": "",
+            "match": "", "delta": "", KIND: "group", **({NOTE: MODALITY_NOTE} if g.is_multimodal else {}),
         })
+        rows += clients_rows(g)
         rows += [_published_row(m.published, m) for m in g.published]
     return rows, [_published_row(p, None) for p in board.unmatched]
+
+
+def clients_rows(g: Group) -> list[dict[str, str]]:
+    """A multimodal group's figures besides its headline (the recipients'): the donors' and all
+    clients', then each extra endpoint's over the recipients, the donors and all clients. None for
+    any other group."""
+    if not g.is_multimodal:
+        return []
+    wanted = [(None, who, label) for who, label in OTHER_CLIENTS]
+    wanted += [(e, who, label) for e in g.endpoints() for who, label in (("recipients", "recipients"), *OTHER_CLIENTS)]
+    rows = []
+    for endpoint, who, label in wanted:
+        gl, lo = g.stat("global_acc", endpoint, who), g.stat("local_acc", endpoint, who)
+        name = f"[{endpoint}] {label}" if endpoint else label
+        rows.append({**{c: "" for c in COLUMNS}, "method": f"  ↳ {name}", "seeds": str(gl.n),
+                     "global acc": _pm(gl.mean, gl.sd), "local acc": _pm(lo.mean, lo.sd), KIND: "clients"})
+    return rows
 
 
 def version_label(g: Any) -> str:
@@ -87,6 +125,7 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
     endpoint = f" [{p.endpoint}]" if p.endpoint else ""
     published_as = p.record["method"].get("published_name") or p.method
     return {
+        KIND: "published",
         "method": f"  ↳ {published_as}{endpoint}" if m else f"{p.method}{endpoint}", "task": "" if m else p.task,
         "published as": published_as,
         "pool": p.pool or "(other)", "faults": "none", "setting": _published_setting(p), "seeds": str(p.n_seeds or "?"),
@@ -112,21 +151,22 @@ UNMATCHED_COLUMNS = ("method", "published as", "task", "pool", "setting", "seeds
 CSV_COLUMNS = (
     "row_type", "group_id", "method", "method_version", "commits", "task", "pool", "partition_scheme",
     "partition_params", "n_clients", "clients_per_round", "rounds", "local_epochs", "method_params", "faults",
-    "headline_clients", "seeds", "n_seeds", "global_mean", "global_sd", "local_mean", "local_sd", "all_global_mean",
-    "all_global_sd", "all_local_mean", "all_local_sd", "drop_mean", "drop_n_paired", "drop_seeds",
+    "modalities", "headline_clients", "seeds", "n_seeds", "global_mean", "global_sd", "local_mean", "local_sd",
+    "all_global_mean", "all_global_sd", "all_local_mean", "all_local_sd", "donors_global_mean", "donors_global_sd",
+    "donors_local_mean", "donors_local_sd", "drop_mean", "drop_n_paired", "drop_seeds",
     "final_global_mean", "final_global_sd", "final_local_mean", "final_local_sd", "n_failed", "n_diverged", "n_duplicates", "endpoint", "citation_key", "arxiv_or_doi",
     "locator", "setting_match", "published_metric", "published_value", "published_sd", "reproduced_mean", "delta",
 )
 
 
 def csv_rows(board: Board) -> list[dict[str, Any]]:
-    """Flat rows: one per group (row_type reproduced), one per published figure beside it
-    (row_type published, same group_id), one per unmatched published figure (empty group_id).
-    global_* / local_* are the headline (honest clients under faults), all_* every client's."""
+    """Flat rows: one per group (row_type reproduced), for a multimodal group one per extra
+    endpoint (row_type endpoint, same group_id), one per published figure beside it (row_type
+    published, same group_id), one per unmatched published figure (empty group_id).
+    global_* / local_* are the headline (honest clients under faults, the recipients of a
+    multimodal group: ``headline_clients``), all_* every client's, donors_* a multimodal group's donors'."""
     rows = []
     for g in board.groups:
-        gl, lo = g.stat("global_acc"), g.stat("local_acc")
-        ag, al = g.stat("global_acc", clients="all"), g.stat("local_acc", clients="all")
         fg, fl = g.final_stat("global_acc"), g.final_stat("local_acc")
         drop = g.drop
         rows.append({
@@ -135,18 +175,36 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
             "partition_scheme": g.partition_scheme, "partition_params": canonical(g.partition_params),
             "n_clients": g.n_clients, "clients_per_round": g.clients_per_round, "rounds": g.rounds,
             "local_epochs": g.local_epochs, "method_params": canonical(g.method_params), "faults": g.faults,
-            "headline_clients": g.headline_clients,
-            "seeds": " ".join(map(str, g.seeds)), "n_seeds": gl.n, "global_mean": gl.mean, "global_sd": gl.sd,
-            "local_mean": lo.mean, "local_sd": lo.sd, "all_global_mean": ag.mean, "all_global_sd": ag.sd,
-            "all_local_mean": al.mean, "all_local_sd": al.sd, "drop_mean": drop.mean if drop else None,
+            "modalities": g.modalities, "headline_clients": g.headline_clients,
+            "seeds": " ".join(map(str, g.seeds)), **_csv_figures(g), "drop_mean": drop.mean if drop else None,
             "drop_n_paired": drop.n_paired if drop else None,
             "drop_seeds": " ".join(map(str, drop.seeds)) if drop else None, "final_global_mean": fg.mean, "final_global_sd": fg.sd,
             "final_local_mean": fl.mean, "final_local_sd": fl.sd, "n_failed": g.n_failed, "n_diverged": g.n_diverged,
             "n_duplicates": g.n_duplicates,
         })
+        if g.is_multimodal:
+            rows += [{"row_type": "endpoint", "group_id": g.group_id, "method": g.method,
+                      "method_version": g.method_version, "task": g.task, "pool": g.pool, "faults": g.faults,
+                      "modalities": g.modalities, "headline_clients": g.headline_clients, "endpoint": e,
+                      "seeds": " ".join(map(str, g.seeds)), **_csv_figures(g, e)} for e in g.endpoints()]
         rows += [_published_csv(m.published, m, g.group_id) for m in g.published]
     rows += [_published_csv(p, None, "") for p in board.unmatched]
     return [{c: ("" if r.get(c) is None else r.get(c)) for c in CSV_COLUMNS} for r in rows]
+
+
+def _csv_figures(g: Group, endpoint: Optional[str] = None) -> dict[str, Any]:
+    """The seed count and the headline, all clients' and (multimodal) donors' means and sds of the
+    model or of one extra endpoint."""
+    out: dict[str, Any] = {}
+    for prefix, clients in (("", "headline"), ("all_", "all"), ("donors_", "donors")):
+        if clients == "donors" and not g.is_multimodal:
+            continue
+        for name, metric in (("global", "global_acc"), ("local", "local_acc")):
+            st = g.stat(metric, endpoint, clients)
+            out |= {f"{prefix}{name}_mean": st.mean, f"{prefix}{name}_sd": st.sd}
+            if not prefix and name == "global":
+                out["n_seeds"] = st.n
+    return out
 
 
 def _published_csv(p: Published, m: Optional[Match], group_id: str) -> dict[str, Any]:
@@ -176,23 +234,50 @@ def board_json(board: Board) -> dict[str, Any]:
             "partition_hashes": sorted({r.partition_hash for r in g.ok}, key=str),
             "split_by_partition": g.split_by_partition, "n_clients": g.n_clients,
             "clients_per_round": g.clients_per_round, "rounds": g.rounds, "local_epochs": g.local_epochs,
-            "method_params": g.method_params, "faults": g.faults, "headline_clients": g.headline_clients,
-            "seeds": g.seeds, "n_seeds": len(g.ok),
+            "method_params": g.method_params, "faults": g.faults, **_json_modalities(g),
+            "headline_clients": g.headline_clients, "seeds": g.seeds, "n_seeds": len(g.ok),
             "global_acc": g.stat("global_acc").as_dict(), "local_acc": g.stat("local_acc").as_dict(),
             "all_clients": {m: g.stat(m, clients="all").as_dict() for m in METRICS},
             **({"honest": {m: g.stat(m, clients="honest").as_dict() for m in METRICS},
                 "faulty": {m: g.stat(m, clients="faulty").as_dict() for m in METRICS}} if g.has_faults else {}),
+            **({who: {m: g.stat(m, clients=who).as_dict() for m in METRICS} for who in ("recipients", "donors")}
+               if g.is_multimodal else {}),
             "drop": g.drop.as_dict() if g.drop is not None else None,
             "final": {m: g.final_stat(m).as_dict() for m in METRICS},
-            "endpoints": {e: {m: g.stat(m, e).as_dict() for m in METRICS} for e in g.endpoints()},
+            "endpoints": {e: _json_endpoint(g, e) for e in g.endpoints()},
             "n_failed": g.n_failed, "n_diverged": g.n_diverged, "n_duplicates": g.n_duplicates,
             "records": [str(r.path) for r in g.ok],
             "published": [m.as_dict() for m in g.published],
         })
-    return {"sd": "sample standard deviation (ddof=1); null for a single seed",
-            "headline": "global_acc and local_acc are over the honest clients for a group run with faults "
-                        "(metrics.honest), over all clients otherwise (all_clients)", "groups": groups,
-            "unmatched_published": [p.as_dict() for p in board.unmatched], "skipped": board.skipped}
+    headline = ("global_acc and local_acc are over the honest clients for a group run with faults "
+                "(metrics.honest), over all clients otherwise (all_clients)")
+    if any(g.is_multimodal for g in board.groups):
+        headline = ("global_acc and local_acc are over the honest clients for a group run with faults "
+                    "(metrics.honest), over the recipients (the clients that miss a modality: metrics.recipients; "
+                    "also each endpoint's) for a multimodal group (modalities), over all clients otherwise "
+                    "(all_clients)")
+    return {"sd": "sample standard deviation (ddof=1); null for a single seed", "headline": headline,
+            "groups": groups, "unmatched_published": [p.as_dict() for p in board.unmatched], "skipped": board.skipped}
+
+
+def _json_modalities(g: Group) -> dict[str, Any]:
+    """A multimodal group's modality setting and its parts (from a seed's ``modalities``
+    section); nothing for any other group."""
+    if not g.is_multimodal:
+        return {}
+    section = next((modalities_section(r.record) for r in g.ok if modalities_section(r.record)), {})
+    return {"modalities": {"setting": g.modalities, "names": section.get("names"), "missing": section.get("missing"),
+                           "recipient_fraction": section.get("recipient_fraction")}}
+
+
+def _json_endpoint(g: Group, endpoint: str) -> dict[str, Any]:
+    """One extra endpoint's headline figures; a multimodal group's also over the recipients, the
+    donors and all clients."""
+    out: dict[str, Any] = {m: g.stat(m, endpoint).as_dict() for m in METRICS}
+    if g.is_multimodal:
+        out |= {key: {m: g.stat(m, endpoint, who).as_dict() for m in METRICS}
+                for key, who in (("recipients", "recipients"), ("donors", "donors"), ("all_clients", "all"))}
+    return out
 
 
 def rank_rows(ranked: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -202,13 +287,20 @@ def rank_rows(ranked: list[dict[str, Any]]) -> list[dict[str, str]]:
             for i, r in enumerate(ranked, 1)]
 
 
+def row_notes(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """The distinct notes the rows carry (``NOTE``), in order: what a table's title adds."""
+    return list(dict.fromkeys(r[NOTE] for r in rows if r.get(NOTE)))
+
+
 def to_markdown(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
     """A markdown table; every cell one line with its markdown and HTML escaped (``text``), so a
-    value can neither add a row or a column nor inject a link, code or HTML."""
+    value can neither add a row or a column nor inject a link, code or HTML. The rows' notes
+    (``row_notes``) follow it, one paragraph each."""
     columns = list(columns)
     lines = ["| " + " | ".join(map(markdown_cell, columns)) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(markdown_cell(r.get(c, "")) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    notes = [f"\nNote: {markdown_cell(n)}" for n in row_notes(rows)]
+    return "\n".join(lines + notes) + "\n"
 
 
 def to_csv(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:
@@ -221,7 +313,8 @@ def to_csv(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:
 
 
 def to_rich(rows: list[dict[str, str]], columns: Iterable[str], title: str) -> Table:
-    t = Table(title=Text(terminal(title)))
+    """The terminal table; its title also carries the rows' notes (``row_notes``)."""
+    t = Table(title=Text(terminal("; ".join([title, *row_notes(rows)]))))
     for c in columns:
         right = c in ("seeds", "global acc", "drop", "local acc", "final global", "final local", "delta", "mean rank", "protocols", "#")
         # fold, not ellipsis: a narrow terminal still shows every character

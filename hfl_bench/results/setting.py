@@ -6,8 +6,19 @@ form a group is ``grouping``'s rule.
 The fault setting (``config.faults``, README Faults) is part of the setting and of the protocol
 the rank compares within. The **headline** of a record run with faults (one with a ``faults``
 section, schema 1.3) is its honest clients' figure (``metrics.honest``); of any other record, the
-all-client figure. The all-client figures stay available (``Group.stat(..., clients="all")``). A published figure (``Published``) and its place beside a
-group (``Match``) are types of this module too; ``published`` decides which figure goes where.
+all-client figure. The all-client figures stay available (``Group.stat(..., clients="all")``).
+
+The modality setting of a multimodal run (the missing modality and the fraction of clients that
+miss it, from the record's ``modalities`` section, schema 1.4) is part of the setting and of the
+protocol too. The headline of such a record is its **recipients'** figure (``metrics.recipients``:
+the clients that miss a modality, whom the methods' claims are about), for the model and for each
+extra endpoint (``metrics.recipients.endpoints``); the donors' and all clients' figures stay
+available (``clients="donors"`` / ``"all"``). A run with no recipients (recipient fraction 0:
+every client observes every modality) has no recipients' figure, so its headline is all
+clients'. A record with both sections (refused by the engine) keeps the honest clients' headline.
+
+A published figure (``Published``) and its place beside a group (``Match``) are types of this
+module too; ``published`` decides which figure goes where.
 """
 
 from __future__ import annotations
@@ -22,7 +33,8 @@ from hfl_bench.results.loading import Loaded
 
 METRICS = ("global_acc", "local_acc")
 NO_FAULTS = "none"  # the fault setting of a run without faults
-CLIENTS = ("headline", "all", "honest", "faulty")  # whose figure ``Group.stat`` reads
+NO_MODALITIES = "none"  # the modality setting of a single-modality run
+CLIENTS = ("headline", "all", "honest", "faulty", "recipients", "donors")  # whose figure ``Group.stat`` reads
 
 
 def fault_setting(record: dict[str, Any]) -> str:
@@ -38,15 +50,64 @@ def fault_setting(record: dict[str, Any]) -> str:
     return spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True, default=str)
 
 
+def modalities_section(record: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal record's ``modalities`` section; {} for any other record."""
+    section = record.get("modalities")
+    return section if isinstance(section, dict) else {}
+
+
+def modality_setting(record: dict[str, Any]) -> str:
+    """A record's modality setting, ``missing=<modality> recipients=<fraction>``, or ``none`` for
+    a single-modality run (no ``modalities`` section)."""
+    section = modalities_section(record)
+    if not section:
+        return NO_MODALITIES
+    fraction = section.get("recipient_fraction")
+    number = isinstance(fraction, (int, float)) and not isinstance(fraction, bool)
+    shown = f"{fraction:g}" if number else canonical(fraction)
+    missing = section.get("missing")
+    return f"missing={missing if isinstance(missing, str) else canonical(missing)} recipients={shown}"
+
+
+def has_recipients(record: dict[str, Any]) -> bool:
+    """A multimodal record with at least one recipient (a client that misses a modality)."""
+    return bool(modalities_section(record).get("recipients"))
+
+
+def headline_of(record: dict[str, Any]) -> str:
+    """Whose figure a record's headline is (module doc): honest, recipients or all."""
+    if isinstance(record.get("faults"), dict):
+        return "honest"
+    return "recipients" if has_recipients(record) else "all"
+
+
 def figure(record: dict[str, Any], metric: str, clients: str = "headline") -> Optional[float]:
-    """One selected-round figure of a record: over all clients, the honest or the faulty ones, or
-    the headline (honest for a record run with faults, all otherwise; module doc)."""
+    """One selected-round figure of a record: over all clients, the honest or the faulty ones, the
+    recipients or the donors, or the headline (``headline_of``; module doc)."""
     metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
     if clients == "headline":
-        clients = "honest" if isinstance(record.get("faults"), dict) else "all"
+        clients = headline_of(record)
     if clients != "all":
         metrics = metrics.get(clients) if isinstance(metrics.get(clients), dict) else {}
     return metrics.get(metric)
+
+
+def endpoint_figure(record: dict[str, Any], endpoint: str, metric: str, clients: str = "headline") -> Optional[float]:
+    """One selected-round figure of a named extra endpoint: over all clients
+    (``metrics.extra_endpoints``), the recipients or the donors (``metrics.<who>.endpoints``), or
+    the headline (the recipients' for a multimodal record with recipients; all clients' otherwise,
+    faults or not: a record has no honest clients' endpoint figures). None where the record has no
+    such figure."""
+    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
+    if clients == "headline":
+        clients = "recipients" if has_recipients(record) else "all"
+    if clients == "all":
+        block = metrics.get("extra_endpoints")
+    else:
+        who = metrics.get(clients)
+        block = who.get("endpoints") if isinstance(who, dict) else None
+    figures = block.get(endpoint) if isinstance(block, dict) else None
+    return figures.get(metric) if isinstance(figures, dict) else None
 
 
 @dataclass
@@ -173,6 +234,7 @@ class Group:
     published: list[Match] = field(default_factory=list)
     faults: str = NO_FAULTS  # the fault setting (canonical spec), part of the setting and protocol
     drop: Optional[Any] = None  # robustness.Drop: against the same seeds without faults (faulty groups)
+    modalities: str = NO_MODALITIES  # the modality setting (``modality_setting``), part of setting and protocol
 
     @property
     def seeds(self) -> list[Any]:
@@ -183,17 +245,24 @@ class Group:
         return self.faults != NO_FAULTS
 
     @property
+    def is_multimodal(self) -> bool:
+        return self.modalities != NO_MODALITIES
+
+    @property
     def headline_clients(self) -> str:
-        """Whose figure the headline is: ``honest`` when the group's records ran with faults."""
-        return "honest" if any(isinstance(r.record.get("faults"), dict) for r in self.ok) else "all"
+        """Whose figure the headline is: ``honest`` when the group's records ran with faults,
+        ``recipients`` when they have a ``modalities`` section with recipients, else ``all``."""
+        if any(isinstance(r.record.get("faults"), dict) for r in self.ok):
+            return "honest"
+        return "recipients" if any(has_recipients(r.record) for r in self.ok) else "all"
 
     def stat(self, metric: str = "global_acc", endpoint: Optional[str] = None, clients: str = "headline") -> Stat:
-        """One figure over the group's ok seeds: the headline (honest clients under faults, module
-        doc), all clients, the honest or the faulty ones; or a named extra endpoint (all clients)."""
+        """One figure over the group's ok seeds, of the model or of a named extra endpoint: the
+        headline (module doc), or over all clients, the honest or faulty ones (the model only) or
+        the recipients or donors of a multimodal run."""
         def value(r: Loaded):
             if endpoint:
-                m = r.record.get("metrics") or {}
-                return ((m.get("extra_endpoints") or {}).get(endpoint) or {}).get(metric)
+                return endpoint_figure(r.record, endpoint, metric, clients)
             return figure(r.record, metric, clients)
         return Stat.of(value(r) for r in self.ok)
 
@@ -218,14 +287,22 @@ class Group:
         return ", ".join(notes)
 
     def endpoints(self) -> list[str]:
-        names = {e for r in self.ok for e in ((r.record.get("metrics") or {}).get("extra_endpoints") or {})}
+        """The extra endpoints any seed reports, over all clients or (multimodal) over a client group."""
+        names = set()
+        for r in self.ok:
+            m = r.record.get("metrics") or {}
+            names |= set(m.get("extra_endpoints") or {})
+            for who in ("recipients", "donors"):
+                block = m.get(who) if isinstance(m.get(who), dict) else {}
+                names |= set(block.get("endpoints") or {})
         return sorted(names)
 
     def protocol(self) -> tuple:
-        """What the rank compares methods within: task, partition, clients, rounds, epochs and the
-        fault setting (a group with faults is never ranked against fault-free ones)."""
+        """What the rank compares methods within: task, partition, clients, rounds, epochs, the
+        fault setting (a group with faults is never ranked against fault-free ones) and the
+        modality setting (nor a multimodal group against another setting)."""
         return (self.task, self.partition_scheme, canonical(self.partition_params), self.n_clients,
-                self.clients_per_round, self.rounds, self.local_epochs, self.faults)
+                self.clients_per_round, self.rounds, self.local_epochs, self.faults, self.modalities)
 
 
 def describe(seeds: SeedGroup) -> Group:
@@ -245,7 +322,7 @@ def describe(seeds: SeedGroup) -> Group:
         method_params=dict(cfg.get("method_params") or {}), hparams=dict(first["method"].get("hparams") or {}),
         config_hash=first.get("config_hash") or "?", ok=list(seeds.ok), n_failed=seeds.n_failed,
         n_diverged=seeds.n_diverged, n_duplicates=len(seeds.duplicates), split_by_partition=seeds.split_by_partition,
-        faults=fault_setting(first),
+        faults=fault_setting(first), modalities=modality_setting(first),
     )
 
 

@@ -3,8 +3,12 @@
 A record is **valid** when it matches the schema of its ``schema_version`` (``records.load_schema``) and every number in it
 is finite (JSON has no NaN or infinity; Python's parser accepts them, ``records.loads_strict``
 does not) and every accuracy (a ``*_acc`` field, or a per-class / per-architecture accuracy,
-under ``metrics`` or ``history``) is null or a number within [0, 100], and a reproduced record with
-status ``ok`` reports its selected round and headline figures. The leaderboard and the
+under ``metrics`` or ``history``) is null or a number within [0, 100], a reproduced record with
+status ``ok`` reports its selected round and headline figures, and a multimodal record's
+``modalities`` section (schema 1.4) agrees with itself: the missing modality is one of its names,
+every client is a recipient or a donor (not both), recipients do not observe the missing
+modality and donors observe every one, and ``metrics.recipients`` / ``metrics.donors`` count
+those clients. The leaderboard and the
 plots read only valid records; every other one is listed with its first problem, never averaged
 in or drawn. ``leaderboard validate`` lists every problem of every file.
 
@@ -212,6 +216,7 @@ def record_problems(record: Any, validator=None) -> list[str]:
             problems += [p.lstrip("/") for p in _accuracy_problems(record.get(block), block)
                          if p.lstrip("/").split(": ", 1)[0] not in flagged]
         problems += _ok_without_figures(record)
+        problems += _modality_problems(record)
     return problems
 
 
@@ -229,6 +234,50 @@ def _ok_without_figures(record: dict[str, Any]) -> list[str]:
     if not isinstance(selection, dict) or selection.get("round") is None:
         missing.append("selection/round")
     return [f"{m}: status ok, but it is null" for m in missing]
+
+
+def _modality_problems(record: dict[str, Any]) -> list[str]:
+    """What the schema cannot say about a ``modalities`` section (module doc); nothing for a
+    section the schema already rejects (wrong types), so each problem is reported once."""
+    section = record.get("modalities")
+    if not _well_typed(section):
+        return []
+    names, missing = section["names"], section["missing"]
+    recipients, donors, observed = section["recipients"], section["donors"], section["observed"]
+    problems = []
+    if missing not in names:
+        problems.append(f"modalities/missing: {missing!r} is not one of the modalities {names!r}")
+    if both := sorted(set(recipients) & set(donors)):
+        problems.append(f"modalities: clients {both} are both recipients and donors")
+    if sorted(recipients + donors) != list(range(len(observed))):
+        problems.append(f"modalities: recipients and donors are not each of the {len(observed)} clients "
+                        f"(one list per client in observed) once")
+    for cid, seen in enumerate(observed):
+        if unknown := [m for m in seen if m not in names]:
+            problems.append(f"modalities/observed/{cid}: {unknown!r} not among the modalities {names!r}")
+        if cid in recipients and missing in seen:
+            problems.append(f"modalities/observed/{cid}: recipient {cid} observes the missing modality {missing!r}")
+        if cid in donors and set(seen) != set(names):
+            problems.append(f"modalities/observed/{cid}: donor {cid} does not observe every modality")
+    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
+    for who, ids in (("recipients", recipients), ("donors", donors)):
+        n = (metrics.get(who) or {}).get("n_clients") if isinstance(metrics.get(who), dict) else None
+        if isinstance(n, int) and n != len(ids):
+            problems.append(f"metrics/{who}/n_clients: {n}, but modalities lists {len(ids)} {who}")
+    return problems
+
+
+def _well_typed(section: Any) -> bool:
+    """A modalities section whose lists hold what the schema says (its own checks come first)."""
+    if not isinstance(section, dict) or not isinstance(section.get("missing"), str):
+        return False
+    lists = [section.get(k) for k in ("names", "recipients", "donors", "observed")]
+    if not all(isinstance(v, list) for v in lists):
+        return False
+    names, recipients, donors, observed = lists
+    ints = all(isinstance(c, int) and not isinstance(c, bool) for c in recipients + donors)
+    return (ints and all(isinstance(n, str) for n in names)
+            and all(isinstance(o, list) and all(isinstance(m, str) for m in o) for o in observed))
 
 
 def file_errors(path: Path, validator=None) -> list[str]:
