@@ -4,3 +4,4 @@
 from hfl_bench.methods import crad, dfml, fedavg, fedmkd, fedsocket, fml, local  # noqa: F401
 from hfl_bench.methods import fedcc, msfkd  # noqa: F401
 from hfl_bench.methods import fedgd, fedmd  # noqa: F401
+from hfl_bench.methods import naive_shared  # noqa: F401

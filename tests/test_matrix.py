@@ -158,7 +158,7 @@ def test_matrix_dry_run_lists_the_fault_settings(tmp_path):
     assert rows[0]["record"] != rows[1]["record"]
 
 
-@pytest.mark.parametrize("name", ["mini", "crad-table1", "digits", "cifar10-jpg", "robustness"])
+@pytest.mark.parametrize("name", ["mini", "crad-table1", "digits", "cifar10-jpg", "robustness", "multimodal"])
 def test_shipped_suites_parse(name):
     suite = load_suite(REPO / "suites" / f"{name}.yaml")
     cells = suite_cells(suite)
@@ -171,13 +171,20 @@ def test_shipped_suites_parse(name):
     if name == "mini":
         assert suite.out == "leaderboards/reproduced/mini" and suite.seeds == [0, 1, 2]
         assert set(suite.tasks) == {"digits", "mnist1d"}
-        assert registered <= set(suite.methods)  # every registered built-in method is in it
+        # every registered built-in method is in it, but the control of the missing-modality setting
+        # (its suite is suites/multimodal.yaml)
+        assert registered - {"naive-shared"} <= set(suite.methods)
         # the task's calibrated protocol, not a suite-wide override
         for field in ("rounds", "batch_size", "lr", "local_epochs", "heldout_fraction"):
             assert {(c.cfg.task, getattr(c.cfg, field)) for c in cells} == \
                 {(t, get_task(t).info.defaults[field]) for t in suite.tasks}, field
         assert {c.cfg.pool for c in cells if c.cfg.method == "fedavg"} == {"cpu-cnn"}
         assert {c.cfg.public_size for c in cells if c.cfg.method in ("fedmd", "msfkd", "fedcc")} == {200}
+    elif name == "multimodal":  # every method that runs the setting, at the task's own protocol
+        assert suite.tasks == ["digits-mnist1d"] and suite.seeds == [0, 1, 2]
+        able = {m for m in registered if METHODS.get(m).missing_modalities}
+        assert set(suite.methods) == able
+        assert {(c.cfg.recipient_fraction, c.cfg.missing_modality, c.cfg.pool) for c in cells} == {(0.5, "signal", "cpu-mm")}
     elif name == "robustness":
         assert suite.out == "leaderboards/reproduced/robustness" and suite.seeds == [0, 1, 2]
         assert suite.tasks == ["digits"] and len(cells) == 105

@@ -24,11 +24,12 @@ PIN_FILE = Path(__file__).parent / "pins" / "methods.json"
 UPDATE = os.environ.get("HFL_BENCH_UPDATE_PINS") == "1"
 
 BUILTIN = ("crad", "dfml", "fedavg", "fedcc", "fedgd", "fedmd", "fedmkd", "fedsocket", "fml", "local",
-           "msfkd", "uncertainty-kd", "uniform-kd")
+           "msfkd", "naive-shared", "uncertainty-kd", "uniform-kd")
 # Settings that keep each case to a few seconds while every part of the method runs.
 PARAMS = {
     "dfml": {"period": "2"},
     "fedsocket": {"warmup_epochs": "1", "local_epochs": "1"},
+    "naive-shared": {"warmup_epochs": "1", "local_epochs": "1"},
     "fedgd": {"g_steps": "2", "synthetic_size": "128"},
     "fedmd": {"transfer_epochs": "1", "private_init_epochs": "1"},
 }
@@ -38,12 +39,15 @@ POOL = {"fedavg": "cpu-cnn"}
 PROTOCOL = {"local_epochs": 1, "batch_size": 64, "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4,
             "heldout_fraction": 0.2}
 PUBLIC = {"fedcc", "fedmd", "msfkd"}
+MULTIMODAL = {"task": "digits-mnist1d", "pool": "cpu-mm"}
 # (case name, method, extra config): every method on the default path, and the per-batch
 # reference path of the two families that have one.
 CASES = [(m, m, {}) for m in BUILTIN] + [
     ("crad@reference", "crad", {"exec": "reference"}),
     ("fedmkd@reference", "fedmkd", {"exec": "reference"}),
     ("uniform-kd@partial", "uniform-kd", {"clients_per_round": 3}),
+    # the missing-modality setting: recipients' NaN rows, teachers on them, the multimodal Q
+    *[(f"{m}@digits-mnist1d", m, MULTIMODAL) for m in ("crad", "fedsocket", "naive-shared")],
 ]
 
 
@@ -66,7 +70,8 @@ def pinned_view(record: dict) -> dict:
 def run_case(method: str, extra: dict, out: Path) -> dict:
     values = dict(method=method, task="digits", clients=4, rounds=3, seed=0, checkpoint_every=0, out=str(out),
                   method_params=dict(PARAMS.get(method, {})), pool=POOL.get(method),
-                  public_size=100 if method in PUBLIC else 0, **PROTOCOL, **extra)
+                  public_size=100 if method in PUBLIC else 0, **PROTOCOL)
+    values.update(extra)
     cfg = engine.load_task(RunConfig(**values))[1]
     return pinned_view(records.build_record(cfg, engine.run(cfg)))
 

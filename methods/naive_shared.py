@@ -1,0 +1,188 @@
+"""Naive Shared: the shared-model control of FedSocket (Zhao, "FedSocket: Recipient-Executable
+Knowledge Exchange for Heterogeneous Multimodal Federated Learning", arXiv 2609.37582, Sec. 5.3,
+6.2 and App. O), reconstructed.
+
+The paper compares FedSocket with a "Naive Shared" model under the same partitions, private
+backbones, recipient interfaces, rounds and Joint selection rules, with nearly the same parameter
+count as Q; the summary does not spell out how it is trained. Here it is FedSocket with every
+FedSocket part removed, so a comparison of the two isolates them: the same Q architecture on the
+same fixed features (``hfl_bench.families.shared_predictor``), trained at each client with plain
+CE on its observed interface and averaged by plain sample-weighted FedAvg; each client's Private
+model trained with plain CE; the same Private, Q and Joint endpoints with the same rho selection.
+
+What comes from the paper (summary) [paper], and what is ours [ours]; every item is also in
+``notes`` and so in every record:
+
+- [paper] a shared-model control with matched parameter count, the same partitions, private
+  models, recipient interfaces, rounds and Joint selection rules as FedSocket.
+- [ours] Q: FedSocket's Q (same shapes, same seeded init derive_seed(seed, "fedsocket-q")) on
+  FedSocket's fixed features (same extractors, same seeds; per modality on a multimodal task,
+  absent where a row lacks the modality), so Q runs on any subset of modalities.
+- [ours] each round an active client trains Private with plain CE (``local_epochs`` epochs, its
+  SGD at ``private_lr``), then a fresh copy of the Q it holds with plain CE on its own features
+  (its observed interface) for ``local_epochs`` epochs with a fresh Adam(``q_lr``); no KD in
+  either direction, no fusion loss, no label smoothing, no conditional target (donors train Q on
+  their full interface only), no reliability weights.
+- [ours] Private warm-up: ``warmup_epochs`` (10) epochs of plain CE in setup, as FedSocket's
+  warm-up (which uses CE_ls); so Private gets the same number of epochs in both methods.
+- [ours] the client uploads {Q state dict, sample count}; the server takes the plain
+  sample-weighted mean of every block (head rows and modality blocks included: no ownership
+  rules) and no stabilizer, and sends it to the round's active clients (and the current Q to a
+  stale active client at round start); a client evaluates Q and Joint with the last Q received.
+- [ours] endpoints and selection as FedSocket: Joint score (1 - omega) p_Private + omega p_Q with
+  omega_{k,c} = rho med(c_k+) / (c_{k,c} + rho med(c_k+)), 1 for absent classes; rho from the grid
+  {0.25, 0.5, 1, 2, 4} by validation accuracy of the Joint score, ties by NLL then the smaller
+  rho, rho = 1 without validation data; headline Private unless ``endpoint=joint``.
+- [ours] the same seeded batch orders as FedSocket (plan purposes "fedsocket-warmup",
+  "fedsocket-private", "fedsocket-q"): with equal settings the two runs differ only in what
+  FedSocket adds.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hfl_bench.families.shared_predictor import (
+    ENDPOINTS,
+    PRIVATE,
+    Q_STAGE,
+    SharedPredictorClients,
+    aggregate_q,
+    build_feature_bank,
+    check_extractor,
+    new_shared_predictor,
+    parse_grid,
+    warm_up_private,
+)
+from hfl_bench.method_api import (
+    Payload,
+    SERVER,
+    ConfigError,
+    Method,
+    Phase,
+    Trainee,
+    fit,
+    make_plan,
+    param,
+    register_method,
+    require_at_least,
+    train_client,
+)
+
+FALLBACK_RHO = 1.0  # a client without validation data
+
+
+@dataclass
+class NaiveSharedParams:
+    extractor: str = param("random-conv", "Frozen feature extractor shared by all clients: random-conv or "
+                                          "random-projection (seeded as fedsocket's).")
+    feature_dim: int = param(256, "Dimension of the fixed features u = h(x).")
+    hidden_dim: int = param(256, "Q's hidden width.")
+    rank: int = param(32, "Rank of Q's gated low-rank residual.")
+    private_lr: float = param(5e-2, "SGD learning rate of the Private models.")
+    q_lr: float = param(3e-4, "Adam learning rate of the local Q copies.")
+    local_epochs: int = param(2, "Epochs of Private and of the Q copy per round; overrides --local-epochs.")
+    warmup_epochs: int = param(10, "Private-only CE epochs in setup.")
+    rho_grid: str = param("0.25,0.5,1,2,4", "Comma-separated rho candidates for Joint inference, chosen per "
+                                            "client on validation.")
+    endpoint: str = param("private", "Headline (evaluated) predictor: private or joint; all three are reported.")
+
+
+def train_private(fed, cid: int, rnd: int, p: NaiveSharedParams) -> float:
+    """Private with plain CE for ``local_epochs`` epochs."""
+    plan = make_plan(fed, cid, rnd, epochs=p.local_epochs, purpose=PRIVATE)
+    return train_client(fed, fed.clients[cid], plan, who=f"client {cid} private")
+
+
+def train_q(fed, cid: int, rnd: int, q_copy, feats: torch.Tensor, p: NaiveSharedParams) -> float:
+    """The local Q copy with plain CE on the client's own features (its observed interface)."""
+    plan = make_plan(fed, cid, rnd, epochs=p.local_epochs, purpose=Q_STAGE)
+    opt = torch.optim.Adam(q_copy.parameters(), lr=p.q_lr)
+    trainee = Trainee(q_copy, opt, f"client {cid} Q copy", cid)
+    return fit(fed, plan, [trainee], lambda b: [F.cross_entropy(q_copy(feats[b.idx]), b.y)])[0]
+
+
+UPLOAD_KINDS = {"q": Payload.PARAMS, "n": Payload.COUNTS}
+
+
+@register_method("naive-shared")
+class NaiveShared(SharedPredictorClients, Method):
+    """FedSocket's Q, features and endpoints with plain CE training and plain FedAvg (the paper's control)."""
+
+    fidelity = "reconstructed"
+    version = "1.0"
+    topology = "server"
+    missing_modalities = True
+    citation = ("Zhao, FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous Multimodal "
+                "Federated Learning, arXiv 2609.37582 (Naive Shared control, Sec. 5.3, 6.2, App. O)")
+    notes = (
+        "[paper] FedSocket's shared-model control: matched parameter count, same partitions, private models, "
+        "recipient interfaces, rounds and Joint selection rules; its training is not given in the summary",
+        "[ours] Q = fedsocket's Q (same shapes, init seed 'fedsocket-q') on fedsocket's fixed features (same "
+        "frozen seeded extractors, per modality on a multimodal task, absent where a row lacks the modality)",
+        "[ours] per round: Private with plain CE for local_epochs (SGD at private_lr), then a fresh copy of "
+        "the held Q with plain CE on the client's own features (its observed interface) for local_epochs "
+        "with a fresh Adam(q_lr); no KD either way, no fusion loss, no label smoothing, no reliability "
+        "weights, no conditional target",
+        "[ours] Private warm-up: warmup_epochs (10) of plain CE in setup (fedsocket's warm-up length)",
+        "[ours] upload {Q, sample count}; server: plain sample-weighted FedAvg of every block (no ownership "
+        "of head rows or modality blocks), no stabilizer; sent to the round's active clients, current Q to "
+        "stale active clients at round start",
+        "[ours] endpoints private, q, joint and the rho rule as fedsocket (grid {0.25,0.5,1,2,4}, validation "
+        "accuracy, ties by NLL then smaller rho, rho = 1 without validation data); headline Private unless "
+        "endpoint=joint",
+        "[ours] same seeded batch orders as fedsocket (plan purposes fedsocket-warmup/-private/-q)",
+    )
+    Params = NaiveSharedParams
+
+    def check(self, fed):
+        p = self.params
+        check_extractor(p.extractor, fed, "naive-shared")
+        if p.endpoint not in ENDPOINTS:
+            raise ConfigError(f"naive-shared: endpoint={p.endpoint!r}; choose one of {', '.join(ENDPOINTS)}")
+        parse_grid(p.rho_grid, "naive-shared")
+        require_at_least("naive-shared", p, ("feature_dim", "hidden_dim", "rank", "local_epochs"), 1)
+        if p.warmup_epochs < 0:
+            raise ConfigError(f"naive-shared: warmup_epochs must be >= 0, got {p.warmup_epochs}")
+        if p.private_lr <= 0 or p.q_lr <= 0:
+            raise ConfigError("naive-shared: private_lr and q_lr must be > 0")
+
+    def setup(self, fed):
+        p = self.params
+        with fed.timer(Phase.FEATURE_EXTRACTION):
+            self.bank = build_feature_bank(fed, p.extractor, p.feature_dim, [fed.data.train_x, fed.data.test_x])
+        self.feats = self.bank.cached(0)
+        self.init_clients(fed, new_shared_predictor(fed, p.feature_dim, p.hidden_dim, p.rank),
+                          parse_grid(p.rho_grid, "naive-shared"), FALLBACK_RHO)
+        for c in fed.clients:
+            for group in c.optimizer.param_groups:
+                group["lr"] = p.private_lr
+        if p.warmup_epochs:
+            with fed.timer(Phase.TRAINING):
+                for cid in range(fed.n_clients):
+                    warm_up_private(fed, cid, p.warmup_epochs, smoothing=0.0)
+        self.init_endpoints(fed)
+
+    def run_round(self, fed, rnd, active):
+        p = self.params
+        self.catch_up(fed, active)
+        uploads, private_losses, q_losses = [], [], []
+        for k in active:
+            with fed.timer(Phase.TRAINING):
+                private_losses.append(train_private(fed, k, rnd, p))
+                q_copy = copy.deepcopy(self.held[k]).requires_grad_(True)
+                q_losses.append(train_q(fed, k, rnd, q_copy, self.feats, p))
+            n = int(fed.clients[k].train_counts.sum())
+            uploads.append(fed.channel.send(k, SERVER, {"q": q_copy.state_dict(), "n": n}, UPLOAD_KINDS))
+        with fed.timer(Phase.AGGREGATION):  # plain FedAvg: no ownership statistics, no stabilizer
+            self.phi = aggregate_q(self.phi, [u["q"] for u in uploads], [u["n"] for u in uploads], keep=0.0)
+            self.predictor_version += 1
+        self.download(fed, list(active))
+        self.calibrate(fed, active)
+        return {"private_loss": float(np.mean(private_losses)), "q_loss": float(np.mean(q_losses)),
+                "rho_mean": float(np.mean(self.rho))}
