@@ -1,3 +1,4 @@
 """Code shared by a family of methods, written once: the decentralized peer-KD backbone (CRAD,
-uniform KD, uncertainty KD, FedMKD), the transfer-set exchange (FedMD, FedGD, MSFKD, FedCC) and
-FedMD's consensus, digest and revisit steps (FedMD, FedGD)."""
+uniform KD, uncertainty KD, FedMKD), the transfer-set exchange (FedMD, FedGD, MSFKD, FedCC),
+FedMD's consensus, digest and revisit steps (FedMD, FedGD) and the shared predictor on fixed
+features (FedSocket, Naive Shared)."""
