@@ -598,7 +598,7 @@ Reproduced runs are grouped over seeds (and method versions: never averaged acro
 final global accuracy (each run's mean over its last 10 evaluated rounds);
 failed and diverged runs are counted, never averaged in.{% if has_faults %} Under faults the headline is the honest
 clients' accuracy, and drop = honest global accuracy with faults − the same seed's global accuracy without faults,
-mean over the paired seeds (n), "-" when no fault-free record of the same config and seed is here.{% endif %}{% if has_modalities %}
+mean over the paired seeds (n), "-" when no fault-free record of the same config and seed is here.{% endif %}{% if has_modalities %} 
 For a multimodal task (setting missing=MODALITY recipients=FRACTION, a protocol of its own) the headline global and local
 accuracy is the recipients' (the clients that miss a modality; all clients' where none does); the ↳ rows under such a
 group give the donors', all clients' and each extra endpoint's figures.{% endif %} Published figures sit beside the groups whose setting they
