@@ -30,6 +30,7 @@ from hfl_bench.testing import builtin_names
 PARAMS = {
     "dfml": {"period": "2"},  # alpha peaks at rounds 2 and 4: peak models are in the checkpoint
     "fedsocket": {"warmup_epochs": "1", "local_epochs": "1"},
+    "naive-shared": {"warmup_epochs": "1", "local_epochs": "1"},
     "fedgd": {"g_steps": "2", "synthetic_size": "128"},
 }
 HOMOGENEOUS = {"fedavg": "cpu-cnn"}
