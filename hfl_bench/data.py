@@ -68,6 +68,16 @@ class Modality:
         return n
 
 
+def modality_layout(modalities: "tuple[Modality, ...]") -> dict[str, tuple[slice, tuple[int, ...]]]:
+    """Where each modality lies in a stored sample's flattened values (modalities one after the
+    other, in order), with its shape."""
+    layout, start = {}, 0
+    for m in modalities:
+        layout[m.name] = (slice(start, start + m.size), tuple(m.shape))
+        start += m.size
+    return layout
+
+
 @dataclass(frozen=True)
 class TaskInfo:
     """Declarative metadata of a task. Bump ``version`` whenever the data a task yields changes."""

@@ -81,7 +81,7 @@ def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: tor
     clients = []
     channel = Channel(cfg.clients, tamper=None if faults is None else faults.tamper, method=cfg.method)
     fed = Federation(cfg, info, data, partition, pool, device, clients, channel,
-                     torch.zeros(0), torch.zeros(0), PhaseTimer(device), faults=faults)
+                     torch.zeros(0), torch.zeros(0), PhaseTimer(device), faults=faults, modality_plan=modal)
     for cid, (split, arch) in enumerate(zip(partition.clients, pool.assign(cfg.clients))):
         observed = modal.observed[cid] if modal is not None else ()
         if modal is not None:  # a recipient's architecture has encoders for what it observes only
@@ -337,7 +337,7 @@ class Simulation:
         self.resolve_pending()
         sent = np.stack(self.sent) if self.sent else np.zeros((0, fed.n_clients))
         faults = None if fed.faults is None else fed.faults.record(len(self.history) - 1, self.drawn_clients)
-        modal = modality_plan_for(self.cfg, fed.info)
+        modal = fed.modality_plan
         return RunResult(status, error, self.best, self.history, fed, self.method, time.perf_counter() - self.t0,
                          peak_memory(fed.device), sent, self.code, list(self.resumed_from), faults,
                          None if modal is None else modal.record())

@@ -172,13 +172,9 @@ class Evaluator:
         # A client is tested through the modalities it observes: the global test set with the
         # others NaN (hfl_bench.modalities), one copy per distinct set of observed modalities.
         full = tuple(m.name for m in fed.info.modalities)
-        inputs: dict[tuple[str, ...], torch.Tensor] = {}
-        for cl in fed.clients:
-            key = cl.modalities if cl.modalities != full else ()
-            if key not in inputs:
-                inputs[key] = self._layout(fed.data.test_x if not key else mask(fed.data.test_x, fed.info, key))
         self._input_key = [cl.modalities if cl.modalities != full else () for cl in fed.clients]
-        self._global_inputs = inputs
+        self._global_inputs = {key: self._layout(fed.data.test_x if not key else mask(fed.data.test_x, fed.info, key))
+                               for key in dict.fromkeys(self._input_key)}
 
     def _layout(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=torch.channels_last) if self.fast_layout else x

@@ -71,6 +71,9 @@ class Federation:
     # blocks, hence untyped here), None without faults. Methods do not read it: the channel, the
     # training loops and the engine apply it.
     faults: Any = None
+    # The run's modality plan (an hfl_bench.modalities.ModalityPlan: recipients, donors, what each
+    # client observes), None for a single-modality task. Methods read each client's ``modalities``.
+    modality_plan: Any = None
 
     @property
     def public_x(self) -> torch.Tensor:

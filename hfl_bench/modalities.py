@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hfl_bench.config import ConfigError
+from hfl_bench.data import modality_layout
 from hfl_bench.training import seeded_choice
 
 if TYPE_CHECKING:
@@ -41,11 +42,7 @@ RULE = ("recipients: round(recipient_fraction * N) clients (at least 1 when the 
 
 def slices(info: "TaskInfo") -> dict[str, slice]:
     """Where each modality lies in a flattened sample (the last dimension of the stored input)."""
-    out, start = {}, 0
-    for m in info.modalities:
-        out[m.name] = slice(start, start + m.size)
-        start += m.size
-    return out
+    return {name: where for name, (where, _) in modality_layout(info.modalities).items()}
 
 
 @dataclass(frozen=True)
@@ -111,10 +108,7 @@ def mask_clients(x: torch.Tensor, info: "TaskInfo", plan: ModalityPlan, rows: li
     """A copy of the training inputs with each recipient's missing modality NaN in the rows it
     holds (``rows[cid]``: its training, validation and local test indices)."""
     out = x.clone()
-    where = slices(info)
     for cid in plan.recipients:
-        idx = rows[cid]
-        for name in plan.names:
-            if name not in plan.observed[cid] and len(idx):
-                out[idx, ..., where[name]] = float("nan")
+        if len(rows[cid]):
+            out[rows[cid]] = mask(out[rows[cid]], info, plan.observed[cid])
     return out

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from hfl_bench.data import TaskInfo
+from hfl_bench.data import TaskInfo, modality_layout
 from hfl_bench.registry import POOLS
 
 if TYPE_CHECKING:
@@ -210,10 +210,7 @@ def late_fusion(pretrained=False, num_classes=10, in_chans=1, img_size=None, enc
         raise ConfigError(f"late_fusion: encoders for {sorted(chosen)}, but the task's modalities are {names}")
     keep = [n for n in names if observed is None or n in observed]
     timm = timm_module()
-    layout, start = {}, 0
-    for m in task_modalities:
-        layout[m.name] = (slice(start, start + m.size), tuple(m.shape))
-        start += m.size
+    layout = modality_layout(task_modalities)
     built = {n: timm.create_model(chosen[n], pretrained=False, num_classes=dim, in_chans=layout[n][1][0],
                                   img_size=layout[n][1][1:]) for n in keep}
     return LateFusionNet(built, layout, dim, num_classes)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl_bench.config import ConfigError
+from hfl_bench.data import modality_layout
 from hfl_bench.metering import SERVER, Payload, Phase
 from hfl_bench.training import derive_seed, make_plan, predict_logits, train_client
 
@@ -305,12 +306,10 @@ def build_feature_bank(fed: "Federation", kind: str, dim: int, sources: list[tor
     if not fed.info.modalities:
         extractor = build_extractor(kind, fed.info.input_shape, dim, derive_seed(seed, EXTRACTOR_SEED)).to(fed.device)
         return FeatureBank(extractor, sources)
-    layout, extractors, start = {}, {}, 0
+    extractors = {}
     for m in fed.info.modalities:
-        layout[m.name] = (slice(start, start + m.size), tuple(m.shape))
-        start += m.size
         extractors[m.name] = build_extractor(kind, m.shape, dim, derive_seed(seed, EXTRACTOR_SEED, m.name)).to(fed.device)
-    return ModalityFeatureBank(extractors, layout, dim, sources)
+    return ModalityFeatureBank(extractors, modality_layout(fed.info.modalities), dim, sources)
 
 
 def restrict(u: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

@@ -249,13 +249,10 @@ def board_json(board: Board) -> dict[str, Any]:
             "records": [str(r.path) for r in g.ok],
             "published": [m.as_dict() for m in g.published],
         })
+    multimodal = ("over the recipients (the clients that miss a modality: metrics.recipients; also each "
+                  "endpoint's) for a multimodal group (modalities), " if any(g.is_multimodal for g in board.groups) else "")
     headline = ("global_acc and local_acc are over the honest clients for a group run with faults "
-                "(metrics.honest), over all clients otherwise (all_clients)")
-    if any(g.is_multimodal for g in board.groups):
-        headline = ("global_acc and local_acc are over the honest clients for a group run with faults "
-                    "(metrics.honest), over the recipients (the clients that miss a modality: metrics.recipients; "
-                    "also each endpoint's) for a multimodal group (modalities), over all clients otherwise "
-                    "(all_clients)")
+                f"(metrics.honest), {multimodal}over all clients otherwise (all_clients)")
     return {"sd": "sample standard deviation (ddof=1); null for a single seed", "headline": headline,
             "groups": groups, "unmatched_published": [p.as_dict() for p in board.unmatched], "skipped": board.skipped}
 

@@ -252,9 +252,8 @@ class Group:
     def headline_clients(self) -> str:
         """Whose figure the headline is: ``honest`` when the group's records ran with faults,
         ``recipients`` when they have a ``modalities`` section with recipients, else ``all``."""
-        if any(isinstance(r.record.get("faults"), dict) for r in self.ok):
-            return "honest"
-        return "recipients" if any(has_recipients(r.record) for r in self.ok) else "all"
+        kinds = {headline_of(r.record) for r in self.ok}
+        return next((kind for kind in ("honest", "recipients") if kind in kinds), "all")
 
     def stat(self, metric: str = "global_acc", endpoint: Optional[str] = None, clients: str = "headline") -> Stat:
         """One figure over the group's ok seeds, of the model or of a named extra endpoint: the
