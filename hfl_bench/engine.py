@@ -247,7 +247,8 @@ class Simulation:
         self.all_clients = list(range(fed.n_clients))
         initial = self.evaluator(0, self.method.eval_models(fed), self.all_clients,
                                  endpoints=self.method.endpoints(fed))
-        self.history = [_history_entry(initial, 0, 0.0, {}, fed.timer.pop())]
+        self.groups = fed.client_groups
+        self.history = [_history_entry(initial, 0, 0.0, {}, fed.timer.pop(), self.groups)]
         self.best: RoundMetrics | None = None
         self.sent: list[np.ndarray] = []
         self.resumed_from: list[int] = []  # rounds of the checkpoints this run was resumed from
@@ -281,7 +282,7 @@ class Simulation:
         seconds = time.perf_counter() - t_round
         self.sent.append(fed.channel.sent.copy())
         nbytes = int(fed.channel.sent.sum() + fed.channel.server_sent)
-        entry = _history_entry(metrics, nbytes, seconds, scalars, fed.timer.pop())
+        entry = _history_entry(metrics, nbytes, seconds, scalars, fed.timer.pop(), self.groups)
         self.history.append(entry)
         score = self.evaluator.selection_score(metrics.val_acc)
         if np.isfinite(score) and (self.best is None or score > self.evaluator.selection_score(self.best.val_acc)):
@@ -310,7 +311,7 @@ class Simulation:
         metrics = self.evaluator.resolve()
         if metrics is not None:
             self.best = metrics
-            self.history[metrics.round].update(_test_entry(metrics))
+            self.history[metrics.round].update(_test_entry(metrics, self.groups))
 
     def save_checkpoint(self, path: str | Path) -> None:
         """Write everything needed to continue after the last completed round (atomically)."""
@@ -356,11 +357,11 @@ def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False
 
 
 def _history_entry(m: RoundMetrics, nbytes: int, seconds: float, scalars: dict[str, float],
-                   phases: dict[str, float]) -> dict[str, Any]:
+                   phases: dict[str, float], groups: dict[str, list[int]]) -> dict[str, Any]:
     entry = {
         "round": m.round,
         "mean_val_acc": _round(m.mean_val),
-        **_test_entry(m),
+        **_test_entry(m, groups),
         "bytes": int(nbytes),
         "seconds": round(seconds, 4),
         "phases": phases,
@@ -369,11 +370,22 @@ def _history_entry(m: RoundMetrics, nbytes: int, seconds: float, scalars: dict[s
     return entry
 
 
-def _test_entry(m: RoundMetrics) -> dict[str, float | None]:
-    """A round's mean local and global test accuracy; None where the round ran no test."""
-    local = m.local_acc
+def _test_entry(m: RoundMetrics, groups: dict[str, list[int]]) -> dict[str, Any]:
+    """A round's mean local and global test accuracy over all clients and over each client group
+    (``Federation.client_groups``: a headline's per-round curve); None where the round ran no test
+    (or a group has no clients)."""
+    entry = _test_means(m, None)
+    entry.update({name: _test_means(m, clients) for name, clients in groups.items()})
+    return entry
+
+
+def _test_means(m: RoundMetrics, clients: list[int] | None) -> dict[str, float | None]:
+    def pick(values: np.ndarray) -> np.ndarray:
+        return np.asarray(values, dtype=float) if clients is None else np.asarray(values, dtype=float)[clients]
+    local = None if m.local_acc is None else pick(m.local_acc)  # nan: a client without a test half
+    glob = None if m.global_acc is None else pick(m.global_acc)
     return {"local_acc": _round(float(np.nanmean(local))) if local is not None and np.isfinite(local).any() else None,
-            "global_acc": None if m.global_acc is None else _round(float(np.mean(m.global_acc)))}
+            "global_acc": _round(float(np.mean(glob))) if glob is not None and glob.size else None}
 
 
 def _round(x: float, nd: int = 4) -> float | None:

@@ -92,6 +92,17 @@ class Federation:
         return [c.cid for c in self.clients if c.modalities and len(c.modalities) < full]
 
     @property
+    def client_groups(self) -> dict[str, list[int]]:
+        """The client groups the record reports besides all clients, the headline's first: the
+        honest and faulty clients of a run with faults, the recipients and donors of a multimodal
+        run (the two never come together); empty otherwise."""
+        if self.faults is not None:
+            return {"honest": self.faults.honest, "faulty": list(self.faults.faulty)}
+        if self.modality_plan is not None:
+            return {"recipients": self.modality_plan.recipients, "donors": self.modality_plan.donors}
+        return {}
+
+    @property
     def n_clients(self) -> int:
         return len(self.clients)
 

@@ -32,7 +32,7 @@ def tiny_cfg():
 @pytest.fixture
 def run_record(tmp_path):
     """Run the real CLI (`hfl-bench run ARGS --out TMP --json -q`) in-process, check it exits 0,
-    and return the record it wrote after validating it against the JSON Schema."""
+    and return the record it wrote after validating it against the JSON Schema of its own version."""
     import json
     from pathlib import Path
 
@@ -42,13 +42,13 @@ def run_record(tmp_path):
     from hfl_bench.cli import app
     from hfl_bench.results.records import load_schema
 
-    validator = jsonschema.Draft202012Validator(load_schema())
 
     def run(*args: str, out: Path | None = None) -> dict:
         result = CliRunner().invoke(app, ["run", *args, "--out", str(out or tmp_path / "runs"), "--json", "-q"])
         assert result.exit_code == 0, result.output
         summary = json.loads(getattr(result, "stdout", result.output))
         record = json.loads(Path(summary["record"]).read_text())
+        validator = jsonschema.Draft202012Validator(load_schema(record["schema_version"]))
         errors = [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(record)]
         assert not errors, errors
         assert summary["metrics"]["global_acc"] == record["metrics"]["global_acc"]

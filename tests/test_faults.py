@@ -21,7 +21,7 @@ from hfl_bench.families.peer_kd import exchange_snapshots
 from hfl_bench.metering import SERVER, Payload, payload_bytes
 from hfl_bench.method_api import new_model
 from hfl_bench.results import records
-from hfl_bench.results.records import FAULTS_SCHEMA_VERSION, SCHEMA_VERSION
+from hfl_bench.results.records import GROUPS_SCHEMA_VERSION, SCHEMA_VERSION, final_figures
 from hfl_bench.results.validation import record_problems
 from hfl_bench.testing import QUICK, ready_method, tiny_federation
 from hfl_bench.training import predict_logits
@@ -300,11 +300,15 @@ CASES = ([(m, "byzantine:0.5") for m in BUILTIN] + [(m, "free-rider:0.5") for m 
 def test_every_method_runs_under_every_fault_kind(method, faults, validator):
     record = _run(method, faults)
     assert record["status"] == "ok", record["error"]
-    assert record["schema_version"] == FAULTS_SCHEMA_VERSION
+    assert record["schema_version"] == GROUPS_SCHEMA_VERSION
     assert record["faults"]["spec"] == parse_faults(faults).canonical
     assert record["config"]["faults"] == record["faults"]["spec"]
     honest = record["metrics"]["honest"]
     assert honest["n_clients"] == len(record["faults"]["honest_clients"]) and honest["global_acc"] is not None
+    # the honest clients' per-round figures: the selected round's is the headline, the last ones the final
+    selected = record["history"][record["selection"]["round"]]
+    assert selected["honest"]["global_acc"] == pytest.approx(honest["global_acc"], abs=1e-3)
+    assert {"honest", "faulty"} <= set(record["history"][-1]) and honest["final"] == final_figures(record["history"], "honest")
     assert record["faults"]["baseline_config_hash"] == config_hash(dict(record["config"], faults=""))
     assert not record_problems(json.loads(json.dumps(record)), validator)
 
@@ -361,7 +365,7 @@ def test_cli_and_yaml_record_carries_the_fault_and_validates(tmp_path):
     assert result.exit_code == 0, result.output
     path = json.loads(getattr(result, "stdout", result.output))["record"]
     record = json.loads(Path(path).read_text())
-    assert record["schema_version"] == "1.3" and record["faults"]["kind"] == "label-noise"
+    assert record["schema_version"] == "1.5" and record["faults"]["kind"] == "label-noise"
     assert record["config"]["faults"] == "label-noise:0.5@0.5/symmetric"
     assert sum(record["faults"]["flipped_labels"].values()) > 0
     check = runner.invoke(app, ["leaderboard", "validate", path])

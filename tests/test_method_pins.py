@@ -51,11 +51,19 @@ CASES = [(m, m, {}) for m in BUILTIN] + [
 ]
 
 
+GROUPS = ("honest", "faulty", "recipients", "donors")
+
+
 def pinned_view(record: dict) -> dict:
     """What a run computes, without timing, dates or provenance."""
-    history = [{k: v for k, v in entry.items() if k not in ("seconds", "phases")} for entry in record["history"]]
-    # metrics.final is a mean over the pinned history: pinning it again would add nothing
-    metrics = {k: v for k, v in (record["metrics"] or {}).items() if k != "final"} if record["metrics"] else None
+    # A client group's per-round and final figures (schema 1.5) are views of the same models as the
+    # pinned all-client history and selected-round figures, as metrics.final is a mean over the
+    # pinned history: pinning them again would add nothing and would read as a numerics change.
+    history = [{k: v for k, v in entry.items() if k not in ("seconds", "phases", *GROUPS)} for entry in record["history"]]
+    metrics = None
+    if record["metrics"]:
+        metrics = {k: ({f: x for f, x in v.items() if f != "final"} if k in GROUPS else v)
+                   for k, v in record["metrics"].items() if k != "final"}
     return {
         "method_version": record["method"]["version"],
         "status": record["status"],

@@ -167,5 +167,8 @@ def test_every_method_runs_the_task_or_refuses_it_clearly(name, tmp_path):
     assert result.status == "ok", result.error
     assert np.isfinite(result.best.global_acc).all()
     assert result.modalities["recipients"] and result.modalities["donors"]
+    for who in ("recipients", "donors"):  # each group's per-round figure (schema 1.5), the selected round's too
+        figure = result.history[result.best.round][who]["global_acc"]
+        assert figure == pytest.approx(result.best.global_acc[result.modalities[who]].mean(), abs=1e-3)
     for figures in result.best.endpoints.values():
         assert math.isfinite(figures["global_acc"])

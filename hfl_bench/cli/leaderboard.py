@@ -94,7 +94,7 @@ def _print_board(board: Board, fmt: str) -> None:
         return
     if rows:
         title_groups = ("reproduced groups: mean ± sample sd over seeds ('-': one seed); delta = reproduced - published"
-                        + ("; faults: accuracy over the honest clients, drop = with faults - the same seeds without"
+                        + ("; faults: accuracy (and final figures) over the honest clients, drop = with faults - the same seeds without"
                            if any(g.has_faults for g in board.groups) else ""))
         wide_out().print(to_rich(rows, TABLE_COLUMNS, title_groups))
     else:

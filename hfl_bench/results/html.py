@@ -595,7 +595,8 @@ details { margin: .5em 0; }
 {{ n_published }} published){% if skipped %}; {{ skipped|length }} left out{% endif %}.
 Reproduced runs are grouped over seeds (and method versions: never averaged across): mean ± sample sd (ddof = 1;
 "-" for one seed) of global and local accuracy at the selected round (best mean validation accuracy), and of the
-final global accuracy (each run's mean over its last 10 evaluated rounds);
+final global accuracy (each run's mean over its last 10 evaluated rounds, over the headline's clients: "-" where
+records of a run with faults or of a multimodal run are older than schema 1.5 and hold only all clients' final figures);
 failed and diverged runs are counted, never averaged in.{% if has_faults %} Under faults the headline is the honest
 clients' accuracy, and drop = honest global accuracy with faults − the same seed's global accuracy without faults,
 mean over the paired seeds (n), "-" when no fault-free record of the same config and seed is here.{% endif %}{% if has_modalities %} 

@@ -3,7 +3,9 @@
 Kinds: ``curves`` (global accuracy per round, the CRAD paper's Fig. 3), ``per-class`` (per-class
 global accuracy, classes ordered from abundant to rare training support, Fig. 2), ``per-arch``
 (global accuracy per architecture), ``bytes`` (accuracy against bytes sent per client per
-round) and ``robustness`` (honest clients' global accuracy against fault strength, one panel per
+round; curves and bytes draw each record's headline: the honest clients' under faults, the
+recipients' in a multimodal run, said on the y axis; per-class and per-arch are over all
+clients) and ``robustness`` (honest clients' global accuracy against fault strength, one panel per
 fault kind, the fault-free baseline at x = 0; x per kind: ``robustness``; drawn by ``all`` only
 when records run with faults are present). Seeds of one setting are grouped by the leaderboard's rule (``grouping``: config hash on
 the same data, the newest record of a seed run twice) and drawn as their mean with a min-max band
@@ -31,7 +33,7 @@ from hfl_bench.results.grouping import SeedGroup, group_seeds
 from hfl_bench.results.grouping import data_identity
 from hfl_bench.results.loading import Loaded, ResultsError, Skipped, read_records, record_files
 from hfl_bench.results import robustness
-from hfl_bench.results.setting import Stat, figure
+from hfl_bench.results.setting import Stat, figure, headline_of
 from hfl_bench.results.text import mpl_text, terminal
 from hfl_bench.results.validation import valid_records
 
@@ -134,11 +136,26 @@ def _metrics(r: Loaded) -> dict[str, Any]:
     return r.record.get("metrics") or {}
 
 
+def headline_curve(record: dict[str, Any]) -> dict[int, float]:
+    """The headline's global accuracy per evaluated round: all clients' (``history[].global_acc``)
+    or, for a record whose headline is a client group's (honest, recipients: ``headline_of``), that
+    group's (``history[].<group>.global_acc``, schema 1.5)."""
+    group = headline_of(record)
+    curve = {}
+    for h in record.get("history") or []:
+        row = h if group == "all" or not isinstance(h, dict) else h.get(group)
+        if isinstance(h, dict) and isinstance(row, dict) and row.get("global_acc") is not None:
+            curve[h.get("round")] = row["global_acc"]
+    return curve
+
+
 def _curve_missing(r: Loaded) -> Optional[str]:
-    history = r.record.get("history") or []
-    if not any(isinstance(h, dict) and h.get("global_acc") is not None for h in history):
+    if headline_curve(r.record):
+        return None
+    group = headline_of(r.record)
+    if group == "all":
         return "no global accuracy in history"
-    return None
+    return f"no per-round {group} figures in history (the headline's; written from schema 1.5 on)"
 
 
 def _per_class_missing(r: Loaded) -> Optional[str]:
@@ -156,8 +173,8 @@ def _per_arch_missing(r: Loaded) -> Optional[str]:
 
 
 def _bytes_missing(r: Loaded) -> Optional[str]:
-    if _metrics(r).get("global_acc") is None:
-        return "no metrics.global_acc"
+    if figure(r.record, "global_acc") is None:
+        return f"no selected-round global accuracy of the headline ({headline_of(r.record)} clients)"
     if (r.record.get("cost") or {}).get("bytes_sent_per_client_per_round") is None:
         return "no cost.bytes_sent_per_client_per_round"
     return None
@@ -274,8 +291,7 @@ def draw_curves(ax, groups: list[Group], colors) -> dict[str, Any]:
     """Global accuracy per round. A group is drawn at the rounds where all its seeds measured the
     global test (with --eval-every k the extra best-validation rounds differ between seeds)."""
     for g in groups:
-        series = [{h["round"]: h["global_acc"] for h in r.record["history"] if h.get("global_acc") is not None}
-                  for r in g.records]
+        series = [headline_curve(r.record) for r in g.records]
         rounds = sorted(set.intersection(*(set(s) for s in series))) or sorted(set().union(*series))
         rows = [[s.get(rnd, float("nan")) for rnd in rounds] for s in series]
         mean, lo, hi = _stats(rows)
@@ -283,8 +299,15 @@ def draw_curves(ax, groups: list[Group], colors) -> dict[str, Any]:
         if len(g.records) > 1:
             ax.fill_between(rounds, lo, hi, color=colors[g.label], alpha=0.15, linewidth=0)
     ax.set_xlabel("round")
-    ax.set_ylabel("global accuracy (%)")
-    return {}
+    ax.set_ylabel(y := f"global accuracy (%){_whose(groups)}")
+    return {"y_axis": y}
+
+
+def _whose(groups: list[Group]) -> str:
+    """Whose accuracy a curves or bytes figure draws where some record's headline is a client
+    group's (honest clients under faults, recipients in a multimodal run): said on the y axis."""
+    kinds = sorted({headline_of(r.record) for g in groups for r in g.records} - {"all"})
+    return f", {' / '.join(kinds)} clients (the headline)" if kinds else ""
 
 
 def class_support(records: list[Loaded]):
@@ -347,7 +370,7 @@ def draw_bytes(ax, groups: list[Group], colors) -> dict[str, Any]:
     reference_lines = []
     for g in groups:
         xs, xlo, xhi = _stats([[r.record["cost"]["bytes_sent_per_client_per_round"]] for r in g.records])
-        ys, ylo, yhi = _stats([[r.record["metrics"]["global_acc"]] for r in g.records])
+        ys, ylo, yhi = _stats([[figure(r.record, "global_acc")] for r in g.records])
         if xs[0] <= 0:
             ax.axhline(ys[0], color=colors[g.label], linestyle="--", linewidth=1, label=mpl_text(f"{g.label}, 0 bytes"))
             reference_lines.append(g.label)
@@ -360,9 +383,9 @@ def draw_bytes(ax, groups: list[Group], colors) -> dict[str, Any]:
     if not any_point:
         ax.set_xlim(1, 10)
     ax.set_xlabel("bytes sent per client per round (log scale)")
-    ax.set_ylabel("selected-round global accuracy (%)")
+    ax.set_ylabel(y := f"selected-round global accuracy (%){_whose(groups)}")
     ax.grid(True, which="both", alpha=0.2)
-    return {"zero_bytes_reference_lines": reference_lines}
+    return {"zero_bytes_reference_lines": reference_lines, "y_axis": y}
 
 
 DRAW = {"curves": draw_curves, "per-class": draw_per_class, "per-arch": draw_per_arch, "bytes": draw_bytes}

@@ -26,21 +26,21 @@ if TYPE_CHECKING:  # annotation only: reading records needs no torch
     from hfl_bench.federation import RunResult
 
 SCHEMA_VERSION = "1.2"  # what new records without faults (and published records) are written as
-# A record of a run with --faults is written as 1.3, the version that added its ``faults`` section
-# and ``metrics.honest`` / ``metrics.faulty``. 1.3 adds nothing else, so a record without faults
-# keeps the version that holds all of it, and every record written before stays byte for byte
-# what its writer writes now (the shipped published records included).
-FAULTS_SCHEMA_VERSION = "1.3"
-# A record of a multimodal run (a task with named modalities, some clients missing one) is written
-# as 1.4: 1.3 plus its ``modalities`` section and ``metrics.recipients`` / ``metrics.donors``. Only
-# such runs carry them, so every other record keeps 1.2 (or 1.3 under faults) for the same reason.
-MODALITIES_SCHEMA_VERSION = "1.4"
+# A record with client groups (the honest and faulty clients of a run with --faults, the recipients
+# and donors of a multimodal run) is written as 1.5: the version that holds its ``faults`` or
+# ``modalities`` section, each group's selected-round figures (``metrics.honest`` ...), its
+# per-round figures in ``history`` and its ``final`` figures, so the final figures beside a group
+# headline are the same clients'. Every other record keeps 1.2, the version that holds all of it,
+# and stays byte for byte what its writer writes now (the shipped published records included).
+# 1.3 and 1.4 (faults, modalities without the groups' per-round figures) are read, no longer written.
+GROUPS_SCHEMA_VERSION = "1.5"
 # Every version a record may carry; each keeps its own schema file, and a record is validated
 # against the schema of its own ``schema_version`` (1.1 added fidelity "original" and ``plugins``;
 # 1.2 the method's ``version`` and the ``final`` figures of the last evaluated rounds; 1.3 the
 # ``faults`` section and the ``honest`` / ``faulty`` figures of a run with --faults; 1.4 the
-# ``modalities`` section and the ``recipients`` / ``donors`` figures of a multimodal run).
-SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
+# ``modalities`` section and the ``recipients`` / ``donors`` figures of a multimodal run; 1.5 the
+# per-round and final figures of those client groups).
+SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5")
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
 SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
 
@@ -63,11 +63,15 @@ def _pct(x: float) -> float | None:
     return None if x is None or not np.isfinite(x) else round(float(x), 4)
 
 
-def final_figures(history: list[dict[str, Any]], n: int = FINAL_ROUNDS) -> dict[str, Any] | None:
+def final_figures(history: list[dict[str, Any]], group: str | None = None,
+                  n: int = FINAL_ROUNDS) -> dict[str, Any] | None:
     """Global and local accuracy averaged over the last ``n`` rounds that ran the global test
     (round 0, before training, excluded): the figures at the end of the budget, reported beside
-    the selected round's. None when no round after round 0 was evaluated."""
-    evaluated = [h for h in history if h.get("round", 0) >= 1 and h.get("global_acc") is not None]
+    the selected round's; over all clients, or over a client ``group`` (its per-round figures in
+    each history entry, ``Federation.client_groups``). None when no round after round 0 was
+    evaluated (or the group has no clients)."""
+    rows = [h if group is None else {"round": h.get("round", 0), **(h.get(group) or {})} for h in history]
+    evaluated = [h for h in rows if h.get("round", 0) >= 1 and h.get("global_acc") is not None]
     last = evaluated[-n:]
     if not last:
         return None
@@ -120,9 +124,7 @@ def modality_figures(best: Any, clients: list[int]) -> dict[str, Any]:
 
 def schema_version_of(result: RunResult) -> str:
     """The version a run's record is written as: the oldest that holds all of it (module constants)."""
-    if result.modalities is not None:
-        return MODALITIES_SCHEMA_VERSION
-    return SCHEMA_VERSION if result.faults is None else FAULTS_SCHEMA_VERSION
+    return SCHEMA_VERSION if result.faults is None and result.modalities is None else GROUPS_SCHEMA_VERSION
 
 
 def faults_section(cfg_dict: dict[str, Any], faults: dict[str, Any]) -> dict[str, Any]:
@@ -166,6 +168,9 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         if result.modalities is not None:  # the headline of a multimodal run: the recipients' figures
             metrics["recipients"] = modality_figures(best, result.modalities["recipients"])
             metrics["donors"] = modality_figures(best, result.modalities["donors"])
+        for group in ("honest", "faulty", "recipients", "donors"):
+            if group in metrics and (final := final_figures(result.history, group)):
+                metrics[group]["final"] = final
     sent = result.bytes_sent_per_client_round
     rounds_run = len(result.history) - 1
     record = {

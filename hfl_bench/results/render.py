@@ -61,8 +61,8 @@ def drop_label(g: Any) -> str:
 # group's other client groups and endpoints, "published") and a note the table's title and the
 # markdown carry once (whose figure a multimodal headline is).
 KIND, NOTE = "_kind", "_note"
-MODALITY_NOTE = ("multimodal groups (setting missing=MODALITY recipients=FRACTION): global and local acc are over "
-                 "the recipients, the clients that miss a modality (all clients where none does); the ↳ rows give "
+MODALITY_NOTE = ("multimodal groups (setting missing=MODALITY recipients=FRACTION): global and local acc and the "
+                 "final figures are over the recipients, the clients that miss a modality (all clients where none does); the ↳ rows give "
                  "the donors', all clients' and each extra endpoint's figures")
 # The client groups a multimodal group shows besides its headline, and their labels.
 OTHER_CLIENTS = (("donors", "donors"), ("all", "all clients"))
@@ -107,8 +107,12 @@ def clients_rows(g: Group) -> list[dict[str, str]]:
     for endpoint, who, label in wanted:
         gl, lo = g.stat("global_acc", endpoint, who), g.stat("local_acc", endpoint, who)
         name = f"[{endpoint}] {label}" if endpoint else label
-        rows.append({**{c: "" for c in COLUMNS}, "method": f"  ↳ {name}", "seeds": str(gl.n),
-                     "global acc": _pm(gl.mean, gl.sd), "local acc": _pm(lo.mean, lo.sd), KIND: "clients"})
+        row = {**{c: "" for c in COLUMNS}, "method": f"  ↳ {name}", "seeds": str(gl.n),
+               "global acc": _pm(gl.mean, gl.sd), "local acc": _pm(lo.mean, lo.sd), KIND: "clients"}
+        if not endpoint:  # the model's final figures over the same clients (endpoints have none)
+            fg, fl = g.final_stat("global_acc", who), g.final_stat("local_acc", who)
+            row.update({"final global": _pm(fg.mean, fg.sd), "final local": _pm(fl.mean, fl.sd)})
+        rows.append(row)
     return rows
 
 
@@ -140,7 +144,8 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
 # csv and json keep them. "global acc" and
 # "local acc" are at the selected round (the headline, the papers' rule; over the honest clients
 # for a group run with faults); "final" ones are the mean over the last evaluated rounds
-# (records.FINAL_ROUNDS), over all clients. "drop" is a faulty group's drop against the same seeds
+# (records.FINAL_ROUNDS), over the headline's clients ('-' for a group's records from before schema
+# 1.5, which have only all clients' final figures: the ↳ all clients row). "drop" is a faulty group's drop against the same seeds
 # without faults (``robustness``).
 COLUMNS = ("method", "version", "task", "pool", "faults", "setting", "seeds", "global acc", "drop", "local acc",
            "final global", "final local", "failed/diverged", "source", "locator", "match", "delta")
@@ -154,7 +159,8 @@ CSV_COLUMNS = (
     "modalities", "headline_clients", "seeds", "n_seeds", "global_mean", "global_sd", "local_mean", "local_sd",
     "all_global_mean", "all_global_sd", "all_local_mean", "all_local_sd", "donors_global_mean", "donors_global_sd",
     "donors_local_mean", "donors_local_sd", "drop_mean", "drop_n_paired", "drop_seeds",
-    "final_global_mean", "final_global_sd", "final_local_mean", "final_local_sd", "n_failed", "n_diverged", "n_duplicates", "endpoint", "citation_key", "arxiv_or_doi",
+    "final_global_mean", "final_global_sd", "final_local_mean", "final_local_sd", "all_final_global_mean",
+    "all_final_global_sd", "n_failed", "n_diverged", "n_duplicates", "endpoint", "citation_key", "arxiv_or_doi",
     "locator", "setting_match", "published_metric", "published_value", "published_sd", "reproduced_mean", "delta",
 )
 
@@ -163,11 +169,11 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
     """Flat rows: one per group (row_type reproduced), for a multimodal group one per extra
     endpoint (row_type endpoint, same group_id), one per published figure beside it (row_type
     published, same group_id), one per unmatched published figure (empty group_id).
-    global_* / local_* are the headline (honest clients under faults, the recipients of a
+    global_* / local_* and final_* are the headline (honest clients under faults, the recipients of a
     multimodal group: ``headline_clients``), all_* every client's, donors_* a multimodal group's donors'."""
     rows = []
     for g in board.groups:
-        fg, fl = g.final_stat("global_acc"), g.final_stat("local_acc")
+        fg, fl, fa = g.final_stat("global_acc"), g.final_stat("local_acc"), g.final_stat("global_acc", "all")
         drop = g.drop
         rows.append({
             "row_type": "reproduced", "group_id": g.group_id, "method": g.method, "method_version": g.method_version,
@@ -179,7 +185,8 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
             "seeds": " ".join(map(str, g.seeds)), **_csv_figures(g), "drop_mean": drop.mean if drop else None,
             "drop_n_paired": drop.n_paired if drop else None,
             "drop_seeds": " ".join(map(str, drop.seeds)) if drop else None, "final_global_mean": fg.mean, "final_global_sd": fg.sd,
-            "final_local_mean": fl.mean, "final_local_sd": fl.sd, "n_failed": g.n_failed, "n_diverged": g.n_diverged,
+            "final_local_mean": fl.mean, "final_local_sd": fl.sd, "all_final_global_mean": fa.mean,
+            "all_final_global_sd": fa.sd, "n_failed": g.n_failed, "n_diverged": g.n_diverged,
             "n_duplicates": g.n_duplicates,
         })
         if g.is_multimodal:
@@ -243,7 +250,8 @@ def board_json(board: Board) -> dict[str, Any]:
             **({who: {m: g.stat(m, clients=who).as_dict() for m in METRICS} for who in ("recipients", "donors")}
                if g.is_multimodal else {}),
             "drop": g.drop.as_dict() if g.drop is not None else None,
-            "final": {m: g.final_stat(m).as_dict() for m in METRICS},
+            "final": {m: g.final_stat(m).as_dict() for m in METRICS},  # over the headline's clients
+            "final_all_clients": {m: g.final_stat(m, "all").as_dict() for m in METRICS},
             "endpoints": {e: _json_endpoint(g, e) for e in g.endpoints()},
             "n_failed": g.n_failed, "n_diverged": g.n_diverged, "n_duplicates": g.n_duplicates,
             "records": [str(r.path) for r in g.ok],

@@ -7,6 +7,8 @@ The fault setting (``config.faults``, README Faults) is part of the setting and 
 the rank compares within. The **headline** of a record run with faults (one with a ``faults``
 section, schema 1.3) is its honest clients' figure (``metrics.honest``); of any other record, the
 all-client figure. The all-client figures stay available (``Group.stat(..., clients="all")``).
+The final figures (mean over the last evaluated rounds) beside a headline are the same clients'
+(``Group.final_stat``; a client group's final figures exist from schema 1.5 on).
 
 The modality setting of a multimodal run (the missing modality and the fraction of clients that
 miss it, from the record's ``modalities`` section, schema 1.4) is part of the setting and of the
@@ -81,15 +83,28 @@ def headline_of(record: dict[str, Any]) -> str:
     return "recipients" if has_recipients(record) else "all"
 
 
-def figure(record: dict[str, Any], metric: str, clients: str = "headline") -> Optional[float]:
-    """One selected-round figure of a record: over all clients, the honest or the faulty ones, the
-    recipients or the donors, or the headline (``headline_of``; module doc)."""
+def clients_metrics(record: dict[str, Any], clients: str = "headline") -> dict[str, Any]:
+    """A record's metrics over all clients (``metrics``) or one client group's block
+    (``metrics.honest`` ...), the headline's by default; {} where the record has no such block."""
     metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
     if clients == "headline":
         clients = headline_of(record)
     if clients != "all":
         metrics = metrics.get(clients) if isinstance(metrics.get(clients), dict) else {}
-    return metrics.get(metric)
+    return metrics
+
+
+def figure(record: dict[str, Any], metric: str, clients: str = "headline") -> Optional[float]:
+    """One selected-round figure of a record: over all clients, the honest or the faulty ones, the
+    recipients or the donors, or the headline (``headline_of``; module doc)."""
+    return clients_metrics(record, clients).get(metric)
+
+
+def final_figure(record: dict[str, Any], metric: str, clients: str = "headline") -> Optional[float]:
+    """One final figure (mean over the last evaluated rounds) of a record, over the same clients
+    as ``figure``; None where the record has none (a group's final figures came with schema 1.5)."""
+    final = clients_metrics(record, clients).get("final")
+    return final.get(metric) if isinstance(final, dict) else None
 
 
 def endpoint_figure(record: dict[str, Any], endpoint: str, metric: str, clients: str = "headline") -> Optional[float]:
@@ -265,10 +280,11 @@ class Group:
             return figure(r.record, metric, clients)
         return Stat.of(value(r) for r in self.ok)
 
-    def final_stat(self, metric: str = "global_acc") -> Stat:
-        """The mean over the last evaluated rounds (``metrics.final``, schema 1.2) over the ok seeds;
-        n counts the seeds whose records have it."""
-        return Stat.of(((r.record.get("metrics") or {}).get("final") or {}).get(metric) for r in self.ok)
+    def final_stat(self, metric: str = "global_acc", clients: str = "headline") -> Stat:
+        """The mean over the last evaluated rounds over the ok seeds: all clients' (``metrics.final``,
+        schema 1.2) or a client group's (``metrics.<group>.final``, schema 1.5), the headline's by
+        default; n counts the seeds whose records have it (a 1.3 / 1.4 record has no group's)."""
+        return Stat.of(final_figure(r.record, metric, clients) for r in self.ok)
 
     @property
     def commits(self) -> list[str]:
