@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from hfl_bench.training import EpochPlan, Targets, finite_mean, student_loss, train_on_plan
+from hfl_bench.training import EpochPlan, Targets, finite_mean, free_riders, student_loss, train_on_plan
 
 if TYPE_CHECKING:
     from hfl_bench.federation import Federation
@@ -46,7 +46,7 @@ def train_students(
     # Only whole-epoch target tensors can be stacked; per-batch target functions (the reference
     # path) train in the loop.
     # A free-rider never trains (``training.fit`` returns at once for it): never stacked either.
-    riders = fed.faults.free_riders if getattr(fed, "faults", None) is not None else frozenset()
+    riders = free_riders(fed)
     stackable = [i for i in cids if isinstance(targets.get(i, torch.zeros(0)), torch.Tensor) and i not in riders]
     for group in lockstep_groups(fed, stackable, with_targets=set(targets)) if fed.use_lockstep else []:
         losses.update(train_lockstep(fed, group, plans, targets, lam, temperature))

@@ -255,9 +255,14 @@ class Trainee(NamedTuple):
     cid: int | None = None
 
 
+def free_riders(fed: "Federation") -> frozenset[int]:
+    """The clients that never train (--faults free-rider:...); empty without such faults."""
+    return fed.faults.free_riders if getattr(fed, "faults", None) is not None else frozenset()
+
+
 def free_riding(fed: "Federation", trainees: Sequence[Trainee]) -> list[bool]:
     """For each trainee, whether a free-rider owns it (then ``fit`` leaves it untouched)."""
-    riders = fed.faults.free_riders if getattr(fed, "faults", None) is not None else frozenset()
+    riders = free_riders(fed)
     if not riders:
         return [False] * len(trainees)
     out = []
