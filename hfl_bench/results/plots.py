@@ -644,8 +644,10 @@ def draw_robustness(fig, panels: dict[str, list[Series]]) -> dict[str, Any]:
                                       "record_ids": [r.record_id for r in p.group.records]}
                                      for p, st in zip(s.points, stats)]})
         ax.set_title(mpl_text(kind), fontsize=10)
-        ax.set_xlabel(mpl_text(textwrap.fill(robustness.X_LABELS.get(kind, "fraction of faulty clients")
-                                             + "; 0 = no faults", 40)), fontsize=8)
+        # wrapped to the panel's width (kept as lines: one long line ran past a narrow panel)
+        x_label = textwrap.fill(robustness.X_LABELS.get(kind, "fraction of faulty clients") + "; 0 = no faults", 40,
+                                break_on_hyphens=False)
+        ax.set_xlabel(mpl_text(x_label, one_line=False), fontsize=8)
         ax.grid(True, alpha=0.2)
         ax.legend(fontsize=7, loc="best")
         details.append({"fault_kind": kind, "x": robustness.X_LABELS.get(kind, "fraction of faulty clients"),
