@@ -12,8 +12,9 @@ aggregation rule that forms q-bar (``hfl_bench.aggregation``):
   our reconstruction;
 - ``crad``: support filter, per-class median agreement filter, Agresti-Coull precision weights.
 
-Reconstructed (the paper is silent; recorded in every record): T = 2; SGD lr 0.01, momentum 0.9,
-weight decay 5e-4; batch 64; gradient clipping at global norm 10; a teacher needs 2 validation
+Reconstructed (the paper is silent; recorded in every record): T = 2; the run's SGD (lr, momentum,
+weight decay, batch size and gradient clipping from the config: the task's protocol defaults, e.g.
+lr 0.01, momentum 0.9, weight decay 5e-4, batch 64, clip at norm 10 on CIFAR); a teacher needs 2 validation
 samples of a class to count for it; a class with no supported teacher falls back to the plain
 mean; optional Laplace noise of scale 1/epsilon on the shared counts, drawn once and clamped at 0.
 """
@@ -32,7 +33,8 @@ from hfl_bench.registry import AGGREGATORS, RegistryError
 CITATION = "Class-wise Reliability-Aware Distillation for Decentralized Heterogeneous FL, arXiv 2609.00446"
 COMMON_NOTES = (
     "temperature T=2 (paper silent)",
-    "optimizer SGD lr 0.01 momentum 0.9 weight decay 5e-4, batch 64, grad-norm clip 10 (paper silent)",
+    "optimizer: the run's SGD; lr, momentum, weight decay, batch size, grad-norm clip are the config's (the task's "
+    "protocol defaults; paper silent)",
     "held-out fraction 0.2 of each shard, stratified per class, split evenly into val and test (paper silent)",
 )
 

@@ -36,10 +36,13 @@ Reconstructed (the spec marks these [reconstructed] or is silent; each is in ``n
   models. KL at temperature 1, averaged over the batch and over the peers.
 - the aggregator is drawn uniformly from the round's active clients, seeded by
   derive_seed(seed, "dfml-aggregator", rnd); all active clients participate.
-- K (``epochs``) defaults to 1, the shared protocol's local epoch budget per round; the batch
-  order and views are a's seeded epoch plan (make_plan), the same for every model.
-- each model is stepped by its owner's optimizer (SGD lr 0.01, momentum 0.9, weight decay 5e-4;
-  the optimizer state stays with the model's owner), with gradient clipping at fed.cfg.grad_clip.
+- K (``epochs``) defaults to the run's ``--local-epochs``, the protocol's local epoch budget per
+  round that every method gets (version 1.0 fixed K = 1, which was the budget only while every
+  task trained 1 local epoch; the calibrated digits and mnist1d protocols train 5 and 2); the
+  batch order and views are a's seeded epoch plan (make_plan), the same for every model.
+- each model is stepped by its owner's optimizer (the run's SGD: lr, momentum, weight decay and
+  batch size from the config; the optimizer state stays with the model's owner), with gradient
+  clipping at fed.cfg.grad_clip.
 - a round with a single participant trains it with the WSM loss alone (no peers to distill from).
 - metering: each participant other than a sends its state dict to a, and a sends each one back.
 """
@@ -128,7 +131,8 @@ def mutual_learning(fed, plan, members: list[int], log_beta: torch.Tensor, alpha
 
 @dataclass
 class DFMLParams:
-    epochs: int = param(1, "Local epochs K at the aggregator per round (the protocol's budget: 1).")
+    epochs: int | None = param(None, "Local epochs K at the aggregator per round; unset: the run's --local-epochs "
+                                     "(the protocol's budget, as for every method).")
     alpha_max: float = param(0.8, "Peak distillation weight of the cyclic alpha schedule.")
     period: int = param(10, "Period P of the alpha cycle in rounds (even; peaks at t mod P = P/2).")
 
@@ -138,7 +142,7 @@ class DFML(Method):
     """Decentralized mutual learning at a random aggregator, WSM supervision, cyclic alpha, peak models."""
 
     fidelity = "reconstructed"
-    version = "1.0"
+    version = "1.1"  # 1.1: K follows --local-epochs (1.0: K = 1 whatever the protocol)
     citation = "Khalil et al., DFML: Decentralized Federated Mutual Learning, arXiv 2402.01863, 2024"
     topology = "p2p"
     why_single_modality = "its generator synthesizes inputs of one modality"
@@ -151,9 +155,11 @@ class DFML(Method):
         "teachers: every model's train-mode prediction on the batch, taken before any model steps, detached; "
         "KL at temperature 1, mean over peers (reconstructed)",
         "aggregator drawn uniformly from the active clients, seeded; every active client participates (reconstructed)",
-        "K = 1 local epoch over the aggregator's data per round (protocol budget); owner's optimizer state kept",
+        "K = the run's local epochs over the aggregator's data per round (the protocol's budget) unless epochs is "
+        "set; owner's optimizer state kept",
         "a lone participant trains with the WSM loss alone",
-        "optimizer SGD lr 0.01 momentum 0.9 weight decay 5e-4, batch 64, grad-norm clip 10 (protocol defaults)",
+        "optimizer: the owner's SGD; lr, momentum, weight decay, batch size, grad-norm clip are the config's "
+        "(the task's protocol defaults)",
     )
 
     def check(self, fed):
@@ -162,7 +168,7 @@ class DFML(Method):
             raise ConfigError(f"alpha_max must be in [0, 1], got {p.alpha_max}")
         if p.period < 2 or p.period % 2:
             raise ConfigError(f"period must be an even integer >= 2 (alpha peaks at P/2), got {p.period}")
-        if p.epochs < 1:
+        if p.epochs is not None and p.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {p.epochs}")
 
     def setup(self, fed):

@@ -97,7 +97,7 @@ class FedMD(Method):
         "broadcast of the M x C float32 logit matrix",
         "digest: L1 on logits (official code; digest_loss in hparams), Adam lr 1e-3 per client kept across "
         "rounds, digest_epochs (1) at the suite batch size, unaugmented, grad-norm clip 10",
-        "revisit: the suite's local_epochs of private CE with the client's SGD (lr 0.01, momentum 0.9, wd 5e-4)",
+        "revisit: the suite's local_epochs of private CE with the client's SGD (the config's lr, momentum, wd)",
     )
     Params = FedMDParams
 

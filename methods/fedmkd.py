@@ -103,7 +103,8 @@ class FedMKD(Method):
         "memory = the client's own model at the start of the round (its round r-1 snapshot), eval mode, not sent",
         "no memory term in a client's first local round (round 1 under full participation): no previous model yet",
         "peers' snapshots exchanged as in the peer-KD backbone, without the 2C statistics (unused)",
-        "optimizer SGD lr 0.01 momentum 0.9 weight decay 5e-4, batch 64, grad-norm clip 10 (paper silent)",
+        "optimizer: the run's SGD; lr, momentum, weight decay, batch size, grad-norm clip are the config's (the "
+        "task's protocol defaults; paper silent)",
     )
     Params = FedMKDParams
 

@@ -132,7 +132,8 @@ class FML(Method):
         "memes start from one shared seeded initialization (no initial download metered)",
         "server averages active memes weighted by training-set size and broadcasts to every client",
         "each client keeps its meme optimizer's momentum across rounds",
-        "optimizer SGD lr 0.01 momentum 0.9 weight decay 5e-4, batch 64, grad-norm clip 10 (suite protocol)",
+        "optimizer: the run's SGD; lr, momentum, weight decay, batch size, grad-norm clip are the config's (the "
+        "task's protocol defaults)",
     )
     Params = FMLParams
 

@@ -25,8 +25,8 @@ our choice (each also in ``notes``, so every record carries it):
   seeded shuffled epoch over the public set (E_d = 1) in batches of the suite's batch size, no
   augmentation (every client must predict on the same inputs), then E_l = the suite's
   ``--local-epochs`` CE epochs on the private data (E_d : E_l = 1 : 1);
-- both steps use the client's own optimizer, the suite's SGD (lr 0.01, momentum 0.9, weight decay
-  5e-4, clipping at norm 10), whose momentum carries from one step to the next.
+- both steps use the client's own optimizer, the suite's SGD (the config's lr, momentum, weight
+  decay and clipping norm), whose momentum carries from one step to the next.
 
 Budget: one extra epoch over the public set per round on top of the suite's local epochs.
 """
@@ -106,8 +106,8 @@ class MSFKD(Method):
         "eval mode",
         "distillation T^2 KL(target || softmax(z / T)), T = 2, E_d = 1 seeded epoch over the public set (suite "
         "batch size, no augmentation), then E_l = --local-epochs CE epochs on private data (E_d : E_l = 1 : 1)",
-        "both steps use the client's own optimizer: the suite's SGD lr 0.01, momentum 0.9, weight decay 5e-4, "
-        "clipping at norm 10",
+        "both steps use the client's own optimizer: the suite's SGD (the config's lr, momentum, weight decay, "
+        "clipping norm)",
         "budget: one public-set epoch per round on top of the suite's local epochs",
     )
     Params = MSFKDParams

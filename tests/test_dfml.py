@@ -168,3 +168,27 @@ def test_evaluated_model_is_the_peak_model(tiny_cfg):
     for model, client, state in zip(method.eval_models(fed), fed.clients, at_peak):
         assert _same(model, state)
         assert not _same(client.model, state)
+
+
+# --------------------------------------------------------------------------- budget
+
+
+def test_k_follows_the_runs_local_epochs_unless_set(tiny_cfg, monkeypatch):
+    """Version 1.1: the aggregator trains --local-epochs epochs per round, as every method's clients do."""
+    import hfl_bench.methods.dfml as module
+
+    steps = []
+    real_plan = module.make_plan
+
+    def plan(fed, cid, rnd, epochs=None):
+        made = real_plan(fed, cid, rnd, epochs=epochs)
+        steps.append(len(made.bounds))
+        return made
+
+    monkeypatch.setattr(module, "make_plan", plan)
+    for params in ({}, {"epochs": 1}):
+        sim = _simulation(lambda **kw: tiny_cfg(**kw, local_epochs=3), **params)
+        assert sim.fed.cfg.local_epochs == 3
+        sim.step(1)
+    default, one = steps
+    assert default == 3 * one > 0  # three epochs of the aggregator's batches against one

@@ -1,7 +1,7 @@
 """No finished run lost, no cell stopping the others, no record outside --out, no record of other
 data taken for this one: ``run`` and ``matrix`` under a bad --out, a full disk (an OSError(ENOSPC)
 from the writer, in process), a record with NaN in it, a suite that names ``x/../../elsewhere``
-and a finished record of other data. (Ctrl-C and a killed driver: tests/test_interrupts.py.)
+and a finished record of other data or of another method version. (Ctrl-C and a killed driver: tests/test_interrupts.py.)
 
 Unwritable folders are made with a path under a regular file (``--out somefile/sub``) and by
 monkeypatching the writer, not with chmod: as root, permission bits do not stop writes."""
@@ -320,6 +320,53 @@ def test_run_refuses_to_overwrite_a_record_of_other_data(tmp_path, monkeypatch):
     assert result.exit_code == 2
     [line] = _lines(stdout + stderr)
     assert line.startswith(f"error: {path} holds a record of other data")
+    assert path.read_text() == before
+
+
+# ----------------------------------------------------------------------------- method version
+
+
+def _other_version(path: Path) -> str:
+    """Make ``path`` a record of the same setting from another version of its method."""
+    record = json.loads(path.read_text())
+    assert record["method"]["version"] == "1.0"  # local's version, the one this code registers
+    record["method"]["version"] = "0.9"
+    path.write_text(json.dumps(record, indent=1))
+    return path.read_text()
+
+
+def test_matrix_neither_skips_nor_replaces_a_record_of_another_method_version(tmp_path):
+    out = tmp_path / "records"
+    suite = _suite(tmp_path, out)
+    assert _invoke("matrix", str(suite), "-q")[0].exit_code == 0
+    [path] = list(out.glob("*.json"))
+    before = _other_version(path)
+    result, stdout, stderr = _invoke("matrix", str(suite))
+    assert result.exit_code == 1
+    [line] = [ln for ln in _lines(stderr) if ln.startswith("failed:")]
+    assert f"{path} holds this setting's result from local 0.9, but this code's local is 1.0" in line
+    assert "archive it or use another --out" in line
+    assert path.read_text() == before
+    result, stdout, _ = _invoke("matrix", str(suite), "--dry-run", "--json")
+    [row] = json.loads(stdout)["cells"]
+    assert row["status"] == "would fail" and "local 0.9" in row["error"]
+    path.rename(tmp_path / "archived.json")  # archived: the cell runs under this version
+    assert _invoke("matrix", str(suite), "-q")[0].exit_code == 0
+    assert json.loads(path.read_text())["method"]["version"] == "1.0"
+
+
+def test_run_refuses_to_overwrite_a_record_of_another_method_version(tmp_path, monkeypatch):
+    out = tmp_path / "runs"
+    assert _invoke("run", *TINY, "--out", str(out), "-q")[0].exit_code == 0
+    [path] = list(out.glob("*.json"))
+    before = _other_version(path)
+    from hfl_bench import engine
+
+    monkeypatch.setattr(engine, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("training started")))
+    result, stdout, stderr = _invoke("run", *TINY, "--out", str(out), "-q")
+    assert result.exit_code == 2
+    [line] = _lines(stdout + stderr)
+    assert line.startswith(f"error: {path} holds this setting's result from local 0.9")
     assert path.read_text() == before
 
 

@@ -107,7 +107,7 @@ def run(
         torch_threads.set(threads or auto_threads(cfg, task.info))
         target = paths.record_path(cfg)  # names that can be file names, inside --out
         paths.check_out_dir(cfg.out)  # a file or an unwritable folder: refused before any training
-        records.check_same_data(cfg, target)  # never overwrite a record of other data
+        records.check_same_data(cfg, target)  # never overwrite a record of other data or method version
         show_progress = not (quiet or as_json)
         _say_checkpoint(checkpoint_path(cfg), resume)
         with _progress(show_progress, cfg) as update:

@@ -8,6 +8,14 @@ would have the same file name, it is not overwritten either: the cell fails with
 the file (use another ``--out``). A record without a fingerprint (written before they were
 recorded), or a task that cannot fingerprint its data, is trusted as before. When fingerprinting
 raises (the data is missing), the cell is run and fails the way a run without its data fails.
+
+Same implementation: a method's version is not part of the config hash, so a record of the same
+setting and seed written by another version of the method (``method.version`` against the
+registered class's ``version``: its numerics changed since) is not this cell's result either.
+It is neither skipped (that would keep the old numbers under a rerun that says "skipped") nor
+overwritten (it is a finished result): the cell fails with one line naming the file and both
+versions; archive the record or use another ``--out``. A record without a method version
+(written before versions) is trusted as before.
 """
 
 from __future__ import annotations
@@ -18,7 +26,10 @@ from typing import Any, Optional
 
 from hfl_bench import config as config_mod
 from hfl_bench.matrix.suite import Cell
-from hfl_bench.results.records import data_fingerprint, load_record, other_data, other_data_message
+from hfl_bench.results.records import (
+    data_fingerprint, load_record, other_data, other_data_message, other_version, other_version_message,
+    registered_version,
+)
 
 # A record with one of these statuses is final: its cell is skipped on a rerun.
 FINAL_STATUSES = ("ok", "diverged")
@@ -27,15 +38,16 @@ FINAL_STATUSES = ("ok", "diverged")
 @dataclass
 class Existing:
     """What the output folder already holds for a cell: a final record to skip with, or a final
-    record of other data (``conflict``: why the cell fails without being run); both None when the
-    cell has to run."""
+    record of other data or of another method version (``conflict``: why the cell fails without
+    being run); both None when the cell has to run."""
 
     record: Optional[dict[str, Any]] = None
     conflict: Optional[str] = None
 
 
 def existing_record(cell: Cell) -> Existing:
-    """The cell's existing final record of the same setting, seed and data (module docstring)."""
+    """The cell's existing final record of the same setting, seed, method version and data (module
+    docstring)."""
     if cell.error is not None:
         return Existing()
     try:
@@ -53,6 +65,10 @@ def existing_record(cell: Cell) -> Existing:
             and (record.get("config") or {}).get("seed") == cell.cfg.seed)
     if not (same and record.get("status") in FINAL_STATUSES):
         return Existing()
+    version = registered_version(cell.cfg.method)
+    recorded_version = other_version(record, version)
+    if recorded_version is not None:  # another implementation's result: neither skipped nor replaced
+        return Existing(conflict=other_version_message(path, cell.cfg.method, recorded_version, version))
     if (record.get("task") or {}).get("data_fingerprint") is None:
         return Existing(record)  # written before fingerprints: trusted as before
     try:

@@ -434,10 +434,38 @@ def other_data_message(path: Path, recorded: str, current: str) -> str:
             f"it is not overwritten: use another --out")
 
 
+def registered_version(method: str) -> str | None:
+    """The version of the method registered as ``method``; None for an unknown name (the run
+    fails on its own) or a class without one."""
+    from hfl_bench.registry import METHODS, RegistryError
+
+    try:
+        version = getattr(METHODS.get(method), "version", None)
+    except RegistryError:
+        return None
+    return version if isinstance(version, str) else None
+
+
+def other_version(record: dict[str, Any], current: str | None) -> str | None:
+    """The recorded method version when it is known and differs from ``current``: the same config
+    hash (versions are not in it) run by another implementation of the method."""
+    method = record.get("method") if isinstance(record.get("method"), dict) else {}
+    recorded = method.get("version")
+    if isinstance(recorded, str) and current is not None and recorded != current:
+        return recorded
+    return None
+
+
+def other_version_message(path: Path, method: str, recorded: str, current: str) -> str:
+    return (f"{path} holds this setting's result from {method} {recorded}, but this code's {method} is {current} "
+            f"(its numerics changed); it is not overwritten: archive it or use another --out")
+
+
 def check_same_data(cfg: RunConfig, path: Path) -> None:
-    """Before a run: ConfigError when ``path`` holds a record of this config run on other data
-    (its file name would be the same). Data that cannot be fingerprinted, or a record without a
-    fingerprint (older records), is not a conflict."""
+    """Before a run: ConfigError when ``path`` holds a record of this config run on other data, or
+    by another version of the method (its file name would be the same: a finished result is never
+    overwritten by another's). Data that cannot be fingerprinted, or a record without a
+    fingerprint or a method version (older records), is not a conflict."""
     if not path.is_file():
         return
     try:
@@ -448,6 +476,10 @@ def check_same_data(cfg: RunConfig, path: Path) -> None:
     recorded = other_data(record, current)
     if recorded is not None:
         raise ConfigError(other_data_message(path, recorded, current))
+    version = registered_version(cfg.method)
+    recorded = other_version(record, version)
+    if recorded is not None and record.get("status") in ("ok", "diverged"):  # a failed run is no result
+        raise ConfigError(other_version_message(path, cfg.method, recorded, version))
 
 
 class NotARecord(ValueError):
