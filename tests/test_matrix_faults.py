@@ -278,7 +278,7 @@ def test_a_record_path_resolving_outside_out_is_refused(tmp_path):
     assert not elsewhere.exists()
 
 
-# ----------------------------------------------------------------------------- data identity
+# ----------------------------------------------------------------------------- data identity, method version
 
 
 def _other_data(path: Path) -> str:
@@ -290,42 +290,6 @@ def _other_data(path: Path) -> str:
     return path.read_text()
 
 
-def test_matrix_does_not_skip_or_replace_a_record_of_other_data(tmp_path):
-    out = tmp_path / "records"
-    suite = _suite(tmp_path, out)
-    assert _invoke("matrix", str(suite), "-q")[0].exit_code == 0
-    [path] = list(out.glob("*.json"))
-    result, stdout, _ = _invoke("matrix", str(suite), "--json")
-    assert json.loads(stdout)["counts"] == {"skipped": 1}  # same data: skipped
-    before = _other_data(path)
-    result, stdout, stderr = _invoke("matrix", str(suite))
-    assert result.exit_code == 1
-    [line] = [ln for ln in _lines(stderr) if ln.startswith("failed:")]
-    assert f"{path} holds a record of other data" in line and "use another --out" in line
-    assert path.read_text() == before
-    result, stdout, _ = _invoke("matrix", str(suite), "--dry-run", "--json")
-    [row] = json.loads(stdout)["cells"]
-    assert row["status"] == "would fail" and "other data" in row["error"]
-
-
-def test_run_refuses_to_overwrite_a_record_of_other_data(tmp_path, monkeypatch):
-    out = tmp_path / "runs"
-    assert _invoke("run", *TINY, "--out", str(out), "-q")[0].exit_code == 0
-    [path] = list(out.glob("*.json"))
-    before = _other_data(path)
-    from hfl_bench import engine
-
-    monkeypatch.setattr(engine, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("training started")))
-    result, stdout, stderr = _invoke("run", *TINY, "--out", str(out), "-q")
-    assert result.exit_code == 2
-    [line] = _lines(stdout + stderr)
-    assert line.startswith(f"error: {path} holds a record of other data")
-    assert path.read_text() == before
-
-
-# ----------------------------------------------------------------------------- method version
-
-
 def _other_version(path: Path) -> str:
     """Make ``path`` a record of the same setting from another version of its method."""
     record = json.loads(path.read_text())
@@ -335,38 +299,44 @@ def _other_version(path: Path) -> str:
     return path.read_text()
 
 
-def test_matrix_neither_skips_nor_replaces_a_record_of_another_method_version(tmp_path):
+OTHER_KINDS = [(_other_data, "holds a record of other data"),
+               (_other_version, "holds this setting's result from local 0.9, but this code's local is 1.0")]
+
+
+@pytest.mark.parametrize("change, says", OTHER_KINDS, ids=["other-data", "other-method-version"])
+def test_matrix_neither_skips_nor_replaces_a_finished_record_of_another_kind(tmp_path, change, says):
     out = tmp_path / "records"
     suite = _suite(tmp_path, out)
     assert _invoke("matrix", str(suite), "-q")[0].exit_code == 0
     [path] = list(out.glob("*.json"))
-    before = _other_version(path)
+    result, stdout, _ = _invoke("matrix", str(suite), "--json")
+    assert json.loads(stdout)["counts"] == {"skipped": 1}  # same data and version: skipped
+    before = change(path)
     result, stdout, stderr = _invoke("matrix", str(suite))
     assert result.exit_code == 1
     [line] = [ln for ln in _lines(stderr) if ln.startswith("failed:")]
-    assert f"{path} holds this setting's result from local 0.9, but this code's local is 1.0" in line
-    assert "archive it or use another --out" in line
+    assert f"{path} {says}" in line and "use another --out" in line
     assert path.read_text() == before
     result, stdout, _ = _invoke("matrix", str(suite), "--dry-run", "--json")
     [row] = json.loads(stdout)["cells"]
-    assert row["status"] == "would fail" and "local 0.9" in row["error"]
-    path.rename(tmp_path / "archived.json")  # archived: the cell runs under this version
-    assert _invoke("matrix", str(suite), "-q")[0].exit_code == 0
-    assert json.loads(path.read_text())["method"]["version"] == "1.0"
+    assert row["status"] == "would fail" and says in row["error"]
+    path.rename(tmp_path / "archived.json")  # moved away: the cell runs again
+    assert _invoke("matrix", str(suite), "-q")[0].exit_code == 0 and path.read_text() != before
 
 
-def test_run_refuses_to_overwrite_a_record_of_another_method_version(tmp_path, monkeypatch):
+@pytest.mark.parametrize("change, says", OTHER_KINDS, ids=["other-data", "other-method-version"])
+def test_run_refuses_to_overwrite_a_finished_record_of_another_kind(tmp_path, monkeypatch, change, says):
     out = tmp_path / "runs"
     assert _invoke("run", *TINY, "--out", str(out), "-q")[0].exit_code == 0
     [path] = list(out.glob("*.json"))
-    before = _other_version(path)
+    before = change(path)
     from hfl_bench import engine
 
     monkeypatch.setattr(engine, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("training started")))
     result, stdout, stderr = _invoke("run", *TINY, "--out", str(out), "-q")
     assert result.exit_code == 2
     [line] = _lines(stdout + stderr)
-    assert line.startswith(f"error: {path} holds this setting's result from local 0.9")
+    assert line.startswith(f"error: {path} {says}")
     assert path.read_text() == before
 
 
