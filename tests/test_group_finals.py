@@ -124,3 +124,21 @@ def test_curves_draw_the_recipients_and_leave_out_a_record_without_them(folder, 
     written, _ = make_plots("bytes", [folder], tmp_path / "plots")
     details = json.loads(written[0].sources.read_text())["details"]
     assert details["y_axis"] == "selected-round global accuracy (%), recipients clients (the headline)"
+
+
+def test_the_html_site_shows_each_groups_final_figure(folder, tmp_path):
+    from typer.testing import CliRunner
+
+    from hfl_bench.cli import app
+
+    out = tmp_path / "site"
+    result = CliRunner().invoke(app, ["leaderboard", "html", str(out), str(folder)])
+    assert result.exit_code == 0, result.output
+    index = (out / "index.html").read_text()
+    assert 'data-v="51.0">51.00 ± 1.41</td>' in index  # fedsocket's final column: the recipients'
+    pages = {p: p.read_text() for p in (out / "groups").glob("*.html")}
+    page = next(t for t in pages.values() if "fedsocket on digits" in t)
+    assert "<th>final global acc, recipients</th><td class=\"mono\">51.00 ± 1.41</td>" in page
+    assert "<th>final global acc, all clients</th><td class=\"mono\">61.00 ± 1.41</td>" in page
+    local = next(t for t in pages.values() if "local on digits" in t)
+    assert "<th>final global acc, recipients</th><td class=\"mono\">-</td>" in local  # a 1.4 record

@@ -303,6 +303,7 @@ def _fault_rows(g: Group) -> list[tuple[str, str]]:
             ("global acc, honest clients", _pm(honest.mean, honest.sd)),
             ("global acc, faulty clients", _pm(faulty.mean, faulty.sd)),
             ("global acc, all clients", _pm(every.mean, every.sd))]
+    rows += _final_rows(g, (("honest", "honest clients"), ("faulty", "faulty clients"), ("all", "all clients")))
     drop = g.drop
     if drop is None or drop.mean is None:
         rows.append(("drop against no faults", "- (no fault-free record of the same config and seed)"))
@@ -311,6 +312,13 @@ def _fault_rows(g: Group) -> list[tuple[str, str]]:
         rows.append(("drop against no faults", f"{drop.mean:+.2f} over {drop.n_paired} paired seeds ({pairs}); "
                                                f"baseline config hash {_text(drop.baseline_config_hash)}"))
     return rows
+
+
+def _final_rows(g: Group, groups: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
+    """The final global accuracy (mean over the last evaluated rounds) over each client group; '-'
+    where the records predate a group's final figures (schema 1.5)."""
+    return [(f"final global acc, {who}", _pm(st.mean, st.sd))
+            for clients, who in groups for st in [g.final_stat("global_acc", clients)]]
 
 
 def _modality_rows(g: Group) -> list[tuple[str, str]]:
@@ -327,6 +335,7 @@ def _modality_rows(g: Group) -> list[tuple[str, str]]:
         for clients, who in (("recipients", "recipients"), ("donors", "donors"), ("all", "all clients")):
             st = g.stat(metric, clients=clients)
             rows.append((f"{label}, {who}", _pm(st.mean, st.sd)))
+    rows += _final_rows(g, (("recipients", "recipients"), ("donors", "donors"), ("all", "all clients")))
     drawn = "; ".join(f"seed {_text(seed)}: {_text(s.get('recipients'))}" for seed, s in sections)
     rows.append(("recipients by seed", drawn or "-"))
     return rows
