@@ -1,8 +1,10 @@
-"""Bad input, through the real CLI in subprocesses: each case exits 2 with one line on stderr and no
-traceback, writes nothing, and leaves the records already in ``--out`` untouched.
+"""Bad input, through the real CLI: each case exits 2 with one line on stderr and no traceback,
+writes nothing, and leaves the records already in ``--out`` untouched.
 
-The cases run concurrently (each is a fresh Python process that imports torch) and are checked
-one by one.
+Every case runs in-process (Typer's CliRunner, the same app the console script runs), and the
+cases in ``SUBPROCESS`` also as a fresh ``python -m hfl_bench.cli`` process, the real process
+boundary (exit status, stderr, no traceback printed by the interpreter). A subprocess imports
+torch, a couple of CPU-seconds each, so only a few cases pay for one.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -73,42 +76,87 @@ CASES = [
 ]
 
 
-def run_case(args: list[str], files: dict[str, str], folder: Path) -> subprocess.CompletedProcess:
+# Cases also run as a separate process: a value check, a YAML file, a registry name, another command.
+SUBPROCESS = ("lr-nan", "yaml-invalid", "method-unknown", "partition-alpha-inf")
+
+
+@dataclass
+class Outcome:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def prepare(args: list[str], files: dict[str, str], folder: Path) -> list[str]:
+    """The case's folder (its files and an ``out`` holding an earlier record); its full arguments."""
     folder.mkdir(parents=True)
     for name, text in files.items():
         (folder / name).write_text(text)
     out = folder / "out"
     out.mkdir()
     (out / "earlier.json").write_text('{"schema_version": "1.0", "earlier": true}\n')
+    return [*args, "--out", str(out)] if args[0] == "run" else list(args)
+
+
+def in_process(args: list[str], folder: Path, monkeypatch) -> Outcome:
+    from typer.testing import CliRunner
+
+    from hfl_bench.cli import app
+
+    monkeypatch.chdir(folder)  # YAML paths are relative to the working folder
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    try:
+        stderr = result.stderr
+    except ValueError:  # a runner that mixes stderr into stdout
+        stderr = ""
+    return Outcome(result.exit_code, result.stdout, stderr)
+
+
+def as_process(args: list[str], folder: Path) -> Outcome:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", COLUMNS="200")
-    command = [sys.executable, "-m", "hfl_bench.cli", *args]
-    if args[0] == "run":
-        command += ["--out", str(out)]
-    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "hfl_bench.cli", *args], cwd=folder, env=env, capture_output=True,
+                          text=True, timeout=300)
+    return Outcome(done.returncode, done.stdout, done.stderr)
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bad-input")
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {case: pool.submit(run_case, args, files, root / case) for case, args, files, _ in CASES}
+def processes(tmp_path_factory) -> tuple[Path, dict[str, Outcome]]:
+    """The ``SUBPROCESS`` cases, run concurrently (each process imports torch)."""
+    root = tmp_path_factory.mktemp("bad-input-processes")
+    cases = {c[0]: c for c in CASES if c[0] in SUBPROCESS}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {case: pool.submit(as_process, prepare(args, files, root / case), root / case)
+                   for case, (_, args, files, _) in cases.items()}
     return root, {case: f.result() for case, f in futures.items()}
 
 
 def test_the_table_is_large_enough():
     assert len({c[0] for c in CASES}) == len(CASES) >= 40
+    assert set(SUBPROCESS) <= {c[0] for c in CASES}
+
+
+def check(outcome: Outcome, phrase: str, folder: Path, files: dict[str, str]) -> None:
+    lines = [line for line in (outcome.stdout + outcome.stderr).splitlines() if line.strip()]
+    assert outcome.returncode == 2, (outcome.returncode, outcome.stdout, outcome.stderr)
+    assert "Traceback" not in outcome.stdout + outcome.stderr
+    assert len(lines) == 1, lines
+    assert phrase in lines[0], lines[0]
+    out = folder / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["earlier.json"]  # nothing written, nothing lost
+    assert json.loads((out / "earlier.json").read_text()) == {"schema_version": "1.0", "earlier": True}
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["out", *files])  # nothing else either
 
 
 @pytest.mark.parametrize("case,args,files,phrase", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_gets_one_line_and_exit_2(case, args, files, phrase, results):
-    root, done = results
-    proc = done[case]
-    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    assert len(lines) == 1, lines
-    assert phrase in lines[0], lines[0]
-    out = root / case / "out"
-    assert sorted(p.name for p in out.iterdir()) == ["earlier.json"]  # nothing written, nothing lost
-    assert json.loads((out / "earlier.json").read_text()) == {"schema_version": "1.0", "earlier": True}
-    assert sorted(p.name for p in (root / case).iterdir()) == sorted(["out", *files])  # nothing else either
+def test_bad_input_gets_one_line_and_exit_2(case, args, files, phrase, tmp_path, monkeypatch):
+    folder = tmp_path / case
+    outcome = in_process(prepare(args, files, folder), folder, monkeypatch)
+    check(outcome, phrase, folder, files)
+
+
+@pytest.mark.parametrize("case", SUBPROCESS)
+def test_bad_input_in_a_real_process_too(case, processes):
+    root, done = processes
+    _, _, files, phrase = next(c for c in CASES if c[0] == case)
+    check(done[case], phrase, root / case, files)

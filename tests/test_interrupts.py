@@ -80,7 +80,7 @@ def _continue_command(stderr: str) -> str:
 
 def test_ctrl_c_in_run_prints_the_command_that_resumes_it(tmp_path):
     out = tmp_path / "runs"
-    args = ["run", "--method", "local", "--task", "digits", "--clients", "4", "--rounds", "20",
+    args = ["run", "--method", "local", "--task", "digits", "--clients", "4", "--rounds", "20", "--local-epochs", "1",
             "--checkpoint-every", "1", "--out", str(out), "--json"]
     proc = _start(args, tmp_path)
     try:

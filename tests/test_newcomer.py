@@ -145,7 +145,7 @@ def test_unknown_set_key_piped_stays_one_line_naming_describe(tmp_path):
 
 
 def test_piped_run_prints_plain_progress_lines_and_records_threads(tmp_path):
-    proc = cli("run", "--method", "crad", "--task", "digits", "--rounds", "3", "--clients", "4",
+    proc = cli("run", "--method", "crad", "--task", "digits", "--rounds", "3", "--clients", "4", "--local-epochs", "1",
                "--threads", "1", "--out", str(tmp_path / "runs"))
     assert proc.returncode == 0, proc.stderr
     progress = [line for line in proc.stderr.splitlines() if "round" in line]
@@ -158,7 +158,7 @@ def test_piped_run_prints_plain_progress_lines_and_records_threads(tmp_path):
 
 
 def test_json_and_quiet_print_no_progress(tmp_path):
-    proc = cli("run", "--task", "digits", "--rounds", "2", "--clients", "4", "--json",
+    proc = cli("run", "--task", "digits", "--rounds", "2", "--clients", "4", "--local-epochs", "1", "--json",
                "--out", str(tmp_path / "runs"))
     assert proc.returncode == 0, proc.stderr
     json.loads(proc.stdout)  # stdout is the JSON summary only
@@ -169,7 +169,8 @@ def test_threads_flag_in_process_is_recorded_and_restored(tmp_path):
     import torch
 
     before = torch.get_num_threads()
-    result = CliRunner().invoke(app, ["run", "--task", "digits", "--rounds", "1", "--clients", "4", "--threads", "2",
+    result = CliRunner().invoke(app, ["run", "--task", "digits", "--rounds", "1", "--clients", "4", "--local-epochs", "1",
+                                      "--threads", "2",
                                       "--out", str(tmp_path / "runs"), "--json", "-q"])
     assert result.exit_code == 0, result.output
     record = json.loads(Path(json.loads(_stdout(result))["record"]).read_text())

@@ -147,7 +147,8 @@ def test_resume_without_a_checkpoint_starts_fresh_and_says_so(tmp_path):
 def test_killed_process_resumes_to_the_same_record(tmp_path, run_record):
     """SIGKILL the CLI as soon as its first checkpoint (round 1) exists, resume it in a new process.
     Seven more rounds are left by then, which take far longer than the 10 ms between polls."""
-    args = ["--method", "local", "--task", "digits", "--clients", "2", "--rounds", "8", "--seed", "0",
+    args = ["--method", "local", "--task", "digits", "--clients", "2", "--rounds", "8", "--local-epochs", "1",
+            "--seed", "0",
             "--checkpoint-every", "1", "--json", "-q"]
     full = run_record(*args[:-2], out=tmp_path / "full")
     out = tmp_path / "killed"
