@@ -6,6 +6,10 @@ os.environ.setdefault("HFL_BENCH_DATA", os.path.join(os.path.dirname(__file__), 
 # Caches the CLI writes (the metadata index, unsaved records) go to a folder of this test session,
 # never the user's ~/.cache; subprocesses inherit it.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="hfl-bench-tests-cache-")
+# pytest-xdist's workers get COLUMNS=80 / LINES=24; the CLI honours COLUMNS (a piped table is
+# otherwise 200 wide), so tests see what a plain piped process sees whether xdist runs them or not.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
