@@ -68,7 +68,7 @@ def assert_same_run(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("method", builtin_names(METHODS))  # an installed plugin is its own concern
 def test_resumed_run_equals_uninterrupted_run(method, tmp_path):
-    cfg = config(method, tmp_path)
+    cfg = config(method, tmp_path, local_epochs=2)  # two epochs: a multi-epoch plan, at less than digits' five
     full = records.build_record(cfg, engine.run(cfg))
     # The run checkpointed after round 2 (not after round 3, its last): the file is what a crash
     # in round 3 would have left behind. A fresh simulation resumes from it.
