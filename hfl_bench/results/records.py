@@ -434,6 +434,11 @@ def other_data_message(path: Path, recorded: str, current: str) -> str:
             f"it is not overwritten: use another --out")
 
 
+# A record with one of these statuses is a finished result: a matrix rerun skips its cell, and
+# neither ``run`` nor ``matrix`` replaces it with another version's (a failed record is replaced).
+FINAL_STATUSES = ("ok", "diverged")
+
+
 def registered_version(method: str) -> str | None:
     """The version of the method registered as ``method``; None for an unknown name (the run
     fails on its own) or a class without one."""
@@ -478,7 +483,7 @@ def check_same_data(cfg: RunConfig, path: Path) -> None:
         raise ConfigError(other_data_message(path, recorded, current))
     version = registered_version(cfg.method)
     recorded = other_version(record, version)
-    if recorded is not None and record.get("status") in ("ok", "diverged"):  # a failed run is no result
+    if recorded is not None and record.get("status") in FINAL_STATUSES:  # a failed run is no result
         raise ConfigError(other_version_message(path, cfg.method, recorded, version))
 
 
