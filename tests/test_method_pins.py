@@ -1,9 +1,19 @@
 """Every built-in method's results at a fixed seed and a small budget, pinned.
 
-A refactor must leave these bit for bit; a change to a method's numerics changes them, and then
-the method's ``version`` is bumped and the pin file regenerated in the same commit
-(``HFL_BENCH_UPDATE_PINS=1 pytest tests/test_method_pins.py``), with the reason in the commit
-message. Each pin holds the method version it was made under: a changed result under the pinned
+A refactor must leave these bit for bit on the machine that made them; a change to a method's
+numerics changes them, and then the method's ``version`` is bumped and the pin file regenerated in
+the same commit (``HFL_BENCH_UPDATE_PINS=1 pytest tests/test_method_pins.py``), with the reason in
+the commit message.
+
+Another CPU may round differently. On a host with AMX and AVX512-FP16 (2026-12-01) fedcc's and
+fedgd's pins failed: losses moved in the 4th significant digit and a sample or two flipped, whatever
+ATen's, MKL's or oneDNN's instruction set was capped to, while every other case stayed bit for bit,
+as on every host before. For the cases in ``PLATFORM_SENSITIVE`` only, a result that is not identical
+still stands within another CPU's rounding noise (``beyond_noise``), with a warning; beyond it, it is
+a numerics change. Every other case stays exact: a tolerance would also let small real changes by
+(crad's temperature 2 -> 3 moves its pinned figures by less than the tolerance allows).
+
+Each pin holds the method version it was made under: a changed result under the pinned
 version fails, and regenerating refuses it too, until the version is bumped. The file lists built-in
 methods by name, so an installed plugin method is neither required nor pinned.
 """
@@ -12,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -89,27 +100,92 @@ def pins():
     return json.loads(PIN_FILE.read_text()) if PIN_FILE.exists() else {}
 
 
-def pin_problem(method: str, pinned: dict | None, got: dict) -> str | None:
+# The cases whose pins another host's CPU has failed by rounding alone (module docstring); add one
+# only with that evidence, in the commit that says where it was seen.
+PLATFORM_SENSITIVE = {"fedcc", "fedgd"}
+# Another CPU's rounding noise: losses and other continuous figures within 0.2% or 1e-3 absolute;
+# accuracies (percent) within 5 points, a sample or two of a client's few dozen validation or test
+# samples. Observed between the two hosts: losses within 0.07%, accuracies within 0.7 points.
+# Integers and strings (selected round, bytes, status, hashes) stay exact.
+PLATFORM_TOLERANCE = {"rel": 2e-3, "abs": 1e-3, "acc_points": 5.0}
+
+
+def beyond_noise(pinned, got, path: str = "") -> str | None:
+    """The first place where ``got`` differs from ``pinned`` by more than another CPU's rounding
+    could (None: nowhere), e.g. ``history[2].train_loss: 0.9558 -> 0.9751``."""
+    if isinstance(pinned, dict) and isinstance(got, dict):
+        for key in sorted(set(pinned) | set(got), key=str):
+            if key not in pinned or key not in got:
+                return f"{path}.{key}: only in {'the pin' if key in pinned else 'this run'}".lstrip(".")
+            found = beyond_noise(pinned[key], got[key], f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(pinned, list) and isinstance(got, list):
+        if len(pinned) != len(got):
+            return f"{path}: {len(pinned)} -> {len(got)} entries".lstrip(".")
+        for i, (p, g) in enumerate(zip(pinned, got)):
+            found = beyond_noise(p, g, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    floats = all(isinstance(x, float) or (isinstance(x, int) and not isinstance(x, bool)) for x in (pinned, got))
+    if floats and (isinstance(pinned, float) or isinstance(got, float)):
+        if any("acc" in part for part in path.split(".")):  # e.g. per_arch_global_acc.resnet_tiny
+            allowed = PLATFORM_TOLERANCE["acc_points"]
+        else:
+            allowed = max(PLATFORM_TOLERANCE["abs"], PLATFORM_TOLERANCE["rel"] * abs(pinned))
+        return None if abs(got - pinned) <= allowed else f"{path}: {pinned} -> {got}".lstrip(".")
+    return None if pinned == got else f"{path}: {pinned!r} -> {got!r}".lstrip(".")
+
+
+def pin_problem(method: str, pinned: dict | None, got: dict, tolerant: bool = False) -> str | None:
     """Why ``got`` may not stand against ``pinned`` (None: it may). Results that differ from the pin
-    under the same method version are a numerics change nobody versioned."""
+    under the same method version (with ``tolerant``, by more than another CPU's rounding noise) are
+    a numerics change nobody versioned."""
     if pinned is None or pinned == got:
         return None
     version = got["method_version"]
+    where = beyond_noise(pinned, got) if tolerant else "not bit for bit"
+    if pinned.get("method_version") == version and where is None:
+        return None
     if pinned.get("method_version") == version:
-        return (f"{method}'s results changed but its version is still {version!r}: bump `version` on the "
-                f"method's class, then regenerate the pins (HFL_BENCH_UPDATE_PINS=1) in the same commit")
+        return (f"{method}'s results changed ({where}) but its version is still {version!r}: bump `version` "
+                f"on the method's class, then regenerate the pins (HFL_BENCH_UPDATE_PINS=1) in the same commit")
     return (f"{method} is now version {version!r} (pinned under {pinned.get('method_version')!r}): "
             f"regenerate the pins (HFL_BENCH_UPDATE_PINS=1) in the same commit")
 
 
 def test_pin_problem_forces_a_version_bump():
-    pinned = {"method_version": "1.0", "metrics": {"global_acc": 50.0}}
+    pinned = {"method_version": "1.0", "selection": {"round": 3},
+              "metrics": {"global_acc": 50.0}, "history": [{"train_loss": 0.9558}]}
     assert pin_problem("m", None, pinned) is None
-    assert pin_problem("m", pinned, dict(pinned)) is None
-    changed = {"method_version": "1.0", "metrics": {"global_acc": 51.0}}
+    assert pin_problem("m", pinned, json.loads(json.dumps(pinned))) is None
+    changed = {**pinned, "metrics": {"global_acc": 61.0}}
     assert "bump `version`" in pin_problem("m", pinned, changed)
-    bumped = {"method_version": "1.1", "metrics": {"global_acc": 51.0}}
+    bumped = {**changed, "method_version": "1.1"}
     assert "regenerate" in pin_problem("m", pinned, bumped) and "bump" not in pin_problem("m", pinned, bumped)
+
+
+def test_another_cpus_rounding_stands_and_a_numerics_change_does_not():
+    """The two hosts' fedcc figures (module docstring) stand; a loss 2% off, another selected round
+    or an accuracy 10 points off does not, under the same version."""
+    pinned = {"method_version": "1.0", "selection": {"round": 3}, "bytes_total": 1000,
+              "metrics": {"per_class_global_acc": [77.7778, 25.0], "per_arch_global_acc": {"cnn_small": 35.9331}},
+              "history": [{"train_loss": 0.9558, "alpha_mean": 0.1058, "local_acc": 75.6226}]}
+    noisy = {**pinned, "metrics": {"per_class_global_acc": [78.4722, 24.2857], "per_arch_global_acc": {"cnn_small": 35.6546}},
+             "history": [{"train_loss": 0.9552, "alpha_mean": 0.106, "local_acc": 76.2983}]}
+    assert pin_problem("fedcc", pinned, noisy, tolerant=True) is None
+    assert "not bit for bit" in pin_problem("crad", pinned, noisy)  # an exact case stays exact
+    for changed, where in [
+        ({**pinned, "history": [{**pinned["history"][0], "train_loss": 0.9751}]}, "history[0].train_loss"),
+        ({**pinned, "selection": {"round": 2}}, "selection.round"),
+        ({**pinned, "bytes_total": 1001}, "bytes_total"),
+        ({**pinned, "history": [{**pinned["history"][0], "local_acc": 65.6}]}, "history[0].local_acc"),
+        ({**pinned, "history": [{**pinned["history"][0], "extra_loss": 0.1}]}, "extra_loss: only in this run"),
+    ]:
+        problem = pin_problem("fedcc", pinned, changed, tolerant=True)
+        assert problem and "bump `version`" in problem and where in problem, (where, problem)
 
 
 @pytest.mark.parametrize("case,method,extra", CASES, ids=[c[0] for c in CASES])
@@ -117,12 +193,16 @@ def test_method_matches_its_pin(case, method, extra, pins, tmp_path):
     got = json.loads(json.dumps(run_case(method, extra, tmp_path)))  # as stored: tuples become lists
     if UPDATE:
         stored = json.loads(PIN_FILE.read_text()) if PIN_FILE.exists() else {}
-        problem = pin_problem(method, stored.get(case), got)
+        problem = pin_problem(method, stored.get(case), got, tolerant=case in PLATFORM_SENSITIVE)
         if problem and "bump" in problem:
             pytest.fail(problem)  # regenerating never hides a numerics change under an old version
-        stored[case] = got
-        PIN_FILE.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n")
+        if problem or case not in stored:  # within another CPU's noise, the pin stays as it is
+            stored[case] = got
+            PIN_FILE.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n")
         return
     assert case in pins, f"no pin for {case}: run with HFL_BENCH_UPDATE_PINS=1 and commit tests/pins/methods.json"
-    problem = pin_problem(method, pins[case], got)
+    problem = pin_problem(method, pins[case], got, tolerant=case in PLATFORM_SENSITIVE)
     assert problem is None, problem
+    if got != pins[case]:
+        warnings.warn(f"{case}: not bit for bit the pin, but within another CPU's rounding noise "
+                      f"(PLATFORM_SENSITIVE, PLATFORM_TOLERANCE)")
