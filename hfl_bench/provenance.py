@@ -41,6 +41,32 @@ def git_info(root: Path = PACKAGE_ROOT) -> dict[str, Any]:
     return checkout_info(root)
 
 
+# Vector-instruction flags that decide which kernels (and so which rounding) a CPU run gets.
+_ISA_PREFIXES = ("sse4", "avx", "fma", "f16c", "amx")
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """The CPU a run's arithmetic ran on: its model and vector-instruction flags (Linux) and the
+    kernel set torch dispatches to. Two CPUs can round differently and a run's figures then drift
+    apart over the rounds, so two records' hosts are part of their provenance."""
+    import torch
+
+    first: dict[str, str] = {}  # the first processor's entries
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            first.setdefault(key.strip(), value.strip())
+            if "model name" in first and "flags" in first:
+                break
+    except OSError:
+        pass
+    model = first.get("model name") or platform.processor() or None
+    flags = sorted(f for f in first.get("flags", "").split() if f.startswith(_ISA_PREFIXES))
+    return {"cpu": model, "cpu_isa": " ".join(flags) or None,
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def environment(device) -> dict[str, Any]:
     """Versions and hardware a run used (``device`` is a torch.device)."""
     import numpy as np
@@ -57,6 +83,7 @@ def environment(device) -> dict[str, Any]:
         "gpu_name": gpu,
         "platform": platform.platform(),
         "torch_threads": torch.get_num_threads(),
+        **cpu_info(),
     }
 
 

@@ -155,6 +155,26 @@ def test_piped_run_prints_plain_progress_lines_and_records_threads(tmp_path):
     assert "round 1/3" not in proc.stdout  # progress goes to stderr
     record = json.loads(next((tmp_path / "runs").glob("*.json")).read_text())
     assert record["environment"]["torch_threads"] == 1
+    # the CPU it ran on (two CPUs can round differently): torch's kernel set, and on Linux the model
+    # and the vector-instruction flags
+    import torch
+
+    env = record["environment"]
+    assert env["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    if Path("/proc/cpuinfo").is_file():
+        assert env["cpu"] and env["cpu_isa"] and all(f.startswith(("sse4", "avx", "fma", "f16c", "amx"))
+                                                     for f in env["cpu_isa"].split())
+
+
+def test_cpu_info_reads_the_first_processor_and_keeps_only_vector_flags(tmp_path):
+    from hfl_bench.provenance import cpu_info
+
+    fake = tmp_path / "cpuinfo"
+    fake.write_text("processor\t: 0\nmodel name\t: Test CPU <b>1</b>\nflags\t\t: fpu sse4_2 avx2 fma amx_tile vmx\n\n"
+                    "processor\t: 1\nmodel name\t: Other\nflags\t\t: fpu avx512f\n")
+    info = cpu_info(fake)
+    assert info["cpu"] == "Test CPU <b>1</b>" and info["cpu_isa"] == "amx_tile avx2 fma sse4_2"
+    assert cpu_info(tmp_path / "missing")["cpu_isa"] is None
 
 
 def test_json_and_quiet_print_no_progress(tmp_path):
