@@ -136,6 +136,29 @@ def test_records_of_two_method_versions_never_share_a_group(folder):
     assert ranked.exit_code == 0, ranked.output
 
 
+def test_a_group_over_two_kinds_of_processor_is_marked(folder):
+    """Two CPUs round differently (README: Reproducibility across hosts): a group whose seeds name
+    two kinds is marked like one over two commits; records that name none are not counted."""
+    cpu = {"cpu": "Xeon", "cpu_isa": "avx2 fma", "torch_cpu_capability": "AVX2"}
+    for name, env in (("a0.json", cpu), ("a1-second.json", {**cpu, "cpu_isa": "avx2 avx512f fma",
+                                                            "torch_cpu_capability": "AVX512"})):
+        r = json.loads((folder / name).read_text())
+        r["environment"] = {**r.get("environment", {}), **env}
+        (folder / name).write_text(json.dumps(r))
+    a = config_hash(dataclasses.asdict(RunConfig(method="crad", task="digits", pool="cpu", partition="dirichlet",
+                                                 alpha=0.3, clients=4, rounds=2)))
+    shown = CliRunner().invoke(app, ["leaderboard", "show", str(folder), "--format", "json"])
+    group = next(g for g in json.loads(shown.stdout)["groups"] if g["group_id"] == f"{a}@1.0")
+    assert len(group["processors"]) == 2 and group["n_seeds"] == 3  # the third names none: not counted
+    result = CliRunner().invoke(app, ["leaderboard", "show", str(folder), "--format", "markdown"])
+    assert any(line.startswith("| crad | 1.0 (2 processors) |") for line in result.stdout.splitlines()), result.stdout
+    r = json.loads((folder / "a1-second.json").read_text())
+    r["environment"] = {**r.get("environment", {}), **cpu}  # the same kind as a0: no mark
+    (folder / "a1-second.json").write_text(json.dumps(r))
+    result = CliRunner().invoke(app, ["leaderboard", "show", str(folder), "--format", "markdown"])
+    assert any(line.startswith("| crad | 1.0 |") for line in result.stdout.splitlines()), result.stdout
+
+
 def test_the_commands_agree_too(folder, tmp_path):
     """The same through the real CLI: ``leaderboard show --json`` and ``plot --json`` sidecars."""
     result = CliRunner().invoke(app, ["leaderboard", "show", str(folder), "--format", "json"])

@@ -236,7 +236,7 @@ def board_json(board: Board) -> dict[str, Any]:
         groups.append({
             "group_id": g.group_id, "config_hash": g.config_hash, "method": g.method,
             "method_version": g.method_version, "commits": g.commits, "git_dirty": "uncommitted" in g.provenance_note,
-            "task": g.task,
+            "processors": g.processors, "task": g.task,
             "pool": g.pool, "partition": {"scheme": g.partition_scheme, "params": g.partition_params},
             "partition_hashes": sorted({r.partition_hash for r in g.ok}, key=str),
             "split_by_partition": g.split_by_partition, "n_clients": g.n_clients,

@@ -125,6 +125,16 @@ def endpoint_figure(record: dict[str, Any], endpoint: str, metric: str, clients:
     return figures.get(metric) if isinstance(figures, dict) else None
 
 
+def processor(record: dict[str, Any]) -> Optional[str]:
+    """What a run's arithmetic ran on, as far as its record says: the GPU's name for a CUDA run,
+    else the CPU's model, vector-instruction flags and torch kernel set (None when it names none)."""
+    env = record.get("environment") if isinstance(record.get("environment"), dict) else {}
+    if str(env.get("device", "")).startswith("cuda") and env.get("gpu_name"):
+        return f"gpu {env['gpu_name']}"
+    cpu = [env.get(k) for k in ("cpu", "cpu_isa", "torch_cpu_capability")]
+    return "cpu " + " | ".join(str(x) for x in cpu) if any(cpu) else None
+
+
 @dataclass
 class Stat:
     """Mean and sample standard deviation (ddof = 1) of one figure over seeds; sd None for n < 2."""
@@ -292,11 +302,20 @@ class Group:
         return sorted({r.commit or "unknown" for r in self.ok})
 
     @property
+    def processors(self) -> list[str]:
+        """The distinct processors of the ok seeds that name theirs (records from 2026-12-01 on;
+        two kinds can round differently, README: Reproducibility across hosts)."""
+        return sorted({p for p in (processor(r.record) for r in self.ok) if p})
+
+    @property
     def provenance_note(self) -> str:
-        """Empty when every seed ran the same commit with a clean tree; else what differs."""
+        """Empty when every seed ran the same commit with a clean tree on one kind of processor;
+        else what differs."""
         notes = []
         if len(self.commits) > 1:
             notes.append(f"{len(self.commits)} commits")
+        if len(self.processors) > 1:
+            notes.append(f"{len(self.processors)} processors")
         if any((r.record.get("code") or {}).get("git_dirty") for r in self.ok):
             notes.append("uncommitted changes")
         return ", ".join(notes)
