@@ -107,6 +107,22 @@ def test_skipped_files_are_reported(records, plotted):
     assert "status 'failed'" in reasons["failed.json"]
 
 
+def test_a_folder_with_plots_beside_its_records_reads_only_the_records(records, plotted, tmp_path):
+    """Plot sidecars (``*.png.sources.json``) found under a folder are not records: validate, show
+    and plot leave them out instead of reporting them; one named explicitly is still refused."""
+    folder = tmp_path / "with-plots"
+    shutil.copytree(records["root"] / "digits", folder / "records")
+    shutil.copytree(plotted["out"], folder / "plots")
+    sidecars = sorted((folder / "plots").glob("*.sources.json"))
+    assert sidecars
+    validated = CliRunner().invoke(app, ["leaderboard", "validate", str(folder)])
+    assert "sources.json" not in validated.output and "records valid" in validated.output
+    shown = CliRunner().invoke(app, ["leaderboard", "show", str(folder), "--format", "json"])
+    assert shown.exit_code == 0 and "sources.json" not in shown.output
+    named = CliRunner().invoke(app, ["leaderboard", "validate", str(sidecars[0])])
+    assert named.exit_code != 0 and sidecars[0].name in named.output
+
+
 def test_per_class_orders_classes_abundant_to_rare(records, plotted):
     import numpy as np
 

@@ -95,13 +95,18 @@ class Skipped:
         return {"file": self.path, "reason": self.reason}
 
 
+# The sidecar ``plot`` writes beside each figure (``KIND__TASK.png.sources.json``): not a record.
+SIDECAR_SUFFIX = ".sources.json"
+
+
 def record_files(paths: Iterable[str | Path]) -> list[Path]:
-    """The JSON files named, or found (recursively) under folders, each once, in a stable order.
+    """The JSON files named, or found (recursively) under folders, each once, in a stable order;
+    a folder's plot sidecars are left out (a sidecar named explicitly is read, and refused).
     Raises ResultsError for a path that does not exist."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files += sorted(q for q in p.rglob("*.json") if q.is_file())
+            files += sorted(q for q in p.rglob("*.json") if q.is_file() and not q.name.endswith(SIDECAR_SUFFIX))
         elif p.is_file():
             files.append(p)
         else:

@@ -31,7 +31,7 @@ from hfl_bench.config import NON_SEMANTIC
 from hfl_bench.paths import write_atomic
 from hfl_bench.results.grouping import SeedGroup, group_seeds
 from hfl_bench.results.grouping import data_identity
-from hfl_bench.results.loading import Loaded, ResultsError, Skipped, read_records, record_files
+from hfl_bench.results.loading import SIDECAR_SUFFIX, Loaded, ResultsError, Skipped, read_records, record_files
 from hfl_bench.results import robustness
 from hfl_bench.results.setting import Stat, figure, headline_of
 from hfl_bench.results.text import mpl_text, terminal
@@ -412,7 +412,7 @@ def render(kind: str, task: str, groups: list[Group], png: Path) -> tuple[str, d
         ax.grid(True, alpha=0.2)
     ax.set_title(mpl_text(f"{TITLES[kind]}: {task} ({setting_summary(groups)})"), fontsize=11)
     fig.legend(loc="outside right upper", fontsize=8, title="method (n seeds)", title_fontsize=8)
-    text = caption(task, groups, f"{png.name}.sources.json")
+    text = caption(task, groups, f"{png.name}{SIDECAR_SUFFIX}")
     fig.supxlabel(mpl_text(text, one_line=False), fontsize=6.5, x=0.005, ha="left", multialignment="left")
     write_atomic(png, lambda f: fig.savefig(f, format="png", dpi=110))
     return text, details
@@ -436,7 +436,7 @@ def plot_task(kind: str, task: str, seed_groups: list[SeedGroup], skipped: list[
     text, details = render(kind, task, groups, png)
     drawn = [r for g in groups for r in g.records]
     task_skipped = [s for s in skipped if s.task == task] + lacking
-    sources = png.with_name(png.name + ".sources.json")
+    sources = png.with_name(png.name + SIDECAR_SUFFIX)
     write_atomic(sources, json.dumps({
         "png": png.name,
         "kind": kind,
@@ -681,12 +681,12 @@ def plot_robustness(task: str, seed_groups: list[SeedGroup], skipped: list[Skipp
     details = draw_robustness(fig, panels)
     fig.suptitle(mpl_text(f"Robustness: honest clients' global accuracy against fault strength: {task} "
                           f"({setting_summary(groups)})"), fontsize=11)
-    text = caption(task, groups, f"{png.name}.sources.json", ROBUSTNESS_NOTE)
+    text = caption(task, groups, f"{png.name}{SIDECAR_SUFFIX}", ROBUSTNESS_NOTE)
     fig.supxlabel(mpl_text(text, one_line=False), fontsize=6.5, x=0.005, ha="left", multialignment="left")
     write_atomic(png, lambda f: fig.savefig(f, format="png", dpi=110))
     drawn = [r for g in groups for r in g.records]
     task_skipped = [s for s in skipped if s.task == task] + lacking
-    sources = png.with_name(png.name + ".sources.json")
+    sources = png.with_name(png.name + SIDECAR_SUFFIX)
     write_atomic(sources, json.dumps({
         "png": png.name, "kind": "robustness", "task": task, "n_records": len(drawn),
         "records": [source_entry(r) for r in drawn],
