@@ -32,7 +32,6 @@ from hfl_bench.results.records import (
 )
 
 
-
 @dataclass
 class Existing:
     """What the output folder already holds for a cell: a final record to skip with, or a final

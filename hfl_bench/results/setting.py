@@ -312,10 +312,11 @@ class Group:
         """Empty when every seed ran the same commit with a clean tree on one kind of processor;
         else what differs."""
         notes = []
-        if len(self.commits) > 1:
-            notes.append(f"{len(self.commits)} commits")
-        if len(self.processors) > 1:
-            notes.append(f"{len(self.processors)} processors")
+        commits, processors = len(self.commits), len(self.processors)  # each a pass over the seeds
+        if commits > 1:
+            notes.append(f"{commits} commits")
+        if processors > 1:
+            notes.append(f"{processors} processors")
         if any((r.record.get("code") or {}).get("git_dirty") for r in self.ok):
             notes.append("uncommitted changes")
         return ", ".join(notes)
