@@ -67,7 +67,8 @@ def lockstep_groups(fed: "Federation", cids: list[int], with_targets: set[int] =
         settings = _sgd_settings(client.optimizer)
         if settings is None or _stochastic(client.model) or not _plain_float_params(client.model):
             continue
-        key = (client.arch.model, tuple(sorted(client.arch.kwargs.items())), settings, i in with_targets)
+        dtype = next(client.model.parameters()).dtype
+        key = (client.arch.model, tuple(sorted(client.arch.kwargs.items())), settings, dtype, i in with_targets)
         groups.setdefault(key, []).append(i)
     return [g for g in groups.values() if len(g) > 1]
 
@@ -83,8 +84,9 @@ def _sgd_settings(opt: torch.optim.Optimizer) -> tuple | None:
 
 
 def _plain_float_params(model: nn.Module) -> bool:
-    """Every parameter trains and is float32 (they share one flat tensor)."""
-    return all(p.requires_grad and p.dtype == torch.float32 for p in model.parameters())
+    """Every parameter trains and all share one floating dtype (they share one flat tensor)."""
+    dtypes = {p.dtype for p in model.parameters()}
+    return all(p.requires_grad for p in model.parameters()) and dtypes in ({torch.float32}, {torch.float64})
 
 
 def _stochastic(model: nn.Module) -> bool:
@@ -200,7 +202,7 @@ def train_lockstep(
             y = torch.stack([batch(i, t, labels) for i in ids])
             q = torch.stack([batch(i, t, targets) for i in ids]) if use_targets else None
             losses = _step(stack, members, forward, loss_of, x, y, q, lr, momentum, weight_decay, fed.cfg.grad_clip)
-            totals.index_add_(0, members, losses)
+            totals.index_add_(0, members, losses.to(totals.dtype))  # float32 totals, as training.fit
     stack.write_back()
     return {i: finite_mean(totals[g], n_batches[g], f"client {i}") for g, i in enumerate(group)}
 
