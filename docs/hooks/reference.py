@@ -25,9 +25,10 @@ import posixpath
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from mkdocs.structure.files import File, Files
+if TYPE_CHECKING:  # MkDocs is imported when a build runs the hook; tests import this module without it
+    from mkdocs.structure.files import Files
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ("leaderboards/plots/**/*.png", "leaderboards/site.png")
@@ -356,7 +357,9 @@ def on_config(config: Any) -> Any:
     return config
 
 
-def on_files(files: Files, config: Any) -> Files:
+def on_files(files: "Files", config: Any) -> "Files":
+    from mkdocs.structure.files import File
+
     methods = registered_methods()
     generated = {"reference/cli.md": cli_page(), "reference/record-schema.md": schema_page(),
                  "reference/plugins.md": plugins_page(), f"{METHODS_DIR}/index.md": methods_index(methods)}
@@ -371,7 +374,7 @@ def on_files(files: Files, config: Any) -> Files:
 _LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
 
 
-def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+def on_page_markdown(markdown: str, page: Any, config: Any, files: "Files") -> str:
     """A link that leaves docs/ for a figure this hook added is rewritten to that figure in the site."""
     docs_dir = Path(config["docs_dir"]).resolve()
     page_dir = (docs_dir / page.file.src_uri).parent
