@@ -36,11 +36,11 @@ held-out fraction 0.3):
 
 Rerun (resumable: a run whose key is already in the JSON is skipped; ``--force`` reruns):
 
-    cd /work/main && . .venv/bin/activate && export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
+    . .venv/bin/activate && export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1     # from the repository root
     nice -n 15 python benchmarks/resnet_tiny_study.py static cli diag variants summary
 
 Raw numbers go to ``benchmarks/results/resnet_tiny_study.json``; the write-up is
-``benchmarks/results/resnet_tiny_study.md``. CPU cost on a loaded 2-core machine: a local run
+``docs/studies/resnet-tiny.md``. CPU cost on a loaded 2-core machine: a local run
 ~1.3 CPU-min, a crad run ~2 CPU-min.
 """
 

@@ -31,7 +31,7 @@ from hfl_bench import metadata_index
 from hfl_bench.cli.output import USER_ERRORS, fmt, plain
 from hfl_bench.config import ConfigError
 from hfl_bench.registry import REGISTRIES, describe as first_line, unknown_message
-from hfl_bench.results.text import terminal
+from hfl_bench.results.text import markdown_cell, terminal
 
 # The order a name found in several registries is resolved in (``describe --kind`` picks another).
 KINDS = ("methods", "tasks", "pools", "partitions", "aggregators")
@@ -192,6 +192,28 @@ def list_view(kind: str, rows: list[dict[str, Any]]) -> list:
     return [_table(kind, [_column(c, no_wrap=c not in WRAPPED, overflow="fold" if c in WRAPPED else "ellipsis",
                                   one_line=c == "input") for c in columns],
                    [[_shape_text(row[c]) if c == "input" else _cell_text(row[c]) for c in columns] for row in rows])]
+
+
+def _markdown_value(v: Any) -> str:
+    if isinstance(v, list) and all(isinstance(x, int) for x in v):
+        return _shape_text(v)  # an input shape, 1x8x8
+    if isinstance(v, list):
+        return "; ".join(map(str, v))
+    if isinstance(v, dict):
+        return "; ".join(f"{k}: {_shape_text(x)}" for k, x in v.items())
+    return fmt(v)
+
+
+def markdown_list(rows: list[dict[str, Any]]) -> str:
+    """``hfl-bench list KIND --format markdown``: the rows of ``--json`` as a markdown table (all
+    columns but ``origin``), every cell escaped as plugin text."""
+    columns = [c for c in (rows[0].keys() if rows else ["name"]) if c != "origin"]
+    for row in rows:  # a column only some rows have (a task's modalities) goes last
+        columns += [c for c in row if c not in columns and c != "origin"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(markdown_cell(_markdown_value(r[c])) if c in r else "" for c in columns) + " |"
+              for r in rows]
+    return "\n".join(lines) + "\n"
 
 
 def params_view(method: str, params: list[dict[str, Any]]) -> list:

@@ -11,11 +11,14 @@ from hfl_bench.cli import catalog
 from hfl_bench.cli.output import USER_ERRORS, emit_json, fail, out
 from hfl_bench.registry import REGISTRIES
 
+FORMATS = ("table", "markdown", "json")
+
 
 def list_(
     kind: str = typer.Argument(..., help="methods, tasks, pools, partitions or aggregators."),
     task: str = typer.Option("digits", help="For pools: the task whose input shape sizes the models."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, markdown or json."),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
 ):
     """List registered plugins of one kind.
 
@@ -23,11 +26,17 @@ def list_(
     package changes); HFL_BENCH_NO_INDEX=1 imports the plugins instead."""
     if kind not in REGISTRIES:
         fail(f"unknown kind {kind!r}; choose one of: {', '.join(REGISTRIES)}")
+    fmt = "json" if as_json else fmt
+    if fmt not in FORMATS:
+        fail(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     try:
         entry = catalog.answer(lambda c: c.list_entry(kind, task))
     except USER_ERRORS as e:
         fail(str(e))
-    if as_json:
+    if fmt == "json":
         emit_json(entry["json"])
+        return
+    if fmt == "markdown":
+        typer.echo(catalog.markdown_list(entry["json"]), nl=False)
         return
     catalog.render(out, entry["view"])
