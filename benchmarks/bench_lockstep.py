@@ -28,6 +28,7 @@ def measure(args) -> dict:
     from hfl_bench import engine, lockstep
     from hfl_bench.config import RunConfig, resolve
     from hfl_bench.data import get_task
+    from hfl_bench.paths import portable_path
     from hfl_bench.training import make_plan
 
     torch.set_num_threads(args.threads)
@@ -65,7 +66,7 @@ def measure(args) -> dict:
               f"{stacked * 1e3:.1f} ms, lockstep speed-up {loop / stacked:.2f}x", flush=True)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": str(device),
-            "gpu": gpu, "torch": torch.__version__, "args": vars(args), "rows": rows}
+            "gpu": gpu, "torch": torch.__version__, "args": {**vars(args), "out": portable_path(args.out, "<out file>")}, "rows": rows}
 
 
 def main() -> None:

@@ -8,9 +8,11 @@
 #      fast+vmap and the reference path.
 set -euo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/hfl_bench-*.whl
-export PYTHONPATH=/tmp/site
-OUT="${OUT:-/tmp}"
+SITE="$(mktemp -d)"  # a private install folder on the lent machine
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/hfl_bench-*.whl
+export PYTHONPATH="$SITE"
+OUT="${OUT:-$(mktemp -d)}"
+echo "results go to $OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__)"
 python3 benchmarks/bench_lockstep.py --task synthetic-cifar10 --pool paper --train-size 10000 --device cuda \

@@ -36,7 +36,8 @@ held-out fraction 0.3):
 
 Rerun (resumable: a run whose key is already in the JSON is skipped; ``--force`` reruns):
 
-    . .venv/bin/activate && export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1     # from the repository root
+    # from the repository root, in its virtual environment
+    export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
     nice -n 15 python benchmarks/resnet_tiny_study.py static cli diag variants summary
 
 Raw numbers go to ``benchmarks/results/resnet_tiny_study.json``; the write-up is
@@ -60,7 +61,9 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT_JSON = ROOT / "benchmarks" / "results" / "resnet_tiny_study.json"
-CLI_OUT = Path("/tmp/rt")
+# The runs' records and checkpoints: under the repository's ignored runs/ folder (the study keeps
+# only their figures, in OUT_JSON).
+RUNS = ROOT / "runs" / "resnet_tiny_study"
 COMMON = dict(task="digits", rounds=30, batch_size=16, lr=0.05, local_epochs=5, heldout_fraction=0.3)
 CLI_ARGS = ["--task", "digits", "--rounds", "30", "--batch-size", "16", "--lr", "0.05", "--local-epochs", "5",
             "--heldout-fraction", "0.3", "--quiet", "--json", "--checkpoint-every", "0"]
@@ -306,7 +309,7 @@ def inprocess(method: str, seed: int, pool: str | None = None, probe: bool = Fal
     from hfl_bench import engine
     from hfl_bench.config import RunConfig
 
-    cfg = RunConfig(method=method, seed=seed, pool=pool, checkpoint_every=0, out="/tmp/rt/inproc", **COMMON)
+    cfg = RunConfig(method=method, seed=seed, pool=pool, checkpoint_every=0, out=str(RUNS / "inproc"), **COMMON)
     _, cfg = engine.load_task(cfg)
     t0 = cpu_seconds()
     sim = engine.Simulation(cfg, code={})
@@ -395,7 +398,7 @@ def part_cli(force: bool) -> None:
             key = f"{method}_s{seed}"
             if key in res and not force:
                 continue
-            out = CLI_OUT / key
+            out = RUNS / key
             existing = sorted(out.glob("*.json")) if out.exists() else []
             t0 = cpu_seconds()
             if not existing or force:
@@ -407,7 +410,7 @@ def part_cli(force: bool) -> None:
             rec = json.loads(existing[0].read_text())
             m = rec["metrics"]
             res[key] = {
-                "record": str(existing[0]),
+                "record": existing[0].name,
                 "selected_round": rec["selection"]["round"],
                 "per_arch_global_acc": m["per_arch_global_acc"],
                 "global_acc": m["global_acc"], "local_acc": m["local_acc"], "final": m.get("final"),

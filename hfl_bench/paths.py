@@ -45,6 +45,30 @@ def check_name(value: Any, what: str) -> str:
     return value
 
 
+# Config fields that name a folder of the machine that ran. A record stores them without that
+# machine's layout (they are not part of the config hash: config.NON_SEMANTIC): a path inside the
+# working folder relative to it, any other absolute path by its role (the data's identity is the
+# record's ``task.data_fingerprint``).
+PATH_ROLES = {"out": "<out folder>", "data_dir": "<data folder>"}
+
+
+def portable_path(value: Any, role: str, cwd: str | Path | None = None) -> Any:
+    """``value`` as a record stores it: None and relative paths as given, an absolute path inside
+    ``cwd`` (default: the working folder) relative to it, any other absolute path as ``role``."""
+    if not isinstance(value, str) or not os.path.isabs(value):
+        return value
+    root = Path(cwd if cwd is not None else Path.cwd()).resolve()
+    try:
+        return Path(value).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return role
+
+
+def portable_config(cfg_dict: dict[str, Any], cwd: str | Path | None = None) -> dict[str, Any]:
+    """A config dict with its path fields (``PATH_ROLES``) as a record stores them."""
+    return {k: portable_path(v, PATH_ROLES[k], cwd) if k in PATH_ROLES else v for k, v in cfg_dict.items()}
+
+
 def record_stem(task: str, method: str, chash: str, seed: int | None) -> str:
     """``<task>__<method>__<config hash>__seed<S>``, from checked parts (UnsafePathError otherwise).
     The seed is None only for a cell that failed before its task's default seed was known."""

@@ -24,7 +24,10 @@ from hfl_bench.partition import PartitionError, given_partition, make_partition
 from hfl_bench.tasks import pfl_npz
 from hfl_bench.tasks.pfl_npz import read_client_file
 
-REAL = Path("/work/shared/data/mnist-htfl")
+# PFLlib's MNIST folder (20 clients) where README's HtFLlib comparison reads it, beside the
+# checkout (../shared/data/mnist-htfl), or wherever $HFL_BENCH_MNIST_HTFL points; skipped without it.
+REAL = Path(os.environ.get("HFL_BENCH_MNIST_HTFL")
+            or Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist-htfl")
 TRAIN_SIZES, TEST_SIZES = (30, 22, 40), (10, 8, 13)
 CLASSES = ((0, 1, 2), (3, 4), (5, 6, 7, 8, 9))  # label skew, as a Dirichlet 0.1 split would give
 

@@ -157,3 +157,48 @@ def test_an_ok_record_without_its_headline_figures_is_invalid():
     assert "metrics/global_acc: status ok, but it is null" in record_problems(null_figure)
     failed = dict(no_metrics, status="failed")  # a failed run has no figures, and says so
     assert not [p for p in record_problems(failed) if "status ok" in p]
+
+
+# ----------------------------------------------------------------------------- no machine paths
+
+
+@pytest.mark.parametrize("value, expected", [
+    (None, None),
+    ("runs", "runs"),
+    ("../elsewhere/runs", "../elsewhere/runs"),
+    ("{cwd}/leaderboards/reproduced/mini", "leaderboards/reproduced/mini"),
+    ("{cwd}", "."),
+    ("{outside}/runs", "<out folder>"),
+])
+def test_portable_path(tmp_path, value, expected):
+    cwd, outside = tmp_path / "project", tmp_path / "elsewhere"
+    cwd.mkdir()
+    value = value.format(cwd=cwd, outside=outside) if value else value
+    assert paths.portable_path(value, "<out folder>", cwd) == expected
+
+
+def test_a_record_stores_no_machine_path(tmp_path, monkeypatch):
+    """Through the real CLI: --out inside the working folder is stored relative to it, --out and
+    --data-dir outside it by their role; the config hash does not depend on either."""
+    from typer.testing import CliRunner
+
+    from hfl_bench.cli import app
+
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    args = ["run", "--method", "local", "--task", "digits", "--clients", "3", "--rounds", "1", "--json"]
+    runs = {"inside": [*args, "--out", str(project / "runs" / "a")],
+            "outside": [*args, "--out", str(tmp_path / "elsewhere"), "--data-dir", str(tmp_path / "data")]}
+    records = {}
+    for name, argv in runs.items():
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 0, result.output
+        text = Path(json.loads(result.stdout)["record"]).read_text()
+        assert str(tmp_path) not in text
+        records[name] = json.loads(text)
+    assert records["inside"]["config"]["out"] == "runs/a"
+    assert records["inside"]["config"]["data_dir"] is None
+    assert records["outside"]["config"]["out"] == "<out folder>"
+    assert records["outside"]["config"]["data_dir"] == "<data folder>"
+    assert records["inside"]["config_hash"] == records["outside"]["config_hash"]

@@ -1,11 +1,13 @@
 """The results layer: the leaderboard and the plots read one folder the same way (one loader, one
 seed-grouping rule, the config's own non-semantic fields), and the record schema is package data,
-found through importlib.resources, not through a path into the source checkout."""
+and so are the HTML leaderboard's templates, style sheet and script: found through
+importlib.resources, not through a path into the source checkout."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import fnmatch
 import io
 import hashlib
 import importlib.resources
@@ -206,9 +208,41 @@ def test_schema_is_found_outside_the_checkout(tmp_path):
     assert schema_id == f"hfl-bench/record-{SCHEMA_VERSION}"
 
 
-def test_pyproject_ships_the_schema():
-    text = (REPO / "pyproject.toml").read_text()
-    assert '"hfl_bench.results" = ["schema/*.json"]' in text
+def package_data_globs() -> list[str]:
+    """The [tool.setuptools.package-data] globs of hfl_bench.results, as pyproject.toml lists them."""
+    line = next(x for x in (REPO / "pyproject.toml").read_text().splitlines() if x.startswith('"hfl_bench.results" = '))
+    return json.loads(line.split("=", 1)[1])
+
+
+@pytest.mark.parametrize("folder", ["schema", "templates", "static"])
+def test_pyproject_ships_every_data_file(folder):
+    """A wheel holds only the data files the globs name: every schema, template, style sheet and
+    script of the package must match one (or an installed package could not build the site)."""
+    files = sorted(p.relative_to(REPO / "hfl_bench" / "results").as_posix()
+                   for p in (REPO / "hfl_bench" / "results" / folder).iterdir() if p.name != "__pycache__")
+    assert files
+    unshipped = [f for f in files if not any(fnmatch.fnmatchcase(f, g) for g in package_data_globs())]
+    assert not unshipped
+
+
+def test_the_site_is_built_outside_the_checkout(tmp_path):
+    """A copy of the package alone (as an installed wheel lays it out) reads its templates, style
+    sheet and script through importlib.resources and writes a site that uses them."""
+    shutil.copytree(REPO / "hfl_bench", tmp_path / "site" / "hfl_bench", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "r.json").write_text(json.dumps(record(0)))
+    code = ("import json; from pathlib import Path; import hfl_bench.results.html as h; "
+            "h.build_site(Path('out'), [Path('records')]); "
+            "print(json.dumps([str(h.RESOURCES), sorted(h.templates()), h.SCRIPT, h.STYLE]))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    resources, names, script, style = json.loads(proc.stdout)
+    assert resources.startswith(str(tmp_path))
+    assert names == ["_row.html", "base.html", "group.html", "index.html"]
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert f"<script>{script}</script>" in index and f"<style>\n{style}</style>" in index
+    assert "sortBy" in script and "table.sortable" in style
 
 
 def test_validate_the_shipped_records_through_the_cli():

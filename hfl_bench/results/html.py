@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.resources
 import json
 import re
 import shutil
@@ -45,53 +46,20 @@ from hfl_bench.results.setting import Group, Stat, canonical, modalities_section
 MARKER = ".hfl-bench-site"
 GENERATED = ("index.html", "groups", "records", "plots", "site.json")
 
-# The one script of the index (sorting and filtering), allowed by its hash in the CSP. It reads
-# record text only through the DOM (dataset, textContent), never as HTML.
-SCRIPT = """
-(function () {
-  "use strict";
-  function key(tbody, col, type) {
-    var cell = tbody.rows[0].cells[col];
-    var v = cell.getAttribute("data-v");
-    if (v === null) v = cell.textContent.trim();
-    if (type === "num") { var x = parseFloat(v); return isNaN(x) ? null : x; }
-    return v.toLowerCase();
-  }
-  function sortBy(th) {
-    var table = th.closest("table"), col = th.cellIndex, type = th.getAttribute("data-type");
-    var asc = th.getAttribute("aria-sort") !== "ascending";
-    var bodies = Array.prototype.slice.call(table.tBodies);
-    bodies.sort(function (a, b) {
-      var x = key(a, col, type), y = key(b, col, type);
-      if (x === y) return 0;
-      if (x === null) return 1;  // missing values last either way
-      if (y === null) return -1;
-      return (x < y ? -1 : 1) * (asc ? 1 : -1);
-    });
-    bodies.forEach(function (b) { table.appendChild(b); });
-    Array.prototype.forEach.call(table.tHead.rows[0].cells, function (c) { c.removeAttribute("aria-sort"); });
-    th.setAttribute("aria-sort", asc ? "ascending" : "descending");
-  }
-  document.querySelectorAll("table.sortable thead th").forEach(function (th) {
-    th.addEventListener("click", function () { sortBy(th); });
-  });
-  var selects = document.querySelectorAll("select[data-filter]");
-  function applyFilter() {
-    var want = {};
-    selects.forEach(function (s) { want[s.getAttribute("data-filter")] = s.value; });
-    document.querySelectorAll("section.protocol").forEach(function (sec) {
-      var shown = 0;
-      sec.querySelectorAll("tbody.group").forEach(function (tb) {
-        var ok = Object.keys(want).every(function (k) { return want[k] === "" || tb.dataset[k] === want[k]; });
-        tb.hidden = !ok;
-        shown += ok ? 1 : 0;
-      });
-      sec.hidden = shown === 0;
-    });
-  }
-  selects.forEach(function (s) { s.addEventListener("change", applyFilter); });
-})();
-"""
+# The site's templates, style sheet and script: package data (pyproject: [tool.setuptools.package-data]),
+# read with importlib.resources, so an installed wheel finds them as a source checkout does.
+RESOURCES = importlib.resources.files("hfl_bench.results")
+
+
+def _resource(folder: str, name: str) -> str:
+    return (RESOURCES / folder / name).read_text(encoding="utf-8")
+
+
+# The one script of the index (sorting and filtering), inline and allowed by its hash in the CSP.
+# It reads record text only through the DOM (dataset, textContent), never as HTML.
+SCRIPT = _resource("static", "leaderboard.js")
+# The style sheet, inline in every page (a page stays one file that opens alone).
+STYLE = _resource("static", "leaderboard.css")
 
 
 def csp(script: Optional[str]) -> str:
@@ -375,11 +343,20 @@ def _group_page(g: Group, sg: Optional[SeedGroup], row: dict[str, Any], hrefs: d
 # ----------------------------------------------------------------------------- writing
 
 
+def templates() -> dict[str, str]:
+    """Every Jinja2 template of the site (``templates/*.html``, package data), by name."""
+    folder = RESOURCES / "templates"
+    return {t.name: t.read_text(encoding="utf-8") for t in folder.iterdir() if t.name.endswith(".html")}
+
+
 def _environment():
+    # Autoescape on: every value is HTML-escaped unless marked |safe, which only the CSP (built
+    # from constants), SCRIPT and STYLE (package files) are.
     from jinja2 import DictLoader, Environment, StrictUndefined
 
-    env = Environment(loader=DictLoader(TEMPLATES), autoescape=True,
+    env = Environment(loader=DictLoader(templates()), autoescape=True,
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.globals["style"] = STYLE
     return env
 
 
@@ -489,306 +466,3 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
         written.append(page)
     return Site(out_dir / "index.html", len(records), len(board.groups), written, skipped,
                 [out_dir / f["src"] for f in figures], plot_note)
-
-
-# ----------------------------------------------------------------------------- templates
-
-# Jinja2 templates (autoescape on: every value is HTML-escaped unless marked |safe, which only
-# the CSP, built from constants, and SCRIPT are). Kept here, not as package data, so an installed
-# package needs no data files.
-TEMPLATES = {
-    "base.html": r"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{{ csp|safe }}">
-<meta name="referrer" content="no-referrer">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{% block title %}{% endblock %}</title>
-<style>
-body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em; color: #1b1b1b; }
-h1 { font-size: 1.5em; margin: 0 0 .3em; } h2 { font-size: 1.2em; margin-top: 1.6em; } h3 { font-size: 1.05em; }
-table { border-collapse: collapse; margin: .5em 0 1em; font-size: 13px; }
-th, td { border: 1px solid #d0d0d0; padding: 3px 6px; text-align: left; vertical-align: top; }
-th { background: #f0f2f5; }
-table.sortable th { cursor: pointer; user-select: none; white-space: nowrap; }
-table.sortable th[aria-sort="ascending"]::after { content: " \25B2"; }
-table.sortable th[aria-sort="descending"]::after { content: " \25BC"; }
-td.num, th.num { text-align: right; white-space: nowrap; }
-tr.published td, tr.clients td { color: #555; background: #fafafa; font-size: 12px; }
-tbody.group { border-top: 2px solid #bbb; }
-.note { color: #555; } .mono, code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px; }
-.filters label { margin-right: 1em; }
-figure { display: inline-block; margin: .5em; max-width: 48%; vertical-align: top; }
-figure img { max-width: 100%; border: 1px solid #ddd; }
-figcaption { font-size: 11px; color: #555; }
-details { margin: .5em 0; }
-</style>
-</head>
-<body>
-{% block body %}{% endblock %}
-</body>
-</html>
-""",
-    "_row.html": r"""{# One group (tbody): its row, then the published figures beside it. #}
-{% macro group_rows(row, root, has_faults, has_modalities=False, link=True) %}
-{% set g = row.group %}
-<tbody class="group" data-method="{{ g.method }}" data-pool="{{ g.pool }}" data-faults="{{ row.faults }}"{% if has_modalities %} data-modalities="{{ row.modalities }}"{% endif %}>
-<tr class="reproduced">
-<td>{% if link %}<a href="{{ root }}groups/{{ row.page }}">{{ row.cells["method"] }}</a>{% else %}{{ row.cells["method"] }}{% endif %}</td>
-<td>{{ row.fidelity }}</td>
-<td>{{ row.version }}</td>
-<td>{{ row.cells["pool"] }}</td>
-{% if has_faults %}<td>{{ row.faults }}</td>{% endif %}
-<td>{{ row.cells["setting"] }}</td>
-<td class="num" data-v="{{ row.seeds_v }}">{{ row.cells["seeds"] }}</td>
-<td class="num" data-v="{{ row.global_v if row.global_v is not none else '' }}">{{ row.cells["global acc"] }}</td>
-{% if has_faults %}<td class="num" data-v="{{ row.drop_v if row.drop_v is not none else '' }}">{{ row.drop }}</td>{% endif %}
-<td class="num" data-v="{{ row.local_v if row.local_v is not none else '' }}">{{ row.cells["local acc"] }}</td>
-<td class="num" data-v="{{ row.final_v if row.final_v is not none else '' }}">{{ row.cells["final global"] }}</td>
-<td class="num" data-v="{{ g.n_failed }}">{{ g.n_failed }}</td>
-<td class="num" data-v="{{ g.n_diverged }}">{{ g.n_diverged }}</td>
-<td class="num" data-v="{{ row.bytes_v if row.bytes_v is not none else '' }}">{{ row.bytes }}</td>
-<td class="num" data-v="{{ row.minutes_v if row.minutes_v is not none else '' }}">{{ row.minutes }}</td>
-<td></td><td></td><td></td>
-<td class="num" data-v="{{ row.delta_v if row.delta_v is not none else '' }}"></td>
-</tr>
-{% for c in row.clients %}
-<tr class="clients">
-<td>{{ c["method"] }}</td><td colspan="{{ 4 if has_faults else 3 }}">besides the recipients' headline</td>
-<td></td>
-<td class="num">{{ c["seeds"] }}</td>
-<td class="num">{{ c["global acc"] }}</td>
-{% if has_faults %}<td></td>{% endif %}
-<td class="num">{{ c["local acc"] }}</td>
-<td colspan="9"></td>
-</tr>
-{% endfor %}
-{% for p in row.published %}
-<tr class="published">
-<td>{{ p["method"] }}</td><td colspan="{{ 4 if has_faults else 3 }}">published figure</td>
-<td>{{ p["setting"] }}</td>
-<td class="num">{{ p["seeds"] }}</td>
-<td class="num">{{ p["global acc"] }}</td>
-{% if has_faults %}<td></td>{% endif %}
-<td class="num">{{ p["local acc"] }}</td>
-<td colspan="5"></td>
-<td>{{ p["source"] }}</td><td>{{ p["locator"] }}</td><td>{{ p["match"] }}</td>
-<td class="num">{{ p["delta"] }}</td>
-</tr>
-{% endfor %}
-</tbody>
-{% endmacro %}
-
-{% macro header(has_faults) %}
-<thead><tr>
-<th data-type="text">method</th><th data-type="text">fidelity</th><th data-type="text">version</th>
-<th data-type="text">pool</th>{% if has_faults %}<th data-type="text">faults</th>{% endif %}
-<th data-type="text">setting</th><th class="num" data-type="num">seeds</th>
-<th class="num" data-type="num">global acc</th>{% if has_faults %}<th class="num" data-type="num">drop</th>{% endif %}
-<th class="num" data-type="num">local acc</th>
-<th class="num" data-type="num">final global</th>
-<th class="num" data-type="num">failed</th><th class="num" data-type="num">diverged</th>
-<th class="num" data-type="num">bytes / client / round</th><th class="num" data-type="num">min / run</th>
-<th data-type="text">source</th><th data-type="text">locator</th><th data-type="text">match</th>
-<th class="num" data-type="num">delta</th>
-</tr></thead>
-{% endmacro %}
-""",
-    "index.html": r"""{% extends "base.html" %}
-{% from "_row.html" import group_rows, header %}
-{% block title %}hfl-bench leaderboard{% endblock %}
-{% block body %}
-<h1>hfl-bench leaderboard</h1>
-<p class="note">Generated from {{ n_records }} records ({{ n_reproduced }} reproduced in {{ n_groups }} groups,
-{{ n_published }} published){% if skipped %}; {{ skipped|length }} left out{% endif %}.
-Reproduced runs are grouped over seeds (and method versions: never averaged across): mean ± sample sd (ddof = 1;
-"-" for one seed) of global and local accuracy at the selected round (best mean validation accuracy), and of the
-final global accuracy (each run's mean over its last 10 evaluated rounds, over the headline's clients: "-" where
-records of a run with faults or of a multimodal run are older than schema 1.5 and hold only all clients' final figures);
-failed and diverged runs are counted, never averaged in.{% if has_faults %} Under faults the headline is the honest
-clients' accuracy, and drop = honest global accuracy with faults − the same seed's global accuracy without faults,
-mean over the paired seeds (n), "-" when no fault-free record of the same config and seed is here.{% endif %}{% if has_modalities %} 
-For a multimodal task (setting missing=MODALITY recipients=FRACTION, a protocol of its own) the headline global and local
-accuracy is the recipients' (the clients that miss a modality; all clients' where none does); the ↳ rows under such a
-group give the donors', all clients' and each extra endpoint's figures.{% endif %} Published figures sit beside the groups whose setting they
-do not contradict; delta = reproduced − published. Click a column header to sort; a method opens its group's page.</p>
-
-<div class="filters">
-<label>method <select data-filter="method" id="filter-method"><option value="">all</option>
-{% for m in methods %}<option value="{{ m }}">{{ m }}</option>{% endfor %}</select></label>
-<label>pool <select data-filter="pool" id="filter-pool"><option value="">all</option>
-{% for p in pools %}<option value="{{ p }}">{{ p }}</option>{% endfor %}</select></label>
-{% if has_faults %}
-<label>faults <select data-filter="faults" id="filter-faults"><option value="">all</option>
-{% for f in faults %}<option value="{{ f }}">{{ f }}</option>{% endfor %}</select></label>
-{% endif %}
-{% if has_modalities %}
-<label>modalities <select data-filter="modalities" id="filter-modalities"><option value="">all</option>
-{% for m in modalities %}<option value="{{ m }}">{{ m }}</option>{% endfor %}</select></label>
-{% endif %}
-</div>
-
-{% for s in sections %}
-<section class="protocol">
-<h2>{{ s.task }} <span class="note">— {{ s.protocol }}</span></h2>
-<table class="sortable leaderboard">
-{{ header(has_faults) }}
-{% for row in s.rows %}{{ group_rows(row, root, has_faults, has_modalities) }}{% endfor %}
-</table>
-</section>
-{% else %}
-<p>No reproduced records.</p>
-{% endfor %}
-
-<h2 id="rank">Rank across tasks</h2>
-<p class="note">Within each protocol (task, partition and public hold-out, N, active clients, rounds) run by two or more
-methods, methods are ranked by their best group's mean global accuracy; ties share the average rank. A method's score
-is its mean rank over its protocols.{% if has_modalities %} A multimodal group's protocol includes its modality setting,
-and its accuracy there is the recipients'.{% endif %}</p>
-{% if rank %}
-<table class="rank">
-<thead><tr><th>#</th><th>method</th><th class="num">mean rank</th><th class="num">protocols</th><th>ranks</th></tr></thead>
-<tbody>
-{% for r in rank %}<tr><td>{{ r["#"] }}</td><td>{{ r["method"] }}</td><td class="num">{{ r["mean rank"] }}</td><td class="num">{{ r["protocols"] }}</td><td>{{ r["ranks"] }}</td></tr>
-{% endfor %}
-</tbody>
-</table>
-{% else %}
-<p>No protocol was run by two or more methods.</p>
-{% endif %}
-
-{% if unmatched %}
-<h2 id="unmatched">Published figures with no reproduced group</h2>
-<table class="unmatched">
-<thead><tr>{% for c in unmatched_columns %}<th>{{ c }}</th>{% endfor %}</tr></thead>
-<tbody>
-{% for r in unmatched %}<tr>{% for c in unmatched_columns %}<td>{{ r[c] }}</td>{% endfor %}</tr>
-{% endfor %}
-</tbody>
-</table>
-{% endif %}
-
-<h2 id="plots">Plots</h2>
-{% if figures %}
-<p class="note">Seeds of one setting drawn as their mean with a min–max band or error bar; each figure's
-<code>.sources.json</code> lists the records it drew and the ones it left out.</p>
-{% for f in figures %}
-<figure><a href="{{ f.src }}"><img src="{{ f.src }}" alt="{{ f.kind }} plot for {{ f.task }}"></a>
-<figcaption>{{ f.kind }} — {{ f.task }} (<a href="{{ f.sources }}">sources</a>)</figcaption></figure>
-{% endfor %}
-{% else %}
-<p>{{ plot_note }}</p>
-{% endif %}
-
-<h2 id="records">Records</h2>
-<p>Read from: {% for p in inputs %}<code>{{ p }}</code>{% if not loop.last %}, {% endif %}{% endfor %}.</p>
-<details><summary>Drawn: {{ drawn|length }} records</summary>
-<table class="drawn">
-<thead><tr><th>file</th><th>kind</th><th>task</th><th>method</th><th>status</th></tr></thead>
-<tbody>
-{% for r in drawn %}<tr><td><a href="{{ r.href }}">{{ r.path }}</a></td><td>{{ r.kind }}</td><td>{{ r.task }}</td><td>{{ r.method }}</td><td>{{ r.status }}</td></tr>
-{% endfor %}
-</tbody>
-</table>
-</details>
-<h3 id="skipped">Left out: {{ skipped|length }}</h3>
-{% if skipped %}
-<table class="skipped">
-<thead><tr><th>file</th><th>why</th></tr></thead>
-<tbody>
-{% for s in skipped %}<tr><td>{{ s.path }}</td><td>{{ s.reason }}</td></tr>
-{% endfor %}
-</tbody>
-</table>
-{% else %}
-<p>None: every file read is a valid record.</p>
-{% endif %}
-<script>{{ script|safe }}</script>
-{% endblock %}
-""",
-    "group.html": r"""{% extends "base.html" %}
-{% from "_row.html" import group_rows, header %}
-{% block title %}{{ title }} — hfl-bench leaderboard{% endblock %}
-{% block body %}
-<p><a href="{{ root }}index.html">← leaderboard</a></p>
-<h1>{{ title }}</h1>
-<table class="summary">
-{{ header(has_faults) }}
-{{ group_rows(row, root, has_faults, has_modalities, link=False) }}
-</table>
-
-{% if matches %}
-<h2>Published figures beside this group</h2>
-<table class="matches">
-<thead><tr><th>published as</th><th>figure</th><th>source</th><th>locator</th><th>match</th><th>delta</th><th>differences</th></tr></thead>
-<tbody>
-{% for m in matches %}<tr><td>{{ m.cells["method"] }}</td><td>{{ m.cells["global acc"] or m.cells["local acc"] }}</td><td>{{ m.cells["source"] }}</td><td>{{ m.cells["locator"] }}</td><td>{{ m.cells["match"] }}</td><td class="num">{{ m.cells["delta"] }}</td><td>{{ m.differences|join("; ") or "-" }}</td></tr>
-{% endfor %}
-</tbody>
-</table>
-{% endif %}
-
-<h2>Setting</h2>
-<table class="setting"><tbody>
-{% for k, v in setting %}<tr><th>{{ k }}</th><td class="mono">{{ v }}</td></tr>
-{% endfor %}
-</tbody></table>
-<p>Method citation: {{ citation }}</p>
-{% if notes %}<ul class="notes">{% for n in notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
-
-<h2>Resolved config</h2>
-<table class="config"><tbody>
-{% for k, v in config %}<tr><th>{{ k }}</th><td class="mono">{{ v }}</td></tr>
-{% else %}<tr><td>The records carry no config.</td></tr>
-{% endfor %}
-</tbody></table>
-
-<h2>Per class</h2>
-{% if per_class %}
-<p class="note">Global accuracy per class, mean ± sd over seeds; support: training samples summed over clients (mean over seeds).</p>
-<table class="per-class">
-<thead><tr><th>class</th><th class="num">support</th><th class="num">global acc</th><th class="num">seeds</th></tr></thead>
-<tbody>
-{% for r in per_class %}<tr><td>{{ r.class }}</td><td class="num">{{ r.support }}</td><td class="num">{{ r.acc }}</td><td class="num">{{ r.n }}</td></tr>
-{% endfor %}
-</tbody></table>
-{% else %}<p>The records carry no per-class accuracy.</p>{% endif %}
-
-<h2>Per architecture</h2>
-{% if per_arch %}
-<table class="per-arch">
-<thead><tr><th>architecture</th><th class="num">global acc</th><th class="num">seeds</th></tr></thead>
-<tbody>
-{% for r in per_arch %}<tr><td>{{ r.arch }}</td><td class="num">{{ r.acc }}</td><td class="num">{{ r.n }}</td></tr>
-{% endfor %}
-</tbody></table>
-{% else %}<p>The records carry no per-architecture accuracy.</p>{% endif %}
-
-{% if endpoints %}
-<h2>Extra endpoints</h2>
-<table class="endpoints">
-<thead><tr><th>endpoint</th>{% if multimodal %}<th>clients</th>{% endif %}<th class="num">global acc</th><th class="num">local acc</th><th class="num">seeds</th></tr></thead>
-<tbody>
-{% for e in endpoints %}<tr><td>{{ e.endpoint }}</td>{% if multimodal %}<td>{{ e.clients }}</td>{% endif %}<td class="num">{{ e.global }}</td><td class="num">{{ e.local }}</td><td class="num">{{ e.n }}</td></tr>
-{% endfor %}
-</tbody></table>
-{% endif %}
-
-<h2>Records and provenance</h2>
-{% for m in members %}
-<h3>{% if m.href %}<a href="{{ root }}{{ m.href }}">{{ m.path }}</a>{% else %}{{ m.path }}{% endif %}</h3>
-<table class="provenance"><tbody>
-<tr><th>record id</th><td class="mono">{{ m.record_id }}</td></tr>
-<tr><th>seed</th><td>{{ m.seed }}</td></tr>
-<tr><th>status</th><td>{{ m.status }} ({{ m.role }}){% if m.error != "-" %}: {{ m.error }}{% endif %}</td></tr>
-<tr><th>date</th><td>{{ m.date }}</td></tr>
-<tr><th>partition hash</th><td class="mono">{{ m.partition_hash }}</td></tr>
-<tr><th>code</th><td class="mono">{% for k, v in m.code %}{{ k }}={{ v }}{% if not loop.last %}<br>{% endif %}{% else %}-{% endfor %}</td></tr>
-<tr><th>plugin distributions</th><td class="mono">method={{ m.plugin_dist.method }}<br>task={{ m.plugin_dist.task }}<br>pool={{ m.plugin_dist.pool }}</td></tr>
-<tr><th>environment</th><td class="mono">{% for k, v in m.environment %}{{ k }}={{ v }}{% if not loop.last %}<br>{% endif %}{% else %}-{% endfor %}</td></tr>
-</tbody></table>
-{% endfor %}
-{% endblock %}
-""",
-}

@@ -18,7 +18,8 @@ import numpy as np
 import hfl_bench
 from hfl_bench.config import FINAL_ROUNDS, HASH_NEUTRAL_DEFAULTS, ConfigError, RunConfig, config_hash
 from hfl_bench.paths import (
-    UnsafePathError, checkpoint_for, inside, record_filename, unsaved_dirs, unsaved_folder, write_atomic,
+    UnsafePathError, checkpoint_for, inside, portable_config, record_filename, unsaved_dirs, unsaved_folder,
+    write_atomic,
 )
 from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_used
 
@@ -234,7 +235,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         "history": result.history,
         "plugins": plugins_used(_used(cfg.method, method.hparams(), fed.info.name, fed.pool.name,
                                       fed.partition.scheme)),
-        "config": cfg_dict,
+        "config": portable_config(cfg_dict),  # no path of the machine that ran
         "config_hash": chash,
         "code": {"hfl_bench_version": hfl_bench.__version__, **result.code},
         "environment": environment(fed.device),
@@ -309,7 +310,7 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
         "selection": {"rule": "best_mean_local_val", "round": None},
         "metrics": None,
         "plugins": plugins_used(_used(cfg.method, method["hparams"], cfg.task, cfg.pool, cfg.partition)),
-        "config": cfg_dict,
+        "config": portable_config(cfg_dict),  # no path of the machine that ran
         "config_hash": chash,
         "code": {"hfl_bench_version": hfl_bench.__version__, **git_info()},
         "environment": environment(device),
