@@ -159,7 +159,7 @@ def test_show_rejects_non_record(runner, tmp_path):
     ("methods", {"local", "uniform-kd", "uncertainty-kd", "crad", "fedavg"}),
     ("tasks", {"digits", "mnist1d", "cifar10", "cifar100", "pathmnist"}),
     ("pools", {"paper", "cpu", "cpu-cnn", "paper-resnet18"}),
-    ("partitions", {"dirichlet", "classes", "iid"}),
+    ("partitioners", {"dirichlet", "classes", "iid"}),
     ("aggregators", {"uniform", "entropy", "crad", "crad-lcb"}),
 ])
 def test_list(runner, kind, expected):
@@ -182,6 +182,15 @@ def test_list(runner, kind, expected):
     if kind == "pools":
         paper = next(r for r in rows if r["name"] == "paper")
         assert len(paper["members"]) == 3 and "params" in paper["members"][0]
+
+
+def test_list_unknown_kind_names_the_closest(runner):
+    result = runner.invoke(app, ["list", "partitions"])
+    assert result.exit_code == 2
+    assert "unknown kind 'partitions'. Did you mean 'partitioners'?" in _all_output(result)
+    result = runner.invoke(app, ["describe", "dirichlet", "--kind", "partitions"])
+    assert result.exit_code == 2
+    assert "Did you mean 'partitioners'?" in _all_output(result)
 
 
 def test_list_bogus_kind(runner):
