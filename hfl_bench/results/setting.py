@@ -303,8 +303,8 @@ class SettingGroup:
 
     @property
     def processors(self) -> list[str]:
-        """The distinct processors of the ok seeds that name theirs (records from 2026-12-01 on;
-        two kinds can round differently, README: Reproducibility across hosts)."""
+        """The distinct processors of the ok seeds that name theirs (two kinds can round
+        differently, README: Reproducibility across hosts)."""
         return sorted({p for p in (processor(r.record) for r in self.ok) if p})
 
     @property
