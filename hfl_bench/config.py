@@ -23,10 +23,15 @@ class ConfigError(ValueError):
 
 def param(default, help: str, **kw):
     """A dataclass field with help text: ``lam: float = param(0.7, "Distillation weight.")``. Used by
-    RunConfig and by every method's ``Params``; ``--help`` and ``hfl-bench`` listings show the text."""
+    every method's ``Params``; ``hfl-bench describe`` shows the text."""
     return field(default=default, metadata={"help": help}, **kw)
 
 
+def setting(default, help: str, *, flags: tuple[str, ...] | None = (), path: bool = False):
+    """A RunConfig field: its help text, and how ``hfl-bench run`` offers it (``hfl_bench.cli.options``
+    makes the options from these). ``flags``: the option's names, default ``--field-name``; None
+    when the setting is set in a config file only. ``path``: the value names a file or folder."""
+    return field(default=default, metadata={"help": help, "flags": flags, "path": path})
 
 
 def require_at_least(owner: str, params: Any, names: tuple[str, ...], minimum: float) -> None:
@@ -45,47 +50,56 @@ EVAL_EVERY = 10
 
 @dataclass
 class RunConfig:
-    method: str = param("crad", "Method name (hfl-bench list methods).")
-    task: str = param("digits", "Task name (hfl-bench list tasks).")
-    pool: str | None = param(None, "Architecture pool (hfl-bench list pools); default: the task's.")
-    partition: str | None = param(None, "Partitioner: dirichlet, classes or iid; default: the task's.")
-    alpha: float | None = param(None, "Dirichlet concentration (smaller is more skewed); default: the task's.")
-    classes_per_client: int = param(2, "k for the 'classes' partitioner (k = 1 allowed).")
-    clients: int | None = param(None, "Number of clients N; default: the task's.")
-    clients_per_round: int | None = param(None, "Active clients per round (seeded draw); default: all.")
-    rounds: int | None = param(None, "Communication rounds R; default: the task's.")
-    local_epochs: int | None = param(None, "Local epochs per round; default: the task's, else 1.")
-    batch_size: int | None = param(None, "Local batch size; default: the task's, else 64.")
-    lr: float | None = param(None, "SGD learning rate; default: the task's, else 0.01.")
-    momentum: float | None = param(None, "SGD momentum; default: the task's, else 0.9.")
-    weight_decay: float | None = param(None, "SGD weight decay; default: the task's, else 5e-4.")
-    grad_clip: float = param(10.0, "Gradient clipping (global norm); 0 disables.")
-    heldout_fraction: float | None = param(None, "Fraction of each client shard held out, split evenly into val and "
-                                           "test; default: the task's, else 0.2.")
-    public_size: int = param(0, "Samples held out of the training set (stratified, before partitioning) as a public "
-                             "transfer set for the methods that use one; 0 = none. CRAD setup: 500.")
-    faults: str = param("", "One fault per run, KIND:WHO[@STRENGTH][/MODE]: label-noise, byzantine, free-rider or "
-                        "straggler; WHO a fraction of the clients (seeded) or a list [1,3]; e.g. byzantine:0.2, "
-                        "label-noise:0.3@0.5/pair. Empty or none: no faults (README, Faults).")
-    recipient_fraction: float | None = param(None, "Multimodal tasks: the fraction of clients (seeded draw) that are "
-                                             "recipients, missing --missing-modality; default: the task's (0.5).")
-    missing_modality: str | None = param(None, "Multimodal tasks: the modality recipients do not observe; default: "
-                                         "the task's (hfl-bench describe TASK lists its modalities).")
-    seed: int | None = param(None, "Run seed (python, numpy, torch, partition); default: the task's, else 0.")
-    eval_every: int = param(EVAL_EVERY, "Test rounds (global test set, local test halves, extra endpoints) every k "
-                            "rounds, plus each of the last 10 rounds and the selected round; validation runs "
-                            "every round. 1 tests every round.")
-    device: str = param("auto", "auto, cpu, cuda or cuda:N.")
-    exec: str = param("auto", "Peer-KD execution path: reference (per batch, as Algorithm 1), fast or auto.")
-    vmap: str = param("auto", "Stacked (vmapped) teacher inference per architecture: on, off or auto (= off; measured slower).")
-    lockstep: str = param("auto", "Train same-architecture students together (vmapped SGD steps): on, off or auto (= off; "
-                               "not faster on a CPU, not yet measured on a GPU).")
-    data_dir: str | None = param(None, "Dataset folder; default: $HFL_BENCH_DATA or ~/.cache/hfl-bench/data.")
-    download: bool = param(False, "Download the dataset if it is missing.")
-    out: str = param("runs", "Folder the JSON record is written to.")
-    checkpoint_every: int = param(10, "Save a checkpoint every k rounds (under <out>/.checkpoints; --resume continues "
-                                   "from it); 0 = never.")
-    method_params: dict[str, Any] = param(None, "Method hyperparameters (--set key=value).", )
+    """One run's settings. A config file's keys are these field names; ``hfl-bench run`` has one
+    option per field that has flags, with the field's help text."""
+
+    method: str = setting("crad", "Method name (hfl-bench list methods).", flags=("--method", "-m"))
+    task: str = setting("digits", "Task name (hfl-bench list tasks).", flags=("--task", "-t"))
+    pool: str | None = setting(None, "Architecture pool (hfl-bench list pools); default: the task's.")
+    partition: str | None = setting(None, "Partitioner (hfl-bench list partitioners): dirichlet, classes or iid; "
+                                          "default: the task's.")
+    alpha: float | None = setting(None, "Dirichlet concentration, > 0 (smaller is more skewed); default: the task's.")
+    classes_per_client: int = setting(2, "Classes per client k for the classes partitioner (k = 1 allowed).",
+                                      flags=("--k",))
+    clients: int | None = setting(None, "Number of clients N; default: the task's.")
+    clients_per_round: int | None = setting(None, "Active clients per round (a seeded draw); default: all.")
+    rounds: int | None = setting(None, "Communication rounds R; default: the task's.")
+    local_epochs: int | None = setting(None, "Local epochs per round; default: the task's, else 1.")
+    batch_size: int | None = setting(None, "Local batch size; default: the task's, else 64.")
+    lr: float | None = setting(None, "SGD learning rate; default: the task's, else 0.01.")
+    momentum: float | None = setting(None, "SGD momentum; default: the task's, else 0.9.", flags=None)
+    weight_decay: float | None = setting(None, "SGD weight decay; default: the task's, else 5e-4.", flags=None)
+    grad_clip: float = setting(10.0, "Gradient clipping (global norm); 0 disables.", flags=None)
+    heldout_fraction: float | None = setting(None, "Fraction of each client shard held out, split evenly into "
+                                                   "validation and test; default: the task's, else 0.2.")
+    public_size: int = setting(0, "Training samples held out (stratified, before partitioning) as a public transfer "
+                                  "set, for the methods that need one (hfl-bench describe METHOD says); 0 = none.")
+    faults: str = setting("", "One fault per run, KIND:WHO[@STRENGTH][/MODE]: KIND label-noise, byzantine, free-rider "
+                              "or straggler; WHO a fraction of the clients (a seeded draw) or a list [1,3]; e.g. "
+                              "byzantine:0.2, label-noise:0.3@0.5/pair. Empty or none: no faults (README, Faults).")
+    recipient_fraction: float | None = setting(None, "Multimodal tasks: the fraction of clients (a seeded draw) that "
+                                                     "are recipients, missing --missing-modality; default: the task's "
+                                                     "(0.5).")
+    missing_modality: str | None = setting(None, "Multimodal tasks: the modality recipients do not observe; default: "
+                                                 "the task's (hfl-bench describe TASK lists its modalities).")
+    seed: int | None = setting(None, "Run seed (python, numpy, torch, partition); default: the task's, else 0.")
+    eval_every: int = setting(EVAL_EVERY, "Test rounds (global test set, local test halves, extra endpoints) every "
+                                          "k rounds, plus each of the last 10 rounds and the selected round; "
+                                          "validation runs every round. 1 tests every round.")
+    device: str = setting("auto", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.")
+    exec: str = setting("auto", "Peer-KD execution path: reference (per batch, as Algorithm 1), fast (each teacher "
+                                "runs once over all its students' views) or auto (= fast).")
+    vmap: str = setting("auto", "Stacked (vmapped) teacher inference per architecture: on, off or auto (= off).")
+    lockstep: str = setting("auto", "Train same-architecture students together (vmapped SGD steps): on, off or "
+                                    "auto (= off).")
+    data_dir: str | None = setting(None, "Dataset folder; default: $HFL_BENCH_DATA or ~/.cache/hfl-bench/data.",
+                                   path=True)
+    download: bool = setting(False, "Download the dataset if it is missing.")
+    out: str = setting("runs", "Folder the JSON record is written to.", path=True)
+    checkpoint_every: int = setting(10, "Save a checkpoint every k rounds (under <out>/.checkpoints; --resume "
+                                        "continues from it); 0 = never.")
+    method_params: dict[str, Any] = setting(None, "Method hyperparameters (on the command line: --set key=value).",
+                                            flags=None)
 
     def __post_init__(self):
         if self.method_params is None:

@@ -128,14 +128,14 @@ class Federation:
 
     @property
     def use_vmap(self) -> bool:
-        """Stacked (vmapped) teacher inference per architecture. ``auto`` leaves it off: a plain
-        loop of large-batch calls measured faster on this CPU and on an H200 (README, Performance)."""
+        """Stacked (vmapped) teacher inference per architecture (``--vmap``): on only when asked
+        for; ``auto`` is off (a loop of large-batch calls is the faster default)."""
         return self.cfg.vmap == "on"
 
     @property
     def use_lockstep(self) -> bool:
-        """Same-architecture students train together (``hfl_bench.lockstep``). ``auto`` leaves it
-        off: not faster on this CPU, not yet measured on a GPU (README, Performance)."""
+        """Same-architecture students train together (``hfl_bench.lockstep``, ``--lockstep``): on
+        only when asked for; ``auto`` is off."""
         return self.cfg.lockstep == "on"
 
 

@@ -131,6 +131,6 @@ REGISTRIES = {
     "methods": METHODS,
     "tasks": TASKS,
     "pools": POOLS,
-    "partitions": PARTITIONERS,
+    "partitioners": PARTITIONERS,
     "aggregators": AGGREGATORS,
 }

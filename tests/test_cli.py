@@ -159,7 +159,7 @@ def test_show_rejects_non_record(runner, tmp_path):
     ("methods", {"local", "uniform-kd", "uncertainty-kd", "crad", "fedavg"}),
     ("tasks", {"digits", "mnist1d", "cifar10", "cifar100", "pathmnist"}),
     ("pools", {"paper", "cpu", "cpu-cnn", "paper-resnet18"}),
-    ("partitions", {"dirichlet", "classes", "iid"}),
+    ("partitioners", {"dirichlet", "classes", "iid"}),
     ("aggregators", {"uniform", "entropy", "crad", "crad-lcb"}),
 ])
 def test_list(runner, kind, expected):
@@ -182,6 +182,15 @@ def test_list(runner, kind, expected):
     if kind == "pools":
         paper = next(r for r in rows if r["name"] == "paper")
         assert len(paper["members"]) == 3 and "params" in paper["members"][0]
+
+
+def test_list_unknown_kind_names_the_closest(runner):
+    result = runner.invoke(app, ["list", "partitions"])
+    assert result.exit_code == 2
+    assert "unknown kind 'partitions'. Did you mean 'partitioners'?" in _all_output(result)
+    result = runner.invoke(app, ["describe", "dirichlet", "--kind", "partitions"])
+    assert result.exit_code == 2
+    assert "Did you mean 'partitioners'?" in _all_output(result)
 
 
 def test_list_bogus_kind(runner):
@@ -316,3 +325,85 @@ def test_config_file_and_flag_override(runner, tmp_path):
     assert hp["lam"] == 0.5  # from the YAML file
     assert hp["temperature"] == 4.0  # --set beats the YAML file
     assert hp["aggregator"] == "uniform"
+
+
+# --------------------------------------------------------------------------- run's options, from RunConfig
+
+
+# Options of ``run`` that are not run settings (declared in hfl_bench.cli.run itself).
+RUN_ONLY_OPTIONS = {"--config", "--set", "--json", "--quiet", "-q", "--threads", "--resume"}
+
+
+def _command(name: str):
+    import typer
+
+    group = typer.main.get_command(app)
+    return group.commands[name]
+
+
+def test_each_run_setting_has_exactly_one_option_with_its_help():
+    """One help text per setting: the option shows the RunConfig field's own (escaped for rich
+    markup), its default is the field's, and no option of run re-declares a setting by hand."""
+    import dataclasses
+
+    from rich.markup import escape
+
+    from hfl_bench.config import RunConfig
+
+    options = [p for p in _command("run").params if p.param_type_name == "option"]
+    on_cli = [f for f in dataclasses.fields(RunConfig) if f.metadata["flags"] is not None]
+    assert {f.name for f in dataclasses.fields(RunConfig)} - {f.name for f in on_cli} == {
+        "momentum", "weight_decay", "grad_clip", "method_params"}  # set in a config file (--set for the last)
+    setting_opts = set()
+    for f in on_cli:
+        matching = [p for p in options if p.help == escape(f.metadata["help"])]
+        assert len(matching) == 1, f.name
+        option = matching[0]
+        assert option.name == f.name and option.default == f.default
+        assert option.opts[0] == (f.metadata["flags"] or (f"--{f.name.replace('_', '-')}",))[0]
+        setting_opts.update(option.opts)
+    all_opts = {o for p in options for o in p.opts}
+    assert all_opts - setting_opts == RUN_ONLY_OPTIONS
+
+
+def test_partition_settings_share_run_settings_help():
+    from rich.markup import escape
+
+    from hfl_bench.config import FIELDS
+
+    for p in _command("partition").params:
+        if p.name in FIELDS:
+            assert p.help == escape(FIELDS[p.name].metadata["help"])
+    assert {p.name for p in _command("partition").params} >= {"task", "partition", "alpha", "classes_per_client",
+                                                              "seed", "data_dir", "download"}
+
+
+def test_run_help_shows_types_and_defaults_and_no_type_for_flags(runner):
+    text = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    lines = {line.split()[1]: line for line in text.splitlines() if line.startswith("│ --")}
+    assert "<str>" in lines["--method"] and "[default: crad]" in lines["--method"] and "-m" in lines["--method"]
+    assert "<int>" in lines["--k"] and "[default: 2]" in lines["--k"]
+    assert "<path>" in lines["--out"] and "[default: runs]" in lines["--out"]
+    assert "<float>" in lines["--alpha"] and "default: the task's" in lines["--alpha"]
+    assert "[default:" not in lines["--alpha"]  # a task's default is not shown as None
+    for flag in ("--download", "--json", "--resume", "--help"):
+        assert "<" not in lines[flag], lines[flag]
+
+
+def test_a_config_file_wins_over_defaults_and_an_option_over_the_file(runner, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("eval_every: 0\nmethod: nosuch\n")  # both refused: so each error shows which won
+    result = runner.invoke(app, ["run", "--config", str(config), "-q", "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "--eval-every must be >= 1, got 0" in _all_output(result)
+    result = runner.invoke(app, ["run", "--config", str(config), "--eval-every", "3", "-q",
+                                 "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "unknown method 'nosuch'" in _all_output(result)
+    result = runner.invoke(app, ["run", "--config", str(config), "--eval-every", "3", "-m", "crad", "--rounds", "0",
+                                 "-q", "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "--rounds must be >= 1, got 0" in _all_output(result)
+
+
+def test_root_and_group_help_show_no_type_for_flags(runner):
+    for args in (["--help"], ["leaderboard", "--help"], ["leaderboard", "show", "--help"], ["matrix", "--help"]):
+        text = runner.invoke(app, args, env={"COLUMNS": "200"}).output
+        assert "--help" in text and "<bool>" not in text, args

@@ -64,7 +64,7 @@ print(json.dumps({"results": results, "imported": heavy, "touched": touched}))
 COMMANDS = [
     ["list", "methods"], ["list", "methods", "--json"], ["list", "tasks"], ["list", "tasks", "--json"],
     ["list", "pools"], ["list", "pools", "--json"], ["list", "aggregators"], ["list", "aggregators", "--json"],
-    ["list", "partitions", "--json"], ["list", "pools", "--task", "nosuch"],
+    ["list", "partitioners", "--json"], ["list", "pools", "--task", "nosuch"],
     ["describe", "crad"], ["describe", "crad", "--json"], ["describe", "crad", "--kind", "aggregators", "--json"],
     ["describe", "digits"], ["describe", "digits", "--json"], ["describe", "cpu", "--json"],
     ["describe", "dirichlet"], ["describe", "index-demo"], ["describe", "index-demo", "--json"],

@@ -283,7 +283,7 @@ def test_list_tasks_keeps_the_input_shape_on_one_line():
     assert "1x8x8" in digits
 
 
-@pytest.mark.parametrize("kind", ["pools", "partitions", "aggregators"])
+@pytest.mark.parametrize("kind", ["pools", "partitioners", "aggregators"])
 def test_list_still_works(kind):
     result = CliRunner().invoke(app, ["list", kind, "--json"])
     assert result.exit_code == 0, result.output

@@ -90,7 +90,7 @@ BUILTINS = {
     "methods": {"local", "uniform-kd", "uncertainty-kd", "crad", "fedavg"},
     "tasks": {"digits", "mnist1d", "cifar10", "cifar100", "pathmnist"},
     "pools": {"paper", "cpu", "cpu-cnn", "paper-resnet18"},
-    "partitions": {"dirichlet", "classes", "iid"},
+    "partitioners": {"dirichlet", "classes", "iid"},
     "aggregators": {"uniform", "entropy", "crad", "crad-accuracy", "crad-support", "crad-softmax",
                     "crad-lcb", "crad-inv-sigma", "crad-ce"},
 }
@@ -112,8 +112,15 @@ def test_builtins_declared_as_entry_points(group, module):
 def test_builtin_names_registered(kind):
     registry = REGISTRIES[kind]
     assert BUILTINS[kind] <= set(builtin_names(registry))
-    assert registry is {"methods": METHODS, "tasks": TASKS, "pools": POOLS, "partitions": PARTITIONERS,
+    assert registry is {"methods": METHODS, "tasks": TASKS, "pools": POOLS, "partitioners": PARTITIONERS,
                         "aggregators": AGGREGATORS}[kind]
+
+
+def test_each_kind_is_named_as_its_entry_point_group():
+    """One name per kind: ``hfl-bench list KIND`` and ``describe --kind KIND`` take the name of the
+    entry-point group plugins register under (``hfl_bench.KIND``)."""
+    for kind, registry in REGISTRIES.items():
+        assert registry.entry_point_group == f"hfl_bench.{kind}"
 
 
 def test_registered_methods_carry_their_names():

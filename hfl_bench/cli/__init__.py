@@ -26,30 +26,14 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-def _no_type_for_flags() -> None:
-    """Typer (0.2x) shows ``<bool>`` as the type of every flag in rich help (``--download <bool>``):
-    its ``TyperOption.display_type_rich`` does not tell flags apart. A flag takes no value, so it
-    shows none."""
-    from typer.core import TyperOption
-
-    shown = getattr(TyperOption, "display_type_rich", None)
-    if shown is None or getattr(shown, "_flags_untyped", False):
-        return
-
-    def display_type_rich(self, ctx):
-        return None if getattr(self, "is_flag", False) else shown(self, ctx)
-
-    display_type_rich._flags_untyped = True  # type: ignore[attr-defined]
-    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
-
-
 def _build_app():
     import typer
 
     from hfl_bench.cli import describe, leaderboard, matrix, partition, plots, plugins, run
+    from hfl_bench.cli.options import UntypedFlagsCommand, UntypedFlagsGroup
 
-    _no_type_for_flags()
     app = typer.Typer(
+        cls=UntypedFlagsGroup,
         help="hfl-bench: heterogeneous federated learning benchmarks. Run methods on tasks under one "
         "protocol and write standardized JSON records.",
         no_args_is_help=True,
@@ -65,15 +49,18 @@ def _build_app():
         """hfl-bench: heterogeneous federated learning benchmarks. Run methods on tasks under one
         protocol and write standardized JSON records."""
 
+    def command(name: str | None = None):
+        return app.command(name, cls=UntypedFlagsCommand)
+
     # In this order in --help.
-    app.command()(run.run)
-    app.command()(run.show)
-    app.command("list")(plugins.list_)
-    app.command()(describe.describe)
-    app.command()(partition.partition)
+    command()(run.run)
+    command()(run.show)
+    command("list")(plugins.list_)
+    command()(describe.describe)
+    command()(partition.partition)
     app.add_typer(leaderboard.app, name="leaderboard")
-    app.command("matrix")(matrix.matrix)
-    app.command("plot")(plots.plot_command)
+    command("matrix")(matrix.matrix)
+    command("plot")(plots.plot_command)
     return app
 
 

@@ -34,7 +34,7 @@ from hfl_bench.registry import REGISTRIES, describe as first_line, unknown_messa
 from hfl_bench.results.text import markdown_cell, terminal
 
 # The order a name found in several registries is resolved in (``describe --kind`` picks another).
-KINDS = ("methods", "tasks", "pools", "partitions", "aggregators")
+KINDS = ("methods", "tasks", "pools", "partitioners", "aggregators")
 # The task ``list pools`` sizes the models for unless --task says otherwise.
 DEFAULT_POOL_TASK = "digits"
 R = TypeVar("R")
@@ -151,7 +151,7 @@ def _documented(kind: str):
 
 
 DESCRIBERS = {"methods": _method, "tasks": _task, "pools": _pool,
-              "partitions": _documented("partitioner"), "aggregators": _documented("aggregator")}
+              "partitioners": _documented("partitioner"), "aggregators": _documented("aggregator")}
 
 
 # ----------------------------------------------------------------------------- views
@@ -275,7 +275,7 @@ def _documented_view(info: dict[str, Any]) -> list:
 
 
 VIEWS = {"methods": _method_view, "tasks": _task_view, "pools": _pool_view,
-         "partitions": _documented_view, "aggregators": _documented_view}
+         "partitioners": _documented_view, "aggregators": _documented_view}
 
 
 def _as_json(obj: Any) -> Any:

@@ -17,13 +17,13 @@ from rich.console import Console
 from hfl_bench.cli import catalog
 from hfl_bench.cli.catalog import KINDS, hyperparameters  # noqa: F401 - hyperparameters: for ``run``
 from hfl_bench.cli.output import USER_ERRORS, emit_json, fail, note, out
-from hfl_bench.registry import REGISTRIES
+from hfl_bench.registry import REGISTRIES, unknown_message
 
 
 def describe(
     name: str = typer.Argument(..., help="A method, task, pool, partitioner or aggregator (hfl-bench list ...)."),
     kind: Optional[str] = typer.Option(
-        None, "--kind", help="methods, tasks, pools, partitions or aggregators: which registry to look in "
+        None, "--kind", help="methods, tasks, pools, partitioners or aggregators: which registry to look in "
         "(a name in several, e.g. crad, is a method unless this says otherwise)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
@@ -32,7 +32,7 @@ def describe(
     An aggregator or partitioner shows its documentation; --json prints it all as JSON. Read from
     the metadata index, like list (HFL_BENCH_NO_INDEX=1 imports the plugins instead)."""
     if kind is not None and kind not in REGISTRIES:
-        fail(f"unknown kind {kind!r}; choose one of: {', '.join(KINDS)}")
+        fail(unknown_message("kind", kind, list(KINDS)))
     try:
         found, entry, unknown = catalog.answer(lambda c: _look_up(c, name, kind))
     except USER_ERRORS as e:
@@ -60,7 +60,7 @@ def _unknown(c: Any, name: str, kind: Optional[str]) -> str:
     if kind:
         return c.unknown_message(kind, name)
     return (f"{name!r} is no method, task, pool, partitioner or aggregator; "
-            "hfl-bench list methods (tasks, pools, partitions, aggregators) shows them")
+            "hfl-bench list methods (tasks, pools, partitioners, aggregators) shows them")
 
 
 def print_params(console: Console, method: str, params: list[dict[str, Any]]) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from hfl_bench.cli.options import UntypedFlagsCommand, UntypedFlagsGroup
 from hfl_bench.cli.output import err, fail, note, plain, wide_out
 
 # The results layer (and numpy under it) is imported inside each command, so that `hfl-bench
@@ -27,14 +28,14 @@ PATHS_HELP = ("Record files or folders (searched recursively). "
               "\\[default: leaderboards/reproduced and leaderboards/published]")
 
 app = typer.Typer(help="Leaderboards: reproduced runs grouped over seeds, published figures beside them.",
-                  no_args_is_help=True)
+                  no_args_is_help=True, cls=UntypedFlagsGroup)
 
 
 def _paths(paths: Optional[list[Path]]) -> list[Path]:
     return list(paths) if paths else [d for d in DEFAULT_DIRS if d.exists()]
 
 
-@app.command()
+@app.command(cls=UntypedFlagsCommand)
 def show(
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
     task: list[str] = typer.Option([], "--task", "-t", help="Only this task (repeatable)."),
@@ -120,7 +121,7 @@ def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
         wide_out().print(to_rich(rank_rows(ranked), columns, title))
 
 
-@app.command()
+@app.command(cls=UntypedFlagsCommand)
 def validate(
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -154,7 +155,7 @@ def validate(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(cls=UntypedFlagsCommand)
 def html(
     out_dir: Path = typer.Argument(..., help="The folder to write the site into (new, empty, or a site this wrote)."),
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),

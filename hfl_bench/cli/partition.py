@@ -2,41 +2,36 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
+from typing import Any
 
 import typer
 from rich.table import Table
 
+from hfl_bench.cli.options import as_config_values, with_settings
 from hfl_bench.cli.output import USER_ERRORS, emit_json, fail, out, plain
 from hfl_bench.config import RunConfig
 
+# The run settings that decide a partition (and where the data is).
+PARTITION_SETTINGS = ("task", "partition", "alpha", "classes_per_client", "clients", "heldout_fraction",
+                      "public_size", "seed", "data_dir", "download")
 
+
+@with_settings(PARTITION_SETTINGS)
 def partition(
-    task: str = typer.Option("digits", "--task", "-t", help="Task whose training labels are partitioned."),
-    scheme: Optional[str] = typer.Option(None, "--partition", help="dirichlet, classes or iid; default: the task's."),
-    alpha: Optional[float] = typer.Option(None, help="Dirichlet alpha; default: the task's."),
-    k: int = typer.Option(2, "--k", help="Classes per client for --partition classes."),
-    clients: Optional[int] = typer.Option(None, help="Number of clients; default: the task's."),
-    seed: Optional[int] = typer.Option(None, help="Partition seed; default: the task's."),
-    heldout_fraction: Optional[float] = typer.Option(None, help="Held-out fraction of each shard (val + test); default: the task's."),
-    public_size: int = typer.Option(0, help="Public transfer set held out before partitioning (0 = none)."),
-    data_dir: Optional[Path] = typer.Option(None, help="Dataset folder."),
-    download: bool = typer.Option(False, "--download", help="Download the dataset if it is missing."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    **settings: Any,
 ):
     """Print the client x class count table of a task's partition (train part; val/test totals)."""
     from hfl_bench.engine import load_task, partition_for
 
     try:
-        t, cfg = load_task(RunConfig(task=task, partition=scheme, alpha=alpha, classes_per_client=k, clients=clients,
-                                     seed=seed, heldout_fraction=heldout_fraction, public_size=public_size,
-                                     data_dir=str(data_dir) if data_dir else None))
-        data = t.load(data_dir, download)
+        t, cfg = load_task(RunConfig(**as_config_values(settings)))
+        data = t.load(cfg.data_dir, cfg.download)
         labels = data.train_y.numpy()
         part = partition_for(cfg, t.info, data)
     except USER_ERRORS as e:
         fail(str(e))
+    task = cfg.task
     c = t.info.num_classes
     train = part.class_counts(labels, c, "train")
     val = part.class_counts(labels, c, "val").sum(1)

@@ -9,13 +9,13 @@ import typer
 
 from hfl_bench.cli import catalog
 from hfl_bench.cli.output import USER_ERRORS, emit_json, fail, out
-from hfl_bench.registry import REGISTRIES
+from hfl_bench.registry import REGISTRIES, unknown_message
 
 FORMATS = ("table", "markdown", "json")
 
 
 def list_(
-    kind: str = typer.Argument(..., help="methods, tasks, pools, partitions or aggregators."),
+    kind: str = typer.Argument(..., help="methods, tasks, pools, partitioners or aggregators."),
     task: str = typer.Option("digits", help="For pools: the task whose input shape sizes the models."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, markdown or json."),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
@@ -25,7 +25,7 @@ def list_(
     Read from a metadata index under ~/.cache/hfl-bench/index (rebuilt when a plugin, hfl-bench or a
     package changes); HFL_BENCH_NO_INDEX=1 imports the plugins instead."""
     if kind not in REGISTRIES:
-        fail(f"unknown kind {kind!r}; choose one of: {', '.join(REGISTRIES)}")
+        fail(unknown_message("kind", kind, list(REGISTRIES)))
     fmt = "json" if as_json else fmt
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from hfl_bench import config as config_mod
 from hfl_bench import paths
+from hfl_bench.cli.options import CLI_SETTINGS, config_help, given_settings, with_settings
 from hfl_bench.cli.output import (
     USER_ERRORS, cell, command_line, emit_json, err, fail, fmt, interrupted, line, note, out, plain,
 )
@@ -29,68 +30,37 @@ from hfl_bench.results.text import terminal
 def build_config(config_file: Optional[Path], flags: dict[str, Any], sets: list[str]) -> RunConfig:
     values: dict[str, Any] = config_mod.load_yaml(config_file) if config_file else {}
     method_params = dict(values.pop("method_params", None) or {})
-    values.update({k: v for k, v in flags.items() if v is not None})
+    values.update(flags)
     method_params.update(config_mod.parse_set(sets))
     return RunConfig(**values, method_params=method_params)
 
 
-# The CPU threads rule (measured on a 2-core machine, 10 rounds of crad on digits; see
-# ``auto_threads``): one torch thread unless the models are large and many cores are idle.
+# The default of --threads (``auto_threads``): one torch thread unless the models are large and
+# many cores are idle; more threads on small models contend for the cores and run slower.
 LARGE_MODEL_PARAMS = 1_000_000
 MANY_IDLE_CORES = 4
 THREADS_HELP = (
     "Torch CPU threads for this run. Default: 1, unless the pool's largest model has >= 1M parameters "
-    "and >= 4 cores are idle (cores less the 1-minute load average), then the idle cores (at most "
-    "torch's own default). Measured on a shared 2-core machine, 10 rounds of crad on digits: 1 thread "
-    "25-49 s, 2 threads 87-175 s; with one more busy process 88 s vs 270 s."
+    "and >= 4 cores are idle (cores less the 1-minute load average); then the idle cores, at most "
+    "torch's own default."
 )
 
 
+@with_settings(CLI_SETTINGS)
 def run(
-    method: Optional[str] = typer.Option(None, "--method", "-m", help="Method (hfl-bench list methods). \\[default: crad]"),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task (hfl-bench list tasks). \\[default: digits]"),
-    pool: Optional[str] = typer.Option(None, help="Architecture pool; default: the task's."),
-    partition: Optional[str] = typer.Option(None, help="dirichlet, classes or iid; default: the task's."),
-    alpha: Optional[float] = typer.Option(None, help="Dirichlet alpha (> 0); default: the task's."),
-    k: Optional[int] = typer.Option(None, "--k", help="Classes per client for --partition classes. \\[default: 2]"),
-    clients: Optional[int] = typer.Option(None, help="Number of clients N; default: the task's."),
-    clients_per_round: Optional[int] = typer.Option(None, help="Active clients per round; default: all."),
-    rounds: Optional[int] = typer.Option(None, help="Communication rounds; default: the task's."),
-    local_epochs: Optional[int] = typer.Option(None, help="Local epochs per round; default: the task's."),
-    batch_size: Optional[int] = typer.Option(None, help="Local batch size; default: the task's."),
-    lr: Optional[float] = typer.Option(None, help="SGD learning rate; default: the task's."),
-    heldout_fraction: Optional[float] = typer.Option(None, help="Fraction of each client shard held out, split evenly into validation and test; default: the task's."),
-    seed: Optional[int] = typer.Option(None, help="Seed of python, numpy, torch and the partition; default: the task's."),
-    public_size: Optional[int] = typer.Option(None, help="Hold out this many training samples (stratified, before partitioning) as a public transfer set; needed by fedmd, msfkd, fedcc. \\[default: 0]"),
-    faults: Optional[str] = typer.Option(None, "--faults", help="One fault per run: KIND:WHO\\[@STRENGTH]\\[/MODE], KIND label-noise, byzantine, free-rider or straggler, WHO a fraction of the clients or a list \\[1,3] (e.g. byzantine:0.2, label-noise:0.3@0.5/pair); none = no faults (README, Faults). \\[default: none]"),
-    recipient_fraction: Optional[float] = typer.Option(None, help="Multimodal tasks: fraction of clients (seeded) that are recipients missing --missing-modality; default: the task's (0.5)."),
-    missing_modality: Optional[str] = typer.Option(None, help="Multimodal tasks: the modality recipients do not observe; default: the task's (hfl-bench describe TASK)."),
-    eval_every: Optional[int] = typer.Option(None, help="Test rounds every k rounds, plus the last 10 and the selected round (validation: every round); 1 tests every round. \\[default: 10]"),
-    device: Optional[str] = typer.Option(None, help="auto, cpu, cuda or cuda:N. \\[default: auto]"),
-    exec_path: Optional[str] = typer.Option(None, "--exec", help="Peer-KD path: reference, fast or auto. \\[default: auto]"),
-    vmap: Optional[str] = typer.Option(None, help="Vmapped teacher inference per architecture: on, off or auto (= off, measured slower). \\[default: auto]"),
-    lockstep: Optional[str] = typer.Option(None, help="Train same-architecture students together (vmapped SGD steps): on, off or auto (= off: not faster on a CPU, not yet measured on a GPU). \\[default: auto]"),
-    data_dir: Optional[Path] = typer.Option(None, help="Dataset folder; default: $HFL_BENCH_DATA or ~/.cache/hfl-bench/data."),
-    download: bool = typer.Option(False, "--download", help="Download the dataset if it is missing."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Folder for the JSON record. \\[default: runs]"),
-    config_file: Optional[Path] = typer.Option(None, "--config", help="YAML file of run settings (flags override it)."),
+    ctx: typer.Context,
+    config_file: Optional[Path] = typer.Option(None, "--config", help=config_help()),
     sets: list[str] = typer.Option([], "--set", help="Method hyperparameter key=value (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of tables."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress (neither the bar on a terminal nor the plain lines otherwise)."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
-    checkpoint_every: Optional[int] = typer.Option(None, help="Checkpoint every k rounds under <out>/.checkpoints; 0 = never. \\[default: 10]"),
     resume: bool = typer.Option(False, "--resume", help="Continue from this exact config's checkpoint, if there is one."),
+    **settings: Any,
 ):
-    """Run one method on one task and write one JSON record."""
-    flags = dict(
-        method=method, task=task, pool=pool, partition=partition, alpha=alpha, classes_per_client=k,
-        clients=clients, clients_per_round=clients_per_round, rounds=rounds, local_epochs=local_epochs,
-        batch_size=batch_size, lr=lr, heldout_fraction=heldout_fraction, seed=seed, public_size=public_size, faults=faults,
-        recipient_fraction=recipient_fraction, missing_modality=missing_modality, eval_every=eval_every, device=device, exec=exec_path, vmap=vmap,
-        lockstep=lockstep,
-        data_dir=str(data_dir) if data_dir else None, download=download or None,
-        out=str(out_dir) if out_dir else None, checkpoint_every=checkpoint_every,
-    )
+    """Run one method on one task and write one JSON record.
+
+    An option given overrides the --config file, which overrides the defaults."""
+    flags = given_settings(ctx, settings)
     if threads is not None and threads < 1:
         fail(f"--threads must be >= 1, got {threads}")
     done = _Rounds()

@@ -83,7 +83,7 @@ def teacher_major_probs(
     Each teacher runs once over the concatenation of its students' views. With ``fed.use_vmap``
     (``--vmap on``), teachers of one architecture run together in one vmapped call over the union
     of their students' views (each then discards the rows it does not teach); it computes the same
-    targets but measured slower on a CPU and on an H200, so it is off by default.
+    targets and is off by default (``--vmap auto``), the loop being the faster default.
     """
     views = {i: plan.view(fed) for i, plan in plans.items()}
     probs: dict[int, dict[int, torch.Tensor]] = {i: {} for i in plans}

@@ -13,13 +13,13 @@ from hfl_bench.results.grouping import group_seeds
 from hfl_bench.results.loading import Loaded, Skipped
 from hfl_bench.results.published import Published, match
 from hfl_bench.results.robustness import attach_drops
-from hfl_bench.results.setting import Group, describe
+from hfl_bench.results.setting import SettingGroup, describe
 from hfl_bench.results.validation import valid_records
 
 
 @dataclass
 class Board:
-    groups: list[Group]
+    groups: list[SettingGroup]
     unmatched: list[Published]
     skipped: list[str]
 
@@ -45,7 +45,7 @@ def board_records(loaded: Iterable[Loaded]) -> tuple[list[Loaded], list[Skipped]
     return valid, unnamed + invalid
 
 
-def build_groups(records: Iterable[Loaded]) -> list[Group]:
+def build_groups(records: Iterable[Loaded]) -> list[SettingGroup]:
     """Every reproduced group, described; a group run with faults with its drop (paired before
     any filter, so a filter never hides a baseline)."""
     groups = [describe(g) for g in group_seeds(records)]

@@ -40,7 +40,7 @@ from hfl_bench.results.grouping import SeedGroup, group_seeds
 from hfl_bench.results.loading import Loaded, ResultsError, Skipped, load_records
 from hfl_bench.results.ranking import protocol_label, rank_methods
 from hfl_bench.results.render import KIND, UNMATCHED_COLUMNS, _num, _pm, display_rows, drop_label, rank_rows
-from hfl_bench.results.setting import Group, Stat, canonical, modalities_section, partition_label
+from hfl_bench.results.setting import SettingGroup, Stat, canonical, modalities_section, partition_label
 
 # Marks a folder this module wrote, so regenerating may clear its old pages, and nothing else.
 MARKER = ".hfl-bench-site"
@@ -149,7 +149,7 @@ def _bytes(x: Optional[float]) -> str:
 # ----------------------------------------------------------------------------- the board's groups
 
 
-def _seed_group_of(groups: list[Group], seed_groups: list[SeedGroup]) -> dict[int, SeedGroup]:
+def _seed_group_of(groups: list[SettingGroup], seed_groups: list[SeedGroup]) -> dict[int, SeedGroup]:
     """Each board group's seed group (every member, failed ones too, which the board's view
     keeps only as counts): the same ``grouping`` rule, matched on id, ok records and counts."""
     pool: dict[tuple, list[SeedGroup]] = defaultdict(list)
@@ -163,13 +163,13 @@ def _seed_group_of(groups: list[Group], seed_groups: list[SeedGroup]) -> dict[in
     return out
 
 
-def _page_name(g: Group, members: list[Loaded]) -> str:
+def _page_name(g: SettingGroup, members: list[Loaded]) -> str:
     """A group page's file name: a hash of the group's key (task, group id, its record files)."""
     key = json.dumps([g.task, g.group_id, sorted(str(shown_path(r.path)) for r in members)])
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16] + ".html"
 
 
-def _row(g: Group) -> dict[str, Any]:
+def _row(g: SettingGroup) -> dict[str, Any]:
     """One group's row, a multimodal group's other figures and the published rows beside it
     (``render.display_rows``), with the figures the site adds (fidelity, version, faults and the
     drop, cost) and the numbers to sort by."""
@@ -194,7 +194,7 @@ def _row(g: Group) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- group pages
 
 
-def _per_class(g: Group) -> list[dict[str, str]]:
+def _per_class(g: SettingGroup) -> list[dict[str, str]]:
     accs = [r.record["metrics"]["per_class_global_acc"] for r in g.ok
             if _get(r.record, "metrics", "per_class_global_acc")]
     if not accs:
@@ -213,7 +213,7 @@ def _per_class(g: Group) -> list[dict[str, str]]:
     return rows
 
 
-def _per_arch(g: Group) -> list[dict[str, str]]:
+def _per_arch(g: SettingGroup) -> list[dict[str, str]]:
     archs: list[str] = []
     for r in g.ok:
         archs += [a for a in (_get(r.record, "metrics", "per_arch_global_acc") or {}) if a not in archs]
@@ -224,7 +224,7 @@ def _per_arch(g: Group) -> list[dict[str, str]]:
     return rows
 
 
-def _endpoints(g: Group) -> list[dict[str, str]]:
+def _endpoints(g: SettingGroup) -> list[dict[str, str]]:
     """Each extra endpoint's figures: over all clients, or for a multimodal group over the
     recipients, the donors and all clients (one row each)."""
     who = (("headline", ""),)
@@ -239,7 +239,7 @@ def _endpoints(g: Group) -> list[dict[str, str]]:
     return out
 
 
-def _members(sg: Optional[SeedGroup], g: Group, hrefs: dict[int, str]) -> list[dict[str, Any]]:
+def _members(sg: Optional[SeedGroup], g: SettingGroup, hrefs: dict[int, str]) -> list[dict[str, Any]]:
     records = sg.records if sg else g.ok
     ok = {id(r) for r in g.ok}
     dup = {id(r) for r in sg.duplicates} if sg else set()
@@ -260,7 +260,7 @@ def _members(sg: Optional[SeedGroup], g: Group, hrefs: dict[int, str]) -> list[d
     return out
 
 
-def _fault_rows(g: Group) -> list[tuple[str, str]]:
+def _fault_rows(g: SettingGroup) -> list[tuple[str, str]]:
     """A group run with faults: whose figure the headline is, the all-client figures, the drop and
     the seeds it paired."""
     if not g.has_faults:
@@ -282,14 +282,14 @@ def _fault_rows(g: Group) -> list[tuple[str, str]]:
     return rows
 
 
-def _final_rows(g: Group, groups: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
+def _final_rows(g: SettingGroup, groups: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
     """The final global accuracy (mean over the last evaluated rounds) over each client group; '-'
     where the records predate a group's final figures (schema 1.5)."""
     return [(f"final global acc, {who}", _pm(st.mean, st.sd))
             for clients, who in groups for st in [g.final_stat("global_acc", clients)]]
 
 
-def _modality_rows(g: Group) -> list[tuple[str, str]]:
+def _modality_rows(g: SettingGroup) -> list[tuple[str, str]]:
     """A multimodal group: its modalities, whose figure the headline is, the recipients', donors'
     and all clients' accuracy, and which clients each seed drew as recipients."""
     if not g.is_multimodal:
@@ -309,7 +309,7 @@ def _modality_rows(g: Group) -> list[tuple[str, str]]:
     return rows
 
 
-def _group_page(g: Group, sg: Optional[SeedGroup], row: dict[str, Any], hrefs: dict[int, str]) -> dict[str, Any]:
+def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], hrefs: dict[int, str]) -> dict[str, Any]:
     first = (sg.describing() if sg else g.ok[0]).record
     task = first.get("task") if isinstance(first.get("task"), dict) else {}
     cfg = first.get("config") if isinstance(first.get("config"), dict) else {}

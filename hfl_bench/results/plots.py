@@ -51,7 +51,7 @@ class PlotError(ResultsError):
 
 
 @dataclass
-class Group:
+class DrawnSetting:
     """The drawn seeds of one setting: a seed group's ok records that have what a kind needs."""
 
     method: str
@@ -81,7 +81,7 @@ class Written:
     png: Path
     sources: Path
     drawn: list[Loaded]
-    groups: list[Group]
+    groups: list[DrawnSetting]
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "task": self.task, "png": str(self.png), "sources": str(self.sources),
@@ -188,7 +188,7 @@ MISSING: dict[str, Callable[[Loaded], Optional[str]]] = {
 # ----------------------------------------------------------------------------- grouping and labels
 
 
-def kind_groups(kind: str, task: str, seed_groups: list[SeedGroup]) -> tuple[list[Group], list[Skipped]]:
+def kind_groups(kind: str, task: str, seed_groups: list[SeedGroup]) -> tuple[list[DrawnSetting], list[Skipped]]:
     """The series of one figure: each seed group's ok records that have what ``kind`` needs (a
     group left with none is not drawn), labeled; and the records left out for this kind."""
     groups, lacking = [], []
@@ -201,7 +201,7 @@ def kind_groups(kind: str, task: str, seed_groups: list[SeedGroup]) -> tuple[lis
             else:
                 usable.append(r)
         if usable:
-            groups.append(Group(usable[0].method, str(sg.config_hash), sg.group_id, usable))
+            groups.append(DrawnSetting(usable[0].method, str(sg.config_hash), sg.group_id, usable))
     groups.sort(key=lambda g: (g.method, g.config_hash))  # stable: split groups keep their order
     _label(groups)
     return groups, lacking
@@ -213,9 +213,9 @@ def _setting(r: Loaded) -> dict[str, Any]:
     return cfg | {f"{k}": v for k, v in hparams.items() if k not in cfg}
 
 
-def _label(groups: list[Group]) -> None:
+def _label(groups: list[DrawnSetting]) -> None:
     """Method name; where one method has several settings, add the settings that differ."""
-    by_method: dict[str, list[Group]] = {}
+    by_method: dict[str, list[DrawnSetting]] = {}
     for g in groups:
         by_method.setdefault(g.method, []).append(g)
     for method, gs in by_method.items():
@@ -233,7 +233,7 @@ def _label(groups: list[Group]) -> None:
         g.label = terminal(g.label)  # record text: one line, no control characters
 
 
-def setting_summary(groups: list[Group]) -> str:
+def setting_summary(groups: list[DrawnSetting]) -> str:
     """The protocol settings all drawn runs share, for the title; 'mixed' where they differ."""
     def common(key: str) -> Any:
         values = {json.dumps((r.record.get("config") or {}).get(key), default=str) for g in groups for r in g.records}
@@ -251,7 +251,7 @@ def setting_summary(groups: list[Group]) -> str:
     return ", ".join(str(p) for p in parts)
 
 
-def caption(task: str, groups: list[Group], sources_name: str, band_note: str = BAND_NOTE) -> str:
+def caption(task: str, groups: list[DrawnSetting], sources_name: str, band_note: str = BAND_NOTE) -> str:
     """The footnote every figure carries: how many records, which task, which runs."""
     drawn = [r for g in groups for r in g.records]
     settings = "; ".join(f"{g.method}#{g.config_hash[:8]} seeds {','.join(map(str, g.seeds))}" for g in groups)
@@ -267,7 +267,7 @@ def caption(task: str, groups: list[Group], sources_name: str, band_note: str = 
 # ----------------------------------------------------------------------------- drawing
 
 
-def _colors(groups: list[Group]) -> dict[str, Any]:
+def _colors(groups: list[DrawnSetting]) -> dict[str, Any]:
     from matplotlib import colormaps
 
     cmap = colormaps["tab10" if len(groups) <= 10 else "tab20"]
@@ -287,7 +287,7 @@ def _stats(rows: list[list[float]]):
         return np.nanmean(a, axis=0), np.nanmin(a, axis=0), np.nanmax(a, axis=0)
 
 
-def draw_curves(ax, groups: list[Group], colors) -> dict[str, Any]:
+def draw_curves(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
     """Global accuracy per round. A group is drawn at the rounds where all its seeds measured the
     global test (with --eval-every k the extra best-validation rounds differ between seeds)."""
     for g in groups:
@@ -303,7 +303,7 @@ def draw_curves(ax, groups: list[Group], colors) -> dict[str, Any]:
     return {"y_axis": y}
 
 
-def _whose(groups: list[Group]) -> str:
+def _whose(groups: list[DrawnSetting]) -> str:
     """Whose accuracy a curves or bytes figure draws where some record's headline is a client
     group's (honest clients under faults, recipients in a multimodal run): said on the y axis."""
     kinds = sorted({headline_of(r.record) for g in groups for r in g.records} - {"all"})
@@ -319,7 +319,7 @@ def class_support(records: list[Loaded]):
     return np.mean(totals, axis=0)
 
 
-def draw_per_class(ax, groups: list[Group], colors) -> dict[str, Any]:
+def draw_per_class(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
     import numpy as np
 
     drawn = [r for g in groups for r in g.records]
@@ -341,7 +341,7 @@ def draw_per_class(ax, groups: list[Group], colors) -> dict[str, Any]:
     return {"class_order": [int(c) for c in order], "class_support": [round(float(v), 2) for v in support]}
 
 
-def draw_per_arch(ax, groups: list[Group], colors) -> dict[str, Any]:
+def draw_per_arch(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
     import numpy as np
 
     archs: list[str] = []  # in the order the metrics list them (the pool's order)
@@ -363,7 +363,7 @@ def draw_per_arch(ax, groups: list[Group], colors) -> dict[str, Any]:
     return {"architectures": archs}
 
 
-def draw_bytes(ax, groups: list[Group], colors) -> dict[str, Any]:
+def draw_bytes(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
     """Selected-round global accuracy against bytes sent per client per round (log x). A method
     that sends nothing (local training) cannot sit on a log axis: it is a dashed reference line."""
     any_point = False
@@ -397,7 +397,7 @@ TITLES = {
 }
 
 
-def render(kind: str, task: str, groups: list[Group], png: Path) -> tuple[str, dict[str, Any]]:
+def render(kind: str, task: str, groups: list[DrawnSetting], png: Path) -> tuple[str, dict[str, Any]]:
     """Draw one figure and write it atomically; returns its caption and the kind's details
     (class order, architectures, ...) for the sidecar."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -518,7 +518,7 @@ class Point:
     """One setting on the robustness plot: a seed group at its x."""
 
     x: float
-    group: Group
+    group: DrawnSetting
     faults: str  # the canonical spec, "none" at the baseline
 
     def stat(self) -> Stat:
@@ -569,16 +569,16 @@ def robustness_series(seed_groups: list[SeedGroup], task: str) -> tuple[dict[str
         series = panels.setdefault(kind, {}).setdefault(key, Series(key, first.method, first.method_version,
                                                                     robustness.series_params(first), []))
         spec = str(robustness.faults_section(first).get("spec") or "?")
-        series.points.append(Point(robustness.fault_x(first), Group(first.method, str(sg.config_hash), sg.group_id,
-                                                                     usable), spec))
+        drawn = DrawnSetting(first.method, str(sg.config_hash), sg.group_id, usable)
+        series.points.append(Point(robustness.fault_x(first), drawn, spec))
     for kind, by_key in panels.items():
         for series in by_key.values():
             _, version, base, _, identity = series.key
             for sg in clean:
                 r0 = sg.ok[0]
                 if sg.config_hash == base and sg.method_version == version and data_identity(r0) == identity:
-                    series.points.append(Point(0.0, Group(r0.method, str(sg.config_hash), sg.group_id, list(sg.ok)),
-                                               "none"))
+                    drawn = DrawnSetting(r0.method, str(sg.config_hash), sg.group_id, list(sg.ok))
+                    series.points.append(Point(0.0, drawn, "none"))
                     used.add(id(sg))
             series.points.sort(key=lambda p: (p.x, p.group.group_id))
     for sg in clean:
@@ -666,7 +666,7 @@ def plot_robustness(task: str, seed_groups: list[SeedGroup], skipped: list[Skipp
     panels, lacking = robustness_series(seed_groups, task)
     if not panels:
         return None, lacking
-    groups: list[Group] = []
+    groups: list[DrawnSetting] = []
     seen: set[str] = set()
     for lines in panels.values():
         for s in lines:

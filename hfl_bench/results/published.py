@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from hfl_bench.results.setting import (  # noqa: F401  (Match, Published: re-exported)
-    METRICS, Group, Match, Published, Stat, modality_setting,
+    METRICS, SettingGroup, Match, Published, Stat, modality_setting,
 )
 
 
@@ -26,7 +26,7 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def match(pub: Published, g: Group) -> Optional[Match]:
+def match(pub: Published, g: SettingGroup) -> Optional[Match]:
     """The published figure beside this group, or None if the setting contradicts it."""
     if pub.method != g.method or pub.task != g.task or g.has_faults:
         return None

@@ -13,10 +13,10 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from hfl_bench.results.setting import Group, partition_label
+from hfl_bench.results.setting import SettingGroup, partition_label
 
 
-def rank_methods(groups: list[Group]) -> list[dict[str, Any]]:
+def rank_methods(groups: list[SettingGroup]) -> list[dict[str, Any]]:
     """Mean rank of each method over the protocols that two or more methods ran (see module doc)."""
     best: dict[tuple, dict[str, float]] = defaultdict(dict)
     labels: dict[tuple, str] = {}
@@ -57,7 +57,7 @@ def average_ranks(scores: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def protocol_label(g: Group) -> str:
+def protocol_label(g: SettingGroup) -> str:
     active = "" if g.clients_per_round in (None, g.n_clients) else f"/{g.clients_per_round}"
     faults = f" faults={g.faults}" if g.has_faults else ""
     modalities = f" {g.modalities}" if g.is_multimodal else ""  # missing=<modality> recipients=<fraction>

@@ -1,6 +1,6 @@
 """The leaderboard as rows: the terminal table (rich), markdown, csv and json, and the rank.
 
-A multimodal group (``Group.is_multimodal``) shows its recipients' figures as the headline, and
+A multimodal group (``SettingGroup.is_multimodal``) shows its recipients' figures as the headline, and
 beside them the donors', all clients' and each extra endpoint's: as ``↳`` rows under the group in
 the table and markdown (whose note says whose the headline is), as columns and ``endpoint`` rows in
 csv, as blocks in json. A single-modality group's rows are what they were.
@@ -17,7 +17,7 @@ from rich.text import Text
 
 from hfl_bench.results.board import Board
 from hfl_bench.results.published import Match, Published
-from hfl_bench.results.setting import METRICS, Group, canonical, modalities_section, partition_label
+from hfl_bench.results.setting import METRICS, SettingGroup, canonical, modalities_section, partition_label
 from hfl_bench.results.text import csv_cell, markdown_cell, terminal
 
 
@@ -95,7 +95,7 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
     return rows, [_published_row(p, None) for p in board.unmatched]
 
 
-def clients_rows(g: Group) -> list[dict[str, str]]:
+def clients_rows(g: SettingGroup) -> list[dict[str, str]]:
     """A multimodal group's figures besides its headline (the recipients'): the donors' and all
     clients', then each extra endpoint's over the recipients, the donors and all clients. None for
     any other group."""
@@ -199,7 +199,7 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
     return [{c: ("" if r.get(c) is None else r.get(c)) for c in CSV_COLUMNS} for r in rows]
 
 
-def _csv_figures(g: Group, endpoint: Optional[str] = None) -> dict[str, Any]:
+def _csv_figures(g: SettingGroup, endpoint: Optional[str] = None) -> dict[str, Any]:
     """The seed count and the headline, all clients' and (multimodal) donors' means and sds of the
     model or of one extra endpoint."""
     out: dict[str, Any] = {}
@@ -265,7 +265,7 @@ def board_json(board: Board) -> dict[str, Any]:
             "groups": groups, "unmatched_published": [p.as_dict() for p in board.unmatched], "skipped": board.skipped}
 
 
-def _json_modalities(g: Group) -> dict[str, Any]:
+def _json_modalities(g: SettingGroup) -> dict[str, Any]:
     """A multimodal group's modality setting and its parts (from a seed's ``modalities``
     section); nothing for any other group."""
     if not g.is_multimodal:
@@ -275,7 +275,7 @@ def _json_modalities(g: Group) -> dict[str, Any]:
                            "recipient_fraction": section.get("recipient_fraction")}}
 
 
-def _json_endpoint(g: Group, endpoint: str) -> dict[str, Any]:
+def _json_endpoint(g: SettingGroup, endpoint: str) -> dict[str, Any]:
     """One extra endpoint's headline figures; a multimodal group's also over the recipients, the
     donors and all clients."""
     out: dict[str, Any] = {m: g.stat(m, endpoint).as_dict() for m in METRICS}

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from hfl_bench.results.grouping import data_identity, recency
 from hfl_bench.results.loading import Loaded
-from hfl_bench.results.setting import Group, figure
+from hfl_bench.results.setting import SettingGroup, figure
 
 STRENGTH_AXIS = ("label-noise", "straggler")  # x = strength; every other kind: x = fraction of faulty clients
 X_LABELS = {
@@ -105,7 +105,7 @@ def _same_partition(a: Loaded, b: Loaded) -> bool:
     return a.partition_hash is None or b.partition_hash is None or a.partition_hash == b.partition_hash
 
 
-def find_drop(g: Group, fault_free: list[Group]) -> Drop:
+def find_drop(g: SettingGroup, fault_free: list[SettingGroup]) -> Drop:
     """``g``'s drop against the fault-free groups given (module doc)."""
     wanted = next((h for h in (baseline_hash(r) for r in g.ok) if h), None)
     drop = Drop(wanted)
@@ -127,7 +127,7 @@ def find_drop(g: Group, fault_free: list[Group]) -> Drop:
     return drop
 
 
-def attach_drops(groups: list[Group]) -> None:
+def attach_drops(groups: list[SettingGroup]) -> None:
     """Set ``drop`` on every group run with faults (None stays on fault-free groups)."""
     fault_free = [g for g in groups if not g.has_faults]
     for g in groups:

@@ -6,9 +6,9 @@ form a group is ``grouping``'s rule.
 The fault setting (``config.faults``, README Faults) is part of the setting and of the protocol
 the rank compares within. The **headline** of a record run with faults (one with a ``faults``
 section, schema 1.3) is its honest clients' figure (``metrics.honest``); of any other record, the
-all-client figure. The all-client figures stay available (``Group.stat(..., clients="all")``).
+all-client figure. The all-client figures stay available (``SettingGroup.stat(..., clients="all")``).
 The final figures (mean over the last evaluated rounds) beside a headline are the same clients'
-(``Group.final_stat``; a client group's final figures exist from schema 1.5 on).
+(``SettingGroup.final_stat``; a client group's final figures exist from schema 1.5 on).
 
 The modality setting of a multimodal run (the missing modality and the fraction of clients that
 miss it, from the record's ``modalities`` section, schema 1.4) is part of the setting and of the
@@ -36,7 +36,7 @@ from hfl_bench.results.loading import Loaded
 METRICS = ("global_acc", "local_acc")
 NO_FAULTS = "none"  # the fault setting of a run without faults
 NO_MODALITIES = "none"  # the modality setting of a single-modality run
-CLIENTS = ("headline", "all", "honest", "faulty", "recipients", "donors")  # whose figure ``Group.stat`` reads
+CLIENTS = ("headline", "all", "honest", "faulty", "recipients", "donors")  # whose figure ``SettingGroup.stat`` reads
 
 
 def fault_setting(record: dict[str, Any]) -> str:
@@ -234,7 +234,7 @@ class Match:
 
 
 @dataclass
-class Group:
+class SettingGroup:
     """The reproduced records of one setting, described for the leaderboard."""
 
     group_id: str
@@ -303,8 +303,8 @@ class Group:
 
     @property
     def processors(self) -> list[str]:
-        """The distinct processors of the ok seeds that name theirs (records from 2026-12-01 on;
-        two kinds can round differently, README: Reproducibility across hosts)."""
+        """The distinct processors of the ok seeds that name theirs (two kinds can round
+        differently, README: Reproducibility across hosts)."""
         return sorted({p for p in (processor(r.record) for r in self.ok) if p})
 
     @property
@@ -340,12 +340,12 @@ class Group:
                 self.clients_per_round, self.rounds, self.local_epochs, self.faults, self.modalities)
 
 
-def describe(seeds: SeedGroup) -> Group:
+def describe(seeds: SeedGroup) -> SettingGroup:
     """The leaderboard's view of one seed group: its setting, read from a record that ran."""
     first = seeds.describing().record
     part, fed, cfg = first.get("partition") or {}, first.get("federation") or {}, first.get("config") or {}
     n_clients = fed.get("n_clients", cfg.get("clients"))
-    return Group(
+    return SettingGroup(
         group_id=seeds.group_id, method=first["method"]["name"], method_version=seeds.method_version,
         task=first["task"]["name"],
         pool=(first.get("arch_pool") or {}).get("name") or cfg.get("pool") or "?",
