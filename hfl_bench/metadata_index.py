@@ -43,7 +43,7 @@ from typing import Any
 import hfl_bench
 
 # Bump when the stored layout (this module's or the catalog's) changes: an older file is rebuilt.
-FORMAT = 1
+FORMAT = 2
 # Entry-point groups hfl-bench discovers plugins through (``hfl_bench.registry``).
 GROUP_PREFIX = "hfl_bench."
 DISABLE_ENV = "HFL_BENCH_NO_INDEX"
