@@ -178,7 +178,8 @@ def _smoke_problems(card: MethodCard) -> list[str]:
     problems = []
     if not (isinstance(smoke.method_params, Mapping)
             and all(isinstance(k, str) and isinstance(v, str) for k, v in smoke.method_params.items())):
-        problems.append(f"smoke.method_params must map names to strings (as --set gives them), got {smoke.method_params!r}")
+        problems.append("smoke.method_params must map names to strings (as --set gives them), "
+                        f"got {smoke.method_params!r}")
     if smoke.pool is not None and not isinstance(smoke.pool, str):
         problems.append(f"smoke.pool must be a pool name or None, got {smoke.pool!r}")
     if card.single_architecture and smoke.pool is None:

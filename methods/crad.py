@@ -12,11 +12,11 @@ aggregation rule that forms q-bar (``hfl_bench.aggregation``):
   our reconstruction;
 - ``crad``: support filter, per-class median agreement filter, Agresti-Coull precision weights.
 
-Reconstructed (the paper is silent; recorded in every record): T = 2; the run's SGD (lr, momentum,
-weight decay, batch size and gradient clipping from the config: the task's protocol defaults, e.g.
-lr 0.01, momentum 0.9, weight decay 5e-4, batch 64, clip at norm 10 on CIFAR); a teacher needs 2 validation
-samples of a class to count for it; a class with no supported teacher falls back to the plain
-mean; optional Laplace noise of scale 1/epsilon on the shared counts, drawn once and clamped at 0.
+Where the paper is silent the card's notes (in every record) say what we chose: the temperature,
+the optimizer (the run's SGD and protocol, from the config), the validation split, the support
+threshold and the fallback for a class no teacher supports. Optional Laplace noise of scale
+1/epsilon on the shared counts (``dp_epsilon``) is drawn once, since the counts never change, and
+clamped at 0.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ COMMON_NOTES = (
     "temperature T=2 (paper silent)",
     "optimizer: the run's SGD; lr, momentum, weight decay, batch size, grad-norm clip are the config's (the task's "
     "protocol defaults; paper silent)",
-    "held-out fraction 0.2 of each shard, stratified per class, split evenly into val and test (paper silent)",
+    "each shard's held-out part stratified per class and split evenly into val and test (paper silent)",
 )
 
 

@@ -14,7 +14,7 @@ then its private data. Each round, every active client
 Fidelity: paper, with the choices of the authors' official code (github.com/diogenes0319/FedMD_clean):
 the digest matches logits with an L1 loss (Keras ``mean_absolute_error``) under Adam, lr 1e-3;
 ``--set digest_loss=kl`` switches to KD_T on softened logits, a common variant. Choices where the
-paper and code leave room (each also in ``notes``, so every record carries them):
+paper and code leave room (the card's notes list them, so every record carries them):
 
 - transfer learning and the private initialization run once, before round 1, for every client:
   ``transfer_epochs`` (default 5) CE epochs on the labeled public set, then ``private_init_epochs``
@@ -90,15 +90,15 @@ class FedMD(Method):
         why_single_modality="it needs a public set, and a public sample would hand recipients the modality they miss",
         smoke=SmokeSettings(method_params={"transfer_epochs": "1", "private_init_epochs": "1"}),
         notes=(
-            "before round 1, every client: transfer_epochs (5) CE epochs on the labeled public set, then "
-            "private_init_epochs (2) on its private data, with its own SGD; extra budget beyond the R rounds",
+            "before round 1, every client: transfer_epochs of CE on the labeled public set, then "
+            "private_init_epochs on its private data, with its own SGD; extra budget beyond the R rounds",
             "public labels are used only in the transfer step",
             "alignment set: the whole public set each round (alignment_size = 0); the official code draws a subset",
             "consensus: mean of the active clients' eval-mode logits, own included; decentralized all-to-all "
             "broadcast of the M x C float32 logit matrix",
-            "digest: L1 on logits (official code; digest_loss in hparams), Adam lr 1e-3 per client kept across "
-            "rounds, digest_epochs (1) at the suite batch size, unaugmented, grad-norm clip 10",
-            "revisit: the suite's local_epochs of private CE with the client's SGD (the config's lr, momentum, wd)",
+            "digest: L1 on logits (official code; digest_loss in hparams), a per-client Adam at digest_lr kept "
+            "across rounds, digest_epochs at the config's batch size, unaugmented, clipped at the config's norm",
+            "revisit: the config's local epochs of private CE with the client's SGD",
         ),
     )
     Params = FedMDParams

@@ -30,7 +30,7 @@ follows here is what FedSocket adds: the teaching losses, the conditional target
 ownership rules it turns on.
 
 What comes from the paper (summary) or the spec [paper], and what is ours [ours]; every item is
-also in ``notes`` and so in every record:
+listed in the card's notes and so in every record:
 
 - [paper] exchange of Q parameters and counts only; bidirectional teaching with a frozen teacher
   Q and a trainable local Q copy; label-smoothed CE, reliability-weighted KD and label-supervised
@@ -87,7 +87,7 @@ also in ``notes`` and so in every record:
 - [ours] optimizers: Private keeps its client's SGD (momentum 0.9, weight decay 5e-4) with the
   learning rate set to 5e-2; Q copies use Adam(3e-4), created fresh each round (the copy is
   re-initialized from the global Q every round and no optimizer state is exchanged).
-  Gradient clipping at the suite's norm (10) for both.
+  Gradient clipping at the config's norm for both.
 - [ours] the Private teacher in stage (b) predicts on the un-augmented training samples (to
   match Q's features) as the client holds them (a recipient's without its missing modality);
   stage (a) and stage (b) each run ``local_epochs`` (2) seeded epochs (make_plan, purposes
@@ -332,10 +332,10 @@ class FedSocket(SharedPredictorClients, Method):
             "recipient's (and every single-modality client's) loss is the one term on its own interface",
             "[ours] fusion CE = NLL of (1 - omega) softmax(Private) + omega softmax(Q) with omega at rho = 1 "
             "(fusion_rho), Q frozen; no label smoothing on it",
-            "[ours] Private: the client's SGD (momentum 0.9, wd 5e-4) at lr 5e-2; Q copy: fresh Adam(3e-4) "
-            "each round; clipping at norm 10 for both",
+            "[ours] Private: the client's SGD (the config's momentum and weight decay) at private_lr; Q copy: a "
+            "fresh Adam at q_lr each round; both clipped at the config's gradient norm",
             "[ours] stage (b) teacher = Private's predictions on un-augmented training samples as the client "
-            "holds them; each stage runs local_epochs = 2 seeded epochs (overrides --local-epochs; "
+            "holds them; each stage runs the method's local_epochs seeded epochs (overrides --local-epochs; "
             "federation.local_epochs shows the flag)",
             "[ours] warm-up: warmup_epochs of Private-only CE_ls in setup for every client, before round 1; no "
             "out-of-fold cross-fitting",

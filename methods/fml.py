@@ -13,8 +13,8 @@ clients' trained memes weighted by their training-set sizes (as FedAvg does) and
 average; the private models never leave their clients. The headline metric evaluates each
 client's private model; the meme is reported as the extra endpoint ``meme``.
 
-Fidelity: paper, for the method as specified here. Choices where the paper leaves room (each also
-in ``notes``, so every record carries them):
+Fidelity: paper, for the method as specified here. Choices where the paper leaves room (the card's
+notes list them, so every record carries them):
 
 - meme architecture: by default the pool's smallest member by parameter count; the Params field
   ``meme_arch`` names another (a pool member's label or any timm model name, e.g. one registered

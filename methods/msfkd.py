@@ -9,7 +9,7 @@ sample, it averages all of them. The student distills toward the targets on the 
 (KD_T) for E_d epochs, then trains on its own data (CE) for E_l epochs.
 
 Reconstructed: the paper's text was not available, so everything beyond the spec's sentence is
-our choice (each also in ``notes``, so every record carries it):
+our choice (the card's notes list each, so every record carries it):
 
 - the public set is used unlabeled (``fed.public_y`` is never read);
 - teachers are the student's *peers*: the other active clients of the round. The student's own
@@ -103,8 +103,8 @@ class MSFKD(Method):
             "only p_T = softmax(z / T) (M x C float32) is sent, all-to-all among the active clients",
             "targets from the round's predictions of all active clients, computed before any distills; teachers in "
             "eval mode",
-            "distillation T^2 KL(target || softmax(z / T)), T = 2, E_d = 1 seeded epoch over the public set (suite "
-            "batch size, no augmentation), then E_l = --local-epochs CE epochs on private data (E_d : E_l = 1 : 1)",
+            "distillation T^2 KL(target || softmax(z / T)) for E_d = distill_epochs seeded epochs over the public "
+            "set (no augmentation), then E_l CE epochs on private data (default: the config's local epochs)",
             "both steps use the client's own optimizer: the suite's SGD (the config's lr, momentum, weight decay, "
             "clipping norm)",
             "budget: one public-set epoch per round on top of the suite's local epochs",

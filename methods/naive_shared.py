@@ -130,7 +130,7 @@ class NaiveShared(SharedPredictorClients, Method):
             "the held Q with plain CE on the client's own features (its observed interface) for local_epochs "
             "with a fresh Adam(q_lr); no KD either way, no fusion loss, no label smoothing, no reliability "
             "weights, no conditional target",
-            "[ours] Private warm-up: warmup_epochs (10) of plain CE in setup (fedsocket's warm-up length)",
+            "[ours] Private warm-up: warmup_epochs of plain CE in setup (fedsocket's warm-up length)",
             "[ours] upload {Q, sample count}; server: plain sample-weighted FedAvg of every block (no ownership "
             "of head rows or modality blocks), no stabilizer; sent to the round's active clients, current Q to "
             "stale active clients at round start",
