@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from hfl_bench.cli import app
 from hfl_bench.cli.leaderboard import DEFAULT_DIRS
 from hfl_bench.results.ranking import average_ranks
+from hfl_bench.testing import builtin_methods
 
 REPO = Path(__file__).resolve().parent.parent
 REPRODUCED = REPO / "leaderboards" / "reproduced"

@@ -172,7 +172,9 @@ def _table(title: str, columns: list[dict], rows: list[list[str]], styled_title:
 
 
 # Columns of ``list`` that may wrap at a narrow terminal; the others keep their values on one line.
-WRAPPED = ("description", "members", "source")
+WRAPPED = ("description", "members", "source", "declares")
+# A method card's facts that ``list methods --json`` gives as fields and the table in one column.
+DECLARED = ("transfer", "single_architecture", "refuses_faults")
 
 
 def _shape_text(v: Any) -> str:
@@ -180,21 +182,29 @@ def _shape_text(v: Any) -> str:
     return ("x".join(map(str, v)) or "-") if isinstance(v, list) else fmt(v)  # []: set by the data
 
 
-# Headers of ``list`` columns whose --json key is long for a table.
-HEADERS = {"single_architecture": "one arch", "refuses_faults": "refuses faults"}
-
-
 def _cell_text(v: Any) -> str:
-    if isinstance(v, bool):
-        return "yes" if v else "no"
     return "\n".join(terminal(x) for x in v) if isinstance(v, list) else fmt(v)
 
 
+def _declares(row: dict[str, Any]) -> str:
+    """A method's transfer data, one-architecture need and refused fault kinds, as one cell."""
+    parts = [row["transfer"]] if row["transfer"] != "none" else []
+    parts += ["one architecture"] if row["single_architecture"] else []
+    parts += [f"refuses {', '.join(row['refuses_faults'])}"] if row["refuses_faults"] else []
+    return "; ".join(parts) or "-"
+
+
+def _table_row(row: dict[str, Any]) -> dict[str, Any]:
+    if not all(k in row for k in DECLARED):
+        return row
+    return {**{k: v for k, v in row.items() if k not in DECLARED}, "declares": _declares(row)}
+
+
 def list_view(kind: str, rows: list[dict[str, Any]]) -> list:
+    rows = [_table_row(row) for row in rows]
     columns = [c for c in (rows[0].keys() if rows else ["name"]) if c != "origin"]  # origin: --json only
-    return [_table(kind, [_column(HEADERS.get(c, c), no_wrap=c not in WRAPPED,
-                                  overflow="fold" if c in WRAPPED else "ellipsis", one_line=c == "input")
-                          for c in columns],
+    return [_table(kind, [_column(c, no_wrap=c not in WRAPPED, overflow="fold" if c in WRAPPED else "ellipsis",
+                                  one_line=c == "input") for c in columns],
                    [[_shape_text(row[c]) if c == "input" else _cell_text(row[c]) for c in columns] for row in rows])]
 
 
