@@ -27,7 +27,7 @@ from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
 from hfl_bench.metering import Channel, Phase, PhaseTimer
 from hfl_bench.modalities import ModalityPlan, mask_clients
 from hfl_bench.modalities import plan_for as modality_plan_for
-from hfl_bench.method_api import Method, get_method_class
+from hfl_bench.method_api import Method, check_card_setting, get_method_class
 from hfl_bench.partition import Partition, given_partition, make_partition
 from hfl_bench.paths import checkpoint_path
 from hfl_bench.pools import check_pool_for_task, get_pool, seeded_model
@@ -191,7 +191,7 @@ def make_method(cfg: RunConfig) -> Method:
     cls = get_method_class(cfg.method)
     check_method_for_task(cls, cfg.task)
     params = config_mod.coerce_params(cls.Params, cfg.method_params, cfg.method)
-    if cls.needs_public and not cfg.public_size:
+    if cls.card.needs_public and not cfg.public_size:
         raise ConfigError(f"method {cfg.method} needs a public transfer set: pass --public-size N "
                           f"(samples held out of the training set; the CRAD setup uses 500)")
     return cls(params)
@@ -203,10 +203,11 @@ def check_method_for_task(cls: type[Method], task: str) -> None:
         info = get_task(task).info
     except RegistryError:
         return  # an unknown task is reported where the task is loaded, with its own message
-    if info.modalities and not cls.missing_modalities:
-        able = sorted(n for n in METHODS.names() if getattr(METHODS.get(n), "missing_modalities", False))
-        raise ConfigError(f"method {cls.name} does not run task {info.name}, whose clients miss modalities: "
-                          f"{cls.why_single_modality}. Methods that do: {', '.join(able)}")
+    card = cls.card
+    if info.modalities and not card.missing_modalities:
+        able = sorted(n for n, c in METHODS.items() if c.card.missing_modalities)
+        raise ConfigError(f"method {card.name} does not run task {info.name}, whose clients miss modalities: "
+                          f"{card.why_single_modality}. Methods that do: {', '.join(able)}")
 
 
 def load_task(cfg: RunConfig):
@@ -238,6 +239,7 @@ class Simulation:
         data = task.load(cfg.data_dir, cfg.download)
         seed_everything(cfg.seed)
         self.fed = fed = build_federation(cfg, task.info, data, device)
+        check_card_setting(self.method.card, fed)
         self.method.check(fed)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)

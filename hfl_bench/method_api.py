@@ -1,7 +1,8 @@
 """The method API: what a method is, and the services it composes.
 
-A method is a ``Method`` subclass registered by name (``@register_method("name")``). It declares
-its metadata (``fidelity``, ``citation``, ``topology``, ``notes``), its hyperparameters
+A method is a ``Method`` subclass registered with ``@register_method``. It declares what it is in
+one ``card = MethodCard(...)`` (``hfl_bench.method_card``: name, version, citation, fidelity,
+topology, transfer data, refusals, smoke-test settings, notes), its hyperparameters
 (``Params``, a dataclass whose fields use ``param(default, help)``) and implements
 ``run_round(fed, rnd, active)``: train the round's active clients and send what would cross the
 network. It sees a whole round, so the building blocks can batch work across clients. The engine
@@ -35,7 +36,6 @@ Family code shared by several methods lives in ``hfl_bench.families``.
 from __future__ import annotations
 
 import abc
-import re
 import dataclasses
 import inspect
 from contextlib import contextmanager
@@ -49,6 +49,7 @@ from hfl_bench.checkpoint import load_attrs, pack_attrs
 from hfl_bench.config import ConfigError, param, require_at_least
 from hfl_bench.federation import Client, Federation
 from hfl_bench.lockstep import train_students
+from hfl_bench.method_card import FIDELITIES, TOPOLOGIES, TRANSFERS, MethodCard, SmokeSettings, card_problems
 from hfl_bench.metering import SERVER, Payload, Phase
 from hfl_bench.pools import PoolMember, seeded_model
 from hfl_bench.registry import METHODS, RegistryError
@@ -73,15 +74,12 @@ from hfl_bench.training import (
 )
 
 __all__ = [
+    "FIDELITIES", "TOPOLOGIES", "TRANSFERS", "MethodCard", "SmokeSettings", "check_card_setting",
     "SERVER", "Batch", "Client", "ConfigError", "Diverged", "EpochPlan", "Federation", "Method", "NoParams",
     "Payload", "Phase", "Targets", "Trainee", "TransferPlan", "batch_targets", "derive_seed", "finite_mean", "fit", "get_method_class", "kd_loss", "make_plan",
     "new_model", "param", "predict_logits", "register_method", "require_at_least", "seeded_init", "soft_targets",
     "student_loss", "train_client", "train_students", "transfer_plan",
 ]
-
-# "original": a method first published in this project or in the plugin that ships it.
-FIDELITIES = ("paper", "reconstructed", "original")
-TOPOLOGIES = ("p2p", "server", "none")
 
 
 @dataclass
@@ -90,26 +88,10 @@ class NoParams:
 
 
 class Method(abc.ABC):
-    """Base class of every method. Subclass it, set the metadata, implement ``run_round``."""
+    """Base class of every method. Subclass it, declare its ``card``, implement ``run_round``."""
 
-    name: ClassVar[str] = ""  # set by register_method
-    fidelity: ClassVar[str] = "paper"  # "paper", "reconstructed" or "original"
-    # The version of the method's numerics, in every record: bump it whenever what the method
-    # computes changes (tests/test_method_pins.py refuses a changed pin under an unchanged version).
-    # Records of different versions never share a leaderboard group.
-    version: ClassVar[str] = ""
-    citation: ClassVar[str] = ""
-    topology: ClassVar[str] = "p2p"  # "p2p", "server" or "none"
-    # Choices made where the source is silent; copied into every record.
-    notes: ClassVar[tuple[str, ...]] = ()
+    card: ClassVar[MethodCard]  # everything the method declares about itself (hfl_bench.method_card)
     Params: ClassVar[type] = NoParams
-    # True for a method that cannot run without the public transfer set (``--public-size``).
-    needs_public: ClassVar[bool] = False
-    # True for a method that runs on a task whose clients miss modalities (hfl_bench.modalities):
-    # it reads inputs only through the clients' own models (they fuse whatever modalities a row
-    # has) or handles the modalities itself. The others refuse such a task with ``why_single_modality``.
-    missing_modalities: ClassVar[bool] = False
-    why_single_modality: ClassVar[str] = "it was written for inputs of one modality"
 
     def __init__(self, params: Any = None):
         self.params = params if params is not None else self.Params()
@@ -154,7 +136,7 @@ class Method(abc.ABC):
         """Load ``state_dict``'s output into this method right after a fresh ``setup(fed)``:
         modules and optimizers are loaded in place, other values replaced. A module that the
         checkpoint holds but setup did not create is an error: create it here first (``dfml``)."""
-        load_attrs(self, state, fed, where=f"method {self.name}")
+        load_attrs(self, state, fed, where=f"method {self.card.name}")
 
 
 def new_model(fed: Federation, member: PoolMember, *seed_parts, num_classes: int | None = None) -> nn.Module:
@@ -176,23 +158,29 @@ def seeded_init(fed: Federation, *seed_parts) -> Iterator[None]:
         yield
 
 
-VERSION_PATTERN = re.compile(r"[0-9]+(\.[0-9]+){0,3}")
+# What a class declared before cards: each now lives in the card (refused on the class, where it
+# would be silently ignored).
+CARD_ATTRIBUTES = ("name", "version", "fidelity", "citation", "topology", "notes", "needs_public",
+                   "missing_modalities", "why_single_modality")
 
 
 def check_method_class(name: str, cls: Any) -> None:
-    """A registered method must be a concrete ``Method`` subclass with valid metadata."""
+    """A registered method must be a concrete ``Method`` subclass with a valid card naming it."""
     if not (inspect.isclass(cls) and issubclass(cls, Method)):
         raise RegistryError(f"method {name!r} must be a subclass of hfl_bench.method_api.Method, got {cls!r}")
     if inspect.isabstract(cls):
         missing = ", ".join(sorted(cls.__abstractmethods__))
         raise RegistryError(f"method {name!r} ({cls.__qualname__}) does not implement {missing}")
-    if cls.fidelity not in FIDELITIES:
-        raise RegistryError(f"method {name!r}: fidelity must be one of {', '.join(FIDELITIES)}, got {cls.fidelity!r}")
-    if not (isinstance(cls.version, str) and VERSION_PATTERN.fullmatch(cls.version)):
-        raise RegistryError(f"method {name!r}: version must be a string like \"1.0\" (digits and dots), "
-                            f"got {cls.version!r}; set it on the class and bump it when its numerics change")
-    if cls.topology not in TOPOLOGIES:
-        raise RegistryError(f"method {name!r}: topology must be one of {', '.join(TOPOLOGIES)}, got {cls.topology!r}")
+    stray = [a for a in CARD_ATTRIBUTES if any(a in vars(k) for k in cls.__mro__ if k is not Method)]
+    if stray:
+        raise RegistryError(f"method {name!r} ({cls.__qualname__}) sets {', '.join(stray)} on the class: "
+                            "declare them in its card (card = MethodCard(...))")
+    if getattr(cls, "card", None) is None:
+        raise RegistryError(f"method {name!r} ({cls.__qualname__}) declares no card: set "
+                            f"card = MethodCard(name={name!r}, version=..., ...) on the class")
+    problems = card_problems(cls.card, name)
+    if problems:
+        raise RegistryError(f"method {name!r}: " + "; ".join(problems))
     if not dataclasses.is_dataclass(cls.Params):
         raise RegistryError(f"method {name!r}: Params must be a dataclass, got {cls.Params!r}")
 
@@ -200,18 +188,32 @@ def check_method_class(name: str, cls: Any) -> None:
 METHODS.validate = check_method_class  # also checks classes third-party entry points register
 
 
-def register_method(name: str):
-    """Class decorator: register a ``Method`` subclass under ``name`` (refuses anything else)."""
-
-    def add(cls):
-        check_method_class(name, cls)
-        cls.name = name
-        return METHODS.register(name, cls)
-
-    return add
+def register_method(cls: Any) -> Any:
+    """Class decorator: register a ``Method`` subclass under its card's name (refuses anything else
+    and a card with problems)."""
+    if isinstance(cls, str):
+        raise RegistryError(f"register_method takes the name from the class's card: write @register_method, "
+                            f"not @register_method({cls!r})")
+    card = getattr(cls, "card", None)
+    name = card.name if isinstance(card, MethodCard) and isinstance(card.name, str) else ""
+    if not name:
+        check_method_class(getattr(cls, "__qualname__", repr(cls)), cls)  # says what is missing
+    return METHODS.register(name, cls)
 
 
 def get_method_class(name: str) -> type[Method]:
     cls = METHODS.get(name)
     check_method_class(name, cls)
     return cls
+
+
+def check_card_setting(card: MethodCard, fed: Federation) -> None:
+    """Refuse a setting the card says the method cannot run (one clear ConfigError): a pool of
+    several architectures for a single-architecture method, a fault kind it refuses."""
+    if card.single_architecture and not fed.pool.homogeneous:
+        members = ", ".join(m.name for m in fed.pool.members)
+        raise ConfigError(f"{card.name} needs one architecture for every client; pool {fed.pool.name!r} mixes "
+                          f"{members}. Use a homogeneous pool such as --pool cpu-cnn or --pool paper-resnet18.")
+    faults = fed.faults.kind if fed.faults is not None else None
+    if faults in card.refuses_faults:
+        raise ConfigError(f"method {card.name} does not run under --faults {faults}: {card.refuses_faults[faults]}")

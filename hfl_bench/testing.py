@@ -8,7 +8,11 @@ package's own tests can import them).
 - ``run_record(*cli_args, out=...)``: ``hfl-bench run ...`` through the real CLI, as a subprocess;
   returns the record it wrote after checking that it is valid;
 - ``builtin_names(registry)``: the names hfl-bench itself registered (tests that enumerate a
-  registry run on these, so an installed plugin does not change what they check).
+  registry run on these, so an installed plugin does not change what they check);
+- ``builtin_methods()``: the methods the project's suites run, each with ``smoke_config(name)``,
+  the ``RunConfig`` fields its card's smoke settings give (``MethodCard.smoke_config``). No test
+  keeps a list of methods: a method hfl-bench registers is run by every suite that enumerates
+  these.
 
 This module sits above the command line (``run_record`` drives it); nothing in hfl-bench imports it.
 """
@@ -24,17 +28,30 @@ from typing import Any
 
 from hfl_bench.config import RunConfig
 from hfl_bench.federation import Federation
-from hfl_bench.method_api import Method, get_method_class
+from hfl_bench.method_api import Method, check_card_setting, get_method_class
 from hfl_bench.provenance import is_builtin
-from hfl_bench.registry import Registry
+from hfl_bench.registry import METHODS, Registry
 
-__all__ = ["builtin_names", "cpu_federation", "is_builtin", "ready_method", "run_record", "tiny_federation"]
+__all__ = ["builtin_methods", "builtin_names", "cpu_federation", "is_builtin", "ready_method", "run_record",
+           "smoke_config", "tiny_federation"]
 
 
 def builtin_names(registry: Registry) -> list[str]:
     """The sorted names in ``registry`` registered by hfl-bench itself (origin module under
     ``hfl_bench.``); third-party entries are left out."""
     return [name for name in registry.names() if is_builtin(registry, name)]
+
+
+def builtin_methods() -> list[str]:
+    """The sorted names of the methods hfl-bench registered: what the test suites parametrize
+    over (pins, faults, evaluation, modalities), each run with ``smoke_config(name)``."""
+    return builtin_names(METHODS)
+
+
+def smoke_config(method: str) -> dict[str, Any]:
+    """The ``RunConfig`` fields of a quick run of ``method`` (``method_params``, ``pool``,
+    ``public_size``), from its card's smoke settings."""
+    return get_method_class(method).card.smoke_config()
 
 
 def cpu_federation(cfg: RunConfig) -> Federation:
@@ -66,9 +83,10 @@ def tiny_federation(task: str = "digits", clients: int = 4, **cfg: Any) -> Feder
 
 def ready_method(cls_or_name: type[Method] | str, fed: Federation, **params: Any) -> Method:
     """The method (a class, or its registered name) with these hyperparameters, checked against
-    ``fed`` (``check``) and set up on it (``setup``)."""
+    ``fed`` (its card's refusals, then ``check``) and set up on it (``setup``)."""
     cls = get_method_class(cls_or_name) if isinstance(cls_or_name, str) else cls_or_name
     method = cls(cls.Params(**params))
+    check_card_setting(cls.card, fed)
     method.check(fed)
     method.setup(fed)
     return method

@@ -12,11 +12,11 @@ aggregation rule that forms q-bar (``hfl_bench.aggregation``):
   our reconstruction;
 - ``crad``: support filter, per-class median agreement filter, Agresti-Coull precision weights.
 
-Reconstructed (the paper is silent; recorded in every record): T = 2; the run's SGD (lr, momentum,
-weight decay, batch size and gradient clipping from the config: the task's protocol defaults, e.g.
-lr 0.01, momentum 0.9, weight decay 5e-4, batch 64, clip at norm 10 on CIFAR); a teacher needs 2 validation
-samples of a class to count for it; a class with no supported teacher falls back to the plain
-mean; optional Laplace noise of scale 1/epsilon on the shared counts, drawn once and clamped at 0.
+Where the paper is silent the card's notes (in every record) say what we chose: the temperature,
+the optimizer (the run's SGD and protocol, from the config), the validation split, the support
+threshold and the fallback for a class no teacher supports. Optional Laplace noise of scale
+1/epsilon on the shared counts (``dp_epsilon``) is drawn once, since the counts never change, and
+clamped at 0.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 
 from hfl_bench.aggregation import get_aggregator
 from hfl_bench.families.peer_kd import peer_kd_round
-from hfl_bench.method_api import ConfigError, Method, derive_seed, param, register_method
+from hfl_bench.method_api import ConfigError, Method, MethodCard, derive_seed, param, register_method
 from hfl_bench.registry import AGGREGATORS, RegistryError
 
 CITATION = "Class-wise Reliability-Aware Distillation for Decentralized Heterogeneous FL, arXiv 2609.00446"
@@ -35,7 +35,7 @@ COMMON_NOTES = (
     "temperature T=2 (paper silent)",
     "optimizer: the run's SGD; lr, momentum, weight decay, batch size, grad-norm clip are the config's (the task's "
     "protocol defaults; paper silent)",
-    "held-out fraction 0.2 of each shard, stratified per class, split evenly into val and test (paper silent)",
+    "each shard's held-out part stratified per class and split evenly into val and test (paper silent)",
 )
 
 
@@ -49,14 +49,18 @@ class PeerKDParams:
     dp_epsilon: float | None = param(None, "CRAD rules: Laplace noise of scale 1/epsilon on shared counts.")
 
 
-class PeerKD(Method):
-    """Shared class of the peer-KD family; subclasses set the default aggregation rule."""
+def peer_kd_card(name: str, fidelity: str, summary: str, notes: tuple[str, ...] = ()) -> MethodCard:
+    """The card of a peer-KD method: the family's citation, topology and notes, plus its own."""
+    # missing modalities: reads inputs only through the clients' own models, which fuse the
+    # modalities a row has
+    return MethodCard(name=name, version="1.0", fidelity=fidelity, topology="p2p", citation=CITATION,
+                      summary=summary, missing_modalities=True, notes=COMMON_NOTES + notes)
 
-    citation = CITATION
-    topology = "p2p"
+
+class PeerKD(Method):
+    """Shared class of the peer-KD family; subclasses set the default aggregation rule and the card."""
+
     Params = PeerKDParams
-    # Reads inputs only through the clients' own models, which fuse the modalities a row has.
-    missing_modalities = True
 
     def check(self, fed):
         try:
@@ -101,35 +105,28 @@ class CRADParams(PeerKDParams):
     aggregator: str = param("crad", "Aggregation rule (hfl-bench list aggregators).")
 
 
-@register_method("uniform-kd")
+@register_method
 class UniformKD(PeerKD):
-    """Peer KD with the uniform mean of the peer teachers (CRAD paper's Uniform KD)."""
-
-    fidelity = "paper"
-    version = "1.0"
+    card = peer_kd_card("uniform-kd", "paper",
+                        "Peer KD with the uniform mean of the peer teachers (CRAD paper's Uniform KD).")
     Params = UniformParams
-    notes = COMMON_NOTES
 
 
-@register_method("uncertainty-kd")
+@register_method
 class UncertaintyKD(PeerKD):
-    """Peer KD with per-sample softmax(-entropy) teacher weights (reconstructed form)."""
-
-    fidelity = "reconstructed"
-    version = "1.0"
+    card = peer_kd_card(
+        "uncertainty-kd", "reconstructed",
+        "Peer KD with per-sample softmax(-entropy) teacher weights (reconstructed form).",
+        ("teacher weight w_j(x) = softmax_j(-H(q_j(x))), entropy at T (paper ambiguous)",))
     Params = UncertaintyParams
-    notes = COMMON_NOTES + ("teacher weight w_j(x) = softmax_j(-H(q_j(x))), entropy at T (paper ambiguous)",)
 
 
-@register_method("crad")
+@register_method
 class CRAD(PeerKD):
-    """CRAD: class-wise support and agreement filters, then Agresti-Coull precision weights."""
-
-    fidelity = "paper"
-    version = "1.0"
+    card = peer_kd_card(
+        "crad", "paper", "CRAD: class-wise support and agreement filters, then Agresti-Coull precision weights.", (
+            "support filter threshold n >= 2 validation samples (paper: a hyperparameter)",
+            "a class with no supported teacher falls back to the plain mean of all teachers (paper silent)",
+            "median = mean of the two middle deviations for an even count",
+        ))
     Params = CRADParams
-    notes = COMMON_NOTES + (
-        "support filter threshold n >= 2 validation samples (paper: a hyperparameter)",
-        "a class with no supported teacher falls back to the plain mean of all teachers (paper silent)",
-        "median = mean of the two middle deviations for an even count",
-    )

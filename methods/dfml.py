@@ -15,7 +15,8 @@ and the model each client is evaluated with is its "peak model", stored when alp
 Taken from the spec: the loss above, the WSM formula, one aggregator per round, models travel to
 the aggregator and back.
 
-Reconstructed (the spec marks these [reconstructed] or is silent; each is in ``notes``):
+Reconstructed (the spec marks these [reconstructed] or is silent; the card's notes list them for
+every record, the reasons are here):
 
 - alpha schedule: alpha_t = alpha_max * (1 - cos(2 pi t / P)) / 2 with alpha_max = 0.8, P = 10,
   where t = rnd - 1 counts completed rounds, so the first round is pure supervision (alpha 0)
@@ -59,7 +60,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl_bench.method_api import (
-    ConfigError, Method, Payload, Phase, Trainee, derive_seed, fit, make_plan, param, register_method,
+    ConfigError, Method, MethodCard, Payload, Phase, SmokeSettings, Trainee, derive_seed, fit, make_plan,
+    param, register_method,
 )
 
 BETA_FLOOR = 1e-8  # smallest class proportion entering log beta (absent classes)
@@ -137,30 +139,31 @@ class DFMLParams:
     period: int = param(10, "Period P of the alpha cycle in rounds (even; peaks at t mod P = P/2).")
 
 
-@register_method("dfml")
+@register_method
 class DFML(Method):
-    """Decentralized mutual learning at a random aggregator, WSM supervision, cyclic alpha, peak models."""
-
-    fidelity = "reconstructed"
-    version = "1.1"  # 1.1: K follows --local-epochs (1.0: K = 1 whatever the protocol)
-    citation = "Khalil et al., DFML: Decentralized Federated Mutual Learning, arXiv 2402.01863, 2024"
-    topology = "p2p"
-    why_single_modality = "its generator synthesizes inputs of one modality"
-    Params = DFMLParams
-    notes = (
-        "alpha_t = alpha_max (1 - cos(2 pi t / P)) / 2, alpha_max 0.8, P 10, t = rounds completed (reconstructed)",
-        "peak model: a participant's model is copied at rounds with t mod P = P/2 and is what is evaluated; "
-        "current model until the first peak (reconstructed)",
-        "WSM: class proportions floored at 1e-8 before the log, so absent classes get ~0 probability (spec: clamp)",
-        "teachers: every model's train-mode prediction on the batch, taken before any model steps, detached; "
-        "KL at temperature 1, mean over peers (reconstructed)",
-        "aggregator drawn uniformly from the active clients, seeded; every active client participates (reconstructed)",
-        "K = the run's local epochs over the aggregator's data per round (the protocol's budget) unless epochs is "
-        "set; owner's optimizer state kept",
-        "a lone participant trains with the WSM loss alone",
-        "optimizer: the owner's SGD; lr, momentum, weight decay, batch size, grad-norm clip are the config's "
-        "(the task's protocol defaults)",
+    card = MethodCard(
+        name="dfml", fidelity="reconstructed", topology="p2p",
+        version="1.1",  # 1.1: K follows --local-epochs (1.0: K = 1 whatever the protocol)
+        citation="Khalil et al., DFML: Decentralized Federated Mutual Learning, arXiv 2402.01863, 2024",
+        summary="Decentralized mutual learning at a random aggregator, WSM supervision, cyclic alpha, peak models.",
+        smoke=SmokeSettings(method_params={"period": "2"}),
+        notes=(
+            "alpha_t = alpha_max (1 - cos(2 pi t / P)) / 2, t = rounds completed (reconstructed)",
+            "peak model: a participant's model is copied at rounds with t mod P = P/2 and is what is evaluated; "
+            "current model until the first peak (reconstructed)",
+            "WSM: class proportions floored at 1e-8 before the log, so absent classes get ~0 probability (spec: clamp)",
+            "teachers: every model's train-mode prediction on the batch, taken before any model steps, detached; "
+            "KL at temperature 1, mean over peers (reconstructed)",
+            "aggregator drawn uniformly from the active clients, seeded; every active client participates "
+            "(reconstructed)",
+            "K = the run's local epochs over the aggregator's data per round (the protocol's budget) unless epochs is "
+            "set; owner's optimizer state kept",
+            "a lone participant trains with the WSM loss alone",
+            "optimizer: the owner's SGD; lr, momentum, weight decay, batch size, grad-norm clip are the config's "
+            "(the task's protocol defaults)",
+        ),
     )
+    Params = DFMLParams
 
     def check(self, fed):
         p = self.params

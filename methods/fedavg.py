@@ -7,27 +7,22 @@ from __future__ import annotations
 
 import torch
 
-from hfl_bench.method_api import SERVER, ConfigError, Method, Payload, make_plan, register_method, train_students
+from hfl_bench.method_api import (
+    SERVER, Method, MethodCard, Payload, SmokeSettings, make_plan, register_method, train_students,
+)
 
 
-@register_method("fedavg")
+@register_method
 class FedAvg(Method):
-    """Server averages the active clients' weights (by training size) and broadcasts to all."""
-
-    fidelity = "paper"
-    version = "1.0"
-    topology = "server"
-    why_single_modality = ("it averages one architecture's parameters, and a recipient's model lacks the "
-                           "encoder of the modality it misses")
-    citation = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, 2017"
-
-    def check(self, fed):
-        if not fed.pool.homogeneous:
-            members = ", ".join(m.name for m in fed.pool.members)
-            raise ConfigError(
-                f"fedavg needs one architecture for every client; pool {fed.pool.name!r} mixes {members}. "
-                "Use a homogeneous pool such as --pool cpu-cnn or --pool paper-resnet18."
-            )
+    card = MethodCard(
+        name="fedavg", version="1.0", fidelity="paper", topology="server",
+        citation="McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, 2017",
+        summary="Server averages the active clients' weights (by training size) and broadcasts to all.",
+        single_architecture=True,  # the engine refuses a pool of several architectures
+        why_single_modality=("it averages one architecture's parameters, and a recipient's model lacks the "
+                             "encoder of the modality it misses"),
+        smoke=SmokeSettings(pool="cpu-cnn"),
+    )
 
     def setup(self, fed):
         # The server's initial model (client 0's initialization) goes to every other client.

@@ -20,11 +20,11 @@ the suite's headline metric; the paper's predictor, the same confidence-weighted
 clients' models, is the extra endpoint ``ensemble``.
 
 Fidelity: paper, for the algorithm as summarized (spec Sec. 7 and the paper summary). Choices
-where the summary is silent (each also in ``notes``, so every record carries it):
+where the summary is silent (the card's notes list them for every record):
 
 - optimizer: Adam, lr 1e-3 (the paper's; no weight decay) for every step, because FedCC's recipe
   (lambda, delta, tau) was tuned with it; ``--set optimizer=sgd`` gives the suite's SGD instead.
-  Gradient clipping at the suite's norm (10). Each client keeps its optimizer across rounds;
+  Gradient clipping at the config's norm. Each client keeps its optimizer across rounds;
 - models: every client's model is rebuilt in setup with C + 1 outputs from its pool member, seeded
   like the engine's (derive_seed(seed, "init", cid)) under a forked RNG;
 - entropies use the natural log; H(x) is, like w_l, the entropy of the *smoothed* prediction over
@@ -67,6 +67,7 @@ from hfl_bench.method_api import (
     ConfigError,
     EpochPlan,
     Method,
+    MethodCard,
     Phase,
     Trainee,
     derive_seed,
@@ -298,40 +299,39 @@ class EnsembleView(nn.Module):
 # ----------------------------------------------------------------------------- the method
 
 
-@register_method("fedcc")
+@register_method
 class FedCC(Method):
-    """C + 1 outputs, calibrated pseudo-labels on the unlabeled public set, confidence-weighted server."""
-
-    fidelity = "paper"
-    version = "1.0"
-    topology = "server"
-    citation = ("Ye, Ayan, An, Carle, FedCC: Towards Addressing Label Distribution Skews in Distillation-Based "
-                "Federated Learning, arXiv 2608.23031")
-    needs_public = True
-    why_single_modality = "it needs a public set, and a public sample would hand recipients the modality they miss"
-    notes = (
-        "public set used unlabeled (its labels are never read)",
-        "optimizer: Adam lr 1e-3, no weight decay (the paper's; optimizer=sgd gives the suite's SGD), kept across "
-        "rounds; gradient clipping at norm 10",
-        "models rebuilt in setup with C + 1 outputs from each client's pool member, seeded derive_seed(seed, "
-        "'init', cid)",
-        "entropies in nats; H(x) like w_l: entropy of the delta-smoothed prediction over the C known classes "
-        "(softmax of the known logits); the unknown entry plays no part in the weights",
-        "probe image: all zeros in normalized space (the per-channel training mean); w_l, H(x) and m from the "
-        "model after the CE step, eval mode",
-        "C_J: classes above 2% of the client's labels; if none, the classes it holds",
-        "budget: the paper's 15 rounds x 20 local epochs replaced by the suite's rounds and --local-epochs CE "
-        "epochs; sync 1 epoch over the public set and pseudo-label step 1 epoch over D_k per round",
-        "pseudo-label step: each private batch joined by an equal share of a seeded permutation of the public "
-        "set (one pass per epoch), one forward (BatchNorm sees both); CE mean + lambda soft-CE mean",
-        "sync loss tau^2 KL(target || softmax(z / tau)), tau = 1, one seeded epoch, suite batch size; no "
-        "augmentation of public inputs",
-        "server broadcasts to every client (inactive ones keep the latest); uploads and pseudo-label "
-        "predictions in eval mode",
-        "fallbacks: uniform server weights where sum(1 - p_unk) = 0, uniform known target where no known mass "
-        "is left; alpha = 0 when w_l + w_u = 0",
-        "headline: each client's own model, argmax over the C known classes; extra endpoint 'ensemble' = the "
-        "paper's confidence-weighted ensemble of all clients (the same predictor reported for each client)",
+    card = MethodCard(
+        name="fedcc", version="1.0", fidelity="paper", topology="server",
+        citation=("Ye, Ayan, An, Carle, FedCC: Towards Addressing Label Distribution Skews in Distillation-Based "
+                 "Federated Learning, arXiv 2608.23031"),
+        summary="C + 1 outputs, calibrated pseudo-labels on the unlabeled public set, confidence-weighted server.",
+        transfer="public-unlabelled",
+        why_single_modality="it needs a public set, and a public sample would hand recipients the modality they miss",
+        notes=(
+            "public set used unlabeled (its labels are never read)",
+            "optimizer: Adam at adam_lr, no weight decay (the paper's; optimizer=sgd gives the suite's SGD), kept "
+            "across rounds; gradients clipped at the config's norm",
+            "models rebuilt in setup with C + 1 outputs from each client's pool member, seeded derive_seed(seed, "
+            "'init', cid)",
+            "entropies in nats; H(x) like w_l: entropy of the delta-smoothed prediction over the C known classes "
+            "(softmax of the known logits); the unknown entry plays no part in the weights",
+            "probe image: all zeros in normalized space (the per-channel training mean); w_l, H(x) and m from the "
+            "model after the CE step, eval mode",
+            "C_J: classes above 2% of the client's labels; if none, the classes it holds",
+            "budget: the paper's 15 rounds x 20 local epochs replaced by the config's rounds and local epochs of CE; "
+            "per round, sync_epochs over the public set and pseudo_epochs of the pseudo-label step over D_k",
+            "pseudo-label step: each private batch joined by an equal share of a seeded permutation of the public "
+            "set (one pass per epoch), one forward (BatchNorm sees both); CE mean + lambda soft-CE mean",
+            "sync loss tau^2 KL(target || softmax(z / tau)), seeded epochs at the config's batch size; no "
+            "augmentation of public inputs",
+            "server broadcasts to every client (inactive ones keep the latest); uploads and pseudo-label "
+            "predictions in eval mode",
+            "fallbacks: uniform server weights where sum(1 - p_unk) = 0, uniform known target where no known mass "
+            "is left; alpha = 0 when w_l + w_u = 0",
+            "headline: each client's own model, argmax over the C known classes; extra endpoint 'ensemble' = the "
+            "paper's confidence-weighted ensemble of all clients (the same predictor reported for each client)",
+        ),
     )
     Params = FedCCParams
 

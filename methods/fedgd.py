@@ -19,7 +19,7 @@ et al. NeurIPS 2022). No public data are needed: each round
    exactly as in FedMD (``hfl_bench.families.fedmd_exchange``).
 
 Fidelity: reconstructed (spec, methods.md Sec. 5). Choices where the sources are silent (each
-also in ``notes``, so every record carries them):
+listed in the card's notes, so every record carries them):
 
 - **adversarial term without a student**: the coordinator keeps no student. TARGET / DENSE push
   the generator toward samples where a student disagrees with the teacher; here the students are
@@ -91,6 +91,8 @@ from hfl_bench.method_api import (
     SERVER,
     ConfigError,
     Method,
+    MethodCard,
+    SmokeSettings,
     Phase,
     derive_seed,
     finite_mean,
@@ -269,35 +271,38 @@ def synthesize(fed: "Federation", generator: Generator, p: FedGDParams, rnd: int
     return torch.cat([generator(z[i : i + b], y[i : i + b]) for i in range(0, len(z), b)])
 
 
-@register_method("fedgd")
+@register_method
 class FedGD(Method):
-    """A coordinator's generator synthesizes a transfer set from the snapshots; then the FedMD exchange."""
-
-    fidelity = "reconstructed"
-    version = "1.0"
-    topology = "server"
-    why_single_modality = "its generator synthesizes inputs of one modality"
-    citation = ("FedMD (Li & Wang, arXiv 1910.03581) on a synthetic transfer set generated as in TARGET "
-                "(Zhang et al., ICCV 2023, arXiv 2303.06937)")
-    needs_public = False
-    notes = (
-        "reconstructed: FedMD exchange on a 500-sample synthetic set from a coordinator's generator (TARGET-style)",
-        "generator loss 10 * BN-statistics matching (L2 norms of mean and variance gaps, mean over snapshots "
-        "with BN; BN-free models add nothing) + 0.5 * CE(ensemble, y) + 1 * adversarial term",
-        "adversarial term without a student: -KL(ensemble || snapshot), averaged over snapshots, masked to "
-        "samples where the snapshot agrees with the ensemble's argmax (DENSE's mask)",
-        "class-conditional generator (z times a learned class embedding) so a persistent generator can follow "
-        "y ~ Uniform; balanced labels in the synthetic set",
-        "generator: linear -> 128 x (H/4 x W/4) -> BN -> up -> conv 128 -> BN -> LReLU -> up -> conv 64 -> BN -> "
-        "LReLU -> conv -> sigmoid; a size not divisible by 4 is not upsampled (mnist1d: 1x10 -> 1x40)",
-        "sigmoid output mapped onto [-3, 3] (standardized data; the normalization constants are not kept)",
-        "generator and its Adam (2e-3, betas 0.5/0.999) persist across rounds; g_steps 3 per round (spec: 10; "
-        "CPU cost) at batch 64",
-        "server-form exchange: the coordinator computes the consensus from the uploaded snapshots and "
-        "broadcasts it with the synthetic set (float32) to the active clients; no logit upload",
-        "digest L1 on logits (digest_loss in hparams), Adam 1e-3 per client kept across rounds, 1 epoch; "
-        "revisit: the suite's local_epochs with the client's SGD",
-        "no initialization phase before round 1 (no labeled public data); --public-size is held out, never read",
+    card = MethodCard(
+        name="fedgd", version="1.0", fidelity="reconstructed", topology="server",
+        citation=("FedMD (Li & Wang, arXiv 1910.03581) on a synthetic transfer set generated as in TARGET "
+                 "(Zhang et al., ICCV 2023, arXiv 2303.06937)"),
+        summary="A coordinator's generator synthesizes a transfer set from the snapshots; then the FedMD exchange.",
+        transfer="synthetic",
+        why_single_modality="its generator synthesizes inputs of one modality",
+        smoke=SmokeSettings(method_params={"g_steps": "2", "synthetic_size": "128"}),
+        notes=(
+            "reconstructed: FedMD exchange on a synthetic set (synthetic_size samples) from a coordinator's generator "
+            "(TARGET-style)",
+            "generator loss lambda_bn * BN-statistics matching (L2 norms of mean and variance gaps, mean over "
+            "snapshots with BN; BN-free models add nothing) + lambda_oh * CE(ensemble, y) + lambda_adv * "
+            "adversarial term",
+            "adversarial term without a student: -KL(ensemble || snapshot), averaged over snapshots, masked to "
+            "samples where the snapshot agrees with the ensemble's argmax (DENSE's mask)",
+            "class-conditional generator (z times a learned class embedding) so a persistent generator can follow "
+            "y ~ Uniform; balanced labels in the synthetic set",
+            "generator: linear -> 128 x (H/4 x W/4) -> BN -> up -> conv 128 -> BN -> LReLU -> up -> conv 64 -> BN -> "
+            "LReLU -> conv -> sigmoid; a size not divisible by 4 is not upsampled (mnist1d: 1x10 -> 1x40)",
+            "sigmoid output mapped onto [-output_range, output_range] (standardized data; the normalization "
+            "constants are not kept)",
+            "generator and its Adam (lr_g, betas 0.5/0.999) persist across rounds; g_steps per round (spec: 10; "
+            "fewer for CPU cost) at g_batch_size",
+            "server-form exchange: the coordinator computes the consensus from the uploaded snapshots and "
+            "broadcasts it with the synthetic set (float32) to the active clients; no logit upload",
+            "digest: digest_loss on logits with a per-client Adam at digest_lr kept across rounds; revisit: private "
+            "CE with the client's SGD",
+            "no initialization phase before round 1 (no labeled public data); --public-size is held out, never read",
+        ),
     )
     Params = FedGDParams
 

@@ -14,7 +14,7 @@ then its private data. Each round, every active client
 Fidelity: paper, with the choices of the authors' official code (github.com/diogenes0319/FedMD_clean):
 the digest matches logits with an L1 loss (Keras ``mean_absolute_error``) under Adam, lr 1e-3;
 ``--set digest_loss=kl`` switches to KD_T on softened logits, a common variant. Choices where the
-paper and code leave room (each also in ``notes``, so every record carries them):
+paper and code leave room (the card's notes list them, so every record carries them):
 
 - transfer learning and the private initialization run once, before round 1, for every client:
   ``transfer_epochs`` (default 5) CE epochs on the labeled public set, then ``private_init_epochs``
@@ -57,6 +57,8 @@ from hfl_bench.families.transfer import share_all_to_all, transfer_logits
 from hfl_bench.method_api import (
     Payload,
     Method,
+    MethodCard,
+    SmokeSettings,
     Phase,
     derive_seed,
     make_plan,
@@ -78,26 +80,26 @@ class FedMDParams(ExchangeParams):
     alignment_size: int = param(0, "Public samples used per round (a seeded draw per round); 0 = all of them.")
 
 
-@register_method("fedmd")
+@register_method
 class FedMD(Method):
-    """Transfer learning on the public set, then per round: consensus logits, digest, revisit."""
-
-    fidelity = "paper"
-    version = "1.0"
-    topology = "p2p"
-    citation = "Li & Wang, FedMD: Heterogenous Federated Learning via Model Distillation, arXiv 1910.03581, 2019"
-    needs_public = True
-    why_single_modality = "it needs a public set, and a public sample would hand recipients the modality they miss"
-    notes = (
-        "before round 1, every client: transfer_epochs (5) CE epochs on the labeled public set, then "
-        "private_init_epochs (2) on its private data, with its own SGD; extra budget beyond the R rounds",
-        "public labels are used only in the transfer step",
-        "alignment set: the whole public set each round (alignment_size = 0); the official code draws a subset",
-        "consensus: mean of the active clients' eval-mode logits, own included; decentralized all-to-all "
-        "broadcast of the M x C float32 logit matrix",
-        "digest: L1 on logits (official code; digest_loss in hparams), Adam lr 1e-3 per client kept across "
-        "rounds, digest_epochs (1) at the suite batch size, unaugmented, grad-norm clip 10",
-        "revisit: the suite's local_epochs of private CE with the client's SGD (the config's lr, momentum, wd)",
+    card = MethodCard(
+        name="fedmd", version="1.0", fidelity="paper", topology="p2p",
+        citation="Li & Wang, FedMD: Heterogenous Federated Learning via Model Distillation, arXiv 1910.03581, 2019",
+        summary="Transfer learning on the public set, then per round: consensus logits, digest, revisit.",
+        transfer="public-labelled",
+        why_single_modality="it needs a public set, and a public sample would hand recipients the modality they miss",
+        smoke=SmokeSettings(method_params={"transfer_epochs": "1", "private_init_epochs": "1"}),
+        notes=(
+            "before round 1, every client: transfer_epochs of CE on the labeled public set, then "
+            "private_init_epochs on its private data, with its own SGD; extra budget beyond the R rounds",
+            "public labels are used only in the transfer step",
+            "alignment set: the whole public set each round (alignment_size = 0); the official code draws a subset",
+            "consensus: mean of the active clients' eval-mode logits, own included; decentralized all-to-all "
+            "broadcast of the M x C float32 logit matrix",
+            "digest: L1 on logits (official code; digest_loss in hparams), a per-client Adam at digest_lr kept "
+            "across rounds, digest_epochs at the config's batch size, unaugmented, clipped at the config's norm",
+            "revisit: the config's local epochs of private CE with the client's SGD",
+        ),
     )
     Params = FedMDParams
 

@@ -20,7 +20,7 @@ every active client i and every batch x of its own data,
                       + mu * KD_T(p_T(f_i^{r-1}(x)) || f_i(x)),
 
 with KD_T(q || z) = T^2 KL(q || softmax(z / T)), j over the round's other active clients.
-Choices where the sources are silent (each also in ``notes``, so every record carries them):
+Choices where the sources are silent (the card's notes list them, so every record carries them):
 
 - lambda = mu = 0.5, T = 2; the weights add to CE (not the backbone's convex (1 - lambda) CE);
 - the peer term is the uniform mean of the peers' round r-1 snapshots, exchanged and metered
@@ -54,6 +54,7 @@ from hfl_bench.method_api import (
     Batch,
     ConfigError,
     Method,
+    MethodCard,
     Targets,
     batch_targets,
     kd_loss,
@@ -86,25 +87,26 @@ def fedmkd_loss(peer: Targets | None, memory: Targets | None, lam: float, mu: fl
     return loss
 
 
-@register_method("fedmkd")
+@register_method
 class FedMKD(Method):
-    """Peer KD from the peers' round r-1 snapshots plus KD from the client's own round r-1 model."""
-
-    fidelity = "reconstructed"
-    version = "1.0"
-    topology = "p2p"
-    # Reads inputs only through the clients' own models, which fuse the modalities a row has.
-    missing_modalities = True
-    citation = ("Lin, Tan, Liu, FedMKD: Personalized federated learning with memory knowledge distillation, "
-                "IEEE ICC 2025 (decentralized adaptation of the CRAD paper, arXiv 2609.00446)")
-    notes = (
-        "decentralized adaptation as run by the CRAD paper; original algorithm not available (reconstructed)",
-        "loss CE + lambda KD_T(uniform peer mean) + mu KD_T(own previous-round model), lambda = mu = 0.5, T = 2",
-        "memory = the client's own model at the start of the round (its round r-1 snapshot), eval mode, not sent",
-        "no memory term in a client's first local round (round 1 under full participation): no previous model yet",
-        "peers' snapshots exchanged as in the peer-KD backbone, without the 2C statistics (unused)",
-        "optimizer: the run's SGD; lr, momentum, weight decay, batch size, grad-norm clip are the config's (the "
-        "task's protocol defaults; paper silent)",
+    card = MethodCard(
+        name="fedmkd", version="1.0", fidelity="reconstructed", topology="p2p",
+        citation=("Lin, Tan, Liu, FedMKD: Personalized federated learning with memory knowledge distillation, "
+                 "IEEE ICC 2025 (decentralized adaptation of the CRAD paper, arXiv 2609.00446)"),
+        summary="Peer KD from the peers' round r-1 snapshots plus KD from the client's own round r-1 model.",
+        # missing modalities: reads inputs only through the clients' own models, which fuse the
+        # modalities a row has
+        missing_modalities=True,
+        notes=(
+            "decentralized adaptation as run by the CRAD paper; original algorithm not available (reconstructed)",
+            "loss CE + lambda KD_T(uniform peer mean) + mu KD_T(own previous-round model); defaults lambda = mu = "
+            "0.5, T = 2 (sources silent)",
+            "memory = the client's own model at the start of the round (its round r-1 snapshot), eval mode, not sent",
+            "no memory term in a client's first local round (round 1 under full participation): no previous model yet",
+            "peers' snapshots exchanged as in the peer-KD backbone, without the 2C statistics (unused)",
+            "optimizer: the run's SGD; lr, momentum, weight decay, batch size, grad-norm clip are the config's (the "
+            "task's protocol defaults; paper silent)",
+        ),
     )
     Params = FedMKDParams
 

@@ -30,7 +30,7 @@ follows here is what FedSocket adds: the teaching losses, the conditional target
 ownership rules it turns on.
 
 What comes from the paper (summary) or the spec [paper], and what is ours [ours]; every item is
-also in ``notes`` and so in every record:
+listed in the card's notes and so in every record:
 
 - [paper] exchange of Q parameters and counts only; bidirectional teaching with a frozen teacher
   Q and a trainable local Q copy; label-smoothed CE, reliability-weighted KD and label-supervised
@@ -87,7 +87,7 @@ also in ``notes`` and so in every record:
 - [ours] optimizers: Private keeps its client's SGD (momentum 0.9, weight decay 5e-4) with the
   learning rate set to 5e-2; Q copies use Adam(3e-4), created fresh each round (the copy is
   re-initialized from the global Q every round and no optimizer state is exchanged).
-  Gradient clipping at the suite's norm (10) for both.
+  Gradient clipping at the config's norm for both.
 - [ours] the Private teacher in stage (b) predicts on the un-augmented training samples (to
   match Q's features) as the client holds them (a recipient's without its missing modality);
   stage (a) and stage (b) each run ``local_epochs`` (2) seeded epochs (make_plan, purposes
@@ -154,6 +154,8 @@ from hfl_bench.method_api import (
     SERVER,
     ConfigError,
     Method,
+    MethodCard,
+    SmokeSettings,
     Phase,
     Trainee,
     fit,
@@ -286,68 +288,68 @@ UPLOAD_KINDS = {"q": Payload.PARAMS, "n": Payload.COUNTS, "class_counts": Payloa
 MULTIMODAL_UPLOAD_KINDS = {**UPLOAD_KINDS, "modality_counts": Payload.COUNTS}
 
 
-@register_method("fedsocket")
+@register_method
 class FedSocket(SharedPredictorClients, Method):
-    """Shared predictor Q on fixed features, Private <-> Q teaching, ownership-aware server averaging."""
-
-    fidelity = "reconstructed"
-    version = "1.0"
-    topology = "server"
-    missing_modalities = True
-    citation = ("Zhao, FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous Multimodal "
-                "Federated Learning, arXiv 2609.37582")
-    notes = (
-        "[paper] only Q parameters plus sample and class counts are exchanged; frozen Q teaches Private "
-        "(CE_ls + lambda_KD relKD + lambda_fus fusion CE), then Private teaches the local Q copy (CE_ls + "
-        "lambda_rel relKD); w_i = (1 - H(t_i)/log C)(0.25 + 0.75[argmax t_i = y_i]); head rows over "
-        "positive-count clients, other blocks sample-weighted, phi = 0.5 phi_old + 0.5 avg; Joint omega "
-        "formula with omega = 1 for absent classes, rho chosen on validation; defaults lambda_KD 0.5, "
-        "lambda_fus 0.25, lambda_rel 0.2, private lr 5e-2, Q lr 3e-4, 2 local epochs, 10 warm-up epochs",
-        "[paper] missing modalities: fixed per-modality features into modality adapters and embeddings; "
-        "complete-input donor predictions supervise Q through observed-modality features (conditional "
-        "target, A.1) with a label anchor; modality embeddings averaged over the clients using the "
-        "modality; recipients run Private, Q and Joint through the same observed inputs",
-        "[ours] one task: one expert and one head, no task embeddings, no cross-task residual sharing, no "
-        "PCGrad; single-modality task: task and modality embeddings collapsed into one learned 256-d vector",
-        "[ours] multimodal Q: per modality an adapter Linear(256,256)-LayerNorm-GELU and an embedding e_m "
-        "(init 0); z = mean over the modalities a row has of (adapter_m(u_m) + e_m), so Q runs on any "
-        "subset of modalities; an adapter never sees a row without its modality",
-        "[ours] extractor (extractor=random-conv): the paper's frozen pretrained ResNet-18 + fixed 256-d "
-        "projection needs downloaded weights, so a frozen random conv net trained nowhere, seeded by "
-        "derive_seed(seed, 'fedsocket-extractor') (multimodal: one per modality, derive_seed(seed, "
-        "'fedsocket-extractor', modality)): conv3x3(C->32)-ReLU-conv3x3(32->64)-ReLU, avg pool to "
-        "min(H,4)xmin(W,4), fixed Gaussian projection to 256-d; extractor=random-projection projects the "
-        "flat input (modality); run only on rows where the modality is finite (a missing modality's "
-        "features are absent, never computed from NaN); train/test features cached once, other inputs "
-        "computed on the fly; Q reads un-augmented samples' features",
-        "[ours] Q: adapter Linear(256,256)-LayerNorm-GELU + embedding; expert Linear(256,256)-GELU; "
-        "residual B A z, rank 32, linear; scalar gate init 0; h = expert(z) + sigmoid(g) B A z; head "
-        "Linear(256,C); Q init seeded by derive_seed(seed, 'fedsocket-q') and sent to every client in setup",
-        "[ours] label smoothing 0.1; relKD = T^2 mean_i w_i KL(t_i^T || s_i^T) at T = 2, weights not "
-        "renormalized, w_i from the teacher's T = 1 softmax",
-        "[ours] conditional target: a donor's stage-(b) loss is the mean over its full interface and each "
-        "distinct recipient interface of CE_ls(Q on it) + lambda_rel relKD(complete-input Private -> Q on "
-        "it), same teacher and weights in every term, Q computed on the interface's modalities only; a "
-        "recipient's (and every single-modality client's) loss is the one term on its own interface",
-        "[ours] fusion CE = NLL of (1 - omega) softmax(Private) + omega softmax(Q) with omega at rho = 1 "
-        "(fusion_rho), Q frozen; no label smoothing on it",
-        "[ours] Private: the client's SGD (momentum 0.9, wd 5e-4) at lr 5e-2; Q copy: fresh Adam(3e-4) "
-        "each round; clipping at norm 10 for both",
-        "[ours] stage (b) teacher = Private's predictions on un-augmented training samples as the client "
-        "holds them; each stage runs local_epochs = 2 seeded epochs (overrides --local-epochs; "
-        "federation.local_epochs shows the flag)",
-        "[ours] warm-up: warmup_epochs of Private-only CE_ls in setup for every client, before round 1; no "
-        "out-of-fold cross-fitting",
-        "[ours] head row c weighted by the holders' sample counts; a class no uploader holds keeps its row; "
-        "modality blocks weighted by each uploader's training rows with that modality (0 for a client "
-        "missing it; uploaded as counts), a modality no uploader observes keeps its block; stabilizer "
-        "applied to every block",
-        "[ours] server sends current Q to stale active clients at round start (partial participation only) "
-        "and the aggregate to the round's active clients at round end; Q and Joint use the last Q received",
-        "[ours] rho grid {0.25, 0.5, 1, 2, 4} (rho_grid), per client by validation accuracy, ties by NLL "
-        "then smaller rho; rho = 1 without validation data",
-        "[ours] headline metric = Private unless endpoint=joint (see hparams.endpoint); extra_endpoints "
-        "private, q, joint always reported, a client's three on the same inputs (its observed modalities)",
+    card = MethodCard(
+        name="fedsocket", version="1.0", fidelity="reconstructed", topology="server",
+        citation=("Zhao, FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous Multimodal "
+                 "Federated Learning, arXiv 2609.37582"),
+        summary="Shared predictor Q on fixed features, Private <-> Q teaching, ownership-aware server averaging.",
+        missing_modalities=True,
+        smoke=SmokeSettings(method_params={"warmup_epochs": "1", "local_epochs": "1"}),
+        notes=(
+            "[paper] only Q parameters plus sample and class counts are exchanged; frozen Q teaches Private "
+            "(CE_ls + lambda_KD relKD + lambda_fus fusion CE), then Private teaches the local Q copy (CE_ls + "
+            "lambda_rel relKD); w_i = (1 - H(t_i)/log C)(0.25 + 0.75[argmax t_i = y_i]); head rows over "
+            "positive-count clients, other blocks sample-weighted, phi = 0.5 phi_old + 0.5 avg; Joint omega "
+            "formula with omega = 1 for absent classes, rho chosen on validation; defaults lambda_KD 0.5, "
+            "lambda_fus 0.25, lambda_rel 0.2, private lr 5e-2, Q lr 3e-4, 2 local epochs, 10 warm-up epochs",
+            "[paper] missing modalities: fixed per-modality features into modality adapters and embeddings; "
+            "complete-input donor predictions supervise Q through observed-modality features (conditional "
+            "target, A.1) with a label anchor; modality embeddings averaged over the clients using the "
+            "modality; recipients run Private, Q and Joint through the same observed inputs",
+            "[ours] one task: one expert and one head, no task embeddings, no cross-task residual sharing, no "
+            "PCGrad; single-modality task: task and modality embeddings collapsed into one learned 256-d vector",
+            "[ours] multimodal Q: per modality an adapter Linear(256,256)-LayerNorm-GELU and an embedding e_m "
+            "(init 0); z = mean over the modalities a row has of (adapter_m(u_m) + e_m), so Q runs on any "
+            "subset of modalities; an adapter never sees a row without its modality",
+            "[ours] extractor (extractor=random-conv): the paper's frozen pretrained ResNet-18 + fixed 256-d "
+            "projection needs downloaded weights, so a frozen random conv net trained nowhere, seeded by "
+            "derive_seed(seed, 'fedsocket-extractor') (multimodal: one per modality, derive_seed(seed, "
+            "'fedsocket-extractor', modality)): conv3x3(C->32)-ReLU-conv3x3(32->64)-ReLU, avg pool to "
+            "min(H,4)xmin(W,4), fixed Gaussian projection to 256-d; extractor=random-projection projects the "
+            "flat input (modality); run only on rows where the modality is finite (a missing modality's "
+            "features are absent, never computed from NaN); train/test features cached once, other inputs "
+            "computed on the fly; Q reads un-augmented samples' features",
+            "[ours] Q: adapter Linear(256,256)-LayerNorm-GELU + embedding; expert Linear(256,256)-GELU; "
+            "residual B A z, rank 32, linear; scalar gate init 0; h = expert(z) + sigmoid(g) B A z; head "
+            "Linear(256,C); Q init seeded by derive_seed(seed, 'fedsocket-q') and sent to every client in setup",
+            "[ours] label smoothing 0.1; relKD = T^2 mean_i w_i KL(t_i^T || s_i^T) at T = 2, weights not "
+            "renormalized, w_i from the teacher's T = 1 softmax",
+            "[ours] conditional target: a donor's stage-(b) loss is the mean over its full interface and each "
+            "distinct recipient interface of CE_ls(Q on it) + lambda_rel relKD(complete-input Private -> Q on "
+            "it), same teacher and weights in every term, Q computed on the interface's modalities only; a "
+            "recipient's (and every single-modality client's) loss is the one term on its own interface",
+            "[ours] fusion CE = NLL of (1 - omega) softmax(Private) + omega softmax(Q) with omega at rho = 1 "
+            "(fusion_rho), Q frozen; no label smoothing on it",
+            "[ours] Private: the client's SGD (the config's momentum and weight decay) at private_lr; Q copy: a "
+            "fresh Adam at q_lr each round; both clipped at the config's gradient norm",
+            "[ours] stage (b) teacher = Private's predictions on un-augmented training samples as the client "
+            "holds them; each stage runs the method's local_epochs seeded epochs (overrides --local-epochs; "
+            "federation.local_epochs shows the flag)",
+            "[ours] warm-up: warmup_epochs of Private-only CE_ls in setup for every client, before round 1; no "
+            "out-of-fold cross-fitting",
+            "[ours] head row c weighted by the holders' sample counts; a class no uploader holds keeps its row; "
+            "modality blocks weighted by each uploader's training rows with that modality (0 for a client "
+            "missing it; uploaded as counts), a modality no uploader observes keeps its block; stabilizer "
+            "applied to every block",
+            "[ours] server sends current Q to stale active clients at round start (partial participation only) "
+            "and the aggregate to the round's active clients at round end; Q and Joint use the last Q received",
+            "[ours] rho grid {0.25, 0.5, 1, 2, 4} (rho_grid), per client by validation accuracy, ties by NLL "
+            "then smaller rho; rho = 1 without validation data",
+            "[ours] headline metric = Private unless endpoint=joint (see hparams.endpoint); extra_endpoints "
+            "private, q, joint always reported, a client's three on the same inputs (its observed modalities)",
+        ),
     )
     Params = FedSocketParams
 

@@ -13,8 +13,8 @@ clients' trained memes weighted by their training-set sizes (as FedAvg does) and
 average; the private models never leave their clients. The headline metric evaluates each
 client's private model; the meme is reported as the extra endpoint ``meme``.
 
-Fidelity: paper, for the method as specified here. Choices where the paper leaves room (each also
-in ``notes``, so every record carries them):
+Fidelity: paper, for the method as specified here. Choices where the paper leaves room (the card's
+notes list them, so every record carries them):
 
 - meme architecture: by default the pool's smallest member by parameter count; the Params field
   ``meme_arch`` names another (a pool member's label or any timm model name, e.g. one registered
@@ -43,6 +43,7 @@ from hfl_bench.method_api import (
     SERVER,
     ConfigError,
     Method,
+    MethodCard,
     Phase,
     Trainee,
     fit,
@@ -115,25 +116,25 @@ def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]
     return avg
 
 
-@register_method("fml")
+@register_method
 class FML(Method):
-    """Private model plus a shared-architecture meme per client (mutual KL); a server averages memes."""
-
-    fidelity = "paper"
-    version = "1.0"
-    topology = "server"
-    # Reads inputs only through the clients' own models, which fuse the modalities a row has.
-    missing_modalities = True
-    citation = "Shen et al., Federated Mutual Learning, arXiv 2006.16765, 2020"
-    notes = (
-        "meme architecture: the pool's smallest member by parameter count unless meme_arch names one",
-        "mutual KL at temperature 1, reduction batchmean, the other model's prediction detached",
-        "private and meme trained on the same batches and augmented views, one step each per batch",
-        "memes start from one shared seeded initialization (no initial download metered)",
-        "server averages active memes weighted by training-set size and broadcasts to every client",
-        "each client keeps its meme optimizer's momentum across rounds",
-        "optimizer: the run's SGD; lr, momentum, weight decay, batch size, grad-norm clip are the config's (the "
-        "task's protocol defaults)",
+    card = MethodCard(
+        name="fml", version="1.0", fidelity="paper", topology="server",
+        citation="Shen et al., Federated Mutual Learning, arXiv 2006.16765, 2020",
+        summary="Private model plus a shared-architecture meme per client (mutual KL); a server averages memes.",
+        # missing modalities: reads inputs only through the clients' own models, which fuse the
+        # modalities a row has
+        missing_modalities=True,
+        notes=(
+            "meme architecture: the pool's smallest member by parameter count unless meme_arch names one",
+            "mutual KL at temperature 1, reduction batchmean, the other model's prediction detached",
+            "private and meme trained on the same batches and augmented views, one step each per batch",
+            "memes start from one shared seeded initialization (no initial download metered)",
+            "server averages active memes weighted by training-set size and broadcasts to every client",
+            "each client keeps its meme optimizer's momentum across rounds",
+            "optimizer: the run's SGD; lr, momentum, weight decay, batch size, grad-norm clip are the config's (the "
+            "task's protocol defaults)",
+        ),
     )
     Params = FMLParams
 

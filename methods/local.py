@@ -5,19 +5,17 @@ The floor every collaborative method must beat (methods spec, Sec. 9).
 
 from __future__ import annotations
 
-from hfl_bench.method_api import Method, make_plan, register_method, train_students
+from hfl_bench.method_api import Method, MethodCard, make_plan, register_method, train_students
 
 
-@register_method("local")
+@register_method
 class Local(Method):
-    """No communication: cross-entropy on each client's own data (the floor)."""
-
-    fidelity = "paper"
-    version = "1.0"
-    topology = "none"
-    # Reads inputs only through the clients' own models, which fuse the modalities a row has.
-    missing_modalities = True
-    citation = "Reference point; no paper."
+    card = MethodCard(
+        name="local", version="1.0", fidelity="paper", topology="none", citation="Reference point; no paper.",
+        summary="No communication: cross-entropy on each client's own data (the floor).",
+        # Reads inputs only through the clients' own models, which fuse the modalities a row has.
+        missing_modalities=True,
+    )
 
     def run_round(self, fed, rnd, active):
         losses = train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})

@@ -9,7 +9,7 @@ sample, it averages all of them. The student distills toward the targets on the 
 (KD_T) for E_d epochs, then trains on its own data (CE) for E_l epochs.
 
 Reconstructed: the paper's text was not available, so everything beyond the spec's sentence is
-our choice (each also in ``notes``, so every record carries it):
+our choice (the card's notes list each, so every record carries it):
 
 - the public set is used unlabeled (``fed.public_y`` is never read);
 - teachers are the student's *peers*: the other active clients of the round. The student's own
@@ -42,6 +42,7 @@ from hfl_bench.method_api import (
     Payload,
     ConfigError,
     Method,
+    MethodCard,
     Phase,
     kd_loss,
     make_plan,
@@ -85,30 +86,29 @@ def select_targets(soft: torch.Tensor, confident: torch.Tensor) -> tuple[torch.T
     return torch.einsum("stm,tmc->smc", weights, soft), n_kept, fallback
 
 
-@register_method("msfkd")
+@register_method
 class MSFKD(Method):
-    """Public-set prediction exchange with per-sample confident-teacher selection, then local CE."""
-
-    fidelity = "reconstructed"
-    version = "1.0"
-    topology = "p2p"
-    citation = ("Wang, Zhang, Tao, Chen, knowledge selection for federated distillation on a public set, "
-                "IEEE JSTSP 17(1), 2023 (MSFKD)")
-    needs_public = True
-    why_single_modality = "it needs a public set, and a public sample would hand recipients the modality they miss"
-    notes = (
-        "public set used unlabeled (its labels are never read)",
-        "teachers = the other active clients of the round; the student's own prediction is never a candidate; "
-        "fallback when no peer passes tau: the mean of all peers; a round with one active client skips distillation",
-        "confidence = max softmax(z) at T = 1, recovered by the receiver from the sent p_T (softmax(T log p_T)); "
-        "only p_T = softmax(z / T) (M x C float32) is sent, all-to-all among the active clients",
-        "targets from the round's predictions of all active clients, computed before any distills; teachers in "
-        "eval mode",
-        "distillation T^2 KL(target || softmax(z / T)), T = 2, E_d = 1 seeded epoch over the public set (suite "
-        "batch size, no augmentation), then E_l = --local-epochs CE epochs on private data (E_d : E_l = 1 : 1)",
-        "both steps use the client's own optimizer: the suite's SGD (the config's lr, momentum, weight decay, "
-        "clipping norm)",
-        "budget: one public-set epoch per round on top of the suite's local epochs",
+    card = MethodCard(
+        name="msfkd", version="1.0", fidelity="reconstructed", topology="p2p",
+        citation=("Wang, Zhang, Tao, Chen, knowledge selection for federated distillation on a public set, "
+                 "IEEE JSTSP 17(1), 2023 (MSFKD)"),
+        summary="Public-set prediction exchange with per-sample confident-teacher selection, then local CE.",
+        transfer="public-unlabelled",
+        why_single_modality="it needs a public set, and a public sample would hand recipients the modality they miss",
+        notes=(
+            "public set used unlabeled (its labels are never read)",
+            "teachers = the other active clients of the round; the student's own prediction is never a candidate; "
+            "fallback when no peer passes tau: the mean of all peers; a round with one active client skips distillation",
+            "confidence = max softmax(z) at T = 1, recovered by the receiver from the sent p_T (softmax(T log p_T)); "
+            "only p_T = softmax(z / T) (M x C float32) is sent, all-to-all among the active clients",
+            "targets from the round's predictions of all active clients, computed before any distills; teachers in "
+            "eval mode",
+            "distillation T^2 KL(target || softmax(z / T)) for E_d = distill_epochs seeded epochs over the public "
+            "set (no augmentation), then E_l CE epochs on private data (default: the config's local epochs)",
+            "both steps use the client's own optimizer: the suite's SGD (the config's lr, momentum, weight decay, "
+            "clipping norm)",
+            "budget: one public-set epoch per round on top of the suite's local epochs",
+        ),
     )
     Params = MSFKDParams
 

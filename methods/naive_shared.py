@@ -64,6 +64,8 @@ from hfl_bench.method_api import (
     SERVER,
     ConfigError,
     Method,
+    MethodCard,
+    SmokeSettings,
     Phase,
     Trainee,
     fit,
@@ -110,33 +112,33 @@ def train_q(fed, cid: int, rnd: int, q_copy, feats: torch.Tensor, p: NaiveShared
 UPLOAD_KINDS = {"q": Payload.PARAMS, "n": Payload.COUNTS}
 
 
-@register_method("naive-shared")
+@register_method
 class NaiveShared(SharedPredictorClients, Method):
-    """FedSocket's Q, features and endpoints with plain CE training and plain FedAvg (the paper's control)."""
-
-    fidelity = "reconstructed"
-    version = "1.0"
-    topology = "server"
-    missing_modalities = True
-    citation = ("Zhao, FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous Multimodal "
-                "Federated Learning, arXiv 2609.37582 (Naive Shared control, Sec. 5.3, 6.2, App. O)")
-    notes = (
-        "[paper] FedSocket's shared-model control: matched parameter count, same partitions, private models, "
-        "recipient interfaces, rounds and Joint selection rules; its training is not given in the summary",
-        "[ours] Q = fedsocket's Q (same shapes, init seed 'fedsocket-q') on fedsocket's fixed features (same "
-        "frozen seeded extractors, per modality on a multimodal task, absent where a row lacks the modality)",
-        "[ours] per round: Private with plain CE for local_epochs (SGD at private_lr), then a fresh copy of "
-        "the held Q with plain CE on the client's own features (its observed interface) for local_epochs "
-        "with a fresh Adam(q_lr); no KD either way, no fusion loss, no label smoothing, no reliability "
-        "weights, no conditional target",
-        "[ours] Private warm-up: warmup_epochs (10) of plain CE in setup (fedsocket's warm-up length)",
-        "[ours] upload {Q, sample count}; server: plain sample-weighted FedAvg of every block (no ownership "
-        "of head rows or modality blocks), no stabilizer; sent to the round's active clients, current Q to "
-        "stale active clients at round start",
-        "[ours] endpoints private, q, joint and the rho rule as fedsocket (grid {0.25,0.5,1,2,4}, validation "
-        "accuracy, ties by NLL then smaller rho, rho = 1 without validation data); headline Private unless "
-        "endpoint=joint",
-        "[ours] same seeded batch orders as fedsocket (plan purposes fedsocket-warmup/-private/-q)",
+    card = MethodCard(
+        name="naive-shared", version="1.0", fidelity="reconstructed", topology="server",
+        citation=("Zhao, FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous Multimodal "
+                 "Federated Learning, arXiv 2609.37582 (Naive Shared control, Sec. 5.3, 6.2, App. O)"),
+        summary="FedSocket's Q, features and endpoints with plain CE training and plain FedAvg (the paper's control).",
+        missing_modalities=True,
+        smoke=SmokeSettings(method_params={"warmup_epochs": "1", "local_epochs": "1"}),
+        notes=(
+            "[paper] FedSocket's shared-model control: matched parameter count, same partitions, private models, "
+            "recipient interfaces, rounds and Joint selection rules; its training is not given in the summary",
+            "[ours] Q = fedsocket's Q (same shapes, init seed 'fedsocket-q') on fedsocket's fixed features (same "
+            "frozen seeded extractors, per modality on a multimodal task, absent where a row lacks the modality)",
+            "[ours] per round: Private with plain CE for local_epochs (SGD at private_lr), then a fresh copy of "
+            "the held Q with plain CE on the client's own features (its observed interface) for local_epochs "
+            "with a fresh Adam(q_lr); no KD either way, no fusion loss, no label smoothing, no reliability "
+            "weights, no conditional target",
+            "[ours] Private warm-up: warmup_epochs of plain CE in setup (fedsocket's warm-up length)",
+            "[ours] upload {Q, sample count}; server: plain sample-weighted FedAvg of every block (no ownership "
+            "of head rows or modality blocks), no stabilizer; sent to the round's active clients, current Q to "
+            "stale active clients at round start",
+            "[ours] endpoints private, q, joint and the rho rule as fedsocket (grid {0.25,0.5,1,2,4}, validation "
+            "accuracy, ties by NLL then smaller rho, rho = 1 without validation data); headline Private unless "
+            "endpoint=joint",
+            "[ours] same seeded batch orders as fedsocket (plan purposes fedsocket-warmup/-private/-q)",
+        ),
     )
     Params = NaiveSharedParams
 

@@ -10,12 +10,27 @@ import yaml
 from typer.testing import CliRunner
 
 from hfl_bench.cli import app
+from hfl_bench.method_api import get_method_class
 from hfl_bench.results.records import load_schema
+from hfl_bench.testing import builtin_methods, smoke_config
 
 jsonschema = pytest.importorskip("jsonschema")
 
-METHODS = ["local", "uniform-kd", "uncertainty-kd", "crad", "fedavg"]
+# The methods run through the CLI here: the first built-in of each topology (every method runs
+# in the engine-level suites; here the command line and the record it writes are under test).
+METHODS = sorted({card.topology: name for name, card in reversed(
+    [(m, get_method_class(m).card) for m in builtin_methods()])}.values())
 RUN_ARGS = ["--task", "digits", "--clients", "4", "--rounds", "2", "-q"]
+
+
+def smoke_args(method: str) -> list[str]:
+    """The command-line options of the method card's smoke settings (pool, public set, --set)."""
+    smoke = smoke_config(method)
+    args = [*(["--pool", smoke["pool"]] if smoke["pool"] else []),
+            *(["--public-size", str(smoke["public_size"])] if smoke["public_size"] else [])]
+    for key, value in smoke["method_params"].items():
+        args += ["--set", f"{key}={value}"]
+    return args
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +70,8 @@ def run_records(tmp_path_factory, runner):
 
     def get(method: str):
         if method not in cache:
-            args = ["run", "--method", method, *RUN_ARGS, "--out", str(out / method), "--json"]
-            if method == "fedavg":
-                args += ["--pool", "cpu-cnn"]
+            args = ["run", "--method", method, *RUN_ARGS, "--out", str(out / method), "--json",
+                    *smoke_args(method)]
             result = runner.invoke(app, args)
             assert result.exit_code == 0, _all_output(result)
             summary = json.loads(_stdout(result))
@@ -90,15 +104,16 @@ def test_run_every_method(method, run_records, validator):
     assert len(record["metrics"]["per_client"]) == 4
     assert record["selection"]["round"] in (1, 2)
     assert record["task"]["name"] == "digits" and record["task"]["n_train"] == 1438
-    if method == "local":
+    card = get_method_class(method).card
+    if card.topology == "none":
         assert record["cost"]["bytes_total"] == 0
         assert all(h["bytes"] == 0 for h in record["history"])
     else:
         assert record["cost"]["bytes_total"] > 0
         assert all(h["bytes"] > 0 for h in record["history"][1:])
-    if method == "fedavg":
-        assert record["arch_pool"]["name"] == "cpu-cnn"
-        assert set(record["arch_pool"]["assignment"]) == {"cnn_small"}
+    if card.single_architecture:
+        assert record["arch_pool"]["name"] == card.smoke.pool
+        assert len(set(record["arch_pool"]["assignment"])) == 1
     else:
         assert record["arch_pool"]["assignment"] == ["mlp_small", "cnn_small", "resnet_tiny", "mlp_small"]
 
@@ -156,13 +171,14 @@ def test_show_rejects_non_record(runner, tmp_path):
 
 
 @pytest.mark.parametrize("kind, expected", [
-    ("methods", {"local", "uniform-kd", "uncertainty-kd", "crad", "fedavg"}),
+    ("methods", None),  # every built-in method
     ("tasks", {"digits", "mnist1d", "cifar10", "cifar100", "pathmnist"}),
     ("pools", {"paper", "cpu", "cpu-cnn", "paper-resnet18"}),
     ("partitioners", {"dirichlet", "classes", "iid"}),
     ("aggregators", {"uniform", "entropy", "crad", "crad-lcb"}),
 ])
 def test_list(runner, kind, expected):
+    expected = set(builtin_methods()) if expected is None else expected
     result = runner.invoke(app, ["list", kind])
     assert result.exit_code == 0, _all_output(result)
     for name in expected:
@@ -173,9 +189,14 @@ def test_list(runner, kind, expected):
     assert expected <= {row["name"] for row in rows}
     if kind == "methods":
         by_name = {r["name"]: r for r in rows}
-        assert by_name["fedavg"]["topology"] == "server"
-        assert by_name["local"]["topology"] == "none"
-        assert by_name["uncertainty-kd"]["fidelity"] == "reconstructed"
+        for name in expected:  # the card's fields
+            card = get_method_class(name).card
+            assert by_name[name] == {"name": name, "description": card.summary, "fidelity": card.fidelity,
+                                     "topology": card.topology, "transfer": card.transfer,
+                                     "single_architecture": card.single_architecture,
+                                     "refuses_faults": sorted(card.refuses_faults),
+                                     "origin": get_method_class(name).__module__}
+        assert by_name["fedavg"]["single_architecture"] and by_name["fedmd"]["transfer"] == "public-labelled"
     if kind == "tasks":
         digits = next(r for r in rows if r["name"] == "digits")
         assert digits["classes"] == 10 and digits["input"] == [1, 8, 8]

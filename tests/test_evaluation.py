@@ -8,12 +8,11 @@ import copy
 import pytest
 import torch
 from helpers import ready_method
-from test_method_pins import BUILTIN, PARAMS, POOL, PUBLIC
 
 from hfl_bench import engine, evaluation
 from hfl_bench.config import RunConfig
 from hfl_bench.results import records
-from hfl_bench.testing import QUICK, tiny_federation
+from hfl_bench.testing import QUICK, builtin_methods, smoke_config, tiny_federation
 
 # lr 0.5 makes the validation curve jump, so best rounds fall between test rounds; six rounds,
 # a test every 3 and a one-round final window: test rounds 0, 3 and 6, the others deferred.
@@ -28,8 +27,7 @@ def short_final_window(monkeypatch):
 
 def run(method: str, eval_every: int, **extra) -> dict:
     values = dict(method=method, task="digits", clients=4, rounds=ROUNDS, seed=0, checkpoint_every=0,
-                  method_params=dict(PARAMS.get(method, {})), pool=POOL.get(method),
-                  public_size=100 if method in PUBLIC else 0, eval_every=eval_every, **{**NOISY, **extra})
+                  **smoke_config(method), eval_every=eval_every, **{**NOISY, **extra})
     cfg = engine.load_task(RunConfig(**values))[1]
     return records.build_record(cfg, engine.run(cfg))
 
@@ -40,7 +38,7 @@ def selected(record: dict) -> dict:
             "metrics": {k: v for k, v in record["metrics"].items() if k != "final"}}
 
 
-@pytest.mark.parametrize("method", BUILTIN)
+@pytest.mark.parametrize("method", builtin_methods())
 def test_the_default_policy_selects_the_same_round_with_the_same_figures(method, short_final_window):
     every_round = run(method, 1)
     policy = run(method, EVERY)

@@ -1,5 +1,6 @@
 """Faults (hfl_bench.faults): the spec, each corruption by payload kind, the data faults, free-riders
-and stragglers, the record, and every built-in method under every fault kind on a tiny federation."""
+and stragglers, the record, and every built-in method under every fault kind on a tiny federation
+(or refusing it, as its card says)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_method_pins import BUILTIN, PARAMS, POOL, PUBLIC
 from typer.testing import CliRunner
 
 from hfl_bench import engine
@@ -23,7 +23,8 @@ from hfl_bench.method_api import new_model
 from hfl_bench.results import records
 from hfl_bench.results.records import GROUPS_SCHEMA_VERSION, SCHEMA_VERSION, final_figures
 from hfl_bench.results.validation import record_problems
-from hfl_bench.testing import QUICK, ready_method, tiny_federation
+from hfl_bench.method_api import get_method_class
+from hfl_bench.testing import QUICK, builtin_methods, ready_method, smoke_config, tiny_federation
 from hfl_bench.training import predict_logits
 
 SEED = (0, "faults", 1, 2)  # seed parts of a corruption: run seed, purpose, round, sender
@@ -259,8 +260,7 @@ def test_a_free_riders_snapshot_stays_its_round_0_state(lockstep):
 
 def _run(method: str, faults: str, **extra) -> dict:
     values = dict(method=method, task="digits", clients=4, rounds=2, seed=0, checkpoint_every=0,
-                  method_params=dict(PARAMS.get(method, {})), pool=POOL.get(method),
-                  public_size=100 if method in PUBLIC else 0, faults=faults, **QUICK)
+                  **smoke_config(method), faults=faults, **QUICK)
     values.update(extra)
     cfg = engine.load_task(RunConfig(**values))[1]
     return records.build_record(cfg, engine.run(cfg))
@@ -288,9 +288,9 @@ def test_every_drawn_client_missing_a_round_runs_nothing():
 # Byzantine and free-rider act inside each method's exchange and training: every method runs them.
 # Straggler acts on the engine's active set (two clients that always miss: each method runs rounds
 # with fewer clients); label-noise acts on the data before any method runs, so it is covered by
-# three methods of different families.
-CASES = ([(m, "byzantine:0.5") for m in BUILTIN] + [(m, "free-rider:0.5") for m in BUILTIN]
-         + [(m, "straggler:[0,1]@1") for m in BUILTIN]
+# three methods of different families. A kind a method's card refuses is refused, with its reason.
+CASES = ([(m, "byzantine:0.5") for m in builtin_methods()] + [(m, "free-rider:0.5") for m in builtin_methods()]
+         + [(m, "straggler:[0,1]@1") for m in builtin_methods()]
          + [(m, "label-noise:0.5@0.5/pair") for m in ("crad", "fedavg", "fedmd")]
          + [("crad", "byzantine:0.5/sign-flip"), ("fedgd", "byzantine:0.5/sign-flip")])
 
@@ -298,6 +298,13 @@ CASES = ([(m, "byzantine:0.5") for m in BUILTIN] + [(m, "free-rider:0.5") for m 
 @pytest.mark.parametrize("method, faults", CASES, ids=[f"{m}-{f.split(':')[0]}" + ("-flip" if "flip" in f else "")
                                                        for m, f in CASES])
 def test_every_method_runs_under_every_fault_kind(method, faults, validator):
+    kind = parse_faults(faults).kind
+    why = get_method_class(method).card.refuses_faults.get(kind)
+    if why is not None:
+        with pytest.raises(ConfigError) as refused:
+            _run(method, faults)
+        assert str(refused.value) == f"method {method} does not run under --faults {kind}: {why}"
+        return
     record = _run(method, faults)
     assert record["status"] == "ok", record["error"]
     assert record["schema_version"] == GROUPS_SCHEMA_VERSION

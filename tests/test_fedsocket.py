@@ -163,7 +163,7 @@ def test_single_modality_q_keeps_its_layout_and_the_family_is_shared():
     keys = set(sp.SharedPredictor(8, 8, 2, 3).state_dict())
     assert {"adapter.0.weight", "embedding", "head.weight"} <= keys
     assert not any(sp.modality_of(k) for k in keys)
-    assert fs.FedSocket.missing_modalities
+    assert fs.FedSocket.card.missing_modalities
     assert fs.aggregate_q is sp.aggregate_q and fs.joint_weights is sp.joint_weights
 
 

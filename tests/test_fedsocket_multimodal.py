@@ -353,7 +353,7 @@ def test_naive_shared_bad_settings_are_rejected():
                 {"q_lr": 0.0}):
         with pytest.raises(ConfigError, match="naive-shared"):
             ns.NaiveShared(ns.NaiveSharedParams(**bad)).check(None)
-    assert ns.NaiveShared.missing_modalities and fs.FedSocket.missing_modalities
+    assert ns.NaiveShared.card.missing_modalities and fs.FedSocket.card.missing_modalities
 
 
 # ----------------------------------------------------------------------------- resume

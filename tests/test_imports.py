@@ -220,7 +220,7 @@ LAYERS = [
                          "hfl_bench.metering", "hfl_bench.aggregation", "hfl_bench.training", "hfl_bench.lockstep",
                          "hfl_bench.checkpoint", "hfl_bench.evaluation", "hfl_bench.families", "hfl_bench.tasks",
                          "hfl_bench.faults", "hfl_bench.modalities")),
-    ("method API", ("hfl_bench.method_api",)),
+    ("method API", ("hfl_bench.method_api", "hfl_bench.method_card")),
     ("methods", ("hfl_bench.methods",)),
     ("engine", ("hfl_bench.engine",)),
     ("results and matrix", ("hfl_bench.results", "hfl_bench.matrix")),

@@ -178,11 +178,11 @@ def test_shipped_suites_parse(name):
         for field in ("rounds", "batch_size", "lr", "local_epochs", "heldout_fraction"):
             assert {(c.cfg.task, getattr(c.cfg, field)) for c in cells} == \
                 {(t, get_task(t).info.defaults[field]) for t in suite.tasks}, field
-        assert {c.cfg.pool for c in cells if c.cfg.method == "fedavg"} == {"cpu-cnn"}
-        assert {c.cfg.public_size for c in cells if c.cfg.method in ("fedmd", "msfkd", "fedcc")} == {200}
+        assert {c.cfg.pool for c in cells if METHODS.get(c.cfg.method).card.single_architecture} == {"cpu-cnn"}
+        assert {c.cfg.public_size for c in cells if METHODS.get(c.cfg.method).card.needs_public} == {200}
     elif name == "multimodal":  # every method that runs the setting, at the task's own protocol
         assert suite.tasks == ["digits-mnist1d"] and suite.seeds == [0, 1, 2]
-        able = {m for m in registered if METHODS.get(m).missing_modalities}
+        able = {m for m in registered if METHODS.get(m).card.missing_modalities}
         assert set(suite.methods) == able
         assert {(c.cfg.recipient_fraction, c.cfg.missing_modality, c.cfg.pool) for c in cells} == {(0.5, "signal", "cpu-mm")}
     elif name == "robustness":
@@ -201,7 +201,7 @@ def test_shipped_suites_parse(name):
     elif name == "crad-table1":
         assert suite.seeds == [1024] and set(suite.tasks) == {"cifar10", "cifar100", "pathmnist"}
         assert {c.cfg.pool for c in cells} == {"paper"} and {c.cfg.rounds for c in cells} == {300}
-        assert {c.cfg.public_size for c in cells if c.cfg.method in ("fedmd", "msfkd")} == {500}
+        assert {c.cfg.public_size for c in cells if METHODS.get(c.cfg.method).card.needs_public} == {500}
 
 
 # --------------------------------------------------------------------------- the CLI, in-process

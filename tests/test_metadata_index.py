@@ -18,23 +18,20 @@ import pytest
 
 from hfl_bench import metadata_index
 from hfl_bench.cli import catalog
+from hfl_bench.testing import builtin_methods
 
 PLUGIN = '''
 """An index-demo plugin."""
 
 import dataclasses
 
-from hfl_bench.method_api import Method, param, register_method
+from hfl_bench.method_api import Method, MethodCard, param, register_method
 
 
-@register_method("index-demo")
+@register_method
 class IndexDemo(Method):
-    """{doc}"""
-
-    fidelity = "reconstructed"
-    version = "1.0"
-    topology = "none"
-    citation = "demo"
+    card = MethodCard(name="index-demo", version="1.0", fidelity="reconstructed", topology="none",
+                      citation="demo", summary="{doc}")
 
     @dataclasses.dataclass
     class Params:
@@ -144,7 +141,7 @@ def test_corrupt_index_is_rebuilt_and_plugins_still_found(built):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     rows = {r["name"]: r for r in json.loads(proc.stdout)}
-    assert {"crad", "fedavg", "local"} <= set(rows)
+    assert set(builtin_methods()) <= set(rows)
     assert rows["index-demo"]["description"] == "Demo of the index."  # found through its entry point
     doc = json.loads(built["path"].read_text())
     assert doc["format"] == metadata_index.FORMAT and doc["key"] == key_now(built["env"], built["cwd"])

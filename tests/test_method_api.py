@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 
 import pytest
 import torch
@@ -13,6 +15,8 @@ from hfl_bench.metering import Phase
 from hfl_bench.method_api import (
     Diverged,
     Method,
+    MethodCard,
+    SmokeSettings,
     Trainee,
     fit,
     make_plan,
@@ -27,10 +31,24 @@ from hfl_bench.registry import METHODS, RegistryError
 from helpers import cpu_federation
 
 
+def card(**fields) -> MethodCard:
+    """A valid card, with ``fields`` changed."""
+    values = dict(name="demo", version="1.0", fidelity="original", topology="none", citation="",
+                  summary="A demo method.")
+    return MethodCard(**{**values, **fields})
+
+
+def method_class(**attrs) -> type:
+    return type("Demo", (Method,), {"run_round": lambda self, fed, rnd, active: {}, **attrs})
+
+
 def test_register_method_refuses_a_class_that_is_not_a_method():
     with pytest.raises(RegistryError, match="subclass of hfl_bench.method_api.Method"):
-        @register_method("not-a-method")
+        @register_method
         class Plain:  # noqa: F841
+            card = MethodCard(name="not-a-method", version="1.0", fidelity="original", topology="none",
+                              citation="", summary="Not a method.")
+
             def run_round(self, fed, rnd, active):
                 return {}
 
@@ -39,19 +57,72 @@ def test_register_method_refuses_a_class_that_is_not_a_method():
 
 def test_register_method_refuses_a_method_without_run_round():
     with pytest.raises(RegistryError, match="does not implement run_round"):
-        @register_method("no-round")
+        @register_method
         class NoRound(Method):  # noqa: F841
-            pass
+            card = MethodCard(name="no-round", version="1.0", fidelity="original", topology="none",
+                              citation="", summary="No round.")
 
 
-def test_register_method_refuses_an_unknown_fidelity():
-    with pytest.raises(RegistryError, match="fidelity must be one of"):
-        @register_method("odd-fidelity")
-        class Odd(Method):  # noqa: F841
-            fidelity = "vibes"
+def test_register_method_takes_the_name_from_the_card():
+    with pytest.raises(RegistryError, match="takes the name from the class's card: write @register_method"):
+        register_method("named-twice")
+    with pytest.raises(RegistryError, match="declares no card: set card = MethodCard"):
+        register_method(method_class())
+    with pytest.raises(RegistryError, match="sets version, notes on the class: declare them in its card"):
+        register_method(method_class(card=card(name="stray"), version="1.0", notes=()))
+    for name in ("named-twice", "stray", "Demo"):
+        assert name not in METHODS
 
-            def run_round(self, fed, rnd, active):
-                return {}
+
+@pytest.mark.parametrize("fields, problem", [
+    ({"fidelity": "vibes"}, "fidelity must be one of paper, reconstructed, original, got 'vibes'"),
+    ({"topology": "mesh"}, "topology must be one of p2p, server, none"),
+    ({"transfer": "public"}, "transfer must be one of none, public-unlabelled, public-labelled, synthetic"),
+    ({"summary": ""}, "summary must be one line of text"),
+    ({"summary": "two\nlines"}, "summary must be one line of text"),
+    ({"missing_modalities": 1}, "missing_modalities must be True or False"),
+    ({"why_single_modality": ""}, "why_single_modality must say in one line why"),
+    ({"refuses_faults": {"meteor": "why"}}, "refuses_faults: unknown fault kind 'meteor'"),
+    ({"refuses_faults": {"byzantine": ""}}, "refuses_faults: say in one line why it refuses byzantine"),
+    ({"notes": "one note"}, "notes must be a tuple of strings"),
+    ({"single_architecture": True}, "a single-architecture method names a homogeneous smoke.pool"),
+    ({"transfer": "public-labelled", "smoke": SmokeSettings(public_size=0)}, "smoke.public_size is 0, but"),
+    ({"smoke": SmokeSettings(method_params={"rounds": 2})}, "smoke.method_params must map names to strings"),
+])
+def test_register_method_refuses_a_card_with_a_problem(fields, problem):
+    with pytest.raises(RegistryError) as refused:
+        register_method(method_class(card=card(**fields)))
+    assert str(refused.value).startswith("method 'demo': ") and problem in str(refused.value)
+    assert "demo" not in METHODS
+
+
+def test_a_card_must_name_the_method_it_is_registered_as():
+    # an entry point naming a class registers it under the entry point's name
+    with pytest.raises(RegistryError, match="its card names 'demo', but it is registered as 'other'"):
+        METHODS.register("other", method_class(card=card()))
+    # a subclass of a registered method inherits its parent's card: it must declare its own
+    with pytest.raises(RegistryError, match="its card names 'crad', but it is registered as 'crad-variant'"):
+        METHODS.register("crad-variant", type("Variant", (METHODS.get("crad"),), {}))
+
+
+def test_a_card_is_frozen_hashable_and_its_dict_is_json():
+    c = card(transfer="public-unlabelled", refuses_faults={"straggler": "it needs every client each round"},
+             smoke=SmokeSettings(method_params={"epochs": "1"}), notes=["a choice"])
+    assert hash(c) == hash(card(transfer="public-unlabelled", notes=("a choice",),
+                                refuses_faults={"straggler": "it needs every client each round"},
+                                smoke=SmokeSettings(method_params={"epochs": "1"})))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.version = "2.0"
+    with pytest.raises(TypeError):
+        c.refuses_faults["byzantine"] = "no"
+    assert c.needs_public and not card(transfer="synthetic").needs_public
+    assert json.loads(json.dumps(c.as_dict())) == {
+        "name": "demo", "version": "1.0", "citation": "", "fidelity": "original", "topology": "none",
+        "summary": "A demo method.", "transfer": "public-unlabelled", "needs_public": True,
+        "single_architecture": False, "missing_modalities": False,
+        "why_single_modality": "it was written for inputs of one modality",
+        "refuses_faults": {"straggler": "it needs every client each round"},
+        "smoke": {"method_params": {"epochs": "1"}, "pool": None, "public_size": 100}, "notes": ["a choice"]}
 
 
 def test_the_registry_refuses_an_object_an_entry_point_would_register():
@@ -152,13 +223,6 @@ def test_timer_accepts_named_phases_only(tiny_cfg):
 
 @pytest.mark.parametrize("version", ["", None, 1.0, "v1", "1.0 beta"])
 def test_register_method_refuses_a_method_without_a_version(version):
-    with pytest.raises(RegistryError, match="version must be a string"):
-        @register_method("no-version")
-        class NoVersion(Method):  # noqa: F841
-            def run_round(self, fed, rnd, active):
-                return {}
-
-        NoVersion.version = version  # unreachable when the decorator refuses the class
-    with pytest.raises(RegistryError, match="version must be a string"):
-        attrs = {"run_round": lambda self, fed, rnd, active: {}, "version": version}
-        register_method("bad-version")(type("BadVersion", (Method,), attrs))
+    with pytest.raises(RegistryError, match="version must be a string like"):
+        register_method(method_class(card=card(version=version)))
+    assert "demo" not in METHODS

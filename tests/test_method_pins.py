@@ -30,30 +30,20 @@ import pytest
 from hfl_bench import engine
 from hfl_bench.results import records
 from hfl_bench.config import RunConfig
+from hfl_bench.testing import builtin_methods, smoke_config
 
 PIN_FILE = Path(__file__).parent / "pins" / "methods.json"
 UPDATE = os.environ.get("HFL_BENCH_UPDATE_PINS") == "1"
 
-BUILTIN = ("crad", "dfml", "fedavg", "fedcc", "fedgd", "fedmd", "fedmkd", "fedsocket", "fml", "local",
-           "msfkd", "naive-shared", "uncertainty-kd", "uniform-kd")
-# Settings that keep each case to a few seconds while every part of the method runs.
-PARAMS = {
-    "dfml": {"period": "2"},
-    "fedsocket": {"warmup_epochs": "1", "local_epochs": "1"},
-    "naive-shared": {"warmup_epochs": "1", "local_epochs": "1"},
-    "fedgd": {"g_steps": "2", "synthetic_size": "128"},
-    "fedmd": {"transfer_epochs": "1", "private_init_epochs": "1"},
-}
-POOL = {"fedavg": "cpu-cnn"}
 # The optimizer and held-out fraction of the pins, fixed here so that a change of the task's
 # protocol defaults (a calibration) does not read as a change of every method's numerics.
 PROTOCOL = {"local_epochs": 1, "batch_size": 64, "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4,
             "heldout_fraction": 0.2}
-PUBLIC = {"fedcc", "fedmd", "msfkd"}
 MULTIMODAL = {"task": "digits-mnist1d", "pool": "cpu-mm"}
-# (case name, method, extra config): every method on the default path, and the per-batch
-# reference path of the two families that have one.
-CASES = [(m, m, {}) for m in BUILTIN] + [
+# (case name, method, extra config): every method hfl-bench registers on the default path, with its
+# card's smoke settings, plus the per-batch reference path of the two families that have one, a
+# partial-participation round and the missing-modality setting.
+CASES = [(m, m, {}) for m in builtin_methods()] + [
     ("crad@reference", "crad", {"exec": "reference"}),
     ("fedmkd@reference", "fedmkd", {"exec": "reference"}),
     ("uniform-kd@partial", "uniform-kd", {"clients_per_round": 3}),
@@ -88,8 +78,7 @@ def pinned_view(record: dict) -> dict:
 
 def run_case(method: str, extra: dict, out: Path) -> dict:
     values = dict(method=method, task="digits", clients=4, rounds=3, seed=0, checkpoint_every=0, out=str(out),
-                  method_params=dict(PARAMS.get(method, {})), pool=POOL.get(method),
-                  public_size=100 if method in PUBLIC else 0, **PROTOCOL)
+                  **smoke_config(method), **PROTOCOL)
     values.update(extra)
     cfg = engine.load_task(RunConfig(**values))[1]
     return pinned_view(records.build_record(cfg, engine.run(cfg)))
@@ -188,8 +177,19 @@ def test_another_cpus_rounding_stands_and_a_numerics_change_does_not():
         assert problem and "bump `version`" in problem and where in problem, (where, problem)
 
 
+NO_PIN = "no pin for {}: run with HFL_BENCH_UPDATE_PINS=1 and commit tests/pins/methods.json"
+
+
+@pytest.mark.skipif(UPDATE, reason="regenerating the pins")
+def test_every_case_has_a_pin_and_every_pin_a_case(pins):
+    cases = {c[0] for c in CASES}
+    assert not sorted(set(pins) - cases), f"pins of no case (a method gone or renamed): {sorted(set(pins) - cases)}"
+    assert not sorted(cases - set(pins)), NO_PIN.format(", ".join(sorted(cases - set(pins))))
+
+
 @pytest.mark.parametrize("case,method,extra", CASES, ids=[c[0] for c in CASES])
 def test_method_matches_its_pin(case, method, extra, pins, tmp_path):
+    assert UPDATE or case in pins, NO_PIN.format(case)  # before the run: fails in a second
     got = json.loads(json.dumps(run_case(method, extra, tmp_path)))  # as stored: tuples become lists
     if UPDATE:
         stored = json.loads(PIN_FILE.read_text()) if PIN_FILE.exists() else {}
@@ -200,7 +200,6 @@ def test_method_matches_its_pin(case, method, extra, pins, tmp_path):
             stored[case] = got
             PIN_FILE.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n")
         return
-    assert case in pins, f"no pin for {case}: run with HFL_BENCH_UPDATE_PINS=1 and commit tests/pins/methods.json"
     problem = pin_problem(method, pins[case], got, tolerant=case in PLATFORM_SENSITIVE)
     assert problem is None, problem
     if got != pins[case]:

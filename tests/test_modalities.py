@@ -18,7 +18,7 @@ from hfl_bench.data import get_task
 from hfl_bench.pools import LateFusionNet
 from hfl_bench.registry import METHODS
 from hfl_bench.tasks.digits_mnist1d import pair_by_class
-from hfl_bench.testing import QUICK, builtin_names, tiny_federation
+from hfl_bench.testing import QUICK, builtin_methods, tiny_federation
 
 TASK = "digits-mnist1d"
 
@@ -145,24 +145,20 @@ def test_bad_modality_flag_on_the_command_line_is_one_line_and_exit_2(tmp_path):
     assert len(lines) == 1 and "audio" in lines[0] and "image, signal" in lines[0]
 
 
-ABLE = {"local", "fml", "uniform-kd", "uncertainty-kd", "crad", "fedmkd", "fedsocket", "naive-shared"}
-
-
-@pytest.mark.parametrize("name", builtin_names(METHODS))
+@pytest.mark.parametrize("name", builtin_methods())
 def test_every_method_runs_the_task_or_refuses_it_clearly(name, tmp_path):
-    cls = METHODS.get(name)
+    card = METHODS.get(name).card
     cfg = RunConfig(method=name, task=TASK, clients=4, rounds=1, seed=0, pool="cpu-mm", **QUICK)
-    if not cls.missing_modalities:
-        with pytest.raises(ConfigError, match=f"method {name} does not run task {TASK}, whose clients miss "
-                                              f"modalities: .+ Methods that do: "):
+    if not card.missing_modalities:
+        able = ", ".join(m for m, c in METHODS.items() if c.card.missing_modalities)
+        with pytest.raises(ConfigError) as refused:
             engine.make_method(cfg)
+        assert str(refused.value) == (f"method {name} does not run task {TASK}, whose clients miss modalities: "
+                                      f"{card.why_single_modality}. Methods that do: {able}")
         return
-    assert name in ABLE, f"{name} claims to run missing-modality tasks: add it to this test's list on purpose"
     task = get_task(TASK)
     from hfl_bench.config import resolve
-    params = {"fedsocket": {"warmup_epochs": 1, "local_epochs": 1},
-              "naive-shared": {"warmup_epochs": 1, "local_epochs": 1}}.get(name, {})
-    cfg.method_params = params
+    cfg.method_params = dict(card.smoke.method_params)
     result = engine.run(resolve(cfg, task.info.defaults), checkpoint=tmp_path / "ckpt")
     assert result.status == "ok", result.error
     assert np.isfinite(result.best.global_acc).all()

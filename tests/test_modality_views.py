@@ -24,6 +24,7 @@ from hfl_bench.config import RunConfig, config_hash
 from hfl_bench.federation import RoundMetrics, RunResult
 from hfl_bench.matrix.runner import summary_row
 from hfl_bench.matrix.suite import Cell
+from hfl_bench.method_card import MethodCard
 from hfl_bench.results.board import build_board
 from hfl_bench.results.loading import load_records
 from hfl_bench.results.records import SCHEMA_VERSION, build_record, load_schema, strict_record
@@ -162,7 +163,8 @@ def test_a_1_4_record_without_or_with_a_bad_modalities_section_is_rejected(real,
 
 
 class FakeMethod:
-    fidelity, version, citation, notes, topology = "paper", "1.0", "Doe et al.", (), "p2p"
+    card = MethodCard(name="fake", version="1.0", fidelity="paper", topology="p2p", citation="Doe et al.",
+                      summary="A stand-in for build_record.")
 
     def hparams(self) -> dict:
         return {}

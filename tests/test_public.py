@@ -82,9 +82,11 @@ def test_given_partition_rejects_public_size(digits):
 
 
 def test_method_needing_public_data_names_the_option(monkeypatch):
+    import dataclasses
+
     from hfl_bench.methods.local import Local
 
-    monkeypatch.setattr(Local, "needs_public", True)
+    monkeypatch.setattr(Local, "card", dataclasses.replace(Local.card, transfer="public-labelled"))
     with pytest.raises(ConfigError, match="--public-size"):
         make_method(RunConfig(method="local", task="digits"))
     make_method(RunConfig(method="local", task="digits", public_size=50))

@@ -86,8 +86,8 @@ def test_empty_registry_message():
 # --------------------------------------------------------------------------- built-ins
 
 
+# A few names each registry must hold (methods: every module of methods/ registers one, below).
 BUILTINS = {
-    "methods": {"local", "uniform-kd", "uncertainty-kd", "crad", "fedavg"},
     "tasks": {"digits", "mnist1d", "cifar10", "cifar100", "pathmnist"},
     "pools": {"paper", "cpu", "cpu-cnn", "paper-resnet18"},
     "partitioners": {"dirichlet", "classes", "iid"},
@@ -123,10 +123,18 @@ def test_each_kind_is_named_as_its_entry_point_group():
         assert registry.entry_point_group == f"hfl_bench.{kind}"
 
 
+def test_every_module_of_the_methods_package_registers_a_method():
+    """A method module left out of methods/__init__.py would register nothing (and no suite would
+    run it): every module under methods/ is the origin of at least one built-in method."""
+    folder = Path(__file__).resolve().parent.parent / "methods"
+    modules = {f"hfl_bench.methods.{p.stem}" for p in folder.glob("*.py") if p.stem != "__init__"}
+    assert modules and {METHODS.origin(name) for name in builtin_names(METHODS)} == modules
+
+
 def test_registered_methods_carry_their_names():
+    assert builtin_names(METHODS)
     for name, cls in METHODS.items():
-        if name in BUILTINS["methods"]:
-            assert cls.name == name
+        assert cls.card.name == name
 
 
 @pytest.mark.parametrize("kind", sorted(BUILTINS))
@@ -155,18 +163,14 @@ def test_builtin_origins():
 PLUGIN_MODULE = '''
 """A third-party method plugin, found only through its entry point."""
 
-from hfl_bench.method_api import Method, register_method
+from hfl_bench.method_api import Method, MethodCard, register_method
 from hfl_bench.training import make_plan, train_on_plan
 
 
-@register_method("demo-local")
+@register_method
 class DemoLocal(Method):
-    """Demo plugin: cross-entropy on each client's own data."""
-
-    fidelity = "reconstructed"
-    version = "1.0"
-    topology = "none"
-    citation = "demo"
+    card = MethodCard(name="demo-local", version="1.0", fidelity="reconstructed", topology="none",
+                      citation="demo", summary="Demo plugin: cross-entropy on each client's own data.")
 
     def run_round(self, fed, rnd, active):
         losses = [train_on_plan(fed, fed.clients[i], make_plan(fed, i, rnd)) for i in active]
@@ -176,17 +180,13 @@ class DemoLocal(Method):
 OBJ_PLUGIN_MODULE = '''
 """A plugin whose entry point names the Method subclass itself (no @register_method)."""
 
-from hfl_bench.method_api import Method
+from hfl_bench.method_api import Method, MethodCard
 from hfl_bench.training import make_plan, train_on_plan
 
 
 class ObjMethod(Method):
-    """Object entry point plugin: local cross-entropy."""
-
-    fidelity = "reconstructed"
-    version = "1.0"
-    topology = "none"
-    citation = "demo"
+    card = MethodCard(name="obj-method", version="1.0", fidelity="reconstructed", topology="none",
+                      citation="demo", summary="Object entry point plugin: local cross-entropy.")
 
     def run_round(self, fed, rnd, active):
         losses = [train_on_plan(fed, fed.clients[i], make_plan(fed, i, rnd)) for i in active]
@@ -227,7 +227,7 @@ def test_plugins_listed_through_entry_points(plugin_path, tmp_path):
     proc = _cli(plugin_path, tmp_path, "list", "methods", "--json")
     assert proc.returncode == 0, proc.stderr
     rows = {row["name"]: row for row in json.loads(proc.stdout)}
-    assert BUILTINS["methods"] <= set(rows)
+    assert set(builtin_names(METHODS)) <= set(rows)
     # Module entry point: the module's @register_method decorator ran.
     assert rows["demo-local"]["origin"] == "hflb_demo_plugin"
     assert rows["demo-local"]["fidelity"] == "reconstructed"

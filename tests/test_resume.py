@@ -22,28 +22,15 @@ from hfl_bench import checkpoint, engine, paths
 from hfl_bench.results import records
 from hfl_bench.cli import app
 from hfl_bench.config import EVAL_EVERY, RunConfig
-from hfl_bench.method_api import Method
-from hfl_bench.registry import METHODS
-from hfl_bench.testing import builtin_names
-
-# Settings that make a method's state show up within a few rounds, and keep its case short.
-PARAMS = {
-    "dfml": {"period": "2"},  # alpha peaks at rounds 2 and 4: peak models are in the checkpoint
-    "fedsocket": {"warmup_epochs": "1", "local_epochs": "1"},
-    "naive-shared": {"warmup_epochs": "1", "local_epochs": "1"},
-    "fedgd": {"g_steps": "2", "synthetic_size": "128"},
-}
-HOMOGENEOUS = {"fedavg": "cpu-cnn"}
-
+from hfl_bench.method_api import Method, MethodCard
+from hfl_bench.testing import builtin_methods, smoke_config
 
 def config(method: str, out: Path, **overrides) -> RunConfig:
-    """A resolved 4-client, 3-round digits config with a checkpoint every 2 rounds."""
-    known = {f.name for f in dataclasses.fields(METHODS.get(method).Params)}
-    params = {k: v for k, v in PARAMS.get(method, {}).items() if k in known}  # a renamed knob is just dropped
+    """A resolved 4-client, 3-round digits config with a checkpoint every 2 rounds, with the card's
+    smoke settings (they make a method's state show up within a few rounds, e.g. dfml's period 2:
+    alpha peaks at rounds 2 and 4, so peak models are in the checkpoint)."""
     values = dict(method=method, task="digits", clients=4, rounds=3, seed=0, checkpoint_every=2, out=str(out),
-                  method_params=params, pool=HOMOGENEOUS.get(method))
-    if getattr(METHODS.get(method), "needs_public", False):
-        values["public_size"] = 100
+                  **smoke_config(method))
     values.update(overrides)
     return engine.load_task(RunConfig(**values))[1]
 
@@ -66,7 +53,7 @@ def assert_same_run(a: dict, b: dict) -> None:
 # ----------------------------------------------------------------------------- every method
 
 
-@pytest.mark.parametrize("method", builtin_names(METHODS))  # an installed plugin is its own concern
+@pytest.mark.parametrize("method", builtin_methods())  # an installed plugin is its own concern
 def test_resumed_run_equals_uninterrupted_run(method, tmp_path):
     cfg = config(method, tmp_path, local_epochs=2)  # two epochs: a multi-epoch plan, at less than digits' five
     full = records.build_record(cfg, engine.run(cfg))
@@ -334,7 +321,8 @@ def test_generic_walk_round_trips_state_in_place(tmp_path):
 class LazyMethod(Method):
     """Creates a model during a round that setup does not create."""
 
-    version = "1.0"
+    card = MethodCard(name="lazy", version="1.0", fidelity="original", topology="none", citation="",
+                      summary="Creates a model during a round that setup does not create.")
 
     def setup(self, fed):
         self.extra: dict[int, nn.Module] = {}

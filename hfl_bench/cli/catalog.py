@@ -80,7 +80,10 @@ def list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
     for name, obj in registry.items():
         row = {"name": name, "description": first_line(obj)}
         if kind == "methods":
-            row.update(fidelity=obj.fidelity, topology=obj.topology)
+            card = obj.card
+            row.update(description=card.summary, fidelity=card.fidelity, topology=card.topology,
+                       transfer=card.transfer, single_architecture=card.single_architecture,
+                       refuses_faults=sorted(card.refuses_faults))
         if kind == "tasks":
             info = obj.info
             row.update(version=info.version, classes=info.num_classes, input=list(info.input_shape),
@@ -116,15 +119,9 @@ def hyperparameters(params_cls: type) -> list[dict[str, Any]]:
 
 
 def _method(name: str, cls: Any) -> dict[str, Any]:
-    return {
-        "kind": "method", "name": name, "description": inspect.getdoc(cls) or "",
-        "fidelity": getattr(cls, "fidelity", None), "topology": getattr(cls, "topology", None),
-        "citation": getattr(cls, "citation", ""), "needs_public": bool(getattr(cls, "needs_public", False)),
-        "missing_modalities": ("runs" if getattr(cls, "missing_modalities", False)
-                               else f"refuses: {getattr(cls, 'why_single_modality', '')}"),
-        "notes": list(getattr(cls, "notes", ()) or ()),
-        "hyperparameters": hyperparameters(getattr(cls, "Params", None)),
-    }
+    card = cls.card
+    return {"kind": "method", **card.as_dict(), "description": card.summary,
+            "hyperparameters": hyperparameters(cls.Params)}
 
 
 def _task(name: str, task: Any) -> dict[str, Any]:
@@ -175,7 +172,9 @@ def _table(title: str, columns: list[dict], rows: list[list[str]], styled_title:
 
 
 # Columns of ``list`` that may wrap at a narrow terminal; the others keep their values on one line.
-WRAPPED = ("description", "members", "source")
+WRAPPED = ("description", "members", "source", "declares")
+# A method card's facts that ``list methods --json`` gives as fields and the table in one column.
+DECLARED = ("transfer", "single_architecture", "refuses_faults")
 
 
 def _shape_text(v: Any) -> str:
@@ -187,7 +186,22 @@ def _cell_text(v: Any) -> str:
     return "\n".join(terminal(x) for x in v) if isinstance(v, list) else fmt(v)
 
 
+def _declares(row: dict[str, Any]) -> str:
+    """A method's transfer data, one-architecture need and refused fault kinds, as one cell."""
+    parts = [row["transfer"]] if row["transfer"] != "none" else []
+    parts += ["one architecture"] if row["single_architecture"] else []
+    parts += [f"refuses {', '.join(row['refuses_faults'])}"] if row["refuses_faults"] else []
+    return "; ".join(parts) or "-"
+
+
+def _table_row(row: dict[str, Any]) -> dict[str, Any]:
+    if not all(k in row for k in DECLARED):
+        return row
+    return {**{k: v for k, v in row.items() if k not in DECLARED}, "declares": _declares(row)}
+
+
 def list_view(kind: str, rows: list[dict[str, Any]]) -> list:
+    rows = [_table_row(row) for row in rows]
     columns = [c for c in (rows[0].keys() if rows else ["name"]) if c != "origin"]  # origin: --json only
     return [_table(kind, [_column(c, no_wrap=c not in WRAPPED, overflow="fold" if c in WRAPPED else "ellipsis",
                                   one_line=c == "input") for c in columns],
@@ -230,10 +244,16 @@ FROM_DATA = "set from the data folder when it is loaded"
 
 
 def _method_view(info: dict[str, Any]) -> list:
+    refused = info["refuses_faults"]
     view = [_fields([("method", info["name"]), ("description", info["description"]),
-                     ("fidelity", info["fidelity"]), ("topology", info["topology"]),
-                     ("citation", info["citation"] or "-"), ("needs a public set", info["needs_public"]),
-                     ("missing modalities", info.get("missing_modalities", "-")), ("origin", info["origin"])])]
+                     ("version", info["version"]), ("fidelity", info["fidelity"]), ("topology", info["topology"]),
+                     ("citation", info["citation"] or "-"), ("transfer", info["transfer"]),
+                     ("needs a public set", info["needs_public"]),
+                     ("single architecture", info["single_architecture"]),
+                     ("missing modalities", "runs" if info["missing_modalities"]
+                      else f"refuses: {info['why_single_modality']}"),
+                     ("refuses faults", "; ".join(f"{kind}: {why}" for kind, why in refused.items()) or "none"),
+                     ("origin", info["origin"])])]
     if info["notes"]:
         view.append(["heading", "notes (choices the suite made where the source leaves room):"])
         view += [["bullet", str(n)] for n in info["notes"]]

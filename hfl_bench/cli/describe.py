@@ -1,6 +1,8 @@
-"""``hfl-bench describe NAME``: everything one plugin declares. A method's hyperparameters (type,
-default, help), fidelity, topology, citation, notes and whether it needs a public set; a task's
-``TaskInfo``; a pool's members; an aggregator's or partitioner's docstring.
+"""``hfl-bench describe NAME``: everything one plugin declares. A method's card
+(``hfl_bench.method_card``: version, fidelity, topology, citation, the transfer data it reads,
+whether it needs one architecture or runs missing modalities, the fault kinds it refuses, notes)
+and its hyperparameters (type, default, help); a task's ``TaskInfo``; a pool's members; an
+aggregator's or partitioner's docstring.
 
 The facts come from ``hfl_bench.cli.catalog``: the metadata index when it is current (nothing of
 the plugins imported), else the imported registries. Plugin text is untrusted: it is printed
@@ -27,9 +29,10 @@ def describe(
         "(a name in several, e.g. crad, is a method unless this says otherwise)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
-    """Show what a plugin declares: a method's hyperparameters, fidelity, citation and notes; a task's metadata; a pool's members.
+    """Show what a plugin declares: a method's card and hyperparameters; a task's metadata; a pool's members.
 
-    An aggregator or partitioner shows its documentation; --json prints it all as JSON. Read from
+    A method's card: version, fidelity, topology, citation, transfer data, refusals and notes. An
+    aggregator or partitioner shows its documentation; --json prints it all as JSON. Read from
     the metadata index, like list (HFL_BENCH_NO_INDEX=1 imports the plugins instead)."""
     if kind is not None and kind not in REGISTRIES:
         fail(unknown_message("kind", kind, list(KINDS)))

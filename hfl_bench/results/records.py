@@ -182,10 +182,10 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         "error": result.error,
         "method": {
             "name": cfg.method,  # the registry key: right also for an entry point that names a class
-            "fidelity": method.fidelity,
-            "version": type(method).version,
-            "citation": method.citation,
-            "notes": list(method.notes),
+            "fidelity": method.card.fidelity,
+            "version": method.card.version,
+            "citation": method.card.citation,
+            "notes": list(method.card.notes),
             "plugin_dist": plugin_dist(type(method).__module__),
             "hparams": method.hparams(),
         },
@@ -212,7 +212,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "rounds": cfg.rounds,
             "rounds_run": rounds_run,
             "local_epochs": cfg.local_epochs,
-            "topology": method.topology,
+            "topology": method.card.topology,
             "exec": fed.exec_path,
             "eval_every": cfg.eval_every,
             "vmap": fed.use_vmap,
@@ -284,7 +284,8 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
     task: dict[str, Any] = {"name": cfg.task, "version": None, "num_classes": None}
     try:
         cls = get_method_class(cfg.method)
-        method.update(fidelity=cls.fidelity, version=cls.version, citation=cls.citation, notes=list(cls.notes),
+        card = cls.card
+        method.update(fidelity=card.fidelity, version=card.version, citation=card.citation, notes=list(card.notes),
                       plugin_dist=plugin_dist(cls.__module__))
         method["hparams"] = dataclasses.asdict(coerce_params(cls.Params, cfg.method_params, cfg.method))
     except Exception:  # noqa: BLE001 - unknown method or bad hyperparameters: keep what we have

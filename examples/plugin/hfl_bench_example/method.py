@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from hfl_bench.aggregation import AGGREGATORS, get_aggregator
 from hfl_bench.families.peer_kd import peer_kd_round
-from hfl_bench.method_api import ConfigError, Method, param, register_method
+from hfl_bench.method_api import ConfigError, Method, MethodCard, param, register_method
 
 
 @dataclass
@@ -15,13 +15,12 @@ class ExampleKDParams:
     aggregator: str = param("example-median", "Aggregation rule (hfl-bench list aggregators).")
 
 
-@register_method("example-kd")
+@register_method
 class ExampleKD(Method):
-    """Example plugin: peer KD from the renormalized per-sample median of the peer teachers."""
-
-    fidelity, version = "original", "1.0"
-    citation = "hfl-bench-example-plugin (examples/plugin in the hfl-bench repository)"
-    notes = ("teachers combined per sample and class by their median, renormalized",)
+    card = MethodCard(name="example-kd", version="1.0", fidelity="original", topology="p2p",
+                      citation="hfl-bench-example-plugin (examples/plugin in the hfl-bench repository)",
+                      summary="Example plugin: peer KD from the renormalized per-sample median of the peers.",
+                      notes=("teachers combined per sample and class by their median, renormalized",))
     Params = ExampleKDParams
 
     def check(self, fed):

@@ -1,0 +1,192 @@
+"""The method card: everything a method declares about itself, in one frozen, typed value.
+
+Each registered method class sets ``card = MethodCard(...)`` (``hfl_bench.method_api``). The card
+is the one source of the method's name, version, citation, fidelity, topology, what it reads
+beyond the clients' private data, what settings it refuses, the settings of a quick test run and
+the notes every record carries: ``hfl-bench list`` and ``describe``, the record's ``method``
+section, the engine's refusals, the docs' method pages and the test suites all read it.
+
+``card_problems`` says what is wrong with a card; registering a method refuses one with problems.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from hfl_bench.faults import KINDS as FAULT_KINDS
+
+# "original": a method first published in this project or in the plugin that ships it.
+FIDELITIES = ("paper", "reconstructed", "original")
+TOPOLOGIES = ("p2p", "server", "none")
+# What a method reads beyond its clients' private data: nothing, the held-out public set
+# (``--public-size``) without or with its labels, or inputs it synthesizes itself.
+TRANSFERS = ("none", "public-unlabelled", "public-labelled", "synthetic")
+PUBLIC_TRANSFERS = ("public-unlabelled", "public-labelled")
+VERSION_PATTERN = re.compile(r"[0-9]+(\.[0-9]+){0,3}")
+# The public set of a smoke run of a method that reads one (samples held out of digits' training set).
+SMOKE_PUBLIC_SIZE = 100
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class FrozenMap(Mapping[K, V]):
+    """A read-only, hashable mapping: a card's mappings, so that a frozen card stays hashable."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[K, V] | Any = ()):
+        self._items: dict[K, V] = dict(items)
+
+    def __getitem__(self, key: K) -> V:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._items!r})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmokeSettings:
+    """The settings that keep a test run of the method to seconds while every part of it runs: the
+    test suites run every registered method with them (on ``digits``, 4 clients, a few rounds)."""
+
+    # Hyperparameters as ``--set key=value`` gives them (strings), e.g. fewer warm-up epochs.
+    method_params: Mapping[str, str] = FrozenMap()
+    # The architecture pool; None: the task's default (a single-architecture method names one).
+    pool: str | None = None
+    # Samples held out as the public set; None: SMOKE_PUBLIC_SIZE for a method that reads a
+    # public set, else 0.
+    public_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.method_params, Mapping):
+            object.__setattr__(self, "method_params", FrozenMap(self.method_params))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MethodCard:
+    """What a method is and declares (module docstring). ``name`` is the registry name."""
+
+    name: str
+    # The version of the method's numerics, in every record: bump it whenever what the method
+    # computes changes (tests/test_method_pins.py refuses a changed pin under an unchanged version).
+    # Records of different versions never share a leaderboard group.
+    version: str
+    citation: str
+    fidelity: str  # one of FIDELITIES
+    topology: str  # one of TOPOLOGIES
+    summary: str  # one line: what ``hfl-bench list methods`` shows
+    transfer: str = "none"  # one of TRANSFERS
+    # True for a method that needs every client on one architecture (a homogeneous pool).
+    single_architecture: bool = False
+    # True for a method that runs a task whose clients miss modalities (hfl_bench.modalities): it
+    # reads inputs only through the clients' own models (they fuse whatever modalities a row has)
+    # or handles the modalities itself. The others refuse such a task with ``why_single_modality``.
+    missing_modalities: bool = False
+    why_single_modality: str = "it was written for inputs of one modality"
+    # Fault kinds (``--faults``, hfl_bench.faults.KINDS) the method refuses, each with why.
+    refuses_faults: Mapping[str, str] = FrozenMap()
+    smoke: SmokeSettings = SmokeSettings()
+    # Choices made where the source is silent; copied into every record.
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.refuses_faults, Mapping):
+            object.__setattr__(self, "refuses_faults", FrozenMap(self.refuses_faults))
+        if isinstance(self.notes, list):
+            object.__setattr__(self, "notes", tuple(self.notes))
+
+    @property
+    def needs_public(self) -> bool:
+        """Whether the method cannot run without the public transfer set (``--public-size``)."""
+        return self.transfer in PUBLIC_TRANSFERS
+
+    def smoke_config(self) -> dict[str, Any]:
+        """The ``RunConfig`` fields of a smoke run: ``method_params``, ``pool``, ``public_size``."""
+        public = self.smoke.public_size
+        if public is None:
+            public = SMOKE_PUBLIC_SIZE if self.needs_public else 0
+        return {"method_params": dict(self.smoke.method_params), "pool": self.smoke.pool, "public_size": public}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The card as JSON data (``needs_public`` and the smoke run's settings resolved)."""
+        return {
+            "name": self.name, "version": self.version, "citation": self.citation, "fidelity": self.fidelity,
+            "topology": self.topology, "summary": self.summary, "transfer": self.transfer,
+            "needs_public": self.needs_public, "single_architecture": self.single_architecture,
+            "missing_modalities": self.missing_modalities, "why_single_modality": self.why_single_modality,
+            "refuses_faults": dict(self.refuses_faults), "smoke": self.smoke_config(), "notes": list(self.notes),
+        }
+
+
+def _one_line(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip()) and "\n" not in value
+
+
+def card_problems(card: Any, name: str) -> list[str]:
+    """What is wrong with ``card`` as the card of the method registered as ``name`` (none: [])."""
+    if not isinstance(card, MethodCard):
+        return [f"card must be a hfl_bench.method_api.MethodCard, got {card!r}"]
+    problems = []
+    if card.name != name:
+        problems.append(f"its card names {card.name!r}, but it is registered as {name!r}")
+    if not (isinstance(card.version, str) and VERSION_PATTERN.fullmatch(card.version)):
+        problems.append(f"version must be a string like \"1.0\" (digits and dots), got {card.version!r}; "
+                        "set it in the card and bump it when the method's numerics change")
+    for field, allowed in (("fidelity", FIDELITIES), ("topology", TOPOLOGIES), ("transfer", TRANSFERS)):
+        if getattr(card, field) not in allowed:
+            problems.append(f"{field} must be one of {', '.join(allowed)}, got {getattr(card, field)!r}")
+    if not _one_line(card.summary):
+        problems.append(f"summary must be one line of text, got {card.summary!r}")
+    if not isinstance(card.citation, str):
+        problems.append(f"citation must be a string, got {card.citation!r}")
+    for field in ("single_architecture", "missing_modalities"):
+        if not isinstance(getattr(card, field), bool):
+            problems.append(f"{field} must be True or False, got {getattr(card, field)!r}")
+    if not card.missing_modalities and not _one_line(card.why_single_modality):
+        problems.append("why_single_modality must say in one line why it refuses a task whose clients miss modalities")
+    if not isinstance(card.refuses_faults, Mapping):
+        problems.append(f"refuses_faults must map fault kinds to why, got {card.refuses_faults!r}")
+    else:
+        for kind, why in card.refuses_faults.items():
+            if kind not in FAULT_KINDS:
+                problems.append(f"refuses_faults: unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
+            elif not _one_line(why):
+                problems.append(f"refuses_faults: say in one line why it refuses {kind}")
+    if not (isinstance(card.notes, tuple) and all(isinstance(n, str) for n in card.notes)):
+        problems.append(f"notes must be a tuple of strings, got {card.notes!r}")
+    problems += _smoke_problems(card)
+    return problems
+
+
+def _smoke_problems(card: MethodCard) -> list[str]:
+    smoke = card.smoke
+    if not isinstance(smoke, SmokeSettings):
+        return [f"smoke must be a SmokeSettings, got {smoke!r}"]
+    problems = []
+    if not (isinstance(smoke.method_params, Mapping)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in smoke.method_params.items())):
+        problems.append("smoke.method_params must map names to strings (as --set gives them), "
+                        f"got {smoke.method_params!r}")
+    if smoke.pool is not None and not isinstance(smoke.pool, str):
+        problems.append(f"smoke.pool must be a pool name or None, got {smoke.pool!r}")
+    if card.single_architecture and smoke.pool is None:
+        problems.append("a single-architecture method names a homogeneous smoke.pool (e.g. \"cpu-cnn\")")
+    public = smoke.public_size
+    if public is not None and (isinstance(public, bool) or not isinstance(public, int) or public < 0):
+        problems.append(f"smoke.public_size must be an integer >= 0 or None, got {public!r}")
+    elif public == 0 and card.needs_public:
+        problems.append(f"smoke.public_size is 0, but a method whose transfer is {card.transfer} needs a public set")
+    return problems
