@@ -12,40 +12,33 @@ log p_c = log beta_{a,c} + z_c - logsumexp_k(log beta_{a,k} + z_k), and p = soft
 The models then go back to their owners. alpha_t cycles between supervision and distillation,
 and the model each client is evaluated with is its "peak model", stored when alpha_t peaks.
 
-Taken from the spec: the loss above, the WSM formula, one aggregator per round, models travel to
-the aggregator and back.
+Fidelity: reconstructed. The spec gives the loss, the WSM formula, one aggregator per round and
+models travelling to the aggregator and back; it marks the alpha schedule, the peak models and
+the WSM clamp [reconstructed] and is silent on the rest. The card's notes name each choice; the
+reasons are these.
 
-Reconstructed (the spec marks these [reconstructed] or is silent; the card's notes list them for
-every record, the reasons are here):
+The alpha schedule is a raised cosine over a period of P rounds counted from the rounds already
+completed, so the first round is pure supervision (a random model has nothing to teach) and alpha
+peaks at mid-period; P must be even so that the peak falls on a round. A client is evaluated with
+the model copied at its latest peak round (its current model until its first); a client that
+sits out a peak round keeps its earlier peak model.
 
-- alpha schedule: alpha_t = alpha_max * (1 - cos(2 pi t / P)) / 2 with alpha_max = 0.8, P = 10,
-  where t = rnd - 1 counts completed rounds, so the first round is pure supervision (alpha 0)
-  and alpha peaks at t mod P == P / 2. P must be even so that the peak falls on a round.
-- peak models: after a round where alpha_t peaks, each participant's returned model is copied
-  as its peak model; a client is evaluated with its latest peak model, and with its current
-  model until its first peak. A client that sits out a peak round keeps its earlier peak model
-  (or, without one, is still evaluated with its current model).
-- WSM clamp: class proportions are floored at 1e-8 before the log (log beta >= -18.4). A class
-  absent at a then gets probability <= 1e-8 * exp(z_c - max_k z_k) relative to the others:
-  effectively zero, so a's labels never push an absent class's logit down, yet the log-prior is
-  finite, so no NaN or inf even for huge logits. An aggregator with no training data at all
-  gives every class the floor, i.e. the plain softmax.
-- teachers: synchronous mutual learning. On each batch every model's prediction is computed
-  once (train mode, one forward per model) before any model steps, and the peers' softmaxes
-  enter the KL detached. Within a batch no model sees another's update (the result does not
-  depend on the order models are updated); across batches the teachers are the peers' current
-  models. KL at temperature 1, averaged over the batch and over the peers.
-- the aggregator is drawn uniformly from the round's active clients, seeded by
-  derive_seed(seed, "dfml-aggregator", rnd); all active clients participate.
-- K (``epochs``) defaults to the run's ``--local-epochs``, the protocol's local epoch budget per
-  round that every method gets (version 1.0 fixed K = 1, which was the budget only while every
-  task trained 1 local epoch; the calibrated digits and mnist1d protocols train 5 and 2); the
-  batch order and views are a's seeded epoch plan (make_plan), the same for every model.
-- each model is stepped by its owner's optimizer (the run's SGD: lr, momentum, weight decay and
-  batch size from the config; the optimizer state stays with the model's owner), with gradient
-  clipping at fed.cfg.grad_clip.
-- a round with a single participant trains it with the WSM loss alone (no peers to distill from).
-- metering: each participant other than a sends its state dict to a, and a sends each one back.
+The class proportions are floored before the log: a class absent at a then gets a probability
+that is effectively zero, so a's labels never push that class's logit down, yet the log-prior
+stays finite, so no NaN or inf appears even for huge logits (an aggregator without data gives
+the plain softmax).
+
+Mutual learning is synchronous: on each batch every model's prediction is taken once, before
+any model steps, and the peers' softmaxes enter the KL detached, so the result does not depend on
+the order in which the models are updated. The aggregator is a seeded uniform draw from the
+active clients, and every active client takes part.
+
+K defaults to the run's local epochs, the per-round budget every method gets (version 1.0 fixed
+K = 1, which matched that budget only while every task trained one local epoch). Every model
+follows a's seeded epoch plan and is stepped by its owner's optimizer, whose state stays with
+the owner, so a client's training settings are the run's whatever aggregator it visits. A lone
+participant has no peer and trains with the WSM loss alone. Metering counts each model's trip to
+a and back.
 """
 
 from __future__ import annotations

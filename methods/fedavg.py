@@ -1,6 +1,7 @@
 """FedAvg (McMahan et al., AISTATS 2017): sample-weighted parameter averaging at a server.
 
-Only defined for homogeneous pools; a heterogeneous pool is rejected with a clear error.
+Fidelity: paper. Averaging parameters needs every client on one architecture, so the card
+declares ``single_architecture`` and the engine refuses a pool of several architectures.
 """
 
 from __future__ import annotations

@@ -19,35 +19,29 @@ Evaluation drops the unknown logit (argmax over the C known classes): each clien
 the suite's headline metric; the paper's predictor, the same confidence-weighted ensemble of all
 clients' models, is the extra endpoint ``ensemble``.
 
-Fidelity: paper, for the algorithm as summarized (spec Sec. 7 and the paper summary). Choices
-where the summary is silent (the card's notes list them for every record):
+Fidelity: paper, for the algorithm as summarized (spec Sec. 7 and the paper summary). Where the
+summary is silent the card's notes name what we chose; the reasons follow.
 
-- optimizer: Adam, lr 1e-3 (the paper's; no weight decay) for every step, because FedCC's recipe
-  (lambda, delta, tau) was tuned with it; ``--set optimizer=sgd`` gives the suite's SGD instead.
-  Gradient clipping at the config's norm. Each client keeps its optimizer across rounds;
-- models: every client's model is rebuilt in setup with C + 1 outputs from its pool member, seeded
-  like the engine's (derive_seed(seed, "init", cid)) under a forked RNG;
-- entropies use the natural log; H(x) is, like w_l, the entropy of the *smoothed* prediction over
-  the C known classes (the softmax of the C known logits, i.e. the C + 1 softmax with the unknown
-  entry dropped and renormalized): w_x = min(w_l, H(x)) compares the two, and the smoothing
-  delta / C spreads over C entries; the unknown entry plays no part in the weights;
-- the probe is the all-zeros input in normalized space (every pixel at the per-channel training
-  mean); w_l, H(x) and m come from the model after step 2, in eval mode;
-- C_J: classes whose share of the client's training labels is > 2%; if none is (e.g. more than 50
-  balanced classes), the classes the client holds at all;
-- alpha's denominator w_l + w_u is clamped at 1e-12 (alpha = 0 when both are 0);
-- budget: the paper's 15 rounds x 20 local epochs is not the suite's protocol. Here sync is 1
-  epoch over the public set, step 2 is the suite's ``--local-epochs`` CE epochs, and step 4 is 1
-  epoch over D_k (``sync_epochs``, ``pseudo_epochs``): per round two extra passes' worth of work;
-- step 4: each private batch is joined by an equal share of a seeded permutation of the public set
-  (one pass over the public set per epoch over D_k), run through the model as one batch
-  (BatchNorm sees both); loss = mean CE on the private rows + lambda mean soft-CE on the public rows;
-- sync loss: tau^2 KL(target || softmax(z / tau)) at tau = 1, one seeded shuffled epoch over the
-  public set in batches of the suite's size; public inputs are never augmented;
-- the server broadcasts to every client (inactive ones included) and every client keeps the latest
-  broadcast; uploads and predictions for the pseudo-labels are eval-mode;
-- server weights fall back to uniform where every client is certain of "unknown" (sum of
-  1 - p_unk = 0), and the target to uniform over the known classes where nothing is left.
+The default optimizer is the paper's Adam, because FedCC's recipe (lambda, delta, tau) was tuned
+with it; ``--set optimizer=sgd`` gives the suite's SGD. Each client's model is rebuilt in setup
+with C + 1 outputs, seeded as the engine seeds its own, so the initialization stays a function of
+the run's seed alone.
+
+The entropies compare like with like: H(x), like w_l, is the entropy of the smoothed prediction
+over the C known classes, so w_x = min(w_l, H(x)) compares two quantities on the same scale and
+the smoothing delta / C spreads over the entries it is defined on; the unknown entry plays no
+part in the weights. The probe is the all-zeros input in normalized space, the training mean:
+the least informative input a client can build without data. C_J falls back to the classes a
+client holds when none passes the threshold (many balanced classes), so every client has a
+majority set.
+
+The paper's budget (15 rounds of 20 local epochs) is not the suite's protocol: the CE step runs
+the run's local epochs, and sync and the pseudo-label step one epoch each by default, two extra
+passes per round. In the pseudo-label step each private batch is joined by an equal share of the
+public set in one forward, so BatchNorm sees both, as a model trained on their union would.
+Public inputs are never augmented (every client must predict on the same inputs), predictions
+for uploads and pseudo-labels are taken in eval mode, every client keeps the latest broadcast,
+and the weights and targets fall back to uniform where they would otherwise divide by zero.
 """
 
 from __future__ import annotations

@@ -13,57 +13,46 @@ et al. NeurIPS 2022). No public data are needed: each round
    L_bn = mean over the snapshots that have BatchNorm of the sum over their BN layers of
    ||mu(x) - running_mean||_2 + ||var(x) - running_var||_2 (L2 norms, as DeepInversion and
    TARGET's hooks compute it); a model without BN (``mlp_small``) contributes no BN term;
-3. it keeps ``synthetic_size`` (500) generated samples with balanced labels, computes the
-   consensus (mean logits of the snapshots) on them and broadcasts both to the active clients;
+3. it keeps ``synthetic_size`` generated samples with balanced labels, computes the consensus
+   (mean logits of the snapshots) on them and broadcasts both to the active clients;
 4. every active client digests the consensus on the synthetic set and revisits its private data,
    exactly as in FedMD (``hfl_bench.families.fedmd_exchange``).
 
-Fidelity: reconstructed (spec, methods.md Sec. 5). Choices where the sources are silent (each
-listed in the card's notes, so every record carries them):
+Fidelity: reconstructed (spec, methods.md Sec. 5). Where the sources are silent, the card's notes
+name our choices; the reasons follow.
 
-- **adversarial term without a student**: the coordinator keeps no student. TARGET / DENSE push
-  the generator toward samples where a student disagrees with the teacher; here the students are
-  the clients themselves (each digests the consensus on these samples), so
-  L_adv = -mean_j mean_x [ KL(p_t(x) || p_j(x)) * 1{argmax p_j(x) = argmax p_t(x)} ]
-  at temperature 1: the generator seeks samples where the snapshots disagree with the ensemble.
-  The mask is DENSE's: it keeps the term bounded by not rewarding samples a client already gets
-  wrong. A coordinator-side student would cost a model, its optimizer and its training per round
-  and would only approximate what the clients' own disagreement measures directly;
-- **class-conditional generator**: the spec's generator sees z only, but with a generator that
-  persists across rounds a label drawn independently of z makes CE(t(G(z)), y) push every sample
-  toward a uniform prediction. z is multiplied by a learned class embedding (as in FedFTG and
-  ACGAN-style generators), so a synthetic sample has a label and the set can be class-balanced;
-- **generator architecture** (spec): z * emb(y) -> linear -> 128 x (H/4 x W/4) -> BN -> up x2 ->
-  conv3x3 128 -> BN -> LeakyReLU(0.2) -> up x2 -> conv3x3 64 -> BN -> LeakyReLU(0.2) -> conv3x3 to
-  the task's channels -> sigmoid. A spatial size not divisible by 4 is not upsampled (the layer
-  runs at full size in that dimension): mnist1d's 1x40 signals start at 1x10 and are upsampled
-  only along their length, so the 3x3 convs act as 1-D convs. Generator BN always uses batch
-  statistics (it only ever runs on batches);
-- **output range**: task data are standardized per channel (mean 0, std 1 on the training split),
-  but the normalization constants are not kept by ``Task.load``, so the coordinator cannot undo
-  them; it maps the sigmoid output affinely onto [-output_range, output_range] (default 3: the
-  span of a standardized channel within three standard deviations);
-- generator and its Adam (lr_g 2e-3, betas (0.5, 0.999)) are created in setup and persist across
-  rounds; ``g_steps`` = 3 per round (the spec's CIFAR value is 10; ``--set g_steps=10`` restores
-  it at ~0.8 s more CPU per digits round) at ``g_batch_size`` = 64; the synthetic set then takes
-  500 / 64 no-grad batches. No gradient clipping on the generator;
-- spec values lambda_bn = 10, lambda_oh = 0.5, lambda_adv = 1 (TARGET's CIFAR values);
-- **exchange in server form**, since a coordinator exists and already holds every snapshot: it
-  computes the consensus itself (identical to the mean of the clients' own eval-mode logits) and
-  broadcasts it with the synthetic set; clients upload no logits;
-- metering per round: each active client uploads its model state_dict; the coordinator sends the
-  synthetic set (float32 [500, C, H, W]) and the consensus (float32 [500, classes]) to each active
-  client;
-- no transfer or private initialization before round 1 (there is no labeled public set); the
-  digest and revisit settings are FedMD's (L1, Adam 1e-3 per client, 1 digest epoch, the suite's
-  local_epochs of private CE). ``--public-size`` is accepted, its set is simply held out of the
-  partition and never read, so fedgd can run on the same partition as the public-set methods.
+The adversarial term needs no student. TARGET and DENSE push the generator toward samples where
+a student disagrees with the teacher; here the students are the clients themselves (each digests
+the consensus on these samples), so the term is minus the KL from the ensemble to each snapshot,
+at temperature 1, masked as DENSE masks it to samples where the snapshot agrees with the
+ensemble's argmax (which keeps it bounded by not rewarding samples a client already gets wrong).
+A coordinator-side student would cost a model, its optimizer and its training per round and would
+only approximate what the clients' own disagreement measures directly.
+
+The generator is class-conditional (z times a learned class embedding, as in FedFTG and
+ACGAN-style generators): the spec's generator sees z only, but with a generator that persists
+across rounds a label drawn independently of z makes the CE term push every sample toward a
+uniform prediction. Its architecture is the spec's; a spatial size not divisible by 4 is not
+upsampled, so mnist1d's 1x40 signals start at 1x10 and grow only along their length (the 3x3
+convs act as 1-D convs). Generator BN always uses batch statistics: it only ever runs on batches.
+Task data are standardized per channel, but ``Task.load`` does not keep the constants, so the
+coordinator cannot undo them; it maps the sigmoid output onto [-output_range, output_range], by
+default the span of a standardized channel within three standard deviations.
+
+The generator and its Adam persist across rounds. ``g_steps`` is below the spec's CIFAR value for
+CPU cost (``--set g_steps=10`` restores it at about 0.8 s more CPU per digits round); the loss
+weights are TARGET's CIFAR values. The exchange takes server form, since a coordinator exists and
+already holds every snapshot: it computes the consensus itself (identical to the mean of the
+clients' own eval-mode logits) and broadcasts it with the synthetic set, so clients upload no
+logits. There is no initialization phase before round 1 (no labeled public data); the digest and
+revisit are FedMD's. ``--public-size`` is accepted and its set held out of the partition, never
+read, so fedgd can run on the same partition as the public-set methods.
 
 Observed on digits (cpu pool, N = 10, R = 300, seed 0): the history's ``g_oh`` stays near
 ln 10 throughout, i.e. the ensemble does not classify the synthetic samples by their labels; the
 BN term dominates at the spec's weights, and the clients digest the consensus on exactly the
 samples the generator makes, so they learn to agree there. The exchange still transfers something
-(global accuracy above ``local`` on the same partition); see the README's Methods section.
+(global accuracy above ``local`` on the same partition); see the methods guide in the docs.
 """
 
 from __future__ import annotations

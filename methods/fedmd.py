@@ -12,28 +12,23 @@ then its private data. Each round, every active client
 4. **Revisit**: trains on its private data with CE.
 
 Fidelity: paper, with the choices of the authors' official code (github.com/diogenes0319/FedMD_clean):
-the digest matches logits with an L1 loss (Keras ``mean_absolute_error``) under Adam, lr 1e-3;
-``--set digest_loss=kl`` switches to KD_T on softened logits, a common variant. Choices where the
-paper and code leave room (the card's notes list them, so every record carries them):
+the digest matches logits with an L1 loss (Keras ``mean_absolute_error``) under Adam at that
+code's learning rate; ``--set digest_loss=kl`` switches to KD_T on softened logits, a common
+variant. Where the paper and code leave room, the card's notes name our choices; the reasons
+follow.
 
-- transfer learning and the private initialization run once, before round 1, for every client:
-  ``transfer_epochs`` (default 5) CE epochs on the labeled public set, then ``private_init_epochs``
-  (default 2) epochs on the private data, both with the client's own SGD optimizer (the suite's
-  protocol; the official Keras code used Adam with early stopping and more epochs, too slow for a
-  CPU suite). These epochs come on top of the R rounds' budget;
-- the alignment set is the whole public set each round (``alignment_size`` = 0); the official code
-  draws a fresh subset per round, which ``alignment_size`` = k reproduces (a seeded draw per round,
-  shared by every client, so it costs no bytes);
-- digest: ``digest_epochs`` (default 1) seeded shuffled epochs over the alignment set at the suite's
-  batch size, unaugmented, in train mode, with one Adam optimizer per client created in setup and
-  kept across rounds (as the official Keras model keeps its compiled optimizer); clipped to the
-  suite's global gradient norm;
-- revisit: ``revisit_epochs`` (default: the suite's local_epochs, so the private budget per round
-  matches every other method) with the client's own SGD optimizer;
-- logits are computed in eval mode (BatchNorm running statistics) like every teacher's, in float32;
-- metering: each active client sends its M x C float32 logit matrix to every other active client,
-  active * (active - 1) * M * C * 4 bytes per round; the public set itself is available to all
-  beforehand and costs nothing.
+Transfer learning and the private initialization run once, before round 1, with each client's
+own SGD and a few epochs each: the official Keras code trained longer with Adam and early
+stopping, too slow for a CPU suite. These epochs come on top of the rounds' budget. The alignment
+set is the whole public set each round by default; the official code draws a fresh subset, which
+``alignment_size`` reproduces (a seeded draw shared by every client, so it costs no bytes).
+
+The digest keeps one Adam optimizer per client across rounds, as the official Keras model keeps
+its compiled optimizer; it runs unaugmented and is clipped like every other step. The revisit
+runs the run's local epochs with the client's SGD, so the private budget per round matches every
+other method's. Logits are computed
+in eval mode, like every teacher's. Only the logit matrices are metered: the public set is
+available to all beforehand.
 
 The shared steps (consensus, digest, revisit) live in ``hfl_bench.families.fedmd_exchange``;
 ``fedgd`` reuses them on its synthetic transfer set.

@@ -20,20 +20,17 @@ every active client i and every batch x of its own data,
                       + mu * KD_T(p_T(f_i^{r-1}(x)) || f_i(x)),
 
 with KD_T(q || z) = T^2 KL(q || softmax(z / T)), j over the round's other active clients.
-Choices where the sources are silent (the card's notes list them, so every record carries them):
+Where the sources are silent, the card's notes name our choices; the reasons follow.
 
-- lambda = mu = 0.5, T = 2; the weights add to CE (not the backbone's convex (1 - lambda) CE);
-- the peer term is the uniform mean of the peers' round r-1 snapshots, exchanged and metered
-  exactly as the peer-KD backbone exchanges them (``hfl_bench.families.peer_kd.exchange_snapshots``), but
-  without the 2C reliability statistics, which FedMKD does not use;
-- the memory f_i^{r-1} is the client's own model as it stands when round r starts (its round
-  r-1 snapshot); it stays on the client, so it costs no network bytes;
-- no memory term until the client has finished one local round: in round 1 there is no
-  previous-round model (only the random initialization), so the first round is peer KD only.
-  Under partial participation this means a client's first active round, whatever its number;
-- the memory teacher runs in eval mode (BatchNorm running statistics) like every teacher, on the
-  same augmented view the student trains on;
-- everything else (optimizer, batch size, clipping, local epochs) is the suite's shared protocol.
+The weights add to CE rather than forming the backbone's convex (1 - lambda) CE, as the spec's
+loss is written. The peers' snapshots are exchanged and metered exactly as the peer-KD backbone
+exchanges them (``hfl_bench.families.peer_kd.exchange_snapshots``), without the reliability
+statistics FedMKD does not use. The memory is the client's own model as it stands when the round
+starts; it never leaves the client, so it costs no bytes. A client has no previous-round model
+before it has finished one local round (only its random initialization), so its first active
+round is peer KD only. The memory teacher runs in eval mode on the student's augmented view, like
+every teacher. Everything else (optimizer, batch size, clipping, local epochs) is the run's
+shared protocol.
 
 Both execution paths of the backbone are supported and compute the same targets: ``reference``
 (per batch, from frozen copies of every active model, the client's own included) and ``fast``

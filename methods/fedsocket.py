@@ -29,93 +29,48 @@ rho selection, aggregation, holding Q) are in ``hfl_bench.families.shared_predic
 follows here is what FedSocket adds: the teaching losses, the conditional target and the
 ownership rules it turns on.
 
-What comes from the paper (summary) or the spec [paper], and what is ours [ours]; every item is
-listed in the card's notes and so in every record:
+Fidelity: reconstructed. The paper (its summary) and the spec fix the exchange (Q parameters and
+counts only), the bidirectional teaching with a frozen teacher Q and a trainable local copy, the
+losses and the reliability weight, the ownership-aware averaging and its stabilizer, the Joint
+rule with rho chosen on validation data, the hyperparameter defaults, and, for missing
+modalities, the per-modality adapters and embeddings, the conditional target (forward KL to the
+complete-input teacher from a recipient interface is minimized by the average teacher prediction
+given that interface, paper A.1) anchored by the labels, and recipients running Private, Q and
+Joint through the same observed inputs (Sec. 4.3-5.2, A.7). The card's notes name, as [paper] and
+[ours], what comes from the paper and what we chose; the reasons for our choices follow.
 
-- [paper] exchange of Q parameters and counts only; bidirectional teaching with a frozen teacher
-  Q and a trainable local Q copy; label-smoothed CE, reliability-weighted KD and label-supervised
-  fusion; the reliability weight above; head rows over positive-count clients, other blocks
-  sample-weighted, server stabilizer 0.5; the Joint omega formula with absent classes at 1 and
-  rho selected on validation data; defaults lambda_KD 0.5, lambda_fus 0.25, lambda_rel 0.2,
-  private lr 5e-2, Q lr 3e-4, 2 local epochs, 10 warm-up epochs.
-- [paper] missing modalities: fixed modality features feed modality-specific adapters and
-  modality embeddings; complete-input donor predictions supervise Q through observed-modality
-  features (the conditional target: forward KL to the full-input teacher from the recipient
-  interface is minimized by the average teacher prediction given the interface, paper A.1),
-  anchored by the labels; modality embeddings averaged over the clients using that modality
-  (Sec. 4.3, A.7); recipients run Private, Q and Joint through the same observed inputs (4.4, 5.2).
-- [ours] one task, so one expert and one head, no task embeddings, no cross-task residual
-  sharing and no PCGrad. On a single-modality task the task and modality embeddings collapse
-  into one learned 256-d vector added to the one adapter's output.
-- [ours] multimodal Q: per modality m an adapter Linear(256, 256) -> LayerNorm -> GELU and a
-  learned embedding e_m (init 0); z = mean over the modalities a row has of (adapter_m(u_m) +
-  e_m) (so Q runs on any subset of modalities per row; an adapter never sees a row without its
-  modality); then the same expert, residual and head as below.
-- [ours] extractor: the paper uses a frozen pretrained ResNet-18 plus a fixed projection to
-  256-d. This suite is offline and downloads no weights, so the default (``extractor=
-  random-conv``) is a frozen random conv net trained nowhere, seeded by derive_seed(seed,
-  "fedsocket-extractor") (one per modality on a multimodal task, seeded by derive_seed(seed,
-  "fedsocket-extractor", modality)): conv3x3(C->32)-ReLU-conv3x3(32->64)-ReLU, adaptive average
-  pool to min(H,4) x min(W,4), then a fixed Gaussian projection (std 1/sqrt(fan-in)) to 256-d;
-  Kaiming-normal conv weights, zero biases, no normalization layers. ``random-projection`` is a
-  fixed Gaussian projection of the flattened input (modality). All clients compute the same
-  function (one shared module in simulation). A modality's extractor runs only on rows where that
-  modality is finite; a row's features of a modality it lacks are absent (NaN), never computed
-  from NaN. Features of every training-split and global-test sample are computed once in setup
-  and cached; other inputs (the evaluator's masked test copies, gathered validation and local
-  test rows) are computed on the fly by the same rule. Q always reads the features of the
-  un-augmented sample (augmentation, where a task has one, only feeds Private).
-- [ours] Q's shapes: adapter Linear(256, 256) -> LayerNorm -> GELU, plus the embedding vector;
-  expert Linear(256, 256) -> GELU; low-rank residual B A z with A: 256 -> 32, B: 32 -> 256
-  (rank 32, linear, no bias); one scalar gate g (init 0, so sigma(g) = 0.5); hidden
-  h = expert(z) + sigma(g) * B A z; head Linear(256, C). About 151k parameters with C = 10
-  (about 218k with two modalities). The LayerNorm is there because random features have no
-  calibrated scale.
-- [ours] label smoothing 0.1 in both CE_ls terms. relKD = T^2 * mean_i w_i KL(t_i^T || s_i^T)
-  at the suite's distillation temperature T = 2, with the weights not renormalized (an unreliable
-  teacher just contributes less); w_i is computed from the teacher's T = 1 softmax.
-- [ours] conditional target: a donor's stage-(b) loss is the mean, over its full interface and
-  each distinct recipient interface in the federation (the observed-modality sets of the
-  recipients), of CE_ls(Q on that interface) + lambda_rel relKD(complete-input Private -> Q on
-  that interface), with the same teacher and reliability weights in every term; the donor computes
-  Q on the features of the interface's modalities only (the others absent). A recipient's loss is
-  the single term on its observed interface; on a single-modality task (or with no recipients)
-  every client has the single full-interface term, as before.
-- [ours] fusion CE = NLL of the Joint score (1 - omega) softmax(Private) + omega softmax(Q) with
-  omega at rho = 1 (training fusion weight; the inference rho is selected separately); Q is
-  frozen there, so only Private gets gradients. Plain CE (no smoothing) on the fusion score.
-- [ours] optimizers: Private keeps its client's SGD (momentum 0.9, weight decay 5e-4) with the
-  learning rate set to 5e-2; Q copies use Adam(3e-4), created fresh each round (the copy is
-  re-initialized from the global Q every round and no optimizer state is exchanged).
-  Gradient clipping at the config's norm for both.
-- [ours] the Private teacher in stage (b) predicts on the un-augmented training samples (to
-  match Q's features) as the client holds them (a recipient's without its missing modality);
-  stage (a) and stage (b) each run ``local_epochs`` (2) seeded epochs (make_plan, purposes
-  "fedsocket-private" and "fedsocket-q"); this overrides the suite's --local-epochs, which the
-  record's federation block still shows.
-- [ours] warm-up (Stage I, "Private warm-up"): in setup every client trains its Private model
-  alone with CE_ls for ``warmup_epochs`` (10) epochs, before round 1; no communication. Q starts
-  from a seeded random init (derive_seed(seed, "fedsocket-q")) that the server sends to every
-  client in setup (metered, in the record's total bytes). No out-of-fold cross-fitting (A.4).
-- [ours] head rows: row c (weight and bias) is the sample-count-weighted mean over the uploading
-  clients with a positive training count of c; a class no uploader holds keeps its previous row
-  (and so, after the stabilizer, is unchanged). Modality blocks (adapter_m, e_m): weighted mean
-  over the uploaders, each weighted by its number of training rows that have modality m (its
-  sample count if it observes m, 0 if it misses m; uploaded as counts); a modality no uploader
-  observes keeps its block. Stabilizer on every floating block.
-- [ours] rounds: the server sends the current Q to each active client that does not hold it
-  (catch-up, only under partial participation), and after aggregating sends the new Q to the
-  round's active clients; a client evaluates Q and Joint with the last Q it received. Each
-  active client uploads {Q state dict, sample count, class counts} every round, plus its
-  per-modality row counts on a multimodal task.
-- [ours] rho grid {0.25, 0.5, 1, 2, 4}; chosen per client after every round in which it was
-  active, by validation accuracy of the Joint score (its validation half, as it holds it),
-  ties broken by validation NLL and then by the smaller rho; a client without validation data
-  uses rho = 1.
-- [ours] headline: the suite's evaluated model is Private unless ``endpoint=joint``; the record's
-  ``metrics.extra_endpoints`` holds "private", "q" and "joint" either way (the hyperparameters
-  say which one is the headline). The evaluator hands a client's three predictors the same input
-  tensor (the global test set with the client's missing modality NaN, or its local test rows).
+The suite runs one task, so there is one expert and one head, and the multi-task parts (task
+embeddings, cross-task residual sharing, PCGrad) are absent; on a single-modality task the task
+and modality embeddings collapse into one learned vector. On a multimodal task z is the mean over
+the modalities a row has of its adapter's output plus its embedding, so Q runs on any subset of
+modalities and an adapter never sees a row without its modality.
+
+The paper's extractor is a frozen pretrained ResNet-18 with a fixed projection. This suite is
+offline and downloads no weights, so the default is a frozen, seeded random conv net trained
+nowhere (one per modality on a multimodal task; ``random-projection`` projects the flat input
+instead). Every client computes the same function. A modality's extractor runs only on rows where
+the modality is present, so no feature is ever computed from a value a client does not observe.
+Random features have no calibrated scale, hence the LayerNorm in each adapter; Q has about
+151k parameters with C = 10 (about 218k with two modalities). Q always reads the un-augmented
+sample's features, and so the Private teacher of stage (b) predicts on un-augmented samples too.
+
+In relKD the reliability weights are not renormalized, so an unreliable teacher just contributes
+less. The fusion CE uses a fixed training rho, separate from the rho selected for inference, with
+Q frozen so that only Private learns from it. Private keeps its client's optimizer; the Q copy gets
+a fresh Adam each round, because the copy is re-initialized from the global Q and no optimizer
+state is exchanged. Each stage runs the method's own local epochs (the paper's), which override
+the run's ``--local-epochs``. The warm-up trains Private alone before round 1, and Q's seeded
+initialization is sent to every client in setup (metered). There is no out-of-fold
+cross-fitting (A.4).
+
+In aggregation, a head row or modality block that no uploader holds keeps its previous value, so
+an absent class or modality is not pulled toward an average of clients that know nothing of it.
+The server catches a stale active client up with the current Q at round start (partial
+participation only), and a client evaluates Q and Joint with the last Q it received. rho is
+chosen from a small grid per client after each active round, ties broken by validation NLL and
+then the smaller rho, so the choice is deterministic; without validation data rho is 1. The
+headline is Private unless ``endpoint=joint``; the record reports all three endpoints either way,
+a client's three on the same inputs.
 """
 
 from __future__ import annotations

@@ -7,26 +7,21 @@ other (deep mutual learning):
     L_private = alpha * CE(private) + (1 - alpha) * KL(p_meme || p_private)
     L_meme    = beta  * CE(meme)    + (1 - beta)  * KL(p_private || p_meme)
 
-with alpha = beta = 0.5, softmax at temperature 1, KL averaged over the batch ('batchmean'), and
-the other model's prediction treated as a constant in each term. A server averages the active
-clients' trained memes weighted by their training-set sizes (as FedAvg does) and broadcasts the
-average; the private models never leave their clients. The headline metric evaluates each
-client's private model; the meme is reported as the extra endpoint ``meme``.
+with softmax at temperature 1, KL averaged over the batch ('batchmean'), and the other model's
+prediction treated as a constant in each term. A server averages the active clients' trained
+memes weighted by their training-set sizes (as FedAvg does) and broadcasts the average; the
+private models never leave their clients. The headline metric evaluates each client's private
+model; the meme is reported as the extra endpoint ``meme``.
 
-Fidelity: paper, for the method as specified here. Choices where the paper leaves room (the card's
-notes list them, so every record carries them):
-
-- meme architecture: by default the pool's smallest member by parameter count; the Params field
-  ``meme_arch`` names another (a pool member's label or any timm model name, e.g. one registered
-  in ``hfl_bench.pools``); the record's hparams carry the one used (``meme_arch_used``);
-- every client's meme starts from one seeded initialization (``derive_seed(seed, "meme-init")``):
-  clients that share a seed need no initial download, so it costs no bytes;
-- the server broadcasts the average to every client after each round (an inactive client holds
-  the current global meme when it is next drawn), metered as one download per client;
-- each client keeps its own meme optimizer across rounds (SGD momentum buffers persist while the
-  weights are replaced by the average, as this suite's FedAvg does with its clients' optimizers);
-- both models train in train mode on the same augmented views, one optimizer step each per batch,
-  each clipped to the shared global norm; the other suite settings are the shared protocol.
+Fidelity: paper, for the method as specified here. Where the paper leaves room, the card's notes
+name our choices; the reasons follow. The meme is by default the pool's smallest member, the
+architecture every client can afford (``meme_arch`` names another: a pool member's label or any
+timm model name; the record's hparams carry the one used). Every meme starts from one seeded
+initialization, so clients that share the seed need no initial download. The server broadcasts
+the average to every client, so an inactive client holds the current meme when it is next drawn.
+Each client keeps its meme optimizer's momentum while the weights are replaced by the average, as
+this suite's FedAvg does with its clients' optimizers. Both models train on the same batches and
+views, one step each per batch, under the run's shared protocol.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Local training only: every client trains on its own data and communicates nothing.
 
-The floor every collaborative method must beat (methods spec, Sec. 9).
+The floor every collaborative method must beat (methods spec, Sec. 9). It has no paper and
+nothing to reconstruct, so its card's fidelity is "paper".
 """
 
 from __future__ import annotations

@@ -8,27 +8,22 @@ all-to-all). Per public sample, each student keeps only the teachers that are co
 sample, it averages all of them. The student distills toward the targets on the public set
 (KD_T) for E_d epochs, then trains on its own data (CE) for E_l epochs.
 
-Reconstructed: the paper's text was not available, so everything beyond the spec's sentence is
-our choice (the card's notes list each, so every record carries it):
+Fidelity: reconstructed. The paper's text was not available, so everything beyond the spec's
+sentence is our choice; the card's notes name each one, and the reasons are these.
 
-- the public set is used unlabeled (``fed.public_y`` is never read);
-- teachers are the student's *peers*: the other active clients of the round. The student's own
-  prediction is never a candidate (distilling toward oneself teaches nothing), and the fallback
-  when no peer passes the threshold is the mean of all peers. With a single active client there
-  is no peer, so the distillation step is skipped;
-- a teacher's confidence on a sample is its max probability at T = 1, max softmax(z). The
-  receiver gets it from the p_T it was sent (softmax(T log p_T) = softmax(z)), so only the M x C
-  float32 matrix p_T crosses the network;
-- targets are formed from round-r predictions of the round's active clients, all computed before
-  any of them distills (snapshot semantics: no intra-round races); teachers predict in eval mode;
-- distillation loss T^2 KL(target || softmax(z / T)) at T = 2 (the suite's temperature), one
-  seeded shuffled epoch over the public set (E_d = 1) in batches of the suite's batch size, no
-  augmentation (every client must predict on the same inputs), then E_l = the suite's
-  ``--local-epochs`` CE epochs on the private data (E_d : E_l = 1 : 1);
-- both steps use the client's own optimizer, the suite's SGD (the config's lr, momentum, weight
-  decay and clipping norm), whose momentum carries from one step to the next.
+The public labels are never read: the exchange needs only inputs. The teachers are the student's
+peers, never itself (distilling toward one's own prediction teaches nothing), so a round with a
+single active client has nothing to distill. Confidence is measured at T = 1, and the receiver
+recovers it from the p_T it was sent (softmax(T log p_T) = softmax(z)), so only one M x C
+matrix per client crosses the network. All targets come from predictions made before anyone
+distills (snapshot semantics: the result does not depend on the order of the students), in eval
+mode like every teacher's.
 
-Budget: one extra epoch over the public set per round on top of the suite's local epochs.
+The distillation runs without augmentation, since every client must predict on the same inputs,
+then the private CE epochs follow; with the defaults E_d : E_l = 1 : 1 at the run's local epochs,
+so the method costs one public-set epoch per round beyond the protocol's budget. Both steps use
+the client's own optimizer (the run's SGD), whose momentum carries from one to the next, as one
+model trained on both objectives would.
 """
 
 from __future__ import annotations

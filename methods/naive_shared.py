@@ -10,32 +10,22 @@ same fixed features (``hfl_bench.families.shared_predictor``), trained at each c
 CE on its observed interface and averaged by plain sample-weighted FedAvg; each client's Private
 model trained with plain CE; the same Private, Q and Joint endpoints with the same rho selection.
 
-What comes from the paper (summary) [paper], and what is ours [ours]; every item is also in
-``notes`` and so in every record:
+Fidelity: reconstructed: the paper names the control and what it shares with FedSocket; its
+training is ours. The card's notes list each choice as [paper] or [ours]; they all follow one
+rule, so that a comparison of the two methods isolates what FedSocket adds: keep everything
+FedSocket has that is not part of its contribution, and remove everything that is.
 
-- [paper] a shared-model control with matched parameter count, the same partitions, private
-  models, recipient interfaces, rounds and Joint selection rules as FedSocket.
-- [ours] Q: FedSocket's Q (same shapes, same seeded init derive_seed(seed, "fedsocket-q")) on
-  FedSocket's fixed features (same extractors, same seeds; per modality on a multimodal task,
-  absent where a row lacks the modality), so Q runs on any subset of modalities.
-- [ours] each round an active client trains Private with plain CE (``local_epochs`` epochs, its
-  SGD at ``private_lr``), then a fresh copy of the Q it holds with plain CE on its own features
-  (its observed interface) for ``local_epochs`` epochs with a fresh Adam(``q_lr``); no KD in
-  either direction, no fusion loss, no label smoothing, no conditional target (donors train Q on
-  their full interface only), no reliability weights.
-- [ours] Private warm-up: ``warmup_epochs`` (10) epochs of plain CE in setup, as FedSocket's
-  warm-up (which uses CE_ls); so Private gets the same number of epochs in both methods.
-- [ours] the client uploads {Q state dict, sample count}; the server takes the plain
-  sample-weighted mean of every block (head rows and modality blocks included: no ownership
-  rules) and no stabilizer, and sends it to the round's active clients (and the current Q to a
-  stale active client at round start); a client evaluates Q and Joint with the last Q received.
-- [ours] endpoints and selection as FedSocket: Joint score (1 - omega) p_Private + omega p_Q with
-  omega_{k,c} = rho med(c_k+) / (c_{k,c} + rho med(c_k+)), 1 for absent classes; rho from the grid
-  {0.25, 0.5, 1, 2, 4} by validation accuracy of the Joint score, ties by NLL then the smaller
-  rho, rho = 1 without validation data; headline Private unless ``endpoint=joint``.
-- [ours] the same seeded batch orders as FedSocket (plan purposes "fedsocket-warmup",
-  "fedsocket-private", "fedsocket-q"): with equal settings the two runs differ only in what
-  FedSocket adds.
+Kept from FedSocket: Q's architecture and seeded initialization, the fixed features (per modality
+on a multimodal task, absent where a row lacks the modality, so Q runs on any subset of
+modalities), the warm-up length (with plain CE instead of CE_ls, so Private gets the same number
+of epochs in both methods), the per-round local epochs and optimizers, the endpoints and rho
+rule, and the seeded batch orders (the same plan purposes), so with equal settings the two runs
+differ only in what FedSocket adds.
+
+Removed: KD in either direction, the fusion loss, label smoothing, the conditional target
+(donors train Q on their full interface only), reliability weights, the ownership rules of
+aggregation (every block, head rows and modality blocks included, is a plain sample-weighted
+mean) and the stabilizer.
 """
 
 from __future__ import annotations
