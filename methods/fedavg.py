@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from hfl_bench.method_api import SERVER, ConfigError, Method, Payload, make_plan, register_method, train_students
+from hfl_bench.method_api import SERVER, ConfigError, Method, Payload, RoundView, make_plan, register_method, train_students
 
 
 @register_method("fedavg")
@@ -21,7 +21,7 @@ class FedAvg(Method):
                            "encoder of the modality it misses")
     citation = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, 2017"
 
-    def check(self, fed):
+    def check(self, fed: RoundView) -> None:
         if not fed.pool.homogeneous:
             members = ", ".join(m.name for m in fed.pool.members)
             raise ConfigError(
@@ -29,17 +29,17 @@ class FedAvg(Method):
                 "Use a homogeneous pool such as --pool cpu-cnn or --pool paper-resnet18."
             )
 
-    def setup(self, fed):
+    def setup(self, fed: RoundView) -> None:
         # The server's initial model (client 0's initialization) goes to every other client.
         first = fed.channel.send(SERVER, list(range(1, fed.n_clients)), fed.clients[0].model.state_dict(),
                                  Payload.PARAMS)
         for c in fed.clients[1:]:
             c.model.load_state_dict(first)
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         losses = train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
         states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict(), Payload.PARAMS) for i in active]
-        weights = torch.tensor([len(fed.clients[i].train_idx) for i in active], dtype=torch.float64)
+        weights = torch.tensor([fed.clients[i].n_train for i in active], dtype=torch.float64)
         weights = weights / weights.sum()
         avg = {}
         for key, ref in states[0].items():
@@ -52,5 +52,5 @@ class FedAvg(Method):
             c.model.load_state_dict(avg)
         return {"train_loss": sum(losses) / len(losses)}
 
-    def changed_clients(self, fed, active):
+    def changed_clients(self, fed: RoundView, active: list[int]) -> list[int]:
         return list(range(fed.n_clients))

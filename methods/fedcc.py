@@ -68,6 +68,7 @@ from hfl_bench.method_api import (
     EpochPlan,
     Method,
     Phase,
+    RoundView,
     Trainee,
     derive_seed,
     fit,
@@ -280,7 +281,7 @@ class FedCC(Method):
     )
     Params = FedCCParams
 
-    def check(self, fed):
+    def check(self, fed: RoundView) -> None:
         p = self.params
         if p.optimizer not in OPTIMIZERS:
             raise ConfigError(f"fedcc: optimizer={p.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
@@ -293,7 +294,7 @@ class FedCC(Method):
         if p.sync_epochs < 0 or p.pseudo_epochs < 0:
             raise ConfigError("fedcc: sync_epochs and pseudo_epochs must be >= 0")
 
-    def setup(self, fed):
+    def setup(self, fed: RoundView) -> None:
         p = self.params
         c = fed.num_classes
         for client in fed.clients:  # seeded like the engine's models, with the extra "unknown" output
@@ -306,7 +307,7 @@ class FedCC(Method):
         self.probe = torch.zeros((1, *fed.info.input_shape), device=fed.device)
         self.targets = torch.zeros((0, c + 1), device=fed.device)  # last broadcast; none before round 1
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         p = self.params
         c, x = fed.num_classes, fed.public_x
         sync, ce, refine, alpha = [], [], [], []
@@ -341,9 +342,9 @@ class FedCC(Method):
                 out[name] = float(np.mean(values))
         return out
 
-    def eval_models(self, fed):
+    def eval_models(self, fed: RoundView) -> list[nn.Module]:
         return [KnownClasses(client.model, fed.num_classes) for client in fed.clients]
 
-    def endpoints(self, fed):
+    def endpoints(self, fed: RoundView) -> dict[str, list[nn.Module]]:
         ensemble = ConfidenceEnsemble([c.model for c in fed.clients], fed.num_classes, self.params.tau)
         return {"ensemble": [ensemble] * fed.n_clients}  # one predictor, shared by every client

@@ -5,7 +5,7 @@ The floor every collaborative method must beat (methods spec, Sec. 9).
 
 from __future__ import annotations
 
-from hfl_bench.method_api import Method, make_plan, register_method, train_students
+from hfl_bench.method_api import Method, RoundView, make_plan, register_method, train_students
 
 
 @register_method("local")
@@ -19,6 +19,6 @@ class Local(Method):
     missing_modalities = True
     citation = "Reference point; no paper."
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         losses = train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
         return {"train_loss": sum(losses) / len(losses)}
