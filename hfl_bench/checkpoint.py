@@ -29,7 +29,7 @@ from hfl_bench.federation import RoundMetrics
 from hfl_bench.paths import write_atomic
 
 if TYPE_CHECKING:
-    from hfl_bench.federation import Federation
+    from hfl_bench.federation import RoundView
 
 FORMAT = 1
 TAG = "__ckpt__"
@@ -228,7 +228,7 @@ def plain(value: Any, what: str) -> Any:
     return packed
 
 
-def pack_attrs(obj: Any, fed: "Federation", skip: tuple[str, ...] = ()) -> dict[str, Any]:
+def pack_attrs(obj: Any, fed: "RoundView", skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """An object's attributes as plain data (see ``pack``); the client models are stored by the
     engine, so tensors of theirs that the object holds are stored as references."""
     seen = module_tensor_ids([c.model for c in fed.clients])
@@ -240,7 +240,7 @@ def pack_attrs(obj: Any, fed: "Federation", skip: tuple[str, ...] = ()) -> dict[
     return out
 
 
-def load_attrs(obj: Any, state: dict[str, Any], fed: "Federation", where: str) -> None:
+def load_attrs(obj: Any, state: dict[str, Any], fed: "RoundView", where: str) -> None:
     """Load ``pack_attrs`` output into an object that a fresh setup has just built."""
     for name, saved in state.items():
         setattr(obj, name, unpack(saved, getattr(obj, name, MISSING), f"{where}.{name}", fed.device))

@@ -15,7 +15,9 @@ The policy (``Evaluator``):
 
 Whatever the policy, a model is evaluated only when it may have changed since its last
 evaluation (``changed``), models and predictors with identical parameters (FML's memes after a
-broadcast, FedAvg's clients) are evaluated once, each client's held-out rows are gathered once
+broadcast, FedAvg's clients) are evaluated once, so is a predictor shared by every client (the
+same module in each client's place, as FedCC's ensemble: once per distinct set of global test
+inputs, not once per client), each client's held-out rows are gathered once
 per run, and on a CPU convolutional models run with channels-last weights and inputs (measured
 faster, ``benchmarks/bench_inference.py``; the model's own tensors are put back afterwards).
 """
@@ -88,17 +90,22 @@ def _fingerprint(module: nn.Module) -> tuple | None:
 
 def distinct(modules: list[nn.Module]) -> tuple[list[nn.Module], list[int]]:
     """The distinct modules of ``modules`` and, for each input, the index of its representative.
-    Two modules are the same when they are of the same class and every parameter and buffer is
+    Two modules are the same when they are the same object (a predictor shared by every client,
+    with or without parameters of its own), or of the same class with every parameter and buffer
     equal (torch.equal): they compute the same function, so one evaluation serves both."""
     reps: list[nn.Module] = []
     by_key: dict[tuple, list[int]] = {}
+    by_id: dict[int, int] = {}
     index = []
     for module in modules:
+        found = by_id.get(id(module))
+        if found is not None:
+            index.append(found)
+            continue
         key = _fingerprint(module)
-        found = None
         if key is not None:
             for r in by_key.get(key, []):
-                if reps[r] is module or all(torch.equal(a, b) for a, b in zip(_tensors(reps[r]), _tensors(module))):
+                if all(torch.equal(a, b) for a, b in zip(_tensors(reps[r]), _tensors(module))):
                     found = r
                     break
         if found is None:
@@ -106,6 +113,7 @@ def distinct(modules: list[nn.Module]) -> tuple[list[nn.Module], list[int]]:
             reps.append(module)
             if key is not None:
                 by_key.setdefault(key, []).append(found)
+        by_id[id(module)] = found
         index.append(found)
     return reps, index
 

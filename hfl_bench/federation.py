@@ -1,12 +1,14 @@
 """Shared types: the federation a method works on, its clients, and round and run results.
 
-``Federation`` is what a method sees. Read it, do not rebuild it: the engine builds it once per
-run, evaluates it and checkpoints it. A method may
+``Federation`` is the engine's whole federation: it builds it once per run, evaluates it and
+checkpoints it. A method sees it through ``RoundView`` (and each client through ``ClientView``),
+the typed list of what a method may read and do during a round; every hook of
+``hfl_bench.method_api.Method`` takes ``fed: RoundView``, and ``tests/test_method_view.py`` fails
+on a method that reads anything else of it. In short, a method may
 
-- read ``cfg`` (the resolved run config), ``info`` (the task's metadata), ``device``,
-  ``n_clients``, ``num_classes``, ``val_counts`` / ``val_accs()`` (per-client, per-class validation
-  counts and the current models' accuracies), ``public_x`` / ``public_y`` (the public transfer
-  set, ``--public-size``), ``data`` (the task's tensors, on the device) and ``pool``;
+- read the run config, the task's metadata, the device, the pool, the client count and classes,
+  the per-client per-class validation counts and current accuracies, the public transfer set
+  (``public_x`` / ``public_y``, ``--public-size``) and the recipients of a multimodal task;
 - train each client's ``model`` with its ``optimizer``, and replace both (FedCC rebuilds every
   model with an extra output): the engine evaluates whatever ``Method.eval_models`` returns;
 - send through ``channel`` (the only way bytes are counted; every send declares its payload kind,
@@ -14,16 +16,17 @@ run, evaluates it and checkpoints it. A method may
   that is what the receivers get) and time its work with
   ``timer(Phase.TRAINING)`` (named phases only, ``hfl_bench.metering.Phase``).
 
-Everything else (the partition's index tensors, evaluation state) belongs to the engine. The
-services a method composes (seeded models, epoch plans, training with a loss the method
-supplies, teacher inference) are functions of the building blocks, gathered in
-``hfl_bench.method_api``.
+The task's data tensors, the partition's index tensors, the fault and modality plans and the
+evaluation state are not in the view: they belong to the engine and to the building blocks,
+which read them on a method's behalf (``engine_side``). The services a method composes (seeded
+models, epoch plans, training with a loss the method supplies, teacher inference, evaluation of
+a shared predictor) are functions of the building blocks, gathered in ``hfl_bench.method_api``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, cast
 
 import numpy as np
 import torch
@@ -50,6 +53,114 @@ class Client:
     # The modalities this client observes (a multimodal task); empty for a single-modality task.
     # The others are NaN in every row it holds and in the test inputs it is evaluated on.
     modalities: tuple[str, ...] = ()
+
+    @property
+    def n_train(self) -> int:
+        """How many training samples the client holds (its sample weight in an average)."""
+        return len(self.train_idx)
+
+
+class ClientView(Protocol):
+    """What a method reads of one client (``fed.clients[cid]``), and the two things it may replace.
+    The client's index tensors into the task's data are not in it: plans (``make_plan``) and the
+    building blocks gather a client's samples."""
+
+    model: nn.Module  # the client's model: trained in place, or replaced in setup (with its optimizer)
+    optimizer: torch.optim.Optimizer  # the optimizer of ``model``, kept across rounds
+
+    @property
+    def cid(self) -> int:
+        """The client's index, 0 .. n_clients - 1."""
+
+    @property
+    def arch(self) -> "PoolMember":
+        """The pool member (architecture) the client's model was built from."""
+
+    @property
+    def train_counts(self) -> np.ndarray:
+        """[C] the client's per-class training-sample counts (its label distribution)."""
+
+    @property
+    def n_train(self) -> int:
+        """How many training samples the client holds."""
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        """The modalities the client observes on a multimodal task; empty on a single-modality task."""
+
+
+class RoundView(Protocol):
+    """What a method may read and use of the federation during a round: the ``fed`` every hook of
+    ``hfl_bench.method_api.Method`` receives (the engine passes its ``Federation``, which has all
+    of it). Data tensors and partition indices are deliberately absent: use the services of
+    ``hfl_bench.method_api`` (plans, the public set below, the family building blocks)."""
+
+    @property
+    def cfg(self) -> "RunConfig":
+        """The resolved run config (``seed`` for ``derive_seed``, ``local_epochs``, ``grad_clip``, ...)."""
+
+    @property
+    def info(self) -> "TaskInfo":
+        """The task's metadata: ``num_classes``, ``input_shape``, ``modalities``, ``name``."""
+
+    @property
+    def device(self) -> torch.device:
+        """The device every model and tensor of the run lives on."""
+
+    @property
+    def pool(self) -> "ArchPool":
+        """The architecture pool the clients' models come from."""
+
+    @property
+    def clients(self) -> Sequence[ClientView]:
+        """Every client, indexed by ``cid``."""
+
+    @property
+    def n_clients(self) -> int:
+        """How many clients the federation has."""
+
+    @property
+    def num_classes(self) -> int:
+        """How many classes the task has (C)."""
+
+    @property
+    def channel(self) -> "Channel":
+        """The metered channel: ``send(src, dsts, payload, kind)`` returns what the receivers get."""
+
+    @property
+    def timer(self) -> "PhaseTimer":
+        """``with fed.timer(Phase.X):`` times a named phase of the method's work."""
+
+    @property
+    def val_counts(self) -> torch.Tensor:
+        """[N, C] each client's per-class validation-sample counts (fixed for the run)."""
+
+    def val_accs(self) -> torch.Tensor:
+        """[N, C] each client's current per-class validation accuracy (0 where it has no samples)."""
+
+    @property
+    def public_x(self) -> torch.Tensor:
+        """Inputs of the public transfer set (``--public-size``; empty if none), never augmented."""
+
+    @property
+    def public_y(self) -> torch.Tensor:
+        """Labels of the public transfer set: only for a method that uses it labeled (FedMD)."""
+
+    @property
+    def recipients(self) -> list[int]:
+        """Clients that miss a modality of a multimodal task (none for a single-modality task)."""
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """The protocol's optimizer (SGD with the run's lr, momentum and weight decay) for ``model``."""
+
+
+def _members(protocol: type) -> frozenset[str]:
+    return frozenset(n for n in (*vars(protocol), *protocol.__annotations__) if not n.startswith("_"))
+
+
+# What each view offers, by name: tests/test_method_view.py holds every method to them.
+ROUND_VIEW = _members(RoundView)
+CLIENT_VIEW = _members(ClientView)
 
 
 @dataclass
@@ -137,6 +248,14 @@ class Federation:
         """Same-architecture students train together (``hfl_bench.lockstep``, ``--lockstep``): on
         only when asked for; ``auto`` is off."""
         return self.cfg.lockstep == "on"
+
+
+def engine_side(fed: RoundView) -> Federation:
+    """The whole ``Federation`` behind a method's view: for the building blocks (training plans,
+    lockstep, the families, evaluation), which read the data tensors, partition indices and
+    execution choices on a method's behalf. Never called from a method (tests/test_method_view.py).
+    The engine hands methods its Federation, so this only narrows the static type."""
+    return cast(Federation, fed)
 
 
 @dataclass

@@ -29,14 +29,15 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from hfl_bench.federation import engine_side
 from hfl_bench.training import EpochPlan, Targets, finite_mean, free_riders, student_loss, train_on_plan
 
 if TYPE_CHECKING:
-    from hfl_bench.federation import Federation
+    from hfl_bench.federation import RoundView
 
 
 def train_students(
-    fed: "Federation", cids: list[int], plans: dict[int, EpochPlan], *,
+    fed: "RoundView", cids: list[int], plans: dict[int, EpochPlan], *,
     targets: dict[int, Targets] | None = None, lam: float = 0.0, temperature: float = 1.0,
 ) -> list[float]:
     """Train clients ``cids`` over their plans with (1 - lam) CE + lam KD(targets[i]); returns
@@ -48,7 +49,7 @@ def train_students(
     # A free-rider never trains (``training.fit`` returns at once for it): never stacked either.
     riders = free_riders(fed)
     stackable = [i for i in cids if isinstance(targets.get(i, torch.zeros(0)), torch.Tensor) and i not in riders]
-    for group in lockstep_groups(fed, stackable, with_targets=set(targets)) if fed.use_lockstep else []:
+    for group in lockstep_groups(fed, stackable, with_targets=set(targets)) if engine_side(fed).use_lockstep else []:
         losses.update(train_lockstep(fed, group, plans, targets, lam, temperature))
     for i in cids:
         if i not in losses:
@@ -57,7 +58,7 @@ def train_students(
     return [losses[i] for i in cids]
 
 
-def lockstep_groups(fed: "Federation", cids: list[int], with_targets: set[int] = frozenset()) -> list[list[int]]:
+def lockstep_groups(fed: "RoundView", cids: list[int], with_targets: set[int] = frozenset()) -> list[list[int]]:
     """Groups of two or more students that can train in lockstep: same architecture member,
     plain SGD with equal settings, no stochastic layers (dropout would draw per student), and
     either all with distillation targets (``with_targets``) or none."""
@@ -162,7 +163,7 @@ def _momentum(opt: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor:
 
 
 def train_lockstep(
-    fed: "Federation", group: list[int], plans: dict[int, EpochPlan], targets: dict[int, torch.Tensor],
+    fed: "RoundView", group: list[int], plans: dict[int, EpochPlan], targets: dict[int, torch.Tensor],
     lam: float, temperature: float,
 ) -> dict[int, float]:
     """Train the same-architecture students ``group`` together; returns their mean losses."""

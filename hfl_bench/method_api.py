@@ -8,8 +8,11 @@ topology, transfer data, refusals, smoke-test settings, notes), its hyperparamet
 network. It sees a whole round, so the building blocks can batch work across clients. The engine
 owns everything else: data, partition, the loop, evaluation, selection, metering, checkpoints.
 
-What a method reads of the federation is documented on ``hfl_bench.federation.Federation``. The
-services it composes are imported from here (they live in the building blocks):
+What a method may read of the federation during a round is ``RoundView`` (each client's part
+``ClientView``), the type of the ``fed`` every hook receives: configuration, metadata, the
+clients' models and label counts, the public set, the channel and the timer; no data tensors and
+no partition indices. The services it composes are imported from here (they live in the
+building blocks):
 
 - models: ``new_model(fed, member, *seed_parts)`` builds a seeded model on the run's device,
   laid out as the engine lays out client models; ``with seeded_init(fed, *seed_parts):`` seeds a
@@ -47,7 +50,7 @@ from torch import nn
 
 from hfl_bench.checkpoint import load_attrs, pack_attrs
 from hfl_bench.config import ConfigError, param, require_at_least
-from hfl_bench.federation import Client, Federation
+from hfl_bench.federation import Client, ClientView, Federation, RoundView
 from hfl_bench.lockstep import train_students
 from hfl_bench.method_card import FIDELITIES, TOPOLOGIES, TRANSFERS, MethodCard, SmokeSettings, card_problems
 from hfl_bench.metering import SERVER, Payload, Phase
@@ -75,8 +78,8 @@ from hfl_bench.training import (
 
 __all__ = [
     "FIDELITIES", "TOPOLOGIES", "TRANSFERS", "MethodCard", "SmokeSettings", "check_card_setting",
-    "SERVER", "Batch", "Client", "ConfigError", "Diverged", "EpochPlan", "Federation", "Method", "NoParams",
-    "Payload", "Phase", "Targets", "Trainee", "TransferPlan", "batch_targets", "derive_seed", "finite_mean", "fit", "get_method_class", "kd_loss", "make_plan",
+    "SERVER", "Batch", "Client", "ClientView", "ConfigError", "Diverged", "EpochPlan", "Federation", "Method", "NoParams",
+    "Payload", "Phase", "RoundView", "Targets", "Trainee", "TransferPlan", "batch_targets", "derive_seed", "finite_mean", "fit", "get_method_class", "kd_loss", "make_plan",
     "new_model", "param", "predict_logits", "register_method", "require_at_least", "seeded_init", "soft_targets",
     "student_loss", "train_client", "train_students", "transfer_plan",
 ]
@@ -96,33 +99,35 @@ class Method(abc.ABC):
     def __init__(self, params: Any = None):
         self.params = params if params is not None else self.Params()
 
-    def check(self, fed: Federation) -> None:
+    def check(self, fed: RoundView) -> None:
         """Reject a setting the method cannot run (raise ConfigError with a clear message)."""
 
-    def setup(self, fed: Federation) -> None:
+    def setup(self, fed: RoundView) -> None:
         """Called once after clients are built, before round 1."""
 
     @abc.abstractmethod
-    def run_round(self, fed: Federation, rnd: int, active: list[int]) -> dict[str, float]:
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         """Train the active clients for one round; return optional scalars for the history."""
 
-    def changed_clients(self, fed: Federation, active: list[int]) -> list[int]:
+    def changed_clients(self, fed: RoundView, active: list[int]) -> list[int]:
         """Clients whose evaluated model changed this round (the others keep cached figures)."""
         return active
 
-    def eval_models(self, fed: Federation) -> list[nn.Module]:
+    def eval_models(self, fed: RoundView) -> list[nn.Module]:
         """The model evaluated for each client (default: the client's own model)."""
         return [c.model for c in fed.clients]
 
-    def endpoints(self, fed: Federation) -> dict[str, list[nn.Module]]:
+    def endpoints(self, fed: RoundView) -> dict[str, list[nn.Module]]:
         """Extra per-client predictors reported beside the headline metric (e.g. a shared model or
-        an ensemble), evaluated whenever the global test set is; reported at the selected round."""
+        an ensemble), evaluated whenever the global test set is; reported at the selected round.
+        A predictor shared by every client is the same module in every client's place: the
+        evaluator then runs it once per distinct set of test inputs, not once per client."""
         return {}
 
     def hparams(self) -> dict[str, Any]:
         return dataclasses.asdict(self.params)
 
-    def state_dict(self, fed: Federation) -> dict[str, Any]:
+    def state_dict(self, fed: RoundView) -> dict[str, Any]:
         """The method's state for a checkpoint, as plain data (it loads with weights_only=True).
 
         The default walks the attributes (``vars(self)`` but ``params``) and keeps modules,
@@ -132,14 +137,14 @@ class Method(abc.ABC):
         """
         return pack_attrs(self, fed, skip=("params",))
 
-    def load_state_dict(self, state: dict[str, Any], fed: Federation) -> None:
+    def load_state_dict(self, state: dict[str, Any], fed: RoundView) -> None:
         """Load ``state_dict``'s output into this method right after a fresh ``setup(fed)``:
         modules and optimizers are loaded in place, other values replaced. A module that the
         checkpoint holds but setup did not create is an error: create it here first (``dfml``)."""
         load_attrs(self, state, fed, where=f"method {self.card.name}")
 
 
-def new_model(fed: Federation, member: PoolMember, *seed_parts, num_classes: int | None = None) -> nn.Module:
+def new_model(fed: RoundView, member: PoolMember, *seed_parts, num_classes: int | None = None) -> nn.Module:
     """A model of pool member ``member``, initialized from ``derive_seed(fed.cfg.seed, *seed_parts)``
     under a forked RNG (the run's global stream is left alone), on the run's device and laid out as
     the engine lays out client models. ``("init", cid)`` rebuilds a client's own initialization;
@@ -149,7 +154,7 @@ def new_model(fed: Federation, member: PoolMember, *seed_parts, num_classes: int
 
 
 @contextmanager
-def seeded_init(fed: Federation, *seed_parts) -> Iterator[None]:
+def seeded_init(fed: RoundView, *seed_parts) -> Iterator[None]:
     """Build modules inside this block from ``derive_seed(fed.cfg.seed, *seed_parts)``; the run's
     global torch RNG stream is restored afterwards (a method's own modules: a generator, a shared
     predictor). Pool models come from ``new_model``."""

@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl_bench import augment
+from hfl_bench.federation import engine_side
 
 if TYPE_CHECKING:
-    from hfl_bench.federation import Client, Federation
+    from hfl_bench.federation import ClientView, RoundView
 
 CUDA_CHUNK = 4096
 CPU_CHUNK_ELEMENTS = 2**18  # ~1 MB of input per chunk keeps CPU activations in cache (measured)
@@ -71,18 +72,18 @@ class EpochPlan:
     def __len__(self) -> int:
         return len(self.indices)
 
-    def view(self, fed: "Federation", start: int = 0, end: int | None = None) -> torch.Tensor:
+    def view(self, fed: "RoundView", start: int = 0, end: int | None = None) -> torch.Tensor:
         """Augmented inputs of positions [start, end) of the epoch."""
         end = len(self.indices) if end is None else end
-        x = fed.data.train_x[self.indices[start:end]]
+        x = engine_side(fed).data.train_x[self.indices[start:end]]
         if self.augmentation == "none":
             return x
         return augment.apply(self.augmentation, x, {k: v[start:end] for k, v in self.aug.items()})
 
-    def labels(self, fed: "Federation", start: int = 0, end: int | None = None) -> torch.Tensor:
-        return fed.data.train_y[self.indices[start:end]]
+    def labels(self, fed: "RoundView", start: int = 0, end: int | None = None) -> torch.Tensor:
+        return engine_side(fed).data.train_y[self.indices[start:end]]
 
-    def batches(self, fed: "Federation") -> Iterator["Batch"]:
+    def batches(self, fed: "RoundView") -> Iterator["Batch"]:
         for step, (start, end) in enumerate(self.bounds):
             yield Batch(step, start, end, lambda s, e: self.view(fed, s, e), lambda s, e: self.labels(fed, s, e),
                         self.indices[start:end])
@@ -100,14 +101,14 @@ class TransferPlan:
     def __len__(self) -> int:
         return len(self.order)
 
-    def batches(self, fed: "Federation") -> Iterator["Batch"]:
+    def batches(self, fed: "RoundView") -> Iterator["Batch"]:
         for step, (start, end) in enumerate(self.bounds):
             pos = self.order[start:end]
             yield Batch(step, start, end, lambda s, e, pos=pos: self.x[pos],
                         lambda s, e, pos=pos: None if self.y is None else self.y[pos], pos)
 
 
-def transfer_plan(fed: "Federation", x: torch.Tensor, *, epochs: int, seed_parts: tuple,
+def transfer_plan(fed: "RoundView", x: torch.Tensor, *, epochs: int, seed_parts: tuple,
                   y: torch.Tensor | None = None, batch_size: int | None = None) -> TransferPlan:
     """``epochs`` seeded shuffled epochs over ``x`` at the run's batch size. ``seed_parts``
     (e.g. ``("digest", rnd, cid)``) fix the order independently of any global RNG state."""
@@ -140,10 +141,10 @@ class Batch:
         return self._labels(self.start, self.end)
 
 
-def make_plan(fed: "Federation", cid: int, rnd: int, epochs: int | None = None, purpose: str = "train") -> EpochPlan:
+def make_plan(fed: "RoundView", cid: int, rnd: int, epochs: int | None = None, purpose: str = "train") -> EpochPlan:
     """The seeded plan of client ``cid``'s local epochs in round ``rnd``."""
     epochs = fed.cfg.local_epochs if epochs is None else epochs
-    client = fed.clients[cid]
+    client = engine_side(fed).clients[cid]  # its training indices
     gen = torch.Generator().manual_seed(derive_seed(fed.cfg.seed, "plan", purpose, rnd, cid))
     n = len(client.train_idx)
     orders, bounds = [], []
@@ -255,12 +256,13 @@ class Trainee(NamedTuple):
     cid: int | None = None
 
 
-def free_riders(fed: "Federation") -> frozenset[int]:
+def free_riders(fed: "RoundView") -> frozenset[int]:
     """The clients that never train (--faults free-rider:...); empty without such faults."""
-    return fed.faults.free_riders if getattr(fed, "faults", None) is not None else frozenset()
+    faults = getattr(engine_side(fed), "faults", None)
+    return faults.free_riders if faults is not None else frozenset()
 
 
-def free_riding(fed: "Federation", trainees: Sequence[Trainee]) -> list[bool]:
+def free_riding(fed: "RoundView", trainees: Sequence[Trainee]) -> list[bool]:
     """For each trainee, whether a free-rider owns it (then ``fit`` leaves it untouched)."""
     riders = free_riders(fed)
     if not riders:
@@ -278,7 +280,7 @@ Plan = EpochPlan | TransferPlan
 LossFn = Callable[[Batch], Sequence[torch.Tensor]]  # one loss per trainee, in order
 
 
-def fit(fed: "Federation", plan: Plan, trainees: Sequence[Trainee], loss_fn: LossFn, *,
+def fit(fed: "RoundView", plan: Plan, trainees: Sequence[Trainee], loss_fn: LossFn, *,
         clip: float | None = None) -> list[float]:
     """Train ``trainees`` together over ``plan``: for each batch, ``loss_fn(batch)`` returns one
     loss per trainee; one backward of their sum (a loss that reads another trainee's output
@@ -329,7 +331,7 @@ def cross_entropy(batch: Batch, logits: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, batch.y)
 
 
-def train_client(fed: "Federation", client: "Client", plan: Plan, loss: ClientLoss = cross_entropy, *,
+def train_client(fed: "RoundView", client: "ClientView", plan: Plan, loss: ClientLoss = cross_entropy, *,
                  model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  who: str | None = None) -> float:
     """Train one client's model (or ``model`` with ``optimizer``, e.g. a second model the client
@@ -350,7 +352,7 @@ def distillation_loss(targets: Targets | None, lam: float, temperature: float) -
     return loss
 
 
-def train_on_plan(fed: "Federation", client: "Client", plan: EpochPlan, *,
+def train_on_plan(fed: "RoundView", client: "ClientView", plan: EpochPlan, *,
                   targets: Targets | None = None, lam: float = 0.0, temperature: float = 1.0) -> float:
     """Train ``client`` over its plan with (1 - lam) CE + lam * KD(targets); the mean loss."""
     return train_client(fed, client, plan, distillation_loss(targets, lam, temperature))

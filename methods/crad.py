@@ -27,7 +27,7 @@ import torch
 
 from hfl_bench.aggregation import get_aggregator
 from hfl_bench.families.peer_kd import peer_kd_round
-from hfl_bench.method_api import ConfigError, Method, MethodCard, derive_seed, param, register_method
+from hfl_bench.method_api import ConfigError, Method, MethodCard, RoundView, derive_seed, param, register_method
 from hfl_bench.registry import AGGREGATORS, RegistryError
 
 CITATION = "Class-wise Reliability-Aware Distillation for Decentralized Heterogeneous FL, arXiv 2609.00446"
@@ -62,7 +62,7 @@ class PeerKD(Method):
 
     Params = PeerKDParams
 
-    def check(self, fed):
+    def check(self, fed: RoundView) -> None:
         try:
             AGGREGATORS.get(self.params.aggregator)
         except RegistryError as e:
@@ -72,7 +72,7 @@ class PeerKD(Method):
         if not 0 <= self.params.lam <= 1:
             raise ConfigError(f"lam must be in [0, 1], got {self.params.lam}")
 
-    def setup(self, fed):
+    def setup(self, fed: RoundView) -> None:
         p = self.params
         self.aggregate = get_aggregator(p.aggregator, min_support=p.min_support)
         counts = fed.val_counts
@@ -84,7 +84,7 @@ class PeerKD(Method):
             counts = (counts.cpu().double() + laplace).clamp_min(0).float().to(fed.device)
         self.shared_counts = counts
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         return peer_kd_round(fed, rnd, active, self.aggregate, lam=self.params.lam,
                              temperature=self.params.temperature, counts=self.shared_counts,
                              accs=fed.val_accs())

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,8 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl_bench.method_api import (
-    ConfigError, Method, MethodCard, Payload, Phase, SmokeSettings, Trainee, derive_seed, fit, make_plan,
-    param, register_method,
+    ConfigError, Method, MethodCard, Payload, Phase, RoundView, SmokeSettings, Trainee, derive_seed, fit, make_plan, param, register_method,
 )
 
 BETA_FLOOR = 1e-8  # smallest class proportion entering log beta (absent classes)
@@ -158,7 +158,7 @@ class DFML(Method):
     )
     Params = DFMLParams
 
-    def check(self, fed):
+    def check(self, fed: RoundView) -> None:
         p = self.params
         if not 0 <= p.alpha_max <= 1:
             raise ConfigError(f"alpha_max must be in [0, 1], got {p.alpha_max}")
@@ -167,11 +167,11 @@ class DFML(Method):
         if p.epochs is not None and p.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {p.epochs}")
 
-    def setup(self, fed):
+    def setup(self, fed: RoundView) -> None:
         self.peaks: dict[int, nn.Module] = {}
         self.changed: list[int] = []
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         p = self.params
         t = rnd - 1
         alpha = alpha_at(t, p.alpha_max, p.period)
@@ -205,15 +205,15 @@ class DFML(Method):
                 q.grad = None
                 q.requires_grad_(False)
 
-    def changed_clients(self, fed, active):
+    def changed_clients(self, fed: RoundView, active: list[int]) -> list[int]:
         return self.changed
 
-    def load_state_dict(self, state, fed):
+    def load_state_dict(self, state: dict[str, Any], fed: RoundView) -> None:
         # Peak models are created lazily (at a client's first peak): create the checkpoint's
         # ones first, so that the generic load fills them in place.
         for n in state.get("peaks", {}):
             self._store_peak(fed, n)
         super().load_state_dict(state, fed)
 
-    def eval_models(self, fed):
+    def eval_models(self, fed: RoundView) -> list[nn.Module]:
         return [self.peaks.get(i, c.model) for i, c in enumerate(fed.clients)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from hfl_bench.method_api import (
-    SERVER, Method, MethodCard, Payload, SmokeSettings, make_plan, register_method, train_students,
+    SERVER, Method, MethodCard, Payload, RoundView, SmokeSettings, make_plan, register_method, train_students,
 )
 
 
@@ -25,17 +25,17 @@ class FedAvg(Method):
         smoke=SmokeSettings(pool="cpu-cnn"),
     )
 
-    def setup(self, fed):
+    def setup(self, fed: RoundView) -> None:
         # The server's initial model (client 0's initialization) goes to every other client.
         first = fed.channel.send(SERVER, list(range(1, fed.n_clients)), fed.clients[0].model.state_dict(),
                                  Payload.PARAMS)
         for c in fed.clients[1:]:
             c.model.load_state_dict(first)
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         losses = train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
         states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict(), Payload.PARAMS) for i in active]
-        weights = torch.tensor([len(fed.clients[i].train_idx) for i in active], dtype=torch.float64)
+        weights = torch.tensor([fed.clients[i].n_train for i in active], dtype=torch.float64)
         weights = weights / weights.sum()
         avg = {}
         for key, ref in states[0].items():
@@ -48,5 +48,5 @@ class FedAvg(Method):
             c.model.load_state_dict(avg)
         return {"train_loss": sum(losses) / len(losses)}
 
-    def changed_clients(self, fed, active):
+    def changed_clients(self, fed: RoundView, active: list[int]) -> list[int]:
         return list(range(fed.n_clients))

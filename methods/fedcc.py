@@ -63,6 +63,7 @@ from hfl_bench.method_api import (
     Method,
     MethodCard,
     Phase,
+    RoundView,
     Trainee,
     derive_seed,
     fit,
@@ -202,20 +203,6 @@ def train_with_pseudo_labels(fed, cid: int, plan: EpochPlan, epochs: int, public
 # ----------------------------------------------------------------------------- predictors
 
 
-def row_slice_start(x: torch.Tensor, base: torch.Tensor) -> int | None:
-    """The first row of ``base`` that ``x`` starts at, if ``x`` is a row slice of ``base`` (same
-    storage, same strides); else None."""
-    if x.dim() != base.dim() or x.shape[1:] != base.shape[1:] or x.stride() != base.stride() or not len(base):
-        return None
-    if x.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
-        return None
-    offset = x.storage_offset() - base.storage_offset()
-    if offset < 0 or offset % base.stride(0):
-        return None
-    start = offset // base.stride(0)
-    return start if start + len(x) <= len(base) else None
-
-
 class KnownClasses(nn.Module):
     """A C + 1-output model as a C-class predictor: the unknown logit is dropped.
 
@@ -231,63 +218,22 @@ class KnownClasses(nn.Module):
         return predict_logits(self._model[0], x)[:, : self.num_classes]
 
 
-class ConfidenceEnsemble:
+class ConfidenceEnsemble(nn.Module):
     """The paper's predictor: all clients' softmax(f / tau) aggregated like the server does
     (confidence-weighted, unknown zeroed, renormalized), as log-probabilities of the C known classes.
 
-    The evaluator asks the same ensemble once per client, on the global test set and on each
-    client's held-out rows, so the predictions on those inputs are computed once per state of the
-    models (one forward per model, not one per model and client). An input is answered from the
-    cache only when it is a row slice of the test set or equal to the client's held-out rows
-    (checked with torch.equal); anything else is computed, so the cache never changes an answer.
-    """
+    One module shared by every client: ``FedCC.endpoints`` puts this same object in every client's
+    place, so the evaluator runs it once per set of test inputs, not once per client. The models
+    are held in a plain list, not as submodules (see KnownClasses)."""
 
-    def __init__(self, models: list[nn.Module], num_classes: int, tau: float, test_x: torch.Tensor,
-                 train_x: torch.Tensor, heldout: list[torch.Tensor]):
-        self.models, self.num_classes, self.tau = list(models), num_classes, tau
-        self.test_x, self.train_x, self.heldout = test_x, train_x, heldout
-        ends = np.cumsum([0] + [len(rows) for rows in heldout])
-        self.spans = list(zip(ends[:-1].tolist(), ends[1:].tolist()))  # client k's rows in the heldout cache
-        self._cache: dict[str, tuple[tuple[int, ...], torch.Tensor]] = {}
+    def __init__(self, models: list[nn.Module], num_classes: int, tau: float):
+        super().__init__()
+        self._models, self.num_classes, self.tau = list(models), num_classes, tau
 
     @torch.no_grad()
-    def predict(self, x: torch.Tensor) -> torch.Tensor:
-        soft = torch.stack([soft_targets(predict_logits(m, x), self.tau) for m in self.models])
-        return torch.log(aggregate_predictions(soft)[:, : self.num_classes].clamp_min(TINY))
-
-    def predictor(self, cid: int) -> nn.Module:
-        """The ensemble as client ``cid``'s predictor (the same function for every client)."""
-        return EnsembleView(self, cid)
-
-    def answer(self, x: torch.Tensor, cid: int) -> torch.Tensor:
-        start = row_slice_start(x, self.test_x)
-        if start is not None:
-            return self._cached("test", lambda: self.test_x)[start : start + len(x)]
-        rows = self.heldout[cid]
-        if len(rows) and x.shape == (len(rows), *self.train_x.shape[1:]) and torch.equal(x, self.train_x[rows]):
-            a, b = self.spans[cid]
-            return self._cached("heldout", lambda: self.train_x[torch.cat(self.heldout)])[a:b]
-        return self.predict(x)
-
-    def _cached(self, name: str, inputs) -> torch.Tensor:
-        # in-place updates (optimizer steps, BatchNorm statistics, load_state_dict) bump _version
-        version = tuple(t._version for m in self.models for t in (*m.parameters(), *m.buffers()))
-        hit = self._cache.get(name)
-        if hit is None or hit[0] != version:
-            hit = self._cache[name] = (version, self.predict(inputs()))
-        return hit[1]
-
-
-class EnsembleView(nn.Module):
-    """One client's handle on the shared ConfidenceEnsemble (holds no parameters of its own; the
-    ensemble is kept in a plain list, see KnownClasses)."""
-
-    def __init__(self, ensemble: ConfidenceEnsemble, cid: int):
-        super().__init__()
-        self._ensemble, self.cid = [ensemble], cid
-
     def forward(self, x):
-        return self._ensemble[0].answer(x, self.cid)
+        soft = torch.stack([soft_targets(predict_logits(m, x), self.tau) for m in self._models])
+        return torch.log(aggregate_predictions(soft)[:, : self.num_classes].clamp_min(TINY))
 
 
 # ----------------------------------------------------------------------------- the method
@@ -329,7 +275,7 @@ class FedCC(Method):
     )
     Params = FedCCParams
 
-    def check(self, fed):
+    def check(self, fed: RoundView) -> None:
         p = self.params
         if p.optimizer not in OPTIMIZERS:
             raise ConfigError(f"fedcc: optimizer={p.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
@@ -342,7 +288,7 @@ class FedCC(Method):
         if p.sync_epochs < 0 or p.pseudo_epochs < 0:
             raise ConfigError("fedcc: sync_epochs and pseudo_epochs must be >= 0")
 
-    def setup(self, fed):
+    def setup(self, fed: RoundView) -> None:
         p = self.params
         c = fed.num_classes
         for client in fed.clients:  # seeded like the engine's models, with the extra "unknown" output
@@ -355,7 +301,7 @@ class FedCC(Method):
         self.probe = torch.zeros((1, *fed.info.input_shape), device=fed.device)
         self.targets = torch.zeros((0, c + 1), device=fed.device)  # last broadcast; none before round 1
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         p = self.params
         c, x = fed.num_classes, fed.public_x
         sync, ce, refine, alpha = [], [], [], []
@@ -390,11 +336,9 @@ class FedCC(Method):
                 out[name] = float(np.mean(values))
         return out
 
-    def eval_models(self, fed):
+    def eval_models(self, fed: RoundView) -> list[nn.Module]:
         return [KnownClasses(client.model, fed.num_classes) for client in fed.clients]
 
-    def endpoints(self, fed):
-        clients = fed.clients
-        ensemble = ConfidenceEnsemble([c.model for c in clients], fed.num_classes, self.params.tau, fed.data.test_x,
-                                      fed.data.train_x, [torch.cat([c.val_idx, c.test_idx]) for c in clients])
-        return {"ensemble": [ensemble.predictor(c.cid) for c in clients]}
+    def endpoints(self, fed: RoundView) -> dict[str, list[nn.Module]]:
+        ensemble = ConfidenceEnsemble([c.model for c in fed.clients], fed.num_classes, self.params.tau)
+        return {"ensemble": [ensemble] * fed.n_clients}  # one predictor, shared by every client

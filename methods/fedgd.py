@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -77,6 +77,7 @@ from hfl_bench.families.peer_kd import frozen_snapshots
 from hfl_bench.families.transfer import transfer_logits
 from hfl_bench.method_api import (
     Payload,
+    RoundView,
     SERVER,
     ConfigError,
     Method,
@@ -90,9 +91,6 @@ from hfl_bench.method_api import (
     require_at_least,
     seeded_init,
 )
-
-if TYPE_CHECKING:
-    from hfl_bench.federation import Federation
 
 
 @dataclass
@@ -231,7 +229,7 @@ def draw_noise(n: int, z_dim: int, num_classes: int, seed: int, device: torch.de
     return z.to(device), y.to(device)
 
 
-def train_generator(fed: "Federation", generator: Generator, opt: torch.optim.Optimizer,
+def train_generator(fed: RoundView, generator: Generator, opt: torch.optim.Optimizer,
                     teachers: list[nn.Module], p: FedGDParams, rnd: int) -> dict[str, float]:
     """``g_steps`` Adam steps of the generator against the frozen ``teachers``; mean loss terms."""
     generator.train()
@@ -251,7 +249,7 @@ def train_generator(fed: "Federation", generator: Generator, opt: torch.optim.Op
 
 
 @torch.no_grad()
-def synthesize(fed: "Federation", generator: Generator, p: FedGDParams, rnd: int) -> torch.Tensor:
+def synthesize(fed: RoundView, generator: Generator, p: FedGDParams, rnd: int) -> torch.Tensor:
     """``synthetic_size`` samples with balanced labels (arange mod classes), in generator batches."""
     labels = torch.arange(p.synthetic_size) % fed.num_classes
     z, y = draw_noise(p.synthetic_size, p.z_dim, fed.num_classes, derive_seed(fed.cfg.seed, "fedgd-synth", rnd),
@@ -295,7 +293,7 @@ class FedGD(Method):
     )
     Params = FedGDParams
 
-    def check(self, fed):
+    def check(self, fed: RoundView) -> None:
         p = self.params
         check_exchange("fedgd", p)
         require_at_least("fedgd", p, ("synthetic_size", "g_batch_size", "z_dim"), 1)
@@ -306,14 +304,14 @@ class FedGD(Method):
             raise ConfigError(f"fedgd: needs (channels, height, width) inputs, task {fed.info.name} has "
                               f"{fed.info.input_shape}")
 
-    def setup(self, fed):
+    def setup(self, fed: RoundView) -> None:
         p = self.params
         with seeded_init(fed, "fedgd-generator"):
             self.generator = Generator(p.z_dim, fed.num_classes, fed.info.input_shape, p.output_range).to(fed.device)
         self.g_opt = torch.optim.Adam(self.generator.parameters(), lr=p.lr_g, betas=(0.5, 0.999))
         self.digest_opts = make_digest_optimizers(fed, p.digest_lr)
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         p = self.params
         with fed.timer(Phase.AGGREGATION):
             # the coordinator needs white-box snapshots: frozen copies of what it received

@@ -37,7 +37,6 @@ The shared steps (consensus, digest, revisit) live in ``hfl_bench.families.fedmd
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -55,6 +54,7 @@ from hfl_bench.method_api import (
     MethodCard,
     SmokeSettings,
     Phase,
+    RoundView,
     derive_seed,
     make_plan,
     param,
@@ -63,9 +63,6 @@ from hfl_bench.method_api import (
     train_client,
     transfer_plan,
 )
-
-if TYPE_CHECKING:
-    from hfl_bench.federation import Federation
 
 
 @dataclass
@@ -98,16 +95,16 @@ class FedMD(Method):
     )
     Params = FedMDParams
 
-    def check(self, fed):
+    def check(self, fed: RoundView) -> None:
         p = self.params
         check_exchange("fedmd", p)
         require_at_least("fedmd", p, ("transfer_epochs", "private_init_epochs", "alignment_size"), 0)
 
-    def setup(self, fed):
+    def setup(self, fed: RoundView) -> None:
         self.digest_opts = make_digest_optimizers(fed, self.params.digest_lr)
         self.initialize(fed)
 
-    def initialize(self, fed: "Federation") -> None:
+    def initialize(self, fed: RoundView) -> None:
         """Transfer learning on the labeled public set, then private training, for every client."""
         p = self.params
         x, y = fed.public_x, fed.public_y
@@ -118,7 +115,7 @@ class FedMD(Method):
                 if p.private_init_epochs > 0:
                     train_client(fed, c, make_plan(fed, c.cid, 0, epochs=p.private_init_epochs, purpose="private-init"))
 
-    def alignment_set(self, fed: "Federation", rnd: int) -> torch.Tensor:
+    def alignment_set(self, fed: RoundView, rnd: int) -> torch.Tensor:
         """The round's public inputs: all of them, or a seeded draw of ``alignment_size``."""
         public = fed.public_x
         k, m = self.params.alignment_size, len(public)
@@ -127,7 +124,7 @@ class FedMD(Method):
         gen = torch.Generator().manual_seed(derive_seed(fed.cfg.seed, "alignment", rnd))
         return public[torch.randperm(m, generator=gen)[:k].sort().values.to(public.device)]
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         x = self.alignment_set(fed, rnd)
         logits = transfer_logits(fed, {i: fed.clients[i].model for i in active}, x)
         with fed.timer(Phase.AGGREGATION):

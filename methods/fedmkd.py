@@ -51,7 +51,7 @@ from hfl_bench.method_api import (
     Batch,
     ConfigError,
     Method,
-    MethodCard,
+    MethodCard, RoundView,
     Targets,
     batch_targets,
     kd_loss,
@@ -107,17 +107,17 @@ class FedMKD(Method):
     )
     Params = FedMKDParams
 
-    def check(self, fed):
+    def check(self, fed: RoundView) -> None:
         p = self.params
         require_at_least("fedmkd", p, ("lam", "mu"), 0)
         if p.temperature <= 0:
             raise ConfigError(f"fedmkd: temperature must be > 0, got {p.temperature}")
 
-    def setup(self, fed):
+    def setup(self, fed: RoundView) -> None:
         self.aggregate = get_aggregator("uniform")
         self.trained: set[int] = set()  # clients that finished a local round, hence have a memory
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         p = self.params
         received = exchange_snapshots(fed, active, None)  # the memory never leaves its client
         plans = {i: make_plan(fed, i, rnd) for i in active}

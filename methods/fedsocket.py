@@ -93,12 +93,12 @@ from hfl_bench.families.shared_predictor import (
     aggregate_q,
     build_feature_bank,
     check_extractor,
+    client_present_rows,
     interface_mask,
     joint_score,
     joint_weights,
     new_shared_predictor,
     parse_grid,
-    present_rows,
     private_teacher_logits,
     recipient_interfaces,
     restrict,
@@ -106,6 +106,7 @@ from hfl_bench.families.shared_predictor import (
 )
 from hfl_bench.method_api import (
     Payload,
+    RoundView,
     SERVER,
     ConfigError,
     Method,
@@ -308,7 +309,7 @@ class FedSocket(SharedPredictorClients, Method):
     )
     Params = FedSocketParams
 
-    def check(self, fed):
+    def check(self, fed: RoundView) -> None:
         p = self.params
         check_extractor(p.extractor, fed, "fedsocket")
         if p.endpoint not in ENDPOINTS:
@@ -324,10 +325,10 @@ class FedSocket(SharedPredictorClients, Method):
         if p.temperature <= 0 or p.fusion_rho <= 0 or p.private_lr <= 0 or p.q_lr <= 0:
             raise ConfigError("fedsocket: temperature, fusion_rho, private_lr and q_lr must be > 0")
 
-    def setup(self, fed):
+    def setup(self, fed: RoundView) -> None:
         p = self.params
         with fed.timer(Phase.FEATURE_EXTRACTION):
-            self.bank = build_feature_bank(fed, p.extractor, p.feature_dim, [fed.data.train_x, fed.data.test_x])
+            self.bank = build_feature_bank(fed, p.extractor, p.feature_dim)
         self.feats = self.bank.cached(0)  # every client's train/val/test rows index the training split
         self.modalities = tuple(m.name for m in fed.info.modalities)
         self.interfaces = recipient_interfaces(fed)  # what a donor's Q copy also learns through
@@ -343,7 +344,7 @@ class FedSocket(SharedPredictorClients, Method):
                     warm_up_private(fed, cid, p.warmup_epochs, p.label_smoothing)
         self.init_endpoints(fed)
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         p = self.params
         self.catch_up(fed, active)
         recipients = set(fed.recipients)
@@ -360,7 +361,7 @@ class FedSocket(SharedPredictorClients, Method):
                        "class_counts": torch.as_tensor(counts, dtype=torch.int64)}
             kinds = UPLOAD_KINDS
             if self.modalities:
-                rows = present_rows(self.feats, fed.clients[k].train_idx, self.modalities)
+                rows = client_present_rows(fed, k, self.feats, self.modalities)
                 message["modality_counts"] = torch.as_tensor([rows[m] for m in self.modalities], dtype=torch.int64)
                 kinds = MULTIMODAL_UPLOAD_KINDS
             uploads.append(fed.channel.send(k, SERVER, message, kinds))

@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from hfl_bench.method_api import (
     Payload,
+    RoundView,
     SERVER,
     ConfigError,
     Method,
@@ -133,26 +135,26 @@ class FML(Method):
     )
     Params = FMLParams
 
-    def check(self, fed):
+    def check(self, fed: RoundView) -> None:
         p = self.params
         for name in ("alpha", "beta"):
             if not 0 <= getattr(p, name) <= 1:
                 raise ConfigError(f"fml: {name} must be in [0, 1], got {getattr(p, name)}")
         self.meme_member = resolve_meme_arch(p.meme_arch, fed.pool, fed.info)
 
-    def setup(self, fed):
+    def setup(self, fed: RoundView) -> None:
         if not hasattr(self, "meme_member"):
             self.check(fed)
         base = new_model(fed, self.meme_member, "meme-init")  # one shared initialization
         self.memes = [copy.deepcopy(base) for _ in fed.clients]
         self.meme_opts = [fed.make_optimizer(m) for m in self.memes]
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         with fed.timer(Phase.TRAINING):
             losses = [self.mutual_train(fed, i, make_plan(fed, i, rnd)) for i in active]
         with fed.timer(Phase.AGGREGATION):
             states = [fed.channel.send(i, SERVER, self.memes[i].state_dict(), Payload.PARAMS) for i in active]
-            avg = weighted_average(states, [float(len(fed.clients[i].train_idx)) for i in active])
+            avg = weighted_average(states, [float(fed.clients[i].n_train) for i in active])
             avg = fed.channel.send(SERVER, list(range(fed.n_clients)), avg, Payload.PARAMS)
             for meme in self.memes:
                 meme.load_state_dict(avg)
@@ -166,10 +168,10 @@ class FML(Method):
                     Trainee(meme, self.meme_opts[cid], f"client {cid} (meme)", cid)]
         return fit(fed, plan, trainees, lambda b: mutual_losses(client.model(b.x), meme(b.x), b.y, p.alpha, p.beta))
 
-    def endpoints(self, fed):
+    def endpoints(self, fed: RoundView) -> dict[str, list[nn.Module]]:
         return {"meme": list(self.memes)}
 
-    def hparams(self):
+    def hparams(self) -> dict[str, Any]:
         out = super().hparams()
         member = getattr(self, "meme_member", None)
         if member is not None:

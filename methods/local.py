@@ -6,7 +6,7 @@ nothing to reconstruct, so its card's fidelity is "paper".
 
 from __future__ import annotations
 
-from hfl_bench.method_api import Method, MethodCard, make_plan, register_method, train_students
+from hfl_bench.method_api import Method, MethodCard, RoundView, make_plan, register_method, train_students
 
 
 @register_method
@@ -18,6 +18,6 @@ class Local(Method):
         missing_modalities=True,
     )
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         losses = train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
         return {"train_loss": sum(losses) / len(losses)}

@@ -39,6 +39,7 @@ from hfl_bench.method_api import (
     Method,
     MethodCard,
     Phase,
+    RoundView,
     kd_loss,
     make_plan,
     param,
@@ -107,7 +108,7 @@ class MSFKD(Method):
     )
     Params = MSFKDParams
 
-    def check(self, fed):
+    def check(self, fed: RoundView) -> None:
         p = self.params
         if not 0 <= p.tau <= 1:
             raise ConfigError(f"msfkd: tau must be in [0, 1], got {p.tau}")
@@ -116,7 +117,7 @@ class MSFKD(Method):
         if p.distill_epochs < 0 or p.local_epochs < 0:
             raise ConfigError("msfkd: distill_epochs and local_epochs must be >= 0 (local_epochs 0 = --local-epochs)")
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         p = self.params
         x = fed.public_x
         logits = transfer_logits(fed, {cid: fed.clients[cid].model for cid in active}, x)

@@ -51,6 +51,7 @@ from hfl_bench.families.shared_predictor import (
 )
 from hfl_bench.method_api import (
     Payload,
+    RoundView,
     SERVER,
     ConfigError,
     Method,
@@ -132,7 +133,7 @@ class NaiveShared(SharedPredictorClients, Method):
     )
     Params = NaiveSharedParams
 
-    def check(self, fed):
+    def check(self, fed: RoundView) -> None:
         p = self.params
         check_extractor(p.extractor, fed, "naive-shared")
         if p.endpoint not in ENDPOINTS:
@@ -144,10 +145,10 @@ class NaiveShared(SharedPredictorClients, Method):
         if p.private_lr <= 0 or p.q_lr <= 0:
             raise ConfigError("naive-shared: private_lr and q_lr must be > 0")
 
-    def setup(self, fed):
+    def setup(self, fed: RoundView) -> None:
         p = self.params
         with fed.timer(Phase.FEATURE_EXTRACTION):
-            self.bank = build_feature_bank(fed, p.extractor, p.feature_dim, [fed.data.train_x, fed.data.test_x])
+            self.bank = build_feature_bank(fed, p.extractor, p.feature_dim)
         self.feats = self.bank.cached(0)
         self.init_clients(fed, new_shared_predictor(fed, p.feature_dim, p.hidden_dim, p.rank),
                           parse_grid(p.rho_grid, "naive-shared"), FALLBACK_RHO)
@@ -160,7 +161,7 @@ class NaiveShared(SharedPredictorClients, Method):
                     warm_up_private(fed, cid, p.warmup_epochs, smoothing=0.0)
         self.init_endpoints(fed)
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         p = self.params
         self.catch_up(fed, active)
         uploads, private_losses, q_losses = [], [], []

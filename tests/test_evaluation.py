@@ -13,6 +13,7 @@ from hfl_bench import engine, evaluation
 from hfl_bench.config import RunConfig
 from hfl_bench.results import records
 from hfl_bench.testing import QUICK, builtin_methods, smoke_config, tiny_federation
+from hfl_bench.training import predict_logits
 
 # lr 0.5 makes the validation curve jump, so best rounds fall between test rounds; six rounds,
 # a test every 3 and a one-round final window: test rounds 0, 3 and 6, the others deferred.
@@ -96,6 +97,34 @@ def test_identical_models_are_evaluated_once(monkeypatch):
         next(memes[1].parameters()).add_(1.0)
     reps, index = evaluation.distinct(memes)
     assert len(reps) == 2 and index == [0, 1, 0, 0]
+
+
+class CountingMean(torch.nn.Module):
+    """A parameter-free predictor (the mean of some models' logits) that counts the rows it is asked."""
+
+    def __init__(self, models):
+        super().__init__()
+        self._models, self.rows = list(models), 0
+
+    def forward(self, x):
+        self.rows += len(x)
+        return torch.stack([predict_logits(m, x) for m in self._models]).mean(0)
+
+
+def test_a_predictor_shared_by_every_client_is_evaluated_once_per_test_set():
+    fed = tiny_federation()
+    evaluator = evaluation.Evaluator(fed, fed.timer)
+    models = [c.model for c in fed.clients]
+    shared = CountingMean(models)
+    figures = evaluator.endpoint([shared] * fed.n_clients)
+    local_rows = sum(len(c.test_idx) for c in fed.clients)
+    assert shared.rows == len(fed.data.test_y) + local_rows  # the global test set once, not once per client
+    copies = [CountingMean(models) for _ in fed.clients]  # distinct parameter-free objects: each on its own
+    separately = evaluator.endpoint(copies)
+    assert [c.rows for c in copies] == [len(fed.data.test_y) + len(c.test_idx) for c in fed.clients]
+    for name in ("global_acc", "local_acc"):
+        assert figures[name].tolist() == separately[name].tolist()
+    assert len(set(figures["global_acc"].tolist())) == 1
 
 
 def test_channels_last_evaluation_puts_back_the_very_tensors():

@@ -17,7 +17,7 @@ from hfl_bench.metering import Phase
 from hfl_bench.training import kd_loss, make_plan, soft_targets, train_client
 
 if TYPE_CHECKING:
-    from hfl_bench.federation import Federation
+    from hfl_bench.federation import RoundView
 
 
 DIGEST_LOSSES = ("l1", "kl")
@@ -51,12 +51,12 @@ def check_exchange(name: str, p: ExchangeParams) -> None:
         raise ConfigError(f"{name}: revisit_epochs must be a non-negative integer or none, got {r}")
 
 
-def revisit_epochs(fed: "Federation", p: ExchangeParams) -> int:
+def revisit_epochs(fed: "RoundView", p: ExchangeParams) -> int:
     """Private epochs per round: the suite's local_epochs unless set."""
     return fed.cfg.local_epochs if p.revisit_epochs is None else int(p.revisit_epochs)
 
 
-def make_digest_optimizers(fed: "Federation", lr: float) -> list[torch.optim.Optimizer]:
+def make_digest_optimizers(fed: "RoundView", lr: float) -> list[torch.optim.Optimizer]:
     """One Adam per client for the digest step (created once, kept across rounds)."""
     return [torch.optim.Adam(c.model.parameters(), lr=lr) for c in fed.clients]
 
@@ -74,7 +74,7 @@ def digest_loss_fn(kind: str, target: torch.Tensor, temperature: float) -> "Tran
     return lambda logits, pos: kd_loss(logits, probs[pos], temperature)
 
 
-def digest(fed: "Federation", cid: int, opt: torch.optim.Optimizer, x: torch.Tensor, target: torch.Tensor,
+def digest(fed: "RoundView", cid: int, opt: torch.optim.Optimizer, x: torch.Tensor, target: torch.Tensor,
            p: ExchangeParams, rnd: int) -> float:
     """Digest: train client ``cid``'s model toward the consensus ``target`` on the transfer inputs ``x``."""
     loss_fn = digest_loss_fn(p.digest_loss, target, p.temperature)
@@ -82,14 +82,14 @@ def digest(fed: "Federation", cid: int, opt: torch.optim.Optimizer, x: torch.Ten
                              seed_parts=("digest", rnd, cid), who=f"client {cid} (digest)")
 
 
-def revisit(fed: "Federation", cid: int, rnd: int, epochs: int) -> float:
+def revisit(fed: "RoundView", cid: int, rnd: int, epochs: int) -> float:
     """Revisit: CE on the client's private data with its own (SGD) optimizer."""
     if epochs <= 0:
         return 0.0
     return train_client(fed, fed.clients[cid], make_plan(fed, cid, rnd, epochs=epochs, purpose="revisit"))
 
 
-def digest_and_revisit(fed: "Federation", rnd: int, active: list[int], x: torch.Tensor, target: torch.Tensor,
+def digest_and_revisit(fed: "RoundView", rnd: int, active: list[int], x: torch.Tensor, target: torch.Tensor,
                        opts: list[torch.optim.Optimizer], p: ExchangeParams) -> dict[str, float]:
     """Every active client digests the consensus on ``x``, then revisits its private data."""
     epochs = revisit_epochs(fed, p)

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from hfl_bench.aggregation import Aggregator
+from hfl_bench.federation import engine_side
 from hfl_bench.lockstep import train_students
 from hfl_bench.metering import Payload, Phase
 from hfl_bench.training import (
@@ -39,7 +40,7 @@ from hfl_bench.training import (
 )
 
 if TYPE_CHECKING:
-    from hfl_bench.federation import Federation
+    from hfl_bench.federation import RoundView
 
 
 def peers_of(cid: int, active: list[int]) -> list[int]:
@@ -49,7 +50,7 @@ def peers_of(cid: int, active: list[int]) -> list[int]:
 SNAPSHOT_KINDS = {"snapshot": Payload.MODEL, "counts": Payload.COUNTS, "accs": Payload.ACCURACIES}
 
 
-def exchange_snapshots(fed: "Federation", active: list[int], stats: torch.Tensor | None) -> dict[int, dict]:
+def exchange_snapshots(fed: "RoundView", active: list[int], stats: torch.Tensor | None) -> dict[int, dict]:
     """Every active client sends its snapshot (and its 2C statistics ``stats[j]`` = [counts,
     accuracies], if any) to every active peer. Returns what the peers receive from each sender:
     ``{"snapshot": module, "counts": [C], "accs": [C]}`` (the live model and the very statistics,
@@ -75,7 +76,7 @@ def received_stats(received: dict[int, dict], counts: torch.Tensor, accs: torch.
 
 
 def teacher_major_probs(
-    fed: "Federation", plans: dict[int, EpochPlan], teachers: dict[int, nn.Module], temperature: float,
+    fed: "RoundView", plans: dict[int, EpochPlan], teachers: dict[int, nn.Module], temperature: float,
     students_of: Callable[[int], list[int]],
 ) -> dict[int, dict[int, torch.Tensor]]:
     """probs[i][j]: teacher j's softened predictions on all of student i's epoch views [n_i, C].
@@ -93,7 +94,7 @@ def teacher_major_probs(
         for i, part in zip(students, p.split([len(views[i]) for i in students])):
             probs[i][j] = part
 
-    groups = _arch_groups(fed, teachers) if fed.use_vmap else [[j] for j in teachers]
+    groups = _arch_groups(fed, teachers) if engine_side(fed).use_vmap else [[j] for j in teachers]
     for group in groups:
         if len(group) == 1:
             j = group[0]
@@ -112,7 +113,7 @@ def teacher_major_probs(
     return probs
 
 
-def _arch_groups(fed: "Federation", teachers: dict[int, nn.Module]) -> list[list[int]]:
+def _arch_groups(fed: "RoundView", teachers: dict[int, nn.Module]) -> list[list[int]]:
     """Teachers that can be stacked, by architecture; a teacher that is not its client's live model
     (a corrupted snapshot) runs on its own."""
     groups: dict[str, list[int]] = {}
@@ -126,7 +127,7 @@ def _arch_groups(fed: "Federation", teachers: dict[int, nn.Module]) -> list[list
 
 
 def aggregate_peer_targets(
-    fed: "Federation", probs: dict[int, dict[int, torch.Tensor]], active: list[int], aggregate: Aggregator,
+    fed: "RoundView", probs: dict[int, dict[int, torch.Tensor]], active: list[int], aggregate: Aggregator,
     counts: torch.Tensor, accs: torch.Tensor,
 ) -> dict[int, torch.Tensor]:
     """Each student's peers' predictions (from ``teacher_major_probs``) aggregated into targets."""
@@ -153,7 +154,7 @@ def reference_target_fn(
     return targets
 
 
-def frozen_snapshots(fed: "Federation", ids: list[int], models: dict[int, nn.Module] | None = None) -> dict[int, nn.Module]:
+def frozen_snapshots(fed: "RoundView", ids: list[int], models: dict[int, nn.Module] | None = None) -> dict[int, nn.Module]:
     """Frozen eval-mode copies of ``models`` (what was received; default the clients' live models)."""
     snaps = {}
     for j in ids:
@@ -184,7 +185,7 @@ class PeerTargets:
 
 
 def peer_targets(
-    fed: "Federation", plans: dict[int, EpochPlan], active: list[int], aggregate: Aggregator, *,
+    fed: "RoundView", plans: dict[int, EpochPlan], active: list[int], aggregate: Aggregator, *,
     temperature: float, counts: torch.Tensor, accs: torch.Tensor, memory: set[int] = frozenset(),
     teachers: dict[int, nn.Module] | None = None,
 ) -> PeerTargets:
@@ -192,7 +193,7 @@ def peer_targets(
     path. ``teachers`` are the snapshots the peers received (``exchange_snapshots``; default the
     live models); a memory (``memory``) is always the student's own live model."""
     teachers = {j: fed.clients[j].model for j in active} if teachers is None else teachers
-    if fed.exec_path == "fast":
+    if engine_side(fed).exec_path == "fast":
         return _fast_targets(fed, plans, active, aggregate, temperature, counts, accs, memory, teachers)
     bf16 = fed.device.type == "cuda"
     snapshots = frozen_snapshots(fed, active, teachers)  # students train while their snapshots still teach
@@ -204,7 +205,7 @@ def peer_targets(
     return PeerTargets(peer, own, Phase.TRAINING_WITH_TEACHERS)
 
 
-def _fast_targets(fed: "Federation", plans: dict[int, EpochPlan], active: list[int], aggregate: Aggregator,
+def _fast_targets(fed: "RoundView", plans: dict[int, EpochPlan], active: list[int], aggregate: Aggregator,
                   temperature: float, counts: torch.Tensor, accs: torch.Tensor, memory: set[int],
                   teachers: dict[int, nn.Module]) -> PeerTargets:
     """Teacher by teacher. A client with a memory is one more student of its own model, so every
@@ -226,7 +227,7 @@ def _fast_targets(fed: "Federation", plans: dict[int, EpochPlan], active: list[i
 
 
 def peer_kd_round(
-    fed: "Federation", rnd: int, active: list[int], aggregate: Aggregator, *, lam: float,
+    fed: "RoundView", rnd: int, active: list[int], aggregate: Aggregator, *, lam: float,
     temperature: float, counts: torch.Tensor, accs: torch.Tensor,
 ) -> dict[str, float]:
     """One round of the backbone: exchange, teacher inference, aggregation, student training."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -39,11 +39,12 @@ from torch import nn
 
 from hfl_bench.config import ConfigError
 from hfl_bench.data import modality_layout
+from hfl_bench.federation import engine_side
 from hfl_bench.metering import SERVER, Payload, Phase
 from hfl_bench.training import derive_seed, make_plan, predict_logits, train_client
 
 if TYPE_CHECKING:
-    from hfl_bench.federation import Federation
+    from hfl_bench.federation import RoundView
 
 HEAD_KEYS = ("head.weight", "head.bias")
 EXTRACTORS = ("random-conv", "random-projection")
@@ -288,7 +289,7 @@ class ModalityFeatureBank(FeatureBank):
 
 
 
-def check_extractor(kind: str, fed: "Federation | None", method: str) -> None:
+def check_extractor(kind: str, fed: "RoundView | None", method: str) -> None:
     """ConfigError for an unknown extractor, or a random conv net on a modality that is not C x H x W."""
     if kind not in EXTRACTORS:
         raise ConfigError(f"{method}: extractor={kind!r}; choose one of {', '.join(EXTRACTORS)}")
@@ -299,9 +300,12 @@ def check_extractor(kind: str, fed: "Federation | None", method: str) -> None:
                               f"{flat[0].name} has shape {tuple(flat[0].shape)}: use extractor=random-projection")
 
 
-def build_feature_bank(fed: "Federation", kind: str, dim: int, sources: list[torch.Tensor]) -> FeatureBank:
+def build_feature_bank(fed: "RoundView", kind: str, dim: int) -> FeatureBank:
     """The fixed features of the run: one extractor (single-modality task) or one per modality,
-    seeded as the module docstring says, with the features of ``sources`` cached."""
+    seeded as the module docstring says, with the features of the training split (``cached(0)``,
+    which every client's rows index) and of the global test set cached."""
+    data = engine_side(fed).data
+    sources = [data.train_x, data.test_x]
     seed = fed.cfg.seed
     if not fed.info.modalities:
         extractor = build_extractor(kind, fed.info.input_shape, dim, derive_seed(seed, EXTRACTOR_SEED)).to(fed.device)
@@ -317,7 +321,7 @@ def restrict(u: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return u.masked_fill(~keep.to(u.device).view(1, -1, 1), float("nan"))
 
 
-def recipient_interfaces(fed: "Federation") -> list[tuple[str, ...]]:
+def recipient_interfaces(fed: "RoundView") -> list[tuple[str, ...]]:
     """The distinct sets of modalities the recipients observe, in order of first recipient."""
     out: list[tuple[str, ...]] = []
     for k in fed.recipients:
@@ -326,7 +330,7 @@ def recipient_interfaces(fed: "Federation") -> list[tuple[str, ...]]:
     return out
 
 
-def interface_mask(fed: "Federation", observed: tuple[str, ...]) -> torch.Tensor:
+def interface_mask(fed: "RoundView", observed: tuple[str, ...]) -> torch.Tensor:
     return torch.tensor([m.name in observed for m in fed.info.modalities], dtype=torch.bool, device=fed.device)
 
 
@@ -336,6 +340,11 @@ def present_rows(feats: torch.Tensor, idx: torch.Tensor, modalities: tuple[str, 
         return {}
     present = torch.isfinite(feats[idx]).all(dim=-1)  # [B, M]
     return {name: int(present[:, i].sum()) for i, name in enumerate(modalities)}
+
+
+def client_present_rows(fed: "RoundView", cid: int, feats: torch.Tensor, modalities: tuple[str, ...]) -> dict[str, int]:
+    """``present_rows`` over client ``cid``'s training rows of the bank's training features."""
+    return present_rows(feats, engine_side(fed).clients[cid].train_idx, modalities)
 
 
 # ----------------------------------------------------------------------------- Q and the endpoints
@@ -394,7 +403,7 @@ class SharedPredictor(nn.Module):
         return self.head(h)
 
 
-def new_shared_predictor(fed: "Federation", feature_dim: int, hidden: int, rank: int) -> SharedPredictor:
+def new_shared_predictor(fed: "RoundView", feature_dim: int, hidden: int, rank: int) -> SharedPredictor:
     """Q's seeded initialization (derive_seed(seed, "fedsocket-q")), on the run's device; the
     run's global torch RNG stream is left alone."""
     with torch.random.fork_rng(devices=[]):
@@ -431,7 +440,7 @@ class JointPredictor(nn.Module):
 # ----------------------------------------------------------------------------- local pieces
 
 
-def warm_up_private(fed: "Federation", cid: int, epochs: int, smoothing: float) -> float:
+def warm_up_private(fed: "RoundView", cid: int, epochs: int, smoothing: float) -> float:
     """Stage I: Private alone with CE (label smoothing ``smoothing``), no communication."""
     plan = make_plan(fed, cid, 0, epochs=epochs, purpose=WARMUP)
     return train_client(fed, fed.clients[cid], plan,
@@ -439,14 +448,15 @@ def warm_up_private(fed: "Federation", cid: int, epochs: int, smoothing: float) 
                         who=f"client {cid} warm-up")
 
 
-def private_teacher_logits(fed: "Federation", cid: int, plan_indices: torch.Tensor) -> torch.Tensor:
+def private_teacher_logits(fed: "RoundView", cid: int, plan_indices: torch.Tensor) -> torch.Tensor:
     """Private's logits on the un-augmented training samples of a plan (what Q's features describe),
     predicted once per sample: the client's inputs as it holds them (a recipient's without its
     missing modality, a donor's complete)."""
-    client = fed.clients[cid]
-    lookup = torch.zeros((len(fed.data.train_y), fed.num_classes), device=fed.data.train_y.device)
+    whole = engine_side(fed)
+    client, data = whole.clients[cid], whole.data
+    lookup = torch.zeros((len(data.train_y), fed.num_classes), device=data.train_y.device)
     if len(client.train_idx):
-        lookup[client.train_idx] = predict_logits(client.model, fed.data.train_x[client.train_idx])
+        lookup[client.train_idx] = predict_logits(client.model, data.train_x[client.train_idx])
     return lookup[plan_indices]
 
 
@@ -463,7 +473,7 @@ class SharedPredictorClients:
     feats: torch.Tensor
     phi: dict[str, torch.Tensor]
 
-    def init_clients(self, fed: "Federation", q0: SharedPredictor, grid: list[float], fallback_rho: float) -> None:
+    def init_clients(self, fed: "RoundView", q0: SharedPredictor, grid: list[float], fallback_rho: float) -> None:
         self.grid, self.fallback_rho = grid, fallback_rho
         self.phi = {k: v.detach().clone() for k, v in q0.state_dict().items()}
         self.predictor_version = 0
@@ -472,14 +482,14 @@ class SharedPredictorClients:
         self.held_predictor_version = [-1] * fed.n_clients
         self.download(fed, list(range(fed.n_clients)))
 
-    def init_endpoints(self, fed: "Federation") -> None:
+    def init_endpoints(self, fed: "RoundView") -> None:
         self.q_predictors = [QPredictor(self.bank, q).eval() for q in self.held]
         self.joint = [JointPredictor(c.model, qp, torch.ones(fed.num_classes, device=fed.device)).eval()
                       for c, qp in zip(fed.clients, self.q_predictors)]
         self.rho = [self.fallback_rho] * fed.n_clients
         self.calibrate(fed, list(range(fed.n_clients)))
 
-    def download(self, fed: "Federation", clients: list[int]) -> None:
+    def download(self, fed: "RoundView", clients: list[int]) -> None:
         """The server sends the current Q to ``clients``; each loads it as the Q it holds."""
         if not clients:
             return
@@ -488,33 +498,34 @@ class SharedPredictorClients:
             self.held[k].load_state_dict(payload)
             self.held_predictor_version[k] = self.predictor_version
 
-    def catch_up(self, fed: "Federation", active: list[int]) -> None:
+    def catch_up(self, fed: "RoundView", active: list[int]) -> None:
         """Send the current Q to the active clients that do not hold it (partial participation)."""
         self.download(fed, [k for k in active if self.held_predictor_version[k] != self.predictor_version])
 
-    def calibrate(self, fed: "Federation", clients: list[int]) -> None:
+    def calibrate(self, fed: "RoundView", clients: list[int]) -> None:
         """Pick each client's inference rho on its validation half and set its Joint weights."""
+        whole = engine_side(fed)  # each client's validation half
         with fed.timer(Phase.CALIBRATION):
             for k in clients:
-                c = fed.clients[k]
+                c = whole.clients[k]
                 if len(c.val_idx):
                     with torch.no_grad():
                         q_probs = F.softmax(self.held[k](self.feats[c.val_idx]), dim=-1)
-                    private_logits = predict_logits(c.model, fed.data.train_x[c.val_idx])
-                    self.rho[k] = select_rho(private_logits, q_probs, fed.data.train_y[c.val_idx],
+                    private_logits = predict_logits(c.model, whole.data.train_x[c.val_idx])
+                    self.rho[k] = select_rho(private_logits, q_probs, whole.data.train_y[c.val_idx],
                                              c.train_counts, self.grid)
                 else:  # nothing to select on
                     self.rho[k] = self.fallback_rho
                 self.joint[k].omega.copy_(joint_weights(c.train_counts, self.rho[k]))
 
-    def state_dict(self, fed):
+    def state_dict(self, fed: "RoundView") -> dict[str, Any]:
         # The frozen extractors and their cached features are rebuilt identically by setup: not stored.
         return {k: v for k, v in super().state_dict(fed).items() if k not in ("bank", "feats")}  # type: ignore[misc]
 
-    def eval_models(self, fed):
+    def eval_models(self, fed: "RoundView") -> list[nn.Module]:
         if self.params.endpoint == "joint":  # type: ignore[attr-defined]
             return self.joint
         return [c.model for c in fed.clients]
 
-    def endpoints(self, fed):
+    def endpoints(self, fed: "RoundView") -> dict[str, list[nn.Module]]:
         return {"private": [c.model for c in fed.clients], "q": self.q_predictors, "joint": self.joint}

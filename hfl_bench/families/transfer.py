@@ -18,13 +18,13 @@ from hfl_bench.metering import SERVER, Kind, Phase
 from hfl_bench.training import Trainee, fit, predict_logits, transfer_plan
 
 if TYPE_CHECKING:
-    from hfl_bench.federation import Federation
+    from hfl_bench.federation import RoundView
 
 # loss_fn(logits [B, C'], batch positions [B] into the transfer set) -> scalar loss
 TransferLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def transfer_logits(fed: "Federation", models: dict[int, nn.Module], x: torch.Tensor) -> dict[int, torch.Tensor]:
+def transfer_logits(fed: "RoundView", models: dict[int, nn.Module], x: torch.Tensor) -> dict[int, torch.Tensor]:
     """Each model's eval-mode logits on the transfer inputs ``x`` ([M, C'] per client), in
     large batches. On CUDA the forward runs in bf16 autocast like every teacher inference."""
     bf16 = fed.device.type == "cuda"
@@ -32,7 +32,7 @@ def transfer_logits(fed: "Federation", models: dict[int, nn.Module], x: torch.Te
         return {cid: predict_logits(model, x, bf16=bf16) for cid, model in models.items()}
 
 
-def share_all_to_all(fed: "Federation", outputs: dict[int, torch.Tensor], kind: Kind) -> dict[int, torch.Tensor]:
+def share_all_to_all(fed: "RoundView", outputs: dict[int, torch.Tensor], kind: Kind) -> dict[int, torch.Tensor]:
     """Decentralized exchange: every client sends its output matrix (of ``kind``: logits or
     probabilities) to every other client in ``outputs`` (what a server-free FedMD / MSFKD puts on
     the network). Returns what the receivers got from each sender; methods form their targets
@@ -41,18 +41,18 @@ def share_all_to_all(fed: "Federation", outputs: dict[int, torch.Tensor], kind: 
     return {cid: fed.channel.send(cid, [j for j in senders if j != cid], out, kind) for cid, out in outputs.items()}
 
 
-def upload(fed: "Federation", outputs: dict[int, torch.Tensor], kind: Kind) -> dict[int, torch.Tensor]:
+def upload(fed: "RoundView", outputs: dict[int, torch.Tensor], kind: Kind) -> dict[int, torch.Tensor]:
     """Server exchange, first half: each client uploads its output matrix; what the server got."""
     return {cid: fed.channel.send(cid, SERVER, out, kind) for cid, out in outputs.items()}
 
 
-def broadcast(fed: "Federation", aggregate: torch.Tensor, receivers: list[int], kind: Kind) -> torch.Tensor:
+def broadcast(fed: "RoundView", aggregate: torch.Tensor, receivers: list[int], kind: Kind) -> torch.Tensor:
     """Server exchange, second half: the server broadcasts one aggregate to ``receivers``."""
     return fed.channel.send(SERVER, receivers, aggregate, kind)
 
 
 def train_on_transfer(
-    fed: "Federation", model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, loss_fn: TransferLoss, *,
+    fed: "RoundView", model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, loss_fn: TransferLoss, *,
     epochs: int, seed_parts: tuple, who: str, clip: float | None = None,
 ) -> float:
     """Train ``model`` on the transfer inputs ``x`` for ``epochs`` seeded shuffled epochs at the

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from hfl_bench.aggregation import AGGREGATORS, get_aggregator
 from hfl_bench.families.peer_kd import peer_kd_round
-from hfl_bench.method_api import ConfigError, Method, MethodCard, param, register_method
+from hfl_bench.method_api import ConfigError, Method, MethodCard, RoundView, param, register_method
 
 
 @dataclass
@@ -23,15 +23,15 @@ class ExampleKD(Method):
                       notes=("teachers combined per sample and class by their median, renormalized",))
     Params = ExampleKDParams
 
-    def check(self, fed):
+    def check(self, fed: RoundView) -> None:
         if not 0 <= self.params.lam <= 1:
             raise ConfigError(f"example-kd: lam must be in [0, 1], got {self.params.lam}")
         if self.params.aggregator not in AGGREGATORS:
             raise ConfigError(AGGREGATORS.unknown_message(self.params.aggregator))
 
-    def setup(self, fed):
+    def setup(self, fed: RoundView) -> None:
         self.aggregate = get_aggregator(self.params.aggregator)
 
-    def run_round(self, fed, rnd, active):
+    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         return peer_kd_round(fed, rnd, active, self.aggregate, lam=self.params.lam,
                              temperature=self.params.temperature, counts=fed.val_counts, accs=fed.val_accs())
