@@ -442,15 +442,14 @@ FINAL_STATUSES = ("ok", "diverged")
 
 
 def registered_version(method: str) -> str | None:
-    """The version of the method registered as ``method``; None for an unknown name (the run
-    fails on its own) or a class without one."""
+    """The card version of the method registered as ``method``; None for an unknown name (the
+    run fails on its own)."""
     from hfl_bench.registry import METHODS, RegistryError
 
     try:
-        version = getattr(METHODS.get(method), "version", None)
+        return METHODS.get(method).card.version
     except RegistryError:
         return None
-    return version if isinstance(version, str) else None
 
 
 def other_version(record: dict[str, Any], current: str | None) -> str | None:
