@@ -383,6 +383,21 @@ def _environment():
     return env
 
 
+def check_inputs_outside(out_dir: Path, paths: list[Path]) -> None:
+    """SiteError (one line) when an input path is the output folder or lies inside it: writing
+    the site there would clear or overwrite the records it reads."""
+    target = Path(out_dir).resolve()
+    for p in paths:
+        source = Path(p).resolve()
+        if source == target or target in source.parents:
+            raise SiteError(f"the input {p} is inside the output folder {out_dir}, which writing the site clears: "
+                            "write the site to a folder outside the records")
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return Path(folder).resolve() in Path(path).resolve().parents
+
+
 def _prepare(out_dir: Path) -> None:
     """An empty folder, or one this module wrote (its old pages cleared); never anything else."""
     if out_dir.exists() and not out_dir.is_dir():
@@ -435,7 +450,9 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
     Raises ResultsError for a path that does not exist, SiteError for a folder it may not clear."""
     out_dir = Path(out_dir)
     paths = [shown_path(p) for p in paths]
+    check_inputs_outside(out_dir, paths)  # regenerating clears the folder: never the records it reads
     loaded, not_records = load_records(paths)  # ResultsError before anything is written
+    loaded = [r for r in loaded if not _inside(r.path, out_dir)]  # an earlier site's copies: not inputs
     records, excluded = board_records(loaded)
     skipped = not_records + excluded
     board = build_board(records, skipped=[s.line() for s in skipped])
