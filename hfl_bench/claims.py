@@ -56,6 +56,10 @@ class Claim:
             pass
         os.close(self.fd)
         self.fd = None
+        try:  # leave no empty .claims folder behind (a taker that loses this race retries)
+            self.path.parent.rmdir()
+        except OSError:
+            pass
 
     def __enter__(self) -> "Claim":
         return self
@@ -87,9 +91,12 @@ def take(record: Path) -> Claim:
     if fcntl is None:
         return Claim(record, None, claim_file(record))
     path = claim_file(record)
-    path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the folder was removed by a releasing holder: again
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
