@@ -290,6 +290,7 @@ def simulation_state(sim: Any) -> dict[str, Any]:
         "config_hash": config_hash(cfg_dict),
         "config": plain(cfg_dict, "the config"),
         "data_fingerprint": fed.data.fingerprint,
+        "versions": implementation_versions(sim),
         "code": plain(sim.code, "the code version"),
         "round": len(sim.history) - 1,
         "elapsed_s": time.perf_counter() - sim.t0,
@@ -367,10 +368,30 @@ def check_compatible(sim: Any, state: dict[str, Any], where: str) -> None:
     if saved_data and data and saved_data != data:
         raise CheckpointError(f"{where} was written for other data (fingerprint {saved_data}, the data now "
                               f"loaded is {data}): point --data-dir at the data it was made on, or use another --out")
+    check_versions(state, implementation_versions(sim), where)
     old, new = (state.get("code") or {}).get("git_sha"), (sim.code or {}).get("git_sha")
     if old and new and old != new:
         raise CheckpointError(f"{where} was written by code at commit {old[:12]}, but the code is now at "
                               f"{new[:12]}: resume with that commit, or rerun without --resume")
+
+
+def implementation_versions(sim: Any) -> dict[str, Any]:
+    """The method's and the task's versions: a checkpoint resumes only under the same ones (the
+    git commit says nothing for an installed wheel, and is not in the config hash)."""
+    return {"method": getattr(type(sim.method), "version", None), "task": sim.fed.info.version}
+
+
+def check_versions(state: dict[str, Any], now: dict[str, Any], where: str) -> None:
+    """CheckpointError (one line) when the checkpoint was written by another version of the method
+    or of the task, or does not say (written before checkpoints recorded them)."""
+    saved = state.get("versions")
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{where} does not record the method and task versions it was written by "
+                              "(an older hfl-bench): rerun without --resume to start over")
+    for what in ("method", "task"):
+        if saved.get(what) != now[what]:
+            raise CheckpointError(f"{where} was written by {what} version {saved.get(what)!r}, but this code's is "
+                                  f"{now[what]!r}: rerun without --resume to start over")
 
 
 def write(path: str | Path, state: dict[str, Any]) -> None:

@@ -262,6 +262,52 @@ def config_hash(cfg_dict: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(semantic).encode()).hexdigest()[:16]
 
 
+def _float_by_value(value: Any) -> Any:
+    """A number of a float field as a float (YAML ``1`` and ``1.0`` are one value; ``-0.0`` is ``0.0``)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value) + 0.0
+    return value
+
+
+def _is_float_field(hint: Any) -> bool:
+    args = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+    return float in args and int not in args
+
+
+def canonical_settings(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with every number of a float setting a float (``lr: 1`` in YAML and ``--lr 1.0`` are
+    one run, one config hash); the rest as it is."""
+    hints = type_hints(RunConfig)
+    changes = {}
+    for name in FIELDS:
+        value = getattr(cfg, name)
+        if _is_float_field(hints.get(name)) and _float_by_value(value) is not value and value is not None:
+            changes[name] = _float_by_value(value)
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def canonical_params(params_cls: type, raw: dict[str, Any], method: str) -> dict[str, Any]:
+    """A run's ``method_params`` in the one form that is hashed and recorded, however they were
+    typed (``--set lam=0.7``, ``lam=0.70``, ``lam=7e-1``, YAML ``lam: 0.7``): coerced to the
+    ``Params`` field types (``coerce_params``, its errors included), floats by value, and the
+    hyperparameters equal to the method's default left out, so a run that sets a default is the
+    run that does not set it (and records written without ``--set`` keep their hash)."""
+    params = coerce_params(params_cls, raw, method)
+    hints = type_hints(params_cls)
+
+    def by_value(name: str, value: Any) -> Any:
+        return _float_by_value(value) if _is_float_field(hints.get(name, Any)) else value
+
+    canonical = {}
+    for f in dataclasses.fields(params_cls):
+        if f.name not in raw:
+            continue
+        value = by_value(f.name, getattr(params, f.name))
+        if f.default is dataclasses.MISSING or canonical_json(value) != canonical_json(by_value(f.name, f.default)):
+            canonical[f.name] = value  # a field without a plain default is kept as given
+    return canonical
+
+
 def parse_set(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:

@@ -216,7 +216,20 @@ def load_task(cfg: RunConfig):
     task = get_task(cfg.task)
     resolved = config_mod.resolve(cfg, {**task.info.defaults, **task.folder_defaults(cfg.data_dir)})
     modality_plan_for(resolved, task.info)  # a modality setting that does not fit the task: before any data loads
-    return task, canonical_config(resolved)  # the fault spec checked and spelled one way
+    return task, canonical_identity(canonical_config(resolved))  # the fault spec checked and spelled one way
+
+
+def canonical_identity(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with its float settings and its hyperparameters in the one form that is hashed
+    (``config.canonical_settings``, ``config.canonical_params``): one run, one config hash and one
+    record file, however its values were typed. An unknown method or hyperparameter is left as
+    given: ``make_method`` reports it (with the method's hyperparameter table on a terminal)."""
+    cfg = config_mod.canonical_settings(cfg)
+    try:
+        params = config_mod.canonical_params(get_method_class(cfg.method).Params, cfg.method_params, cfg.method)
+    except (ConfigError, RegistryError, TypeError):
+        return cfg
+    return cfg if params == cfg.method_params else dataclasses.replace(cfg, method_params=params)
 
 
 def peak_memory(device: torch.device) -> dict[str, int | None]:

@@ -215,7 +215,7 @@ def test_a_cycle_is_reported_as_a_path():
 LAYERS = [
     ("config, registry and user errors", ("hfl_bench.config", "hfl_bench.registry", "hfl_bench.errors")),
     ("shared types, paths, provenance", ("hfl_bench.federation", "hfl_bench.paths", "hfl_bench.provenance",
-                                         "hfl_bench.metadata_index")),
+                                         "hfl_bench.metadata_index", "hfl_bench.claims")),
     ("building blocks", ("hfl_bench.data", "hfl_bench.partition", "hfl_bench.pools", "hfl_bench.augment",
                          "hfl_bench.metering", "hfl_bench.aggregation", "hfl_bench.training", "hfl_bench.lockstep",
                          "hfl_bench.checkpoint", "hfl_bench.evaluation", "hfl_bench.families", "hfl_bench.tasks",

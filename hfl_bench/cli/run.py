@@ -16,6 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 from rich.text import Text
 
+from hfl_bench import claims
 from hfl_bench import config as config_mod
 from hfl_bench import paths
 from hfl_bench.cli.options import CLI_SETTINGS, config_help, given_settings, with_settings
@@ -66,6 +67,7 @@ def run(
     done = _Rounds()
     cfg: Optional[RunConfig] = None
     torch_threads = _TorchThreads()
+    claim = _NoClaim()
     try:
         cfg = build_config(config_file, flags, sets)
         config_mod.validate(cfg)  # before torch is even imported: a bad value costs no start-up
@@ -77,6 +79,7 @@ def run(
         torch_threads.set(threads or auto_threads(cfg, task.info))
         target = paths.record_path(cfg)  # names that can be file names, inside --out
         paths.check_out_dir(cfg.out)  # a file or an unwritable folder: refused before any training
+        claim = claims.take(target)  # one writer per record file: a concurrent run of it is refused
         records.check_same_data(cfg, target)  # never overwrite a record of other data or method version
         show_progress = not (quiet or as_json)
         _say_checkpoint(checkpoint_path(cfg), resume)
@@ -84,17 +87,28 @@ def run(
             result = engine.run(cfg, progress=done.tracking(update), resume=resume)
     except USER_ERRORS as e:
         torch_threads.restore()
+        claim.release()
         fail(str(e))
     except KeyboardInterrupt:
         torch_threads.restore()
+        claim.release()
         interrupted(_interrupted_at(cfg, done), command_line(["--resume"]))
     except BaseException:
         torch_threads.restore()
+        claim.release()
         raise
     try:
         _finish(cfg, result, as_json)
     finally:
+        claim.release()
         torch_threads.restore()  # after the record: its environment shows the threads the run used
+
+
+class _NoClaim:
+    """Stands for the claim before it is taken (``claims.take``)."""
+
+    def release(self) -> None:
+        pass
 
 
 def _finish(cfg: RunConfig, result: Any, as_json: bool) -> None:
@@ -105,7 +119,9 @@ def _finish(cfg: RunConfig, result: Any, as_json: bool) -> None:
     except Exception as e:  # noqa: BLE001 - the run finished: keep what can be kept, say what broke
         record = records.build_failed_record(cfg, f"the run finished but its record could not be built: "
                                                   f"{type(e).__name__}: {e}")
-    saved = records.save_record(record, cfg.out)
+    # re-checked at the write: a finished record of other data or another method version that
+    # appeared while this run trained (a writer that takes no claim) is kept; this one goes beside
+    saved = records.save_record(record, cfg.out, divert=records.write_conflict(cfg))
     record = saved.record
     if saved.path is None:  # nowhere to write: the record goes to stdout, the one place left
         sys.stdout.write(json.dumps(record, indent=1) + "\n")

@@ -1,10 +1,10 @@
-"""Executors: in-process (``--jobs 1``), a local process pool (forkserver, not fork: torch is
-imported), or Ray tasks on a local or existing cluster. Pool workers and Ray tasks return the
-record and the driver writes it (``done``), so records land in the driver's folder even on a
-multi-machine cluster.
+"""Executors: in-process (``--jobs 1``), local worker processes, one per cell (forkserver, not
+fork: torch is imported), or Ray tasks on a local or existing cluster. Workers and Ray tasks
+return the record and the driver writes it (``done``), so records land in the driver's folder
+even on a multi-machine cluster; a worker that dies costs only its own cell.
 
-Pool workers die with their driver (``die_with``), however it ends, and leave Ctrl-C to it: the
-driver then ends them at once (``stop_pool``). A local Ray started by the driver is shut down
+Workers die with their driver (``die_with``), however it ends, and leave Ctrl-C to it: the
+driver then ends them at once (``stop_workers``). A local Ray started by the driver is shut down
 with it; on Ctrl-C the cells in flight are cancelled.
 """
 
@@ -82,18 +82,93 @@ def die_with(driver_pid: int, interval: float = WATCH_INTERVAL_S) -> None:
     threading.Thread(target=watch, name="hfl-bench-driver-watch", daemon=True).start()
 
 
-def stop_pool(pool, timeout: float = 5.0) -> None:
-    """Stop a process pool now: queued cells dropped, running ones ended (their checkpoints stay
-    for the rerun), every worker process gone before this returns (SIGTERM, then SIGKILL)."""
+def run_in_process(cells: list[Cell], done: Done, threads: Optional[int] = None,
+                   round_progress: Optional[Callable[[Cell], Callable]] = None) -> None:
+    """Serially, in this process (``--jobs 1``)."""
+    for cell in cells:
+        progress = round_progress(cell) if round_progress else None
+        done(cell, run_cell(cell.cfg, threads, progress))
+
+
+def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1) -> None:
+    """Up to ``jobs`` cells at once, each in a worker process of its own that sends its record back
+    to this process. A worker that dies (killed by the out-of-memory killer, SIGKILL, a crash in
+    native code) costs only its own cell, written as failed with the signal or exit code; the
+    other running and pending cells go on (a shared pool breaks as a whole when one worker dies)."""
+    import multiprocessing
+    import os
+    from multiprocessing.connection import wait
+
+    # forkserver, not fork (fork is unsafe once torch has started threads): the server imports
+    # the engine once and every worker forks from it, instead of each worker importing torch.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["hfl_bench.engine", "hfl_bench.results.records",
+                                    "hfl_bench.matrix.cells", "hfl_bench.methods", "hfl_bench.tasks"])
+    pending = list(cells)
+    running: dict[Any, tuple[Any, Cell, Any]] = {}  # receiving end -> (process, cell, receiving end)
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                cell = pending.pop(0)
+                receive, send = context.Pipe(duplex=False)
+                process = context.Process(target=_cell_worker, args=(cell.cfg, threads, os.getpid(), send),
+                                          name=f"hfl-bench cell {cell.label}", daemon=True)
+                process.start()
+                send.close()  # this process keeps only the receiving end: EOF once the worker is gone
+                running[receive] = (process, cell, receive)
+            for receive in wait(list(running)):
+                process, cell, _ = running.pop(receive)
+                done(cell, _worker_result(process, cell, receive))
+    except BaseException:  # Ctrl-C: end the running cells (their checkpoints stay for the rerun)
+        stop_workers([process for process, _, _ in running.values()])
+        raise
+
+
+def _cell_worker(cfg: RunConfig, threads: int, driver_pid: int, send) -> None:
+    """One cell in its own worker process: set up as a pool worker, run, send the record back."""
+    _pool_init(threads, driver_pid)
+    send.send(run_cell(cfg, threads))
+    send.close()
+
+
+def _worker_result(process, cell: Cell, receive) -> dict[str, Any]:
+    """The record a finished worker sent, or a failed record saying how the worker died."""
+    try:
+        record = receive.recv()
+    except (EOFError, OSError):
+        record = None
+    finally:
+        receive.close()
+    process.join()
+    if record is not None:
+        return record
+    return failed_record(cell.cfg, f"WorkerDied: {death(process.exitcode)}; the other cells went on")
+
+
+def death(exitcode: Optional[int]) -> str:
+    """How a worker process ended, in words (a negative exit code is the signal that ended it)."""
     import signal
 
-    try:  # a second Ctrl-C while the workers are ended would leave a traceback, and them running
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        hint = " (as the out-of-memory killer does: lower --jobs or the model size)" if name == "SIGKILL" else ""
+        return f"the worker process running this cell was killed by {name}{hint}"
+    return f"the worker process running this cell exited with code {exitcode} without a record"
+
+
+def stop_workers(processes: list, timeout: float = 5.0) -> None:
+    """End worker processes now (SIGTERM, then SIGKILL), each gone before this returns; a second
+    Ctrl-C meanwhile is ignored (it would leave a traceback, and the workers running)."""
+    import signal
+
+    try:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:  # not the main thread
         previous = None
     try:
-        processes = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
         for p in processes:
             if p.is_alive():
                 p.terminate()
@@ -105,43 +180,6 @@ def stop_pool(pool, timeout: float = 5.0) -> None:
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
-
-
-def run_in_process(cells: list[Cell], done: Done, threads: Optional[int] = None,
-                   round_progress: Optional[Callable[[Cell], Callable]] = None) -> None:
-    """Serially, in this process (``--jobs 1``)."""
-    for cell in cells:
-        progress = round_progress(cell) if round_progress else None
-        done(cell, run_cell(cell.cfg, threads, progress))
-
-
-def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1) -> None:
-    """A local pool of ``jobs`` worker processes; each returns its record to this process."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    # forkserver, not fork (fork is unsafe once torch has started threads): the server imports
-    # the engine once and every worker forks from it, instead of each worker importing torch.
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["hfl_bench.engine", "hfl_bench.results.records",
-                                    "hfl_bench.matrix.cells", "hfl_bench.methods", "hfl_bench.tasks"])
-    import os
-
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_pool_init,
-                               initargs=(threads, os.getpid()))
-    try:
-        futures = {pool.submit(run_cell, cell.cfg, threads): cell for cell in cells}
-        for future in as_completed(futures):
-            cell = futures[future]
-            try:
-                record = future.result()
-            except Exception as e:  # noqa: BLE001 - e.g. a worker killed for memory
-                record = failed_record(cell.cfg, error_text(e))
-            done(cell, record)
-    except BaseException:  # Ctrl-C: end the running cells and drop the queued ones, now
-        stop_pool(pool)
-        raise
-    pool.shutdown(wait=True)
 
 
 def ray_module():

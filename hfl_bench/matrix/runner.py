@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from hfl_bench import paths
+from hfl_bench import claims, paths
 from hfl_bench.config import RunConfig
 from hfl_bench.matrix.cells import error_text, failed_record
 from hfl_bench.matrix.executors import run_in_process, run_process_pool, run_ray
 from hfl_bench.matrix.resume import existing_record
 from hfl_bench.matrix.suite import Cell
-from hfl_bench.results.records import save_record
+from hfl_bench.results.records import FINAL_STATUSES, save_record, write_conflict
 from hfl_bench.results.setting import figure
 
 
@@ -56,7 +56,8 @@ def record_cell(cell: Cell, record: dict[str, Any]) -> dict[str, Any]:
     ``--out`` cannot take it, a finished record never replaced by a failed one) and return its
     summary row. A record written anywhere but its own path, or nowhere, makes the cell failed
     and its error says where the record is (or that it is lost)."""
-    saved = save_record(record, cell.cfg.out, keep_final=True)
+    final = record.get("status") in FINAL_STATUSES  # re-checked at the write (``records.write_conflict``)
+    saved = save_record(record, cell.cfg.out, keep_final=True, divert=write_conflict(cell.cfg) if final else None)
     written = saved.record
     if saved.problem is None:
         return summary_row(cell, written, written["status"], saved.path)
@@ -109,11 +110,16 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
         if on_cell:
             on_cell(row)
 
+    held: dict[int, claims.Claim] = {}
+
     def done(cell: Cell, record: dict[str, Any]) -> None:
         try:
             row = record_cell(cell, record)
         except Exception as e:  # noqa: BLE001 - one cell's record never stops the matrix
             row = failed_row(cell, f"record not written: {error_text(e, with_traceback=False)}")
+        claim = held.pop(id(cell), None)
+        if claim is not None:
+            claim.release()
         report(cell, row)
 
     todo = []
@@ -128,14 +134,40 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
         else:
             todo.append(cell)
 
-    if todo:
-        if executor == "ray":
-            run_ray(todo, done, address, cpus_per_cell, gpus_per_cell, jobs, threads)
-        elif (jobs or 1) > 1:
-            run_process_pool(todo, done, jobs, threads or 1)
-        else:
-            run_in_process(todo, done, threads, round_progress)
+    todo = claim_cells(todo, held, report)
+    try:
+        if todo:
+            if executor == "ray":
+                run_ray(todo, done, address, cpus_per_cell, gpus_per_cell, jobs, threads)
+            elif (jobs or 1) > 1:
+                run_process_pool(todo, done, jobs, threads or 1)
+            else:
+                run_in_process(todo, done, threads, round_progress)
+    finally:
+        for claim in held.values():
+            claim.release()
     return [rows[i] for i in range(len(cells))]
+
+
+def claim_cells(todo: list[Cell], held: dict[int, "claims.Claim"],
+                report: Callable[[Cell, dict[str, Any]], None]) -> list[Cell]:
+    """Claim each cell's record path for this matrix (``claims``): a cell another running process
+    is writing is failed with one line, neither run nor written; the claims taken go to ``held``."""
+    runnable = []
+    for cell in todo:
+        path = _record_path(cell)
+        if path is None:  # a name that cannot be a file name: the cell runs and fails on its own
+            runnable.append(cell)
+            continue
+        try:
+            held[id(cell)] = claims.take(path)
+        except claims.ClaimError as e:
+            report(cell, failed_row(cell, str(e), path))
+            continue
+        except OSError:  # the folder cannot take the lock file: the record write reports that
+            pass
+        runnable.append(cell)
+    return runnable
 
 
 def exit_code(rows: list[dict[str, Any]]) -> int:

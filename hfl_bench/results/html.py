@@ -38,7 +38,7 @@ from typing import Any, Iterable, Optional
 from hfl_bench.results.board import Board, board_records, build_board
 from hfl_bench.results.grouping import SeedGroup, group_seeds
 from hfl_bench.results.loading import Loaded, ResultsError, Skipped, load_records
-from hfl_bench.results.ranking import protocol_label, rank_methods
+from hfl_bench.results.ranking import protocol_label, protocol_labels, rank_methods
 from hfl_bench.results.render import KIND, UNMATCHED_COLUMNS, _num, _pm, display_rows, drop_label, rank_rows
 from hfl_bench.results.setting import SettingGroup, Stat, canonical, modalities_section, partition_label
 
@@ -185,7 +185,7 @@ def _row(g: SettingGroup) -> dict[str, Any]:
         "cells": head, "clients": clients, "published": published, "group": g, "modalities": g.modalities,
         "fidelity": _values(g.ok, "method", "fidelity"), "version": head["version"],
         "faults": g.faults, "drop": drop_label(g) or "", "drop_v": g.drop.mean if g.drop is not None else None,
-        "global_v": gl.mean, "local_v": lo.mean, "final_v": final.mean, "seeds_v": gl.n, "bytes_v": sent.mean, "minutes_v": wall.mean,
+        "global_v": gl.mean, "local_v": lo.mean, "final_v": final.mean, "seeds_v": len(g.ok), "bytes_v": sent.mean, "minutes_v": wall.mean,
         "bytes": _bytes(sent.mean), "minutes": _num(wall.mean),
         "delta_v": next((m.delta for m in g.published if m.delta is not None), None),
     }
@@ -314,7 +314,7 @@ def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], h
     task = first.get("task") if isinstance(first.get("task"), dict) else {}
     cfg = first.get("config") if isinstance(first.get("config"), dict) else {}
     setting = [
-        ("method", g.method), ("task", g.task), ("pool", g.pool), ("protocol", protocol_label(g)),
+        ("method", g.method), ("task", g.task), ("pool", g.pool), ("protocol", protocol_label(g)), ("data", g.data_label),
         ("partition", partition_label(g.partition_scheme, g.partition_params)),
         ("clients (active per round)", f"{_text(g.n_clients)} ({_text(g.clients_per_round)})"),
         ("rounds", _text(g.rounds)), ("local epochs", _text(g.local_epochs)),
@@ -358,6 +358,21 @@ def _environment():
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.globals["style"] = STYLE
     return env
+
+
+def check_inputs_outside(out_dir: Path, paths: list[Path]) -> None:
+    """SiteError (one line) when an input path is the output folder or lies inside it: writing
+    the site there would clear or overwrite the records it reads."""
+    target = Path(out_dir).resolve()
+    for p in paths:
+        source = Path(p).resolve()
+        if source == target or target in source.parents:
+            raise SiteError(f"the input {p} is inside the output folder {out_dir}, which writing the site clears: "
+                            "write the site to a folder outside the records")
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return Path(folder).resolve() in Path(path).resolve().parents
 
 
 def _prepare(out_dir: Path) -> None:
@@ -412,7 +427,9 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
     Raises ResultsError for a path that does not exist, SiteError for a folder it may not clear."""
     out_dir = Path(out_dir)
     paths = [shown_path(p) for p in paths]
+    check_inputs_outside(out_dir, paths)  # regenerating clears the folder: never the records it reads
     loaded, not_records = load_records(paths)  # ResultsError before anything is written
+    loaded = [r for r in loaded if not _inside(r.path, out_dir)]  # an earlier site's copies: not inputs
     records, excluded = board_records(loaded)
     skipped = not_records + excluded
     board = build_board(records, skipped=[s.line() for s in skipped])
@@ -426,12 +443,13 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
     env = _environment()
     sections: dict[tuple, dict[str, Any]] = {}
     pages = []
+    labels = protocol_labels(board.groups)
     for g in board.groups:
         sg = seed_groups.get(id(g))
         row = _row(g)
         row["page"] = _page_name(g, sg.records if sg else g.ok)
         pages.append((g, sg, row))
-        label = protocol_label(g)
+        label = labels[g.protocol()]  # the data appended where one task's protocols differ only in it
         sections.setdefault((g.task, label), {"task": g.task, "protocol": label, "rows": []})["rows"].append(row)
     ordered = [sections[k] for k in sorted(sections)]
     rows = [row for s in ordered for row in s["rows"]]

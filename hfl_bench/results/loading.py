@@ -5,6 +5,7 @@ a reason, never dropped in silence.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -52,9 +53,13 @@ class Loaded:
         sha = self._block("code").get("git_sha")
         return sha if isinstance(sha, str) else None
 
-    @property
+    @functools.cached_property
     def config_hash(self) -> Optional[str]:
-        return self.record.get("config_hash")
+        """The config hash in canonical form (``identity``: records from before canonical
+        hyperparameters are mapped at read time; the file is not changed)."""
+        from hfl_bench.results.identity import canonical_hash
+
+        return canonical_hash(self.record, self.record.get("config_hash"))
 
     @property
     def seed(self) -> Any:

@@ -202,9 +202,37 @@ def kind_groups(kind: str, task: str, seed_groups: list[SeedGroup]) -> tuple[lis
                 usable.append(r)
         if usable:
             groups.append(DrawnSetting(usable[0].method, str(sg.config_hash), sg.group_id, usable))
+    if kind == "per-class":
+        groups = _one_class_count(groups, task, lacking)
     groups.sort(key=lambda g: (g.method, g.config_hash))  # stable: split groups keep their order
     _label(groups)
     return groups, lacking
+
+
+def _one_class_count(groups: list, task: str, lacking: list[Skipped]) -> list:
+    """One per-class figure has one class axis: the records of the class count most records of
+    ``task`` have (ties: the larger count) are drawn; each other one is listed in ``lacking``
+    (records of one task name with other classes: e.g. image folders of other class sets)."""
+    import dataclasses
+    from collections import Counter
+
+    counts = Counter(len(r.record["metrics"]["per_class_global_acc"]) for g in groups for r in g.records)
+    if len(counts) <= 1:
+        return groups
+    drawn = max(counts, key=lambda n: (counts[n], n))
+    kept = []
+    for g in groups:
+        usable = []
+        for r in g.records:
+            n = len(r.record["metrics"]["per_class_global_acc"])
+            if n == drawn:
+                usable.append(r)
+            else:
+                lacking.append(Skipped(str(r.path), f"per-class: {n} classes; this figure of {task} shows the "
+                                                    f"{drawn}-class records", task=task))
+        if usable:
+            kept.append(dataclasses.replace(g, records=usable))
+    return kept
 
 
 def _setting(r: Loaded) -> dict[str, Any]:
@@ -421,8 +449,18 @@ def render(kind: str, task: str, groups: list[DrawnSetting], png: Path) -> tuple
 # ----------------------------------------------------------------------------- one kind, one task
 
 
+SAFE_MAX = 80  # characters of a name in a file name; a longer one is cut and told apart by a digest
+
+
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+    """A task name as part of a file name: other characters replaced, at most ``SAFE_MAX``
+    characters (a 300-character name would exceed the file system's limit)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+    if len(safe) <= SAFE_MAX:
+        return safe
+    import hashlib
+
+    return f"{safe[:SAFE_MAX - 11]}-{hashlib.sha256(name.encode('utf-8')).hexdigest()[:10]}"
 
 
 def plot_task(kind: str, task: str, seed_groups: list[SeedGroup], skipped: list[Skipped], out_dir: Path

@@ -1,5 +1,5 @@
 """The rank: methods ranked within each protocol (task, partition, clients, active clients,
-rounds, local epochs, fault setting, modality setting) that at least two methods ran, by the mean
+rounds, local epochs, fault setting, modality setting, data: fingerprint and class count) that at least two methods ran, by the mean
 global accuracy of the method's best group there (the headline: honest clients under faults, the
 recipients of a multimodal run; higher is better);
 tied means share the average of their ranks. A method's
@@ -21,6 +21,7 @@ def rank_methods(groups: list[SettingGroup]) -> list[dict[str, Any]]:
     best: dict[tuple, dict[str, float]] = defaultdict(dict)
     labels: dict[tuple, str] = {}
     versions: dict[str, set] = defaultdict(set)
+    distinct = protocol_labels(groups)
     for g in groups:
         versions[g.method].add(g.method_version)
     for g in groups:
@@ -28,7 +29,7 @@ def rank_methods(groups: list[SettingGroup]) -> list[dict[str, Any]]:
         if mean is None:
             continue
         key = g.protocol()
-        labels[key] = protocol_label(g)
+        labels[key] = distinct[key]
         name = g.method if len(versions[g.method]) == 1 else f"{g.method}@{g.method_version or 'unversioned'}"
         best[key][name] = max(mean, best[key].get(name, float("-inf")))
     ranks: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -54,6 +55,20 @@ def average_ranks(scores: dict[str, float]) -> dict[str, float]:
         for m in order[i:j + 1]:
             out[m] = (i + 1 + j + 1) / 2
         i = j + 1
+    return out
+
+
+def protocol_labels(groups: list[SettingGroup]) -> dict[tuple, str]:
+    """Each protocol's label (``protocol_label``), with the data (``SettingGroup.data_label``) appended
+    where protocols differ only in their data: two image folders under one task name are two
+    protocols, and their labels say which is which."""
+    by_label: dict[str, set] = defaultdict(set)
+    for g in groups:
+        by_label[protocol_label(g)].add(g.protocol())
+    out = {}
+    for g in groups:
+        label = protocol_label(g)
+        out[g.protocol()] = f"{label} {g.data_label}" if len(by_label[label]) > 1 else label
     return out
 
 

@@ -381,11 +381,14 @@ class Saved:
         return self.path is not None and self.path != self.intended
 
 
-def save_record(record: dict[str, Any], out_dir: str | Path, keep_final: bool = False) -> Saved:
+def save_record(record: dict[str, Any], out_dir: str | Path, keep_final: bool = False,
+                divert: str | None = None) -> Saved:
     """Write a record so that a finished run is never lost: as strict JSON (``strict_record``) to
     ``out_dir``; if that folder cannot take it (disk full, folder removed), to a new folder under
     the first of ``paths.unsaved_dirs()`` that can, and ``problem`` says so. With ``keep_final``
-    a failed record does not replace a final (ok or diverged) record already at its path."""
+    a failed record does not replace a final (ok or diverged) record already at its path. With
+    ``divert`` (why the record may not go to its path: ``write_conflict``) it goes straight to
+    the fallback folder and ``problem`` says why."""
     record = strict_record(record)
     try:
         intended = inside(out_dir, record_filename(record))
@@ -398,10 +401,13 @@ def save_record(record: dict[str, Any], out_dir: str | Path, keep_final: bool = 
             existing = {}
         if existing.get("status") in ("ok", "diverged"):
             return Saved(record, None, intended, f"not written: the finished record already at {intended} was kept")
-    try:
-        return Saved(record, write_record(record, out_dir), intended)
-    except OSError as e:
-        first = f"could not be written to {intended} ({e.strerror or type(e).__name__})"
+    if divert is not None:
+        first = f"was not written to {intended}: {divert}"
+    else:
+        try:
+            return Saved(record, write_record(record, out_dir), intended)
+        except OSError as e:
+            first = f"could not be written to {intended} ({e.strerror or type(e).__name__})"
     tried = []
     for base in unsaved_dirs():
         try:
@@ -488,6 +494,18 @@ def check_same_data(cfg: RunConfig, path: Path) -> None:
         raise ConfigError(other_version_message(path, cfg.method, recorded, version))
 
 
+def write_conflict(cfg: RunConfig) -> str | None:
+    """At the write: why this run's record may not replace the file at its path (a finished
+    record of other data, or of another method version: ``check_same_data``), or None."""
+    try:
+        from hfl_bench.paths import record_path
+
+        check_same_data(cfg, record_path(cfg))
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 class NotARecord(ValueError):
     """A file that is not a readable hfl-bench record. ``str()`` is the full message (with the
     path); ``reason`` is the short form for tables that show the path in a column of its own."""
@@ -501,10 +519,33 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+# How deep a record may nest: real records nest about 6 levels (history entries, per-client
+# figures); a file nested deeper is not a record, and is refused before any recursive walk.
+MAX_DEPTH = 64
+
+
+def nesting_depth(value: Any) -> int:
+    """How many levels of lists and mappings ``value`` nests (0 for a number or a string);
+    without recursion, so any depth is measured."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            depth += 1
+            deepest = max(deepest, depth)
+            stack.extend((v, depth) for v in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
 def loads_strict(text: str) -> Any:
     """``json.loads`` that refuses NaN, Infinity and -Infinity (Python's parser accepts them) and
     numbers too large for a float (``1e999``); ValueError names the culprit."""
-    value = json.loads(text, parse_constant=_no_constant)
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError(f"nested more than Python can parse (records nest at most {MAX_DEPTH} levels)") from None
+    if nesting_depth(value) > MAX_DEPTH:  # before anything walks it recursively (here, the schema, the views)
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels (a record nests about 6)")
     bad = non_finite_fields(value)
     if bad:
         raise ValueError(f"non-finite number at {bad[0]}")

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from hfl_bench.results.board import Board
 from hfl_bench.results.published import Match, Published
+from hfl_bench.results.ranking import protocol_label, protocol_labels
 from hfl_bench.results.setting import METRICS, SettingGroup, canonical, modalities_section, partition_label
 from hfl_bench.results.text import csv_cell, markdown_cell, terminal
 
@@ -73,10 +74,13 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
     figures (``clients_rows``) and the published figures beside it; then the published figures
     that match no group."""
     rows = []
+    labels = protocol_labels(board.groups)
     for g in board.groups:
         gl, lo = g.stat("global_acc"), g.stat("local_acc")
         setting = _setting_label(partition_label(g.partition_scheme, g.partition_params), g.n_clients,
                                  g.clients_per_round, g.rounds)
+        if labels[g.protocol()] != protocol_label(g):  # one task's protocols differ only in their data
+            setting += " " + g.data_label
         if g.is_multimodal:
             setting += " " + g.modalities
         if g.method_params:
@@ -84,7 +88,7 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
         fg, fl = g.final_stat("global_acc"), g.final_stat("local_acc")
         rows.append({
             "method": g.method, "version": version_label(g), "task": g.task, "pool": g.pool, "faults": g.faults,
-            "setting": setting, "seeds": str(gl.n), "global acc": _pm(gl.mean, gl.sd), "drop": drop_label(g),
+            "setting": setting, "seeds": str(len(g.ok)), "global acc": _pm(gl.mean, gl.sd), "drop": drop_label(g),
             "local acc": _pm(lo.mean, lo.sd),
             "final global": _pm(fg.mean, fg.sd), "final local": _pm(fl.mean, fl.sd),
             "failed/diverged": f"{g.n_failed}/{g.n_diverged}", "source": "", "locator": "",
@@ -209,8 +213,8 @@ def _csv_figures(g: SettingGroup, endpoint: Optional[str] = None) -> dict[str, A
         for name, metric in (("global", "global_acc"), ("local", "local_acc")):
             st = g.stat(metric, endpoint, clients)
             out |= {f"{prefix}{name}_mean": st.mean, f"{prefix}{name}_sd": st.sd}
-            if not prefix and name == "global":
-                out["n_seeds"] = st.n
+            if not prefix and name == "global":  # the group's ok seeds, as in JSON (every client faulty: no figure)
+                out["n_seeds"] = st.n if endpoint else len(g.ok)
     return out
 
 
@@ -237,6 +241,7 @@ def board_json(board: Board) -> dict[str, Any]:
             "group_id": g.group_id, "config_hash": g.config_hash, "method": g.method,
             "method_version": g.method_version, "commits": g.commits, "git_dirty": "uncommitted" in g.provenance_note,
             "processors": g.processors, "task": g.task,
+            "data": {"fingerprint": g.data_fingerprint, "num_classes": g.num_classes},
             "pool": g.pool, "partition": {"scheme": g.partition_scheme, "params": g.partition_params},
             "partition_hashes": sorted({r.partition_hash for r in g.ok}, key=str),
             "split_by_partition": g.split_by_partition, "n_clients": g.n_clients,

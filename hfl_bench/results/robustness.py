@@ -42,8 +42,9 @@ def faults_section(r: Loaded) -> dict[str, Any]:
 
 
 def baseline_hash(r: Loaded) -> Optional[str]:
-    value = faults_section(r).get("baseline_config_hash")
-    return value if isinstance(value, str) else None
+    from hfl_bench.results.identity import canonical_hash
+
+    return canonical_hash(r.record, faults_section(r).get("baseline_config_hash"), faults="")
 
 
 @dataclass

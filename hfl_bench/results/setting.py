@@ -260,6 +260,8 @@ class SettingGroup:
     faults: str = NO_FAULTS  # the fault setting (canonical spec), part of the setting and protocol
     drop: Optional[Any] = None  # robustness.Drop: against the same seeds without faults (faulty groups)
     modalities: str = NO_MODALITIES  # the modality setting (``modality_setting``), part of setting and protocol
+    data_fingerprint: Optional[str] = None  # the data the seeds ran on (None: a record that cannot say)
+    num_classes: Optional[int] = None  # the task's class count in the records: part of the data identity
 
     @property
     def seeds(self) -> list[Any]:
@@ -334,10 +336,21 @@ class SettingGroup:
 
     def protocol(self) -> tuple:
         """What the rank compares methods within: task, partition, clients, rounds, epochs, the
-        fault setting (a group with faults is never ranked against fault-free ones) and the
-        modality setting (nor a multimodal group against another setting)."""
+        fault setting (a group with faults is never ranked against fault-free ones), the
+        modality setting (nor a multimodal group against another setting) and the data (the data
+        fingerprint and class count: one task name on two image folders is two protocols; a
+        record without a fingerprint is "unknown data", its own)."""
         return (self.task, self.partition_scheme, canonical(self.partition_params), self.n_clients,
-                self.clients_per_round, self.rounds, self.local_epochs, self.faults, self.modalities)
+                self.clients_per_round, self.rounds, self.local_epochs, self.faults, self.modalities,
+                self.data_fingerprint, self.num_classes)
+
+    @property
+    def data_label(self) -> str:
+        """The data, short: ``data=0f92890c`` (the fingerprint's first 8 characters), or
+        ``data=unknown``, and the class count: what tells two protocols of one task apart."""
+        fingerprint = self.data_fingerprint[:8] if self.data_fingerprint else "unknown"
+        classes = f" classes={self.num_classes}" if self.num_classes is not None else ""
+        return f"data={fingerprint}{classes}"
 
 
 def describe(seeds: SeedGroup) -> SettingGroup:
@@ -357,8 +370,17 @@ def describe(seeds: SeedGroup) -> SettingGroup:
         method_params=dict(cfg.get("method_params") or {}), hparams=dict(first["method"].get("hparams") or {}),
         config_hash=first.get("config_hash") or "?", ok=list(seeds.ok), n_failed=seeds.n_failed,
         n_diverged=seeds.n_diverged, n_duplicates=len(seeds.duplicates), split_by_partition=seeds.split_by_partition,
-        faults=fault_setting(first), modalities=modality_setting(first),
+        faults=fault_setting(first), modalities=modality_setting(first), **_data_of(first),
     )
+
+
+def _data_of(record: dict[str, Any]) -> dict[str, Any]:
+    """The data identity fields of ``SettingGroup`` from a record's ``task`` block (types checked: text
+    from a record is data)."""
+    task = record.get("task") if isinstance(record.get("task"), dict) else {}
+    fingerprint, classes = task.get("data_fingerprint"), task.get("num_classes")
+    return {"data_fingerprint": fingerprint if isinstance(fingerprint, str) else None,
+            "num_classes": classes if isinstance(classes, int) and not isinstance(classes, bool) else None}
 
 
 def _with_public(params: dict[str, Any], public_size: Optional[int]) -> dict[str, Any]:

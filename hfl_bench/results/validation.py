@@ -216,6 +216,7 @@ def record_problems(record: Any, validator=None) -> list[str]:
             problems += [p.lstrip("/") for p in _accuracy_problems(record.get(block), block)
                          if p.lstrip("/").split(": ", 1)[0] not in flagged]
         problems += _ok_without_figures(record)
+        problems += _config_problems(record)
         problems += _modality_problems(record)
     return problems
 
@@ -234,6 +235,33 @@ def _ok_without_figures(record: dict[str, Any]) -> list[str]:
     if not isinstance(selection, dict) or selection.get("round") is None:
         missing.append("selection/round")
     return [f"{m}: status ok, but it is null" for m in missing]
+
+
+SEED_LIMIT = 2**63
+
+
+def _config_problems(record: dict[str, Any]) -> list[str]:
+    """The config fields the views group and count by, of the types a run writes (the schema
+    leaves ``config`` open): the seed an integer in [0, 2^63) (null only in a failed record whose
+    cell failed before its seed was known), so a list cannot crash a view and ``"0"`` or null
+    cannot count a copy of seed 0 as another seed; ``method_params`` a mapping."""
+    source = record.get("source")
+    config = record.get("config")
+    if not isinstance(source, dict) or source.get("kind") != "reproduced" or not isinstance(config, dict):
+        return []
+    problems = []
+    seed = config.get("seed")
+    integer = isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < SEED_LIMIT
+    if not integer and not (seed is None and record.get("status") == "failed"):
+        problems.append(f"config/seed: must be an integer in [0, 2^63), got {_short(seed)}")
+    if "method_params" in config and not isinstance(config["method_params"], (dict, type(None))):
+        problems.append(f"config/method_params: must be a mapping, got {_short(config['method_params'])}")
+    return problems
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _modality_problems(record: dict[str, Any]) -> list[str]:

@@ -1,0 +1,133 @@
+"""One identity per run (issue 28): however a run's settings and hyperparameters were typed, it has
+one config hash, one record file, one checkpoint and one leaderboard group; records written before
+the canonical form are mapped at read time; a checkpoint of another method or task version is
+refused in one line."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hfl_bench import checkpoint, engine, paths
+from hfl_bench.cli.run import build_config
+from hfl_bench.config import RunConfig, config_hash
+from hfl_bench.results.board import build_board
+from hfl_bench.results.loading import load_records
+
+from helpers import invoke_cli
+
+REPO = Path(__file__).resolve().parent.parent
+REAL = REPO / "leaderboards" / "archive" / "first-wave" / "digits" / "digits__crad__da48ac8fb4f0dad1__seed0.json"
+
+
+def _record_name(tmp_path: Path, yaml_values: dict | None, sets: list[str], **flags) -> str:
+    config_file = None
+    if yaml_values is not None:
+        config_file = tmp_path / "config.yaml"
+        config_file.write_text(yaml.safe_dump(yaml_values))
+    cfg = build_config(config_file, dict(method="crad", out=str(tmp_path), **flags), sets)
+    return paths.record_path(engine.load_task(cfg)[1]).name
+
+
+# (YAML settings, --set items, flags): each the default run of crad on digits (lam 0.7, lr 0.05)
+SPELLINGS = {
+    "nothing": (None, [], {}),
+    "set 0.7": (None, ["lam=0.7"], {}),
+    "set 0.70": (None, ["lam=0.70"], {}),
+    "set 7e-1": (None, ["lam=7e-1"], {}),
+    "yaml 0.7": ({"method_params": {"lam": 0.7}}, [], {}),
+    "yaml lr 0.05": ({"lr": 0.05}, [], {}),
+    "yaml lr 5e-2": ({"lr": 5e-2}, [], {}),
+    "flag lr": (None, [], {"lr": 0.050}),
+    "yaml temperature 2": ({"method_params": {"temperature": 2}}, [], {}),
+}
+
+
+@pytest.mark.parametrize("spelling", list(SPELLINGS)[1:])
+def test_one_run_has_one_record_file_however_it_was_typed(tmp_path, spelling):
+    yaml_values, sets, flags = SPELLINGS[spelling]
+    assert _record_name(tmp_path, yaml_values, sets, **flags) == _record_name(tmp_path, None, [])
+
+
+def test_other_values_still_have_other_hashes_and_are_recorded_typed(tmp_path):
+    default = _record_name(tmp_path, None, [])
+    typed = {_record_name(tmp_path, None, ["lam=0.5"]), _record_name(tmp_path, None, ["lam=5e-1"]),
+             _record_name(tmp_path, {"method_params": {"lam": 0.5}}, [])}
+    assert len(typed) == 1 and default not in typed
+    cfg = engine.load_task(build_config(None, dict(method="crad"), ["lam=5e-1", "temperature=2.0"]))[1]
+    assert cfg.method_params == {"lam": 0.5}  # typed; temperature 2.0 is crad's default, so left out
+    assert _record_name(tmp_path, {"lr": 1}, []) == _record_name(tmp_path, None, [], lr=1.0)  # floats by value
+
+
+def test_a_bad_hyperparameter_is_still_reported_by_the_run(tmp_path):
+    result, _, _ = invoke_cli("run", "--method", "crad", "--set", "lam=abc", "--out", str(tmp_path), "-q")
+    assert result.exit_code == 2 and "lam='abc' is not a valid float" in result.output
+    assert "Traceback" not in result.output
+
+
+def _old_style(record: dict, params: dict, seed: int) -> dict:
+    """A record as the code before canonical hyperparameters wrote it for ``--set`` ``params``."""
+    r = copy.deepcopy(record)
+    r["config"]["method_params"] = params
+    r["config"]["seed"] = seed
+    r["seeds"] = {k: seed for k in r["seeds"]}
+    r["config_hash"] = config_hash(r["config"])
+    r["record_id"] = f"{seed:016x}"
+    return r
+
+
+def test_old_records_typed_otherwise_are_mapped_into_one_group(tmp_path):
+    base = json.loads(REAL.read_text())
+    spellings = [{}, {"lam": "0.7"}, {"lam": "7e-1"}, {"lam": 0.7}]
+    for seed, params in enumerate(spellings):
+        (tmp_path / f"r{seed}.json").write_text(json.dumps(_old_style(base, params, seed)))
+    stored = {json.loads(p.read_text())["config_hash"] for p in tmp_path.glob("*.json")}
+    assert len(stored) == 4  # each spelling hashed differently in the files ...
+    board = build_board(load_records([tmp_path])[0])
+    assert [g.seeds for g in board.groups] == [[0, 1, 2, 3]]  # ... and are one run when read
+    assert board.groups[0].config_hash == base["config_hash"]  # the hash without --set: unchanged
+    result, stdout, _ = invoke_cli("leaderboard", "show", str(tmp_path), "--format", "json")
+    assert result.exit_code == 0 and [g["n_seeds"] for g in json.loads(stdout)["groups"]] == [4]
+
+
+def test_committed_records_keep_their_hashes():
+    loaded, _ = load_records([REPO / "leaderboards"])
+    changed = [r.path for r in loaded if r.kind == "reproduced" and r.config_hash != r.record.get("config_hash")]
+    assert loaded and not changed
+
+
+def _checkpointed(tmp_path: Path) -> tuple[RunConfig, Path]:
+    cfg = engine.load_task(RunConfig(method="local", task="digits", clients=4, rounds=3, seed=0,
+                                     checkpoint_every=2, out=str(tmp_path)))[1]
+    engine.run(cfg)  # leaves its round-2 checkpoint (no record is written by engine.run)
+    return cfg, paths.checkpoint_path(cfg)
+
+
+RESUME = ["run", "--method", "local", "--clients", "4", "--rounds", "3", "--seed", "0", "--checkpoint-every", "2",
+          "--resume", "-q"]
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"method": "0.0-other"}, "method version '0.0-other'"),
+    ({"task": "0.0-other"}, "task version '0.0-other'"),
+    (None, "does not record the method and task versions"),
+])
+def test_a_checkpoint_of_another_method_or_task_version_is_refused(tmp_path, change, needle):
+    cfg, path = _checkpointed(tmp_path)
+    state = checkpoint.read(path)
+    assert state["versions"] == {"method": "1.0", "task": "1.0"} or set(state["versions"]) == {"method", "task"}
+    if change is None:
+        del state["versions"]  # as an older hfl-bench wrote it
+    else:
+        state["versions"].update(change)
+    state["code"]["git_sha"] = None  # as a non-editable install writes it: no commit to compare
+    checkpoint.write(path, state)
+    result, _, _ = invoke_cli(*RESUME, "--out", str(tmp_path))
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and needle in text, result.output
+    assert "Traceback" not in result.output and not list(tmp_path.glob("*.json"))
