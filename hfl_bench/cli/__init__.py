@@ -43,12 +43,44 @@ def _no_type_for_flags() -> None:
     TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
 
 
+def _one_value_per_option() -> None:
+    """Click keeps the last of an option given twice (``--faults a --faults b`` runs ``b``) without a
+    word; a benchmark run must be what its command line says, so a value option given more than once
+    is refused in one line (exit 2). Repeatable options (``--set``, ``--task`` of ``plot``) and flags
+    are not affected."""
+    from typer.core import TyperCommand
+
+    parse = TyperCommand.parse_args
+    if getattr(parse, "_one_value", False):
+        return
+
+    def parse_args(self, ctx, args):
+        try:
+            _, _, order = self.make_parser(ctx).parse_args(args=list(args))
+        except Exception:  # noqa: BLE001 - a malformed command line: the real parse below reports it
+            order = []
+        seen: set[str] = set()
+        for param in order:
+            if getattr(param, "multiple", True) or getattr(param, "is_flag", True) or getattr(param, "count", False):
+                continue
+            if param.name in seen:
+                from hfl_bench.cli.output import fail
+
+                fail(f"{max(param.opts, key=len)} is given more than once: give it once")
+            seen.add(param.name)
+        return parse(self, ctx, args)
+
+    parse_args._one_value = True  # type: ignore[attr-defined]
+    TyperCommand.parse_args = parse_args  # type: ignore[method-assign]
+
+
 def _build_app():
     import typer
 
     from hfl_bench.cli import describe, leaderboard, matrix, partition, plots, plugins, run
 
     _no_type_for_flags()
+    _one_value_per_option()
     app = typer.Typer(
         help="hfl-bench: heterogeneous federated learning benchmarks. Run methods on tasks under one "
         "protocol and write standardized JSON records.",
