@@ -166,12 +166,14 @@ def html(
     per-architecture tables) and the record files copied beside them. No server, CDN or network:
     open index.html from disk or put the folder on any static host. Skipped files are listed on
     stderr and on the index page."""
+    from hfl_bench.paths import OutDirError, check_folder_target
     from hfl_bench.results.html import build_site
     from hfl_bench.results.loading import ResultsError
 
     try:
+        check_folder_target(out_dir, "OUT_DIR")
         site = build_site(out_dir, _paths(paths))
-    except ResultsError as e:
+    except (ResultsError, OutDirError) as e:
         fail(str(e))
     for s in site.skipped:
         note("skipped:", s.line())
