@@ -14,8 +14,9 @@ the result is kept in a cache file named after the data fingerprint, so a later 
 that file. 16-bit PNGs are scaled to 8 bits (0..65535 to 0..255; PIL's own conversion clips grey
 ones to white); a pixel mode that cannot be scaled (floats) is refused. Before decoding, the memory
 the decoded set needs while loading is estimated from the first image and the count, and a set that
-does not fit in the available memory is refused with the hint to set ``image_size`` (or subsample). The fingerprint (``hfl_bench.data``) covers every image file of train/ and test/ plus
-the decoding settings (image size, subsamples and their seed): a changed file or setting is other
+does not fit in the available memory is refused with the hint to set ``image_size`` (or subsample).
+The fingerprint (``hfl_bench.data``) covers every image file of train/ and test/ plus the
+decoding settings (image size, subsamples and their seed): a changed file or setting is other
 data, with a new cache file. Cache folder: ``<root>/.hfl-bench-cache/`` when the root is writable,
 else ``$HFL_BENCH_CACHE``, else ``~/.cache/hfl-bench/imagefolder/``.
 
