@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -106,6 +107,10 @@ class RunConfig:
             self.method_params = {}
 
 
+# The devices a run may name (hfl_bench.engine.pick_device checks what this machine has).
+DEVICES = "auto, cpu, cuda or cuda:N"
+DEVICE_NAME = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
 # Fields that do not change what a run computes: left out of the config hash.
 NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "vmap", "lockstep",
                 "checkpoint_every")
@@ -116,18 +121,14 @@ HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "faults": "", "recipient_fraction": N
 
 
 def read_yaml_mapping(path: str | Path, what: str, expected: str) -> dict[str, Any]:
-    """A YAML file holding a mapping (an empty file is an empty one); ConfigError otherwise."""
-    import yaml  # here: commands that read no YAML (--help, list) do not pay for it
+    """A YAML file holding a mapping (an empty file is an empty one), read within bounds
+    (``hfl_bench.yamlfile``); ConfigError, one line, otherwise."""
+    from hfl_bench.yamlfile import YamlFileError, read_mapping
 
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{what} not found: {path}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{what} {path} is not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{what} {path} must hold a mapping {expected}")
-    return data
+        return read_mapping(path, what, expected)
+    except YamlFileError as e:
+        raise ConfigError(str(e)) from None
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -138,7 +139,14 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     params = data.get("method_params")
     if params is not None and not (isinstance(params, dict) and all(isinstance(k, str) for k in params)):
         raise ConfigError(f"method_params in {path} must be a mapping of hyperparameters, got {_short(params)}")
-    return data
+    return empty_faults_as_none(data)
+
+
+def empty_faults_as_none(settings: dict[str, Any]) -> dict[str, Any]:
+    """``faults:`` with an empty value means no faults, as ``--faults ''`` does (YAML reads it as null)."""
+    if "faults" in settings and settings["faults"] is None:
+        settings["faults"] = ""
+    return settings
 
 
 # What an unset setting becomes when the task does not set it either. Tasks may set any of these
@@ -189,6 +197,7 @@ def validate(cfg: RunConfig) -> None:
         (cfg.exec in ("auto", "reference", "fast"), f"--exec must be auto, reference or fast, got {cfg.exec!r}"),
         (cfg.vmap in ("auto", "on", "off"), f"--vmap must be auto, on or off, got {cfg.vmap!r}"),
         (cfg.lockstep in ("auto", "on", "off"), f"--lockstep must be auto, on or off, got {cfg.lockstep!r}"),
+        (DEVICE_NAME.fullmatch(cfg.device) is not None, f"unknown device {cfg.device!r}: --device must be {DEVICES}"),
         (cfg.clients_per_round is None or cfg.clients_per_round >= 1,
          f"--clients-per-round must be >= 1, got {cfg.clients_per_round}"),
         (bool(cfg.method.strip()) and bool(cfg.task.strip()), "--method and --task must not be empty"),

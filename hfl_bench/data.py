@@ -10,8 +10,10 @@ from a run on another. The rule, in one place (``Task.fingerprint``):
 - A task that reads files names them with ``Task.data_files(data_dir)``. Its fingerprint hashes the
   task's name and version and, per file, its path relative to the files' data folder (the deepest
   folder that holds them all), its size and the sha256 of its content. The content hashes are
-  cached in ``<data folder>/.hfl-bench-fingerprints.json`` keyed by (relative path, size, mtime_ns),
-  so a second fingerprint costs only ``stat`` calls and never decodes the dataset. The cache is
+  cached in ``<data folder>/.hfl-bench-fingerprints.json`` keyed by (relative path, size, mtime_ns,
+  ctime_ns), so a second fingerprint costs only ``stat`` calls and never decodes the dataset. The
+  change time is in the key because the kernel sets it on every write and nothing can set it back:
+  a file rewritten with its old size and modification time (``cp -p``, a restore) is hashed again. The cache is
   best effort: an unreadable cache is ignored, and a folder that cannot be written (or has no write
   permission bits, even for root) just goes uncached.
 - A task that reads no files (``data_files`` is empty: generated or bundled data) hashes its
@@ -280,10 +282,11 @@ def files_fingerprint(info: TaskInfo, files: list[Path]) -> str:
         except OSError as e:
             raise unreadable_dataset(info.name, Path(path), e, download=False) from None
         entry = cache.get(rel)
-        if not (isinstance(entry, dict) and entry.get("size") == st.st_size
-                and entry.get("mtime_ns") == st.st_mtime_ns and isinstance(entry.get("sha256"), str)):
+        if not (isinstance(entry, dict) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns
+                and entry.get("ctime_ns") == st.st_ctime_ns and isinstance(entry.get("sha256"), str)):
             try:
-                entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(path)}
+                entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+                         "sha256": file_sha256(path)}
             except OSError as e:
                 raise unreadable_dataset(info.name, Path(path), e, download=False) from None
             if time.time_ns() - st.st_mtime_ns >= RACY_NS:

@@ -39,14 +39,26 @@ log = logging.getLogger(__name__)
 
 
 def pick_device(name: str) -> torch.device:
+    """The torch device of ``--device``: a name ``config.DEVICE_NAME`` allows and this machine has
+    (ConfigError naming the devices valid here otherwise), checked before any data loads."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name} asked for, but CUDA is not available here")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N") from None
+    if config_mod.DEVICE_NAME.fullmatch(name) is None:  # meta, mps, xpu...: not devices a run works on
+        raise ConfigError(f"unknown device {name!r}: --device must be {config_mod.DEVICES} "
+                          f"(valid here: {', '.join(valid_devices())})")
+    if name.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(name.partition(":")[2] or 0)
+        if index >= count:
+            have = "CUDA is not available here" if not count else f"this machine has {count} CUDA device(s)"
+            raise ConfigError(f"--device {name} asked for, but {have} (valid here: {', '.join(valid_devices())})")
+    return torch.device(name)
+
+
+def valid_devices() -> list[str]:
+    """The ``--device`` values this machine can run on."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ["auto", "cpu", *(["cuda", *(f"cuda:{i}" for i in range(count))] if count else [])]
 
 
 def seed_everything(seed: int) -> None:

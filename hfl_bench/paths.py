@@ -143,6 +143,18 @@ def check_out_dir(folder: str | Path, create: bool = True) -> Path:
     return folder
 
 
+def check_folder_target(folder: str | Path, what: str) -> Path:
+    """Refuse (OutDirError, one line) a folder to write into that is an existing file or lies below
+    one: ``plot --out``, ``leaderboard html OUT``, before anything is read or drawn."""
+    folder = Path(folder)
+    for p in (folder, *folder.parents):  # a relative path's last parent is ".", which exists
+        if p.exists():  # the nearest existing path: a folder, or the file that blocks the way
+            if not p.is_dir():
+                raise OutDirError(f"{what} {folder}: {p} is a file, not a folder")
+            break
+    return folder
+
+
 def _reason(e: OSError) -> str:
     return e.strerror or type(e).__name__
 
@@ -182,8 +194,21 @@ def write_atomic(path: str | Path, data: str | bytes | Callable[[Any], None]) ->
                 f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; records and plots are meant to be shared
+        os.chmod(tmp, shared_mode())  # mkstemp creates 0600; a file made by open() would get this
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def shared_mode() -> int:
+    """The mode ``open()`` gives a new file: 0o666 less the process umask (0o644 under the usual
+    022, 0o600 under 077). Read from /proc on Linux: setting the umask to read it (the only portable
+    way) would race with other threads creating files."""
+    try:
+        with open("/proc/self/status") as f:
+            mask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return 0o666 & ~mask

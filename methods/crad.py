@@ -21,6 +21,7 @@ clamped at 0.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,9 @@ from hfl_bench.families.peer_kd import peer_kd_round
 from hfl_bench.method_api import ConfigError, Method, MethodCard, RoundView, derive_seed, param, register_method
 from hfl_bench.registry import AGGREGATORS, RegistryError
 
+# The largest Laplace draw below is 52 ln 2 / epsilon (|log1p(-2|u|)| for a float64 uniform u of 53
+# bits); the noisy counts are float32, so a smaller epsilon makes them infinite.
+DP_EPSILON_MIN = 52 * math.log(2) / float(torch.finfo(torch.float32).max)
 CITATION = "Class-wise Reliability-Aware Distillation for Decentralized Heterogeneous FL, arXiv 2609.00446"
 COMMON_NOTES = (
     "temperature T=2 (paper silent)",
@@ -69,6 +73,9 @@ class PeerKD(Method):
             raise ConfigError(str(e)) from None
         if self.params.dp_epsilon is not None and self.params.dp_epsilon <= 0:
             raise ConfigError(f"dp_epsilon must be > 0, got {self.params.dp_epsilon}")
+        if self.params.dp_epsilon is not None and self.params.dp_epsilon < DP_EPSILON_MIN:
+            raise ConfigError(f"dp_epsilon must be >= {DP_EPSILON_MIN:.2g}, got {self.params.dp_epsilon}: noise of "
+                              "scale 1/epsilon beyond that overflows the float32 counts (the run would diverge)")
         if not 0 <= self.params.lam <= 1:
             raise ConfigError(f"lam must be in [0, 1], got {self.params.lam}")
 

@@ -3,13 +3,20 @@ folder) and ``cifar10-jpg`` (CIFAR-10 as JPEG files).
 
 Layout: ``<root>/train/<class>/<image>`` and ``<root>/test/<class>/<image>``, images ending in
 .jpg, .jpeg or .png (any case). The classes are the sorted names of train/'s subfolders and test/
-must have the same ones. Names starting with "." are skipped (``.DS_Store``, macOS's ``._x.jpg``
-resource files, editor checkpoints).
+must have the same ones. Images in subfolders of a class folder, at any depth, belong to that class
+(as torchvision's ImageFolder reads them), in path order. Names starting with "." are skipped
+(``.DS_Store``, macOS's ``._x.jpg`` resource files, editor checkpoints). Symbolic links are
+followed; a loop (a link back to a folder that holds it, or one that never resolves) and a link to
+nothing named like an image are refused naming the link.
 
 Images are decoded once with PIL (converted to RGB, optionally resized, optionally subsampled) and
 the result is kept in a cache file named after the data fingerprint, so a later load only reads
-that file. The fingerprint (``hfl_bench.data``) covers every image file of train/ and test/ plus
-the decoding settings (image size, subsamples and their seed): a changed file or setting is other
+that file. 16-bit PNGs are scaled to 8 bits (0..65535 to 0..255; PIL's own conversion clips grey
+ones to white); a pixel mode that cannot be scaled (floats) is refused. Before decoding, the memory
+the decoded set needs while loading is estimated from the first image and the count, and a set that
+does not fit in the available memory is refused with the hint to set ``image_size`` (or subsample).
+The fingerprint (``hfl_bench.data``) covers every image file of train/ and test/ plus the
+decoding settings (image size, subsamples and their seed): a changed file or setting is other
 data, with a new cache file. Cache folder: ``<root>/.hfl-bench-cache/`` when the root is writable,
 else ``$HFL_BENCH_CACHE``, else ``~/.cache/hfl-bench/imagefolder/``.
 
@@ -40,6 +47,14 @@ CACHE_FOLDER = ".hfl-bench-cache"
 CACHE_ENV = "HFL_BENCH_CACHE"
 CACHE_FORMAT = 1  # bump when the cache file's layout changes (old files are then rebuilt)
 ARRAY_KEYS = ("train_x", "train_y", "test_x", "test_y")
+# Bytes per decoded value at the peak of a load: the uint8 arrays, their float32 copy in [0, 1]
+# (``_unit_range``) and the normalized float32 tensors ``Task.load`` makes from it.
+LOAD_BYTES_PER_VALUE = 1 + 4 + 4
+# Pixel modes PIL converts to RGB without loss of scale (8 bits a channel); 16-bit grey is scaled here.
+EIGHT_BIT_MODES = {"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"}
+SIXTEEN_BIT_GREY = {"I;16", "I;16B", "I;16L", "I;16N", "I"}  # "I": older PIL's 16-bit grey PNG
+TOO_LARGE_HINT = ("set image_size on the task (a subclass of ImageFolderTask) to decode them smaller, or "
+                  "train_subsample / test_subsample to decode fewer")
 
 Split = tuple[list[Path], np.ndarray]  # image files and their labels
 
@@ -68,7 +83,11 @@ class ImageFolderTask(Task):
         return self._with_settings(super().fingerprint(data_dir))
 
     def load(self, data_dir: Path | str | None = None, download: bool = False) -> TaskData:
-        data = super().load(data_dir, download)
+        try:
+            data = super().load(data_dir, download)
+        except MemoryError:  # normalizing copies the decoded set: the estimate left no room
+            raise DatasetError(f"{self.info.name}: not enough memory to load the decoded images; "
+                               f"{TOO_LARGE_HINT}") from None
         return dataclasses.replace(data, fingerprint=self._with_settings(data.fingerprint))
 
     def load_arrays(self, data_dir: Path, download: bool):
@@ -107,11 +126,11 @@ class ImageFolderTask(Task):
         if not (root / "train").is_dir() or not (root / "test").is_dir():
             raise DatasetError(f"{name}: no image folder at {root} (it needs train/ and test/); "
                                f"{self.missing_hint(data_dir)}")
-        classes = _subfolders(root / "train")
+        classes = _subfolders(root / "train", name)
         if len(classes) < 2:
             raise DatasetError(f"{name}: {root / 'train'} holds {len(classes)} class folders; a task needs at least 2 "
                                "(train/<class>/<image>)")
-        test_classes = _subfolders(root / "test")
+        test_classes = _subfolders(root / "test", name)
         if test_classes != classes:
             missing, extra = sorted(set(classes) - set(test_classes)), sorted(set(test_classes) - set(classes))
             raise DatasetError(f"{name}: {root / 'test'} must hold the same class folders as train/: "
@@ -121,39 +140,67 @@ class ImageFolderTask(Task):
     # ----------------------------------------------------------------------- decoding
 
     def _decode(self, splits: dict[str, Split]) -> dict[str, np.ndarray]:
-        """Subsample, then decode the kept images: uint8 N x 3 x H x W and int64 labels."""
-        out: dict[str, np.ndarray] = {}
-        first = None  # (path, shape) of the first image decoded: without image_size, all must match it
+        """Subsample, then decode the kept images: uint8 N x 3 x H x W and int64 labels. The first
+        image tells the size: a set too large for the memory available is refused before the rest."""
+        kept: dict[str, Split] = {}
         for i, (split, keep) in enumerate((("train", self.train_subsample), ("test", self.test_subsample))):
             files, labels = splits[split]
             if keep is not None and keep < len(files):
                 picked = stratified_pick(labels, keep, (self.subsample_seed, i))
                 files, labels = [files[j] for j in picked], labels[picked]
+            kept[split] = files, labels
+        total = sum(len(files) for files, _ in kept.values())
+        out: dict[str, np.ndarray] = {}
+        first = None  # (path, shape) of the first image decoded: without image_size, all must match it
+        for split, (files, labels) in kept.items():
             x = None
             for j, path in enumerate(files):
                 a = self._decode_file(path)
-                first = first or (path, a.shape)
+                if first is None:
+                    first = (path, a.shape)
+                    self._check_memory(total, a.shape)
                 if a.shape != first[1]:
                     raise DatasetError(f"{self.info.name}: images differ in size: {first[0]} is {_size(first[1])}, "
                                        f"{path} is {_size(a.shape)}; set image_size on the task (a subclass of "
                                        "ImageFolderTask) to resize them")
                 if x is None:
-                    x = np.empty((len(files), *a.shape), np.uint8)
+                    x = self._allocate(len(files), a.shape)
                 x[j] = a
             out[f"{split}_x"], out[f"{split}_y"] = x, labels
         return out
 
+    def _check_memory(self, n_images: int, shape: tuple[int, ...]) -> None:
+        need = n_images * int(np.prod(shape)) * LOAD_BYTES_PER_VALUE
+        have = available_memory()
+        if have is not None and need > have:
+            raise DatasetError(f"{self.info.name}: {n_images:,} images of {_size(shape)} need about {_bytes(need)} of "
+                               f"memory to load, {_bytes(have)} is available; {TOO_LARGE_HINT}")
+
+    def _allocate(self, n_images: int, shape: tuple[int, ...]) -> np.ndarray:
+        try:
+            return _allocate(n_images, shape)
+        except MemoryError:
+            raise DatasetError(f"{self.info.name}: not enough memory for {n_images:,} decoded images of "
+                               f"{_size(shape)}; {TOO_LARGE_HINT}") from None
+
     def _decode_file(self, path: Path) -> np.ndarray:
-        """One image as uint8 3 x H x W: RGB, resized to image_size if set."""
+        """One image as uint8 3 x H x W: RGB, 16-bit scaled to 8, resized to image_size if set."""
         from PIL import Image
 
         size = self.image_size
         try:
             with Image.open(path) as image:
+                image = _eight_bit(image)
                 image = image.convert("RGB")  # grey and palette PNGs get 3 channels, alpha is dropped
                 if size is not None and image.size != (size, size):
                     image = image.resize((size, size), Image.Resampling.BILINEAR)
                 return np.asarray(image).transpose(2, 0, 1)
+        except MemoryError:
+            raise DatasetError(f"{self.info.name}: image {path} is too large to decode in the memory available; "
+                               "replace it with a smaller copy") from None
+        except _UnsupportedMode as e:
+            raise DatasetError(f"{self.info.name}: cannot read image {path}: {e}; convert it to 8- or 16-bit "
+                               "grey, RGB or palette") from None
         except Exception as e:  # noqa: BLE001 - untrusted bytes fail in many ways: all are a bad file
             detail = " ".join(str(e).split())
             raise DatasetError(f"{self.info.name}: cannot read image {path} ({type(e).__name__}: {detail}); "
@@ -182,21 +229,75 @@ class ImageFolderTask(Task):
             raise DatasetError(f"{info.name}: {root / 'train'} holds {n} class folders, expected {info.num_classes}")
 
 
-def _subfolders(folder: Path) -> list[str]:
-    with os.scandir(folder) as entries:
-        return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+def _subfolders(folder: Path, task: str) -> list[str]:
+    return [e.name for e, is_dir in _entries(folder, task) if is_dir]
 
 
-def _images(folder: Path) -> list[Path]:
-    # scandir's is_file reads the directory entry: no stat call per image
-    with os.scandir(folder) as entries:
-        names = [e.name for e in entries if e.is_file() and not e.name.startswith(".")
-                 and e.name.lower().endswith(IMAGE_SUFFIXES)]
-    return [folder / n for n in sorted(names)]
+def _entries(folder: Path, task: str) -> list[tuple[os.DirEntry, bool]]:
+    """The folder's entries not named ".*", by name, each with whether it is a folder (links
+    followed); DatasetError naming a link that never resolves (a loop) or a folder that cannot be read."""
+    try:
+        with os.scandir(folder) as it:
+            entries = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+    except OSError as e:
+        raise DatasetError(f"{task}: cannot read folder {folder} ({_reason(e)})") from None
+    try:  # scandir's is_dir reads the directory entry: no stat call per image, except links
+        return [(e, e.is_dir()) for e in entries]
+    except OSError as error:  # ELOOP: a link to itself, or around a circle of links
+        bad = next(e for e in entries if _unresolvable(e))
+        raise DatasetError(f"{task}: {folder / bad.name} is a symbolic link loop ({_reason(error)}); "
+                           "remove or fix the link") from None
+
+
+def _unresolvable(entry: os.DirEntry) -> bool:
+    try:
+        entry.is_dir()
+        return False
+    except OSError:
+        return True
+
+
+def _images(class_folder: Path, task: str) -> list[Path]:
+    """The image files under a class folder at any depth, in path order (a folder's files and
+    subfolders by name, a subfolder's images in its place). A link to a folder that holds it (a
+    loop) and a link named like an image that leads to nothing are refused naming the link."""
+    found: list[Path] = []
+    walk = [(iter(_entries(class_folder, task)), class_folder, {_folder_id(class_folder, task)})]
+    while walk:
+        entries, folder, above = walk[-1]
+        for e, is_dir in entries:
+            if is_dir:
+                path = folder / e.name
+                here = _folder_id(path, task)
+                if here in above:
+                    raise DatasetError(f"{task}: {path} is a symbolic link loop (it leads back to a folder "
+                                       "that holds it); remove the link")
+                walk.append((iter(_entries(path, task)), path, above | {here}))
+                break  # into the subfolder; this folder's entries go on after it
+            if e.name.lower().endswith(IMAGE_SUFFIXES):
+                if not e.is_file():
+                    what = "a symbolic link to nothing" if e.is_symlink() else "not a file"
+                    raise DatasetError(f"{task}: {folder / e.name} is {what}; remove it or put the image there")
+                found.append(folder / e.name)
+        else:
+            walk.pop()
+    return found
+
+
+def _folder_id(folder: Path, task: str) -> tuple[int, int]:
+    try:
+        st = os.stat(folder)
+    except OSError as e:
+        raise DatasetError(f"{task}: cannot read folder {folder} ({_reason(e)})") from None
+    return st.st_dev, st.st_ino
+
+
+def _reason(e: OSError) -> str:
+    return e.strerror or type(e).__name__
 
 
 def _split_files(folder: Path, classes: list[str], task: str) -> Split:
-    per_class = [_images(folder / c) for c in classes]
+    per_class = [_images(folder / c, task) for c in classes]
     if not any(per_class):
         raise DatasetError(f"{task}: no .jpg, .jpeg or .png images under {folder}/<class>/")
     for c, files in zip(classes, per_class):
@@ -204,6 +305,44 @@ def _split_files(folder: Path, classes: list[str], task: str) -> Split:
             raise DatasetError(f"{task}: class folder {folder / c} holds no .jpg, .jpeg or .png images")
     labels = np.concatenate([np.full(len(files), i, np.int64) for i, files in enumerate(per_class)])
     return [p for files in per_class for p in files], labels
+
+
+class _UnsupportedMode(ValueError):
+    pass
+
+
+def _eight_bit(image):
+    """``image`` with 8 bits a channel: 16-bit grey (PIL mode I;16 or I) scaled from 0..65535 to
+    0..255, rounded (PIL's convert would clip it at 255: a white image); 8-bit modes as they are
+    (PIL reads 16-bit RGB PNGs as 8-bit RGB itself); anything else refused."""
+    from PIL import Image
+
+    if image.mode in EIGHT_BIT_MODES:
+        return image
+    if image.mode in SIXTEEN_BIT_GREY:
+        a = np.asarray(image)
+        if a.size and (a.min() < 0 or a.max() > 65535):
+            raise _UnsupportedMode(f"pixel mode {image.mode} with values beyond 16 bits")
+        return Image.fromarray(np.rint(a / 257.0).astype(np.uint8), "L")
+    raise _UnsupportedMode(f"pixel mode {image.mode} cannot be scaled to 8 bits")
+
+
+def _allocate(n_images: int, shape: tuple[int, ...]) -> np.ndarray:
+    return np.empty((n_images, *shape), np.uint8)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation without swapping (psutil), or None if unknown."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - an estimate only: without it, decoding just tries
+        return None
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
 
 
 def _unit_range(x: np.ndarray) -> np.ndarray:
@@ -282,7 +421,9 @@ class ImageFolder(ImageFolderTask):
 
     info = TaskInfo(
         name="imagefolder",
-        version="1.0",
+        # 1.1: images in subfolders of a class folder are read, 16-bit PNGs scaled (1.0 skipped the
+        # first and decoded 16-bit grey as white); the version is in the fingerprint, so no 1.0 cache is reused.
+        version="1.1",
         num_classes=None,  # from the folder, when it is loaded
         input_shape=(),
         source="a local folder in the class-per-subfolder layout (--data-dir): train/<class>/, test/<class>/",

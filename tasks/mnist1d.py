@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from hfl_bench.data import DatasetError, Task, TaskInfo, register_task
+from hfl_bench.paths import shared_mode
 
 # The package's default generation seed; fixed here so a package update cannot change the data.
 SEED = 42
@@ -109,7 +110,7 @@ def _save_cache(path: Path, arrays: dict[str, np.ndarray]) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.chmod(tmp, shared_mode())  # mkstemp creates 0600; the umask decides, as for open()
         os.replace(tmp, path)
     except BaseException as e:
         try:

@@ -21,6 +21,13 @@ import pytest
 
 RUN = ["run", "--task", "digits", "--clients", "4", "--rounds", "1", "-q"]
 
+
+def run_with(flag: str, value: str) -> list[str]:
+    """RUN with its own ``flag`` replaced by ``value`` (a flag given twice is itself refused)."""
+    i = RUN.index(flag)
+    return [*RUN[:i], *RUN[i + 2:], flag, value]
+
+
 # (case id, arguments after `hfl-bench`, files to write first {name: text}, a phrase the line holds)
 CASES = [
     ("lr-nan", [*RUN, "--lr", "nan"], {}, "finite"),
@@ -32,8 +39,8 @@ CASES = [
     ("alpha-zero", [*RUN, "--alpha", "0"], {}, "--alpha must be > 0"),
     ("seed-negative", [*RUN, "--seed", "-1"], {}, "--seed must be in [0, 2^63)"),
     ("seed-too-large", [*RUN, "--seed", str(2**63)], {}, "--seed must be in [0, 2^63)"),
-    ("rounds-zero", [*RUN, "--rounds", "0"], {}, "--rounds must be >= 1"),
-    ("clients-zero", [*RUN, "--clients", "0"], {}, "--clients must be >= 1"),
+    ("rounds-zero", run_with("--rounds", "0"), {}, "--rounds must be >= 1"),
+    ("clients-zero", run_with("--clients", "0"), {}, "--clients must be >= 1"),
     ("local-epochs-zero", [*RUN, "--local-epochs", "0"], {}, "--local-epochs must be >= 1"),
     ("batch-size-one", [*RUN, "--batch-size", "1"], {}, "--batch-size must be >= 2"),
     ("eval-every-zero", [*RUN, "--eval-every", "0"], {}, "--eval-every must be >= 1"),
@@ -52,13 +59,13 @@ CASES = [
     ("param-without-value", [*RUN, "--set", "lam"], {}, "key=value"),
     ("dfml-odd-period", [*RUN, "--method", "dfml", "--set", "period=3"], {}, "period must be an even"),
     ("method-unknown", [*RUN, "--method", "cradd"], {}, "Did you mean 'crad'"),
-    ("task-unknown", [*RUN, "--task", "digitz"], {}, "Did you mean 'digits'"),
+    ("task-unknown", run_with("--task", "digitz"), {}, "Did you mean 'digits'"),
     ("pool-unknown", [*RUN, "--pool", "nosuch"], {}, "unknown architecture pool"),
     ("partition-unknown", [*RUN, "--partition", "nosuch"], {}, "unknown partitioner"),
     ("device-unknown", [*RUN, "--device", "tpu"], {}, "unknown device"),
     ("needs-public-set", [*RUN, "--method", "fedmd"], {}, "--public-size"),
     ("fedavg-mixed-pool", [*RUN, "--method", "fedavg"], {}, "homogeneous pool"),
-    ("too-many-clients", [*RUN, "--clients", "200"], {}, "no validation or local test sample"),
+    ("too-many-clients", run_with("--clients", "200"), {}, "no validation or local test sample"),
     ("yaml-rounds-list", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "rounds: [1, 2]\n"}, "'rounds' must be"),
     ("yaml-rounds-float", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "rounds: 2.5\n"}, "'rounds' must be"),
     ("yaml-seed-float", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "seed: 1.5\n"}, "'seed' must be"),

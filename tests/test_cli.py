@@ -286,8 +286,9 @@ BAD_RUNS = {
 @pytest.mark.parametrize("case", sorted(BAD_RUNS))
 def test_bad_run_inputs(runner, tmp_path, case):
     args, needles = BAD_RUNS[case]
-    base = ["run", "--task", "digits", "--clients", "3", "--rounds", "1", "--out", str(tmp_path / "runs"), "-q"]
-    result = runner.invoke(app, base + args)
+    base = {"--task": "digits", "--clients": "3", "--rounds": "1", "--out": str(tmp_path / "runs")}
+    base = [arg for flag, value in base.items() if flag not in args for arg in (flag, value)]  # given once
+    result = runner.invoke(app, ["run", *base, "-q", *args])
     _assert_one_clear_line(result, *needles)
     assert not list(tmp_path.rglob("*.json"))  # no record for a rejected run
 

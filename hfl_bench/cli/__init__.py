@@ -30,10 +30,10 @@ def _build_app():
     import typer
 
     from hfl_bench.cli import describe, leaderboard, matrix, partition, plots, plugins, run
-    from hfl_bench.cli.options import UntypedFlagsCommand, UntypedFlagsGroup
+    from hfl_bench.cli.options import BenchCommand, BenchGroup
 
     app = typer.Typer(
-        cls=UntypedFlagsGroup,
+        cls=BenchGroup,
         help="hfl-bench: heterogeneous federated learning benchmarks. Run methods on tasks under one "
         "protocol and write standardized JSON records.",
         no_args_is_help=True,
@@ -50,7 +50,7 @@ def _build_app():
         protocol and write standardized JSON records."""
 
     def command(name: str | None = None):
-        return app.command(name, cls=UntypedFlagsCommand)
+        return app.command(name, cls=BenchCommand)
 
     # In this order in --help.
     command()(run.run)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from hfl_bench.cli.options import UntypedFlagsCommand, UntypedFlagsGroup
+from hfl_bench.cli.options import BenchCommand, BenchGroup
 from hfl_bench.cli.output import err, fail, note, plain, wide_out
 
 # The results layer (and numpy under it) is imported inside each command, so that `hfl-bench
@@ -28,14 +28,14 @@ PATHS_HELP = ("Record files or folders (searched recursively). "
               "\\[default: leaderboards/reproduced and leaderboards/published]")
 
 app = typer.Typer(help="Leaderboards: reproduced runs grouped over seeds, published figures beside them.",
-                  no_args_is_help=True, cls=UntypedFlagsGroup)
+                  no_args_is_help=True, cls=BenchGroup)
 
 
 def _paths(paths: Optional[list[Path]]) -> list[Path]:
     return list(paths) if paths else [d for d in DEFAULT_DIRS if d.exists()]
 
 
-@app.command(cls=UntypedFlagsCommand)
+@app.command(cls=BenchCommand)
 def show(
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
     task: list[str] = typer.Option([], "--task", "-t", help="Only this task (repeatable)."),
@@ -121,7 +121,7 @@ def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
         wide_out().print(to_rich(rank_rows(ranked), columns, title))
 
 
-@app.command(cls=UntypedFlagsCommand)
+@app.command(cls=BenchCommand)
 def validate(
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -155,7 +155,7 @@ def validate(
         raise typer.Exit(1)
 
 
-@app.command(cls=UntypedFlagsCommand)
+@app.command(cls=BenchCommand)
 def html(
     out_dir: Path = typer.Argument(..., help="The folder to write the site into (new, empty, or a site this wrote)."),
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
@@ -167,12 +167,14 @@ def html(
     per-architecture tables) and the record files copied beside them. No server, CDN or network:
     open index.html from disk or put the folder on any static host. Skipped files are listed on
     stderr and on the index page."""
+    from hfl_bench.paths import OutDirError, check_folder_target
     from hfl_bench.results.html import build_site
     from hfl_bench.results.loading import ResultsError
 
     try:
+        check_folder_target(out_dir, "OUT_DIR")
         site = build_site(out_dir, _paths(paths))
-    except ResultsError as e:
+    except (ResultsError, OutDirError) as e:
         fail(str(e))
     for s in site.skipped:
         note("skipped:", s.line())

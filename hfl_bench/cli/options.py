@@ -2,8 +2,8 @@
 
 A run setting's option is made from its ``RunConfig`` field (``with_settings``): the help text,
 the default, the type and the flag names live once, in ``hfl_bench.config``, and ``run``,
-``partition`` and a config file's keys cannot drift apart. ``UntypedFlagsCommand`` and
-``UntypedFlagsGroup`` are the command classes every command is registered with.
+``partition`` and a config file's keys cannot drift apart. ``BenchCommand`` and
+``BenchGroup`` are the command classes every command is registered with.
 """
 
 from __future__ import annotations
@@ -110,10 +110,34 @@ class _FlagsShowNoType:
         return params
 
 
-class UntypedFlagsCommand(_FlagsShowNoType, TyperCommand):
-    """Typer's command, its flags shown without a type (``app.command(cls=UntypedFlagsCommand)``)."""
+class _OneValuePerOption:
+    """Click keeps the last of an option given twice (``--faults a --faults b`` runs ``b``) without a
+    word; a benchmark run must be what its command line says, so a value option given more than once
+    is refused in one line (exit 2). Repeatable options (``--set``, ``--task`` of ``plot``) and flags
+    are not affected."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            _, _, order = self.make_parser(ctx).parse_args(args=list(args))  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a malformed command line: the real parse below reports it
+            order = []
+        seen: set[str] = set()
+        for param in order:
+            if getattr(param, "multiple", True) or getattr(param, "is_flag", True) or getattr(param, "count", False):
+                continue
+            if param.name in seen:
+                from hfl_bench.cli.output import fail
+
+                fail(f"{max(param.opts, key=len)} is given more than once: give it once")
+            seen.add(param.name)
+        return super().parse_args(ctx, args)  # type: ignore[misc]
 
 
-class UntypedFlagsGroup(_FlagsShowNoType, TyperGroup):
-    """Typer's group of commands, its flags shown without a type (``typer.Typer(cls=UntypedFlagsGroup)``)."""
+class BenchCommand(_OneValuePerOption, _FlagsShowNoType, TyperCommand):
+    """Typer's command with the suite's two rules: flags shown without a type, and a value option
+    given at most once (``app.command(cls=BenchCommand)``)."""
+
+
+class BenchGroup(_FlagsShowNoType, TyperGroup):
+    """Typer's group of commands, its flags shown without a type (``typer.Typer(cls=BenchGroup)``)."""
 

@@ -24,11 +24,13 @@ def plot_command(
     caption naming its records and a KIND__TASK.png.sources.json sidecar listing them.
     robustness: the honest clients' global accuracy (mean ± sd over seeds) against fault strength,
     one panel per fault kind, the run without faults at 0."""
+    from hfl_bench.paths import OutDirError, check_folder_target
     from hfl_bench.results.plots import PlotError, make_plots  # here: --help does not load numpy
 
     try:
+        check_folder_target(out_dir, "--out")
         written, skipped = make_plots(kind, inputs, out_dir, tasks, methods)
-    except PlotError as e:
+    except (PlotError, OutDirError) as e:
         fail(str(e))
     if as_json:
         emit_json({"written": [w.as_dict() for w in written], "skipped": [s.as_dict() for s in skipped]})

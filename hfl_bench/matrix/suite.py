@@ -4,6 +4,7 @@ each, so a cell's record path is known before it runs). The format is in the pac
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -135,7 +136,8 @@ def _faults(specs: Any, where: str) -> list[Optional[str]]:
 
 
 def _no_duplicates(items: list, key: str, where: str) -> None:
-    repeated = sorted({str(x) for x in items if items.count(x) > 1})
+    counts = Counter(items)  # linear: a long list costs no quadratic scan
+    repeated = sorted({str(x) for x, n in counts.items() if n > 1})
     if repeated:
         raise ConfigError(f"{where}: {key} lists {', '.join(repeated)} more than once")
 
@@ -151,6 +153,7 @@ def _settings(values: Any, where: str, faults_axis: bool = False) -> dict[str, A
                     else f"the suite's {axis}s list")
             raise ConfigError(f"{where}: {axis!r} is set by {hint}, not here")
     _check_keys(values, SETTING_KEYS, where)
+    config_mod.empty_faults_as_none(values)
     params = values.get("method_params")
     if params is not None and not isinstance(params, dict):
         raise ConfigError(f"{where}: method_params must be a mapping, got {params!r}")
