@@ -213,7 +213,8 @@ def main() -> None:
             print(f"digits crad {name:12s} (k={every}): {d['round_s']:.3f} s/round, training {d['training_s']:.3f}, "
                   f"evaluation {d['evaluation_s']:.3f}; selected round {d['selected']['round']} "
                   f"{d['selected']['global_acc']}%", flush=True)
-    plans = [] if args.only_digits else [("default", EVAL_EVERY, args.rounds), ("every round", 1, args.every_round_rounds)]
+    plans = [] if args.only_digits else [("default", EVAL_EVERY, args.rounds),
+                                         ("every round", 1, args.every_round_rounds)]
     for name, every, rounds in plans:
         results[name] = measure(args.data, every, rounds)
         r = results[name]

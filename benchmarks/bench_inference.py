@@ -59,11 +59,13 @@ def options(model: torch.nn.Module, x: torch.Tensor) -> dict:
         f"inference_mode, chunk {base_chunk}": lambda: run_chunks(model, x, base_chunk, torch.inference_mode),
     }
     for chunk in sorted({256, 1024, 4096} - {base_chunk}):
-        opts[f"inference_mode, chunk {chunk}"] = (lambda c: lambda: run_chunks(model, x, c, torch.inference_mode))(chunk)
+        opts[f"inference_mode, chunk {chunk}"] = (
+            lambda c: lambda: run_chunks(model, x, c, torch.inference_mode))(chunk)
     if x.dim() == 4:
         xl = x.contiguous(memory_format=torch.channels_last)
         m_cl = _copy(model).to(memory_format=torch.channels_last)
-        opts[f"channels-last, inference_mode, chunk {base_chunk}"] = lambda: run_chunks(m_cl, xl, base_chunk, torch.inference_mode)
+        opts[f"channels-last, inference_mode, chunk {base_chunk}"] = (
+            lambda: run_chunks(m_cl, xl, base_chunk, torch.inference_mode))
     try:
         with torch.no_grad():
             frozen = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(_copy(model), x[:base_chunk])))

@@ -66,7 +66,8 @@ def measure(args) -> dict:
               f"{stacked * 1e3:.1f} ms, lockstep speed-up {loop / stacked:.2f}x", flush=True)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": str(device),
-            "gpu": gpu, "torch": torch.__version__, "args": {**vars(args), "out": portable_path(args.out, "<out file>")}, "rows": rows}
+            "gpu": gpu, "torch": torch.__version__,
+            "args": {**vars(args), "out": portable_path(args.out, "<out file>")}, "rows": rows}
 
 
 def main() -> None:

@@ -39,7 +39,6 @@ Global test accuracy is in the summary for the reader and is never read by the r
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import json
 import math
@@ -190,8 +189,9 @@ def choose(rows: list[dict]) -> dict | None:
 def report(tasks: tuple[str, ...], data_dir: str | None) -> dict:
     old = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
     summary: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                     "rule": {"study_rounds": {t: r for t, (_, r) in STUDIES.items()}, "seed": SEED, "min_val": MIN_VAL, "min_steps": MIN_STEPS,
-                              "max_steps": MAX_STEPS, "smooth": SMOOTH, "tolerance": TOLERANCE, "tie": TIE},
+                     "rule": {"study_rounds": {t: r for t, (_, r) in STUDIES.items()}, "seed": SEED, "min_val": MIN_VAL,
+                              "min_steps": MIN_STEPS, "max_steps": MAX_STEPS, "smooth": SMOOTH, "tolerance": TOLERANCE,
+                              "tie": TIE},
                      "tasks": dict(old.get("tasks", {}))}  # a task not reported now keeps its summary
     for task in tasks:
         grid = STUDIES[task][0]

@@ -283,8 +283,9 @@ class KDProbe:
         return {"teacher": teach, "targets": tgt}
 
     def after(self, fed, cids, plans, targets, T, losses, pre):
-        from hfl_bench.training import kd_loss
         import torch.nn.functional as F
+
+        from hfl_bench.training import kd_loss
         fit = {"kd_after_eval": {}, "kd_after_batchstat": {}, "ce_after_eval": {}, "train_loss": {}}
         for i, loss in zip(cids, losses):
             fit["train_loss"][i] = float(loss)

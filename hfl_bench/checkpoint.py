@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from hfl_bench.config import ConfigError, config_hash
-
 from hfl_bench.federation import RoundMetrics
 from hfl_bench.paths import write_atomic
 
@@ -407,7 +406,8 @@ def read(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint not found: {path}") from None
     except Exception as e:  # truncated, foreign or unsafe file: torch raises several kinds
         raise CheckpointError(f"cannot read checkpoint {path} ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''}); delete it or rerun without --resume") from None
+                              f"{str(e).splitlines()[0] if str(e) else ''}); "
+                              "delete it or rerun without --resume") from None
     if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(f"{path} is not an hfl-bench checkpoint")
     return state

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-
 SEED_LIMIT = 2**63  # seeds are in [0, 2^63): torch and the seed derivation take 63-bit integers
 
 
@@ -189,7 +188,8 @@ def validate(cfg: RunConfig) -> None:
         (cfg.momentum is None or 0 <= cfg.momentum < 1, f"momentum must be in [0, 1), got {cfg.momentum}"),
         (cfg.weight_decay is None or cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}"),
         (cfg.grad_clip >= 0, f"grad_clip must be >= 0 (0 disables clipping), got {cfg.grad_clip}"),
-        (cfg.heldout_fraction is None or 0 <= cfg.heldout_fraction < 1, f"heldout_fraction must be in [0, 1), got {cfg.heldout_fraction}"),
+        (cfg.heldout_fraction is None or 0 <= cfg.heldout_fraction < 1,
+         f"heldout_fraction must be in [0, 1), got {cfg.heldout_fraction}"),
         (cfg.public_size >= 0, f"--public-size must be >= 0, got {cfg.public_size}"),
         (cfg.recipient_fraction is None or 0 <= cfg.recipient_fraction <= 1,
          f"--recipient-fraction must be in [0, 1], got {cfg.recipient_fraction}"),

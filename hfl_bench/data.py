@@ -38,8 +38,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from hfl_bench.paths import write_atomic
 from hfl_bench.errors import DatasetError  # noqa: F401  (re-exported: tasks raise it)
+from hfl_bench.paths import write_atomic
 from hfl_bench.registry import TASKS
 
 DATA_DIR_ENV = "HFL_BENCH_DATA"

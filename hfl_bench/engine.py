@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch import nn
 
 from hfl_bench import checkpoint as ckpt
 from hfl_bench import config as config_mod
@@ -24,10 +23,10 @@ from hfl_bench.data import TaskData, TaskInfo, get_task
 from hfl_bench.evaluation import Evaluator, class_correct, evaluate_global  # noqa: F401 (re-exported)
 from hfl_bench.faults import canonical_config, plan_for
 from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
-from hfl_bench.metering import Channel, Phase, PhaseTimer
+from hfl_bench.metering import Channel, PhaseTimer
+from hfl_bench.method_api import Method, check_card_setting, get_method_class
 from hfl_bench.modalities import ModalityPlan, mask_clients
 from hfl_bench.modalities import plan_for as modality_plan_for
-from hfl_bench.method_api import Method, check_card_setting, get_method_class
 from hfl_bench.partition import Partition, given_partition, make_partition
 from hfl_bench.paths import checkpoint_path
 from hfl_bench.pools import check_pool_for_task, get_pool, seeded_model
@@ -126,8 +125,9 @@ def partition_for(cfg: RunConfig, info: TaskInfo, data: TaskData) -> Partition:
     labels = data.train_y.numpy()
     if data.client_indices is None:
         def draw(n_clients: int) -> Partition:
-            return make_partition(labels, n_clients, cfg.partition, seed=cfg.seed, heldout_fraction=cfg.heldout_fraction,
-                                  public_size=cfg.public_size, alpha=cfg.alpha, k=cfg.classes_per_client)
+            return make_partition(labels, n_clients, cfg.partition, seed=cfg.seed,
+                                  heldout_fraction=cfg.heldout_fraction, public_size=cfg.public_size, alpha=cfg.alpha,
+                                  k=cfg.classes_per_client)
 
         partition = draw(cfg.clients)
         if clients_without_heldout(partition):
@@ -154,7 +154,8 @@ def clients_without_heldout(partition: Partition) -> list[int]:
     return [cid for cid, c in enumerate(partition.clients) if len(c.val) == 0 or len(c.test) == 0]
 
 
-def heldout_message(info: TaskInfo, cfg: RunConfig, partition: Partition, draw: Callable[[int], Partition] | None) -> str:
+def heldout_message(info: TaskInfo, cfg: RunConfig, partition: Partition,
+                    draw: Callable[[int], Partition] | None) -> str:
     """Why the partition cannot be evaluated, and the largest --clients that can (when drawn)."""
     empty = clients_without_heldout(partition)
     first = partition.clients[empty[0]]

@@ -52,8 +52,8 @@ from hfl_bench.checkpoint import load_attrs, pack_attrs
 from hfl_bench.config import ConfigError, param, require_at_least
 from hfl_bench.federation import Client, ClientView, Federation, RoundView
 from hfl_bench.lockstep import train_students
-from hfl_bench.method_card import FIDELITIES, TOPOLOGIES, TRANSFERS, MethodCard, SmokeSettings, card_problems
 from hfl_bench.metering import SERVER, Payload, Phase
+from hfl_bench.method_card import FIDELITIES, TOPOLOGIES, TRANSFERS, MethodCard, SmokeSettings, card_problems
 from hfl_bench.pools import PoolMember, seeded_model
 from hfl_bench.registry import METHODS, RegistryError
 from hfl_bench.training import (
@@ -78,8 +78,9 @@ from hfl_bench.training import (
 
 __all__ = [
     "FIDELITIES", "TOPOLOGIES", "TRANSFERS", "MethodCard", "SmokeSettings", "check_card_setting",
-    "SERVER", "Batch", "Client", "ClientView", "ConfigError", "Diverged", "EpochPlan", "Federation", "Method", "NoParams",
-    "Payload", "Phase", "RoundView", "Targets", "Trainee", "TransferPlan", "batch_targets", "derive_seed", "finite_mean", "fit", "get_method_class", "kd_loss", "make_plan",
+    "SERVER", "Batch", "Client", "ClientView", "ConfigError", "Diverged", "EpochPlan", "Federation", "Method",
+    "NoParams", "Payload", "Phase", "RoundView", "Targets", "Trainee", "TransferPlan", "batch_targets", "derive_seed",
+    "finite_mean", "fit", "get_method_class", "kd_loss", "make_plan",
     "new_model", "param", "predict_logits", "register_method", "require_at_least", "seeded_init", "soft_targets",
     "student_loss", "train_client", "train_students", "transfer_plan",
 ]

@@ -77,7 +77,8 @@ def plan_for(cfg: "RunConfig", info: "TaskInfo") -> ModalityPlan | None:
     do not apply or name no modality of the task."""
     names = tuple(m.name for m in info.modalities)
     if not names:
-        for flag, value in (("--recipient-fraction", cfg.recipient_fraction), ("--missing-modality", cfg.missing_modality)):
+        for flag, value in (("--recipient-fraction", cfg.recipient_fraction),
+                            ("--missing-modality", cfg.missing_modality)):
             if value is not None:
                 raise ConfigError(f"{flag} applies to multimodal tasks only; task {info.name} has one modality")
         return None

@@ -1,6 +1,8 @@
 """Built-in method plugins, one module per method family (installed as ``hfl_bench.methods``)."""
 
 # Importing a module runs its @register_method decorators; the entry point loads this package.
+# The import order is the registration order, kept as written: not for import sorting.
+# isort: skip_file
 from hfl_bench.methods import crad, dfml, fedavg, fedmkd, fedsocket, fml, local  # noqa: F401
 from hfl_bench.methods import fedcc, msfkd  # noqa: F401
 from hfl_bench.methods import fedgd, fedmd  # noqa: F401

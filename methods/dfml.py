@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,7 +54,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl_bench.method_api import (
-    ConfigError, Method, MethodCard, Payload, Phase, RoundView, SmokeSettings, Trainee, derive_seed, fit, make_plan, param, register_method,
+    ConfigError,
+    Method,
+    MethodCard,
+    Payload,
+    Phase,
+    RoundView,
+    SmokeSettings,
+    Trainee,
+    derive_seed,
+    fit,
+    make_plan,
+    param,
+    register_method,
 )
 
 BETA_FLOOR = 1e-8  # smallest class proportion entering log beta (absent classes)

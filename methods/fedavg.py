@@ -9,7 +9,15 @@ from __future__ import annotations
 import torch
 
 from hfl_bench.method_api import (
-    SERVER, Method, MethodCard, Payload, RoundView, SmokeSettings, make_plan, register_method, train_students,
+    SERVER,
+    Method,
+    MethodCard,
+    Payload,
+    RoundView,
+    SmokeSettings,
+    make_plan,
+    register_method,
+    train_students,
 )
 
 

@@ -57,11 +57,11 @@ from torch import nn
 
 from hfl_bench.families.transfer import broadcast, train_on_transfer, transfer_logits, upload
 from hfl_bench.method_api import (
-    Payload,
     ConfigError,
     EpochPlan,
     Method,
     MethodCard,
+    Payload,
     Phase,
     RoundView,
     Trainee,
@@ -87,7 +87,8 @@ class FedCCParams:
     adam_lr: float = param(1e-3, "Adam learning rate (paper: 1e-3).")
     tau: float = param(1.0, "Temperature of the uploaded predictions softmax(f / tau) and of the sync KL.")
     lam: float = param(0.2, "Weight lambda of the soft-CE on the pseudo-labeled public set.")
-    delta: float = param(1e-3, "Smoothing of the predictions whose entropies give the weights: (1 - delta) p + delta / C.")
+    delta: float = param(1e-3, "Smoothing of the predictions whose entropies give the weights: "
+                               "(1 - delta) p + delta / C.")
     majority_share: float = param(0.02, "A class is a majority class of a client when its share of the client's "
                                         "training labels is above this.")
     sync_epochs: int = param(1, "Epochs over the public set toward the broadcast soft targets per round.")

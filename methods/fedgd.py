@@ -76,14 +76,14 @@ from hfl_bench.families.fedmd_exchange import (
 from hfl_bench.families.peer_kd import frozen_snapshots
 from hfl_bench.families.transfer import transfer_logits
 from hfl_bench.method_api import (
-    Payload,
-    RoundView,
     SERVER,
     ConfigError,
     Method,
     MethodCard,
-    SmokeSettings,
+    Payload,
     Phase,
+    RoundView,
+    SmokeSettings,
     derive_seed,
     finite_mean,
     param,

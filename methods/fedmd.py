@@ -49,12 +49,12 @@ from hfl_bench.families.fedmd_exchange import (
 )
 from hfl_bench.families.transfer import share_all_to_all, transfer_logits
 from hfl_bench.method_api import (
-    Payload,
     Method,
     MethodCard,
-    SmokeSettings,
+    Payload,
     Phase,
     RoundView,
+    SmokeSettings,
     derive_seed,
     make_plan,
     param,

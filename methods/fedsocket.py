@@ -105,14 +105,14 @@ from hfl_bench.families.shared_predictor import (
     warm_up_private,
 )
 from hfl_bench.method_api import (
-    Payload,
-    RoundView,
     SERVER,
     ConfigError,
     Method,
     MethodCard,
-    SmokeSettings,
+    Payload,
     Phase,
+    RoundView,
+    SmokeSettings,
     Trainee,
     fit,
     make_plan,
@@ -170,7 +170,8 @@ def weighted_kd(student_logits: torch.Tensor, target_probs: torch.Tensor, weight
     return temperature**2 * (weights * kl).mean()
 
 
-def fusion_ce(private_logits: torch.Tensor, q_probs: torch.Tensor, omega: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def fusion_ce(private_logits: torch.Tensor, q_probs: torch.Tensor, omega: torch.Tensor,
+              y: torch.Tensor) -> torch.Tensor:
     """CE of the Joint score; Q's part is a constant, so only Private learns to predict with Q."""
     score = joint_score(F.softmax(private_logits, dim=-1), q_probs, omega)
     return F.nll_loss(torch.log(score.clamp_min(EPS)), y)

@@ -35,13 +35,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl_bench.method_api import (
-    Payload,
-    RoundView,
     SERVER,
     ConfigError,
     Method,
     MethodCard,
+    Payload,
     Phase,
+    RoundView,
     Trainee,
     fit,
     kd_loss,
@@ -158,7 +158,7 @@ class FML(Method):
             avg = fed.channel.send(SERVER, list(range(fed.n_clients)), avg, Payload.PARAMS)
             for meme in self.memes:
                 meme.load_state_dict(avg)
-        return {"train_loss": sum(l for l, _ in losses) / len(losses),
+        return {"train_loss": sum(private for private, _ in losses) / len(losses),
                 "meme_loss": sum(m for _, m in losses) / len(losses)}
 
     def mutual_train(self, fed, cid: int, plan) -> list[float]:

@@ -34,10 +34,10 @@ import torch
 
 from hfl_bench.families.transfer import share_all_to_all, train_on_transfer, transfer_logits
 from hfl_bench.method_api import (
-    Payload,
     ConfigError,
     Method,
     MethodCard,
+    Payload,
     Phase,
     RoundView,
     kd_loss,
@@ -94,7 +94,8 @@ class MSFKD(Method):
         notes=(
             "public set used unlabeled (its labels are never read)",
             "teachers = the other active clients of the round; the student's own prediction is never a candidate; "
-            "fallback when no peer passes tau: the mean of all peers; a round with one active client skips distillation",
+            "fallback when no peer passes tau: the mean of all peers; "
+            "a round with one active client skips distillation",
             "confidence = max softmax(z) at T = 1, recovered by the receiver from the sent p_T (softmax(T log p_T)); "
             "only p_T = softmax(z / T) (M x C float32) is sent, all-to-all among the active clients",
             "targets from the round's predictions of all active clients, computed before any distills; teachers in "

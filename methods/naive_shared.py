@@ -50,14 +50,14 @@ from hfl_bench.families.shared_predictor import (
     warm_up_private,
 )
 from hfl_bench.method_api import (
-    Payload,
-    RoundView,
     SERVER,
     ConfigError,
     Method,
     MethodCard,
-    SmokeSettings,
+    Payload,
     Phase,
+    RoundView,
+    SmokeSettings,
     Trainee,
     fit,
     make_plan,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from hfl_bench import testing
-from hfl_bench.federation import Federation
 from hfl_bench.config import RunConfig
+from hfl_bench.federation import Federation
 from hfl_bench.method_api import Method
 
 

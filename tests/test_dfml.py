@@ -14,10 +14,16 @@ from hfl_bench import engine
 from hfl_bench.cli import app
 from hfl_bench.config import resolve
 from hfl_bench.data import get_task
-from hfl_bench.methods.dfml import (BETA_FLOOR, alpha_at, dfml_loss, draw_aggregator, is_peak,
-                                    log_class_prior, weighted_log_softmax)
+from hfl_bench.methods.dfml import (
+    BETA_FLOOR,
+    alpha_at,
+    dfml_loss,
+    draw_aggregator,
+    is_peak,
+    log_class_prior,
+    weighted_log_softmax,
+)
 from hfl_bench.training import state_bytes
-
 
 
 def _simulation(tiny_cfg, **params) -> engine.Simulation:

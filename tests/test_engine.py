@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from hfl_bench import engine
-from hfl_bench.families import peer_kd as peerkd
 from hfl_bench.aggregation import get_aggregator
 from hfl_bench.config import resolve
 from hfl_bench.data import get_task
+from hfl_bench.families import peer_kd as peerkd
 from hfl_bench.training import make_plan, predict_logits, soft_targets
 
 from helpers import cpu_federation
@@ -32,7 +32,8 @@ def build(cfg, augmentation: str | None = None):
         from hfl_bench.training import train_on_plan
 
         train_on_plan(fed, c, plan)
-    fed.val_correct = torch.round(fed.val_counts * torch.rand(fed.val_counts.shape, generator=torch.Generator().manual_seed(0)))
+    fed.val_correct = torch.round(fed.val_counts * torch.rand(fed.val_counts.shape,
+                                                              generator=torch.Generator().manual_seed(0)))
     return fed
 
 
@@ -164,17 +165,19 @@ def test_vmapped_teachers_equal_looped_teachers(tiny_cfg, rule):
     agg = get_aggregator(rule)
     plans = {i: make_plan(fed, i, 1) for i in active}
     fed.cfg.vmap = "off"
-    looped = peerkd.peer_targets(fed, plans, active, agg, temperature=2.0, counts=fed.val_counts, accs=fed.val_accs()).peer
+    looped = peerkd.peer_targets(fed, plans, active, agg, temperature=2.0, counts=fed.val_counts,
+                                 accs=fed.val_accs()).peer
     fed.cfg.vmap = "on"
     assert fed.use_vmap
-    vmapped = peerkd.peer_targets(fed, plans, active, agg, temperature=2.0, counts=fed.val_counts, accs=fed.val_accs()).peer
+    vmapped = peerkd.peer_targets(fed, plans, active, agg, temperature=2.0, counts=fed.val_counts,
+                                  accs=fed.val_accs()).peer
     for i in active:
         assert torch.allclose(looped[i], vmapped[i], atol=1e-5), f"client {i}"
 
 
 def test_extra_endpoints_are_evaluated_and_recorded(tiny_cfg):
-    from hfl_bench.results import records
     from hfl_bench.methods.local import Local
+    from hfl_bench.results import records
 
     class LocalWithShadow(Local):
         """Local training, plus an endpoint that is client 0's model for everyone."""

@@ -7,13 +7,14 @@ import copy
 
 import pytest
 import torch
-from helpers import ready_method
 
 from hfl_bench import engine, evaluation
 from hfl_bench.config import RunConfig
 from hfl_bench.results import records
 from hfl_bench.testing import QUICK, builtin_methods, smoke_config, tiny_federation
 from hfl_bench.training import predict_logits
+
+from helpers import ready_method
 
 # lr 0.5 makes the validation curve jump, so best rounds fall between test rounds; six rounds,
 # a test every 3 and a one-round final window: test rounds 0, 3 and 6, the others deferred.

@@ -16,14 +16,13 @@ from typer.testing import CliRunner
 from hfl_bench import engine
 from hfl_bench.cli import app
 from hfl_bench.config import ConfigError, RunConfig, config_hash
-from hfl_bench.faults import COUNT_FACTOR, CorruptedModel, FaultPlan, canonical_config, corrupt, parse_faults
 from hfl_bench.families.peer_kd import exchange_snapshots
+from hfl_bench.faults import COUNT_FACTOR, CorruptedModel, FaultPlan, canonical_config, corrupt, parse_faults
 from hfl_bench.metering import SERVER, Payload, payload_bytes
-from hfl_bench.method_api import new_model
+from hfl_bench.method_api import get_method_class, new_model
 from hfl_bench.results import records
 from hfl_bench.results.records import GROUPS_SCHEMA_VERSION, SCHEMA_VERSION, final_figures
 from hfl_bench.results.validation import record_problems
-from hfl_bench.method_api import get_method_class
 from hfl_bench.testing import QUICK, builtin_methods, ready_method, smoke_config, tiny_federation
 from hfl_bench.training import predict_logits
 
@@ -96,7 +95,8 @@ def test_faults_enter_the_config_hash_only_when_set():
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 5))
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                               torch.nn.Linear(16, 5))
 
 
 def test_every_payload_kind_has_a_byzantine_corruption():
@@ -315,7 +315,8 @@ def test_every_method_runs_under_every_fault_kind(method, faults, validator):
     # the honest clients' per-round figures: the selected round's is the headline, the last ones the final
     selected = record["history"][record["selection"]["round"]]
     assert selected["honest"]["global_acc"] == pytest.approx(honest["global_acc"], abs=1e-3)
-    assert {"honest", "faulty"} <= set(record["history"][-1]) and honest["final"] == final_figures(record["history"], "honest")
+    assert {"honest", "faulty"} <= set(record["history"][-1])
+    assert honest["final"] == final_figures(record["history"], "honest")
     assert record["faults"]["baseline_config_hash"] == config_hash(dict(record["config"], faults=""))
     assert not record_problems(json.loads(json.dumps(record)), validator)
 

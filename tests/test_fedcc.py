@@ -12,11 +12,16 @@ import torch
 from torch import nn
 
 from hfl_bench import engine
-from hfl_bench.federation import Federation
 from hfl_bench.config import RunConfig
+from hfl_bench.federation import Federation
 from hfl_bench.metering import SERVER
 from hfl_bench.methods.fedcc import (
-    ConfidenceEnsemble, FedCC, KnownClasses, aggregate_predictions, majority_classes, pseudo_label_weights,
+    ConfidenceEnsemble,
+    FedCC,
+    KnownClasses,
+    aggregate_predictions,
+    majority_classes,
+    pseudo_label_weights,
     pseudo_labels,
 )
 from hfl_bench.training import predict_logits

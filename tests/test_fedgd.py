@@ -10,6 +10,7 @@ from torch import nn
 
 from hfl_bench.config import ConfigError
 from hfl_bench.data import get_task
+from hfl_bench.metering import SERVER
 from hfl_bench.methods.fedgd import (
     BNStats,
     FedGD,
@@ -20,7 +21,6 @@ from hfl_bench.methods.fedgd import (
     synthesize,
     train_generator,
 )
-from hfl_bench.metering import SERVER
 from hfl_bench.pools import PoolMember, build_model
 from hfl_bench.training import state_bytes
 

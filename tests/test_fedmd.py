@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 from hfl_bench.cli import app
 from hfl_bench.config import ConfigError
 from hfl_bench.families.fedmd_exchange import consensus, digest, make_digest_optimizers
+from hfl_bench.families.transfer import transfer_logits
 from hfl_bench.methods.fedmd import FedMD, FedMDParams
 from hfl_bench.training import predict_logits
-from hfl_bench.families.transfer import transfer_logits
 
 from helpers import cpu_federation, ready_method, record_sends
 

@@ -20,7 +20,6 @@ from hfl_bench.training import make_plan, predict_logits, state_bytes, train_on_
 from helpers import cpu_federation, ready_method
 
 
-
 def build(cfg, augmentation: str | None = None, warm: bool = False):
     fed = cpu_federation(cfg)
     if augmentation:

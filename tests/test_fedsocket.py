@@ -5,7 +5,6 @@ setting is in test_fedsocket_multimodal.py."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -17,7 +16,6 @@ from hfl_bench.families import shared_predictor as sp
 from hfl_bench.metering import payload_bytes
 from hfl_bench.results.records import build_record
 from hfl_bench.training import state_bytes
-
 
 
 def test_cli_run_writes_a_valid_record_with_three_endpoints(run_record):

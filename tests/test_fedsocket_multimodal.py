@@ -129,7 +129,8 @@ def test_features_of_a_missing_modality_are_absent_never_computed(fed):
             assert spy.rows == {"image": len(local), "signal": 0}
         donor = next(k for k in range(fed.n_clients) if k not in fed.recipients)
         spy.reset()
-        assert torch.isfinite(predict_logits(method.q_predictors[donor], fed.data.train_x[fed.clients[donor].test_idx])).all()
+        assert torch.isfinite(predict_logits(method.q_predictors[donor],
+                                             fed.data.train_x[fed.clients[donor].test_idx])).all()
         assert spy.rows["signal"] == spy.rows["image"] > 0
     finally:
         spy.close()

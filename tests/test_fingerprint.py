@@ -10,11 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_pfl_npz import make_folder, save_like_pfllib
 
 from hfl_bench import data as data_mod
 from hfl_bench.data import FINGERPRINT_CACHE, RACY_NS, get_task
 from hfl_bench.tasks.pfl_npz import read_client_file
+
+from test_pfl_npz import make_folder, save_like_pfllib
 
 
 def age(root: Path, seconds: float = 3600) -> None:

@@ -3,7 +3,6 @@ average and broadcast, metering, the mutual losses, and the meme architecture ch
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,7 +15,6 @@ from hfl_bench.methods.fml import FML, FMLParams, mutual_losses
 from hfl_bench.training import make_plan, state_bytes, train_on_plan
 
 from helpers import cpu_federation, ready_method
-
 
 
 def build(cfg):

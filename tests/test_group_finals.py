@@ -17,6 +17,7 @@ import pytest
 from hfl_bench.results.plots import headline_curve, make_plots
 from hfl_bench.results.records import build_record, final_figures, load_schema, strict_record
 from hfl_bench.results.validation import record_problems, schema_validator
+
 from test_fault_views import show, write
 from test_modality_views import fake_result, mm_record, real, section  # noqa: F401 (real: a fixture)
 
@@ -51,7 +52,7 @@ def test_schema_1_5_is_1_4_plus_the_groups_per_round_and_final_figures():
 
 
 @pytest.mark.parametrize("reference", [True, False], ids=["jsonschema", "subset"])
-def test_a_1_5_record_validates_and_a_bad_group_figure_is_named(real, reference):
+def test_a_1_5_record_validates_and_a_bad_group_figure_is_named(real, reference):  # noqa: F811 (real: the imported fixture)
     validator = schema_validator(reference=reference)
     good = with_groups(mm_record(real, 0, "fedsocket", 70.0, 60.0, 80.0))
     assert record_problems(good, validator) == []
@@ -79,7 +80,7 @@ def test_build_record_gives_each_group_its_final_figures_from_its_history():
 
 
 @pytest.fixture(scope="module")
-def folder(real, tmp_path_factory):
+def folder(real, tmp_path_factory):  # noqa: F811 (real: the imported fixture)
     """fedsocket seeds 0 and 1 as 1.5 (final: recipients 50 / 52, all 60 / 62); local seed 0 as 1.4."""
     rs = [with_groups(mm_record(real, s, "fedsocket", 70.0, 60.0, 80.0), shift=2.0 * s) for s in (0, 1)]
     local = mm_record(real, 0, "local", 75.0, 50.0, 100.0)  # as written before 1.5: only all clients' final
@@ -101,13 +102,13 @@ def test_the_final_figure_beside_a_group_headline_is_the_same_clients(folder):
     assert rows[("reproduced", "local")]["final_global_mean"] == ""
 
     lines = show(str(folder), "--format", "markdown").splitlines()
-    header = [c.strip() for c in next(l for l in lines if l.startswith("| method")).split("|")]
+    header = [c.strip() for c in next(line for line in lines if line.startswith("| method")).split("|")]
     at = header.index("final global")
 
     def final_of(start: str) -> str:
-        return next(l for l in lines if l.startswith(f"| {start}")).split("|")[at].strip()
+        return next(line for line in lines if line.startswith(f"| {start}")).split("|")[at].strip()
     assert final_of("fedsocket").startswith("51.00") and final_of("local") == "-"
-    all_rows = [l.split("|")[at].strip() for l in lines if "↳ all clients" in l]
+    all_rows = [line.split("|")[at].strip() for line in lines if "↳ all clients" in line]
     assert all_rows[0].startswith("61.00") and all_rows[1] != "-"  # the 1.4 record keeps its all-clients final
 
 
@@ -119,7 +120,8 @@ def test_curves_draw_the_recipients_and_leave_out_a_record_without_them(folder, 
     assert [g["method"] for g in sources["groups"]] == ["fedsocket"]
     assert sources["details"]["y_axis"] == "global accuracy (%), recipients clients (the headline)"
     reasons = [s.reason for s in skipped if "local" in s.path]
-    assert reasons == ["curves: no per-round recipients figures in history (the headline's; written from schema 1.5 on)"]
+    assert reasons == ["curves: no per-round recipients figures in history "
+                       "(the headline's; written from schema 1.5 on)"]
 
     written, _ = make_plots("bytes", [folder], tmp_path / "plots")
     details = json.loads(written[0].sources.read_text())["details"]

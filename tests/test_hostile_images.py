@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import invoke_cli
-from test_imagefolder import CLASSES, first_pixels, write_folder, write_image
 
 from hfl_bench.data import DatasetError, get_task
 from hfl_bench.tasks import imagefolder
+
+from helpers import invoke_cli
+from test_imagefolder import CLASSES, first_pixels, write_folder, write_image
 
 Image = pytest.importorskip("PIL.Image")
 
@@ -166,7 +167,8 @@ def test_a_symbolic_link_loop_is_one_line(make_loop, tmp_path):
     write_folder(tmp_path)
     cat = tmp_path / "train" / "cat"
     link = {"image-to-itself": cat / "loop.png", "subfolder-to-its-class": cat / "again",
-            "class-to-itself": tmp_path / "train" / "zebra", "class-to-the-root": tmp_path / "train" / "zebra"}[make_loop]
+            "class-to-itself": tmp_path / "train" / "zebra",
+            "class-to-the-root": tmp_path / "train" / "zebra"}[make_loop]
     target = {"image-to-itself": "loop.png", "subfolder-to-its-class": ".", "class-to-itself": "zebra",
               "class-to-the-root": "../.."}[make_loop]
     link.symlink_to(target)

@@ -234,7 +234,8 @@ def test_checkpoints_follow_the_umask(tmp_path, umask):
     from hfl_bench.engine import Simulation, load_task
     from hfl_bench.testing import QUICK
 
-    _, cfg = load_task(RunConfig(task="digits", method="local", clients=3, rounds=2, seed=0, out=str(tmp_path), **QUICK))
+    _, cfg = load_task(RunConfig(task="digits", method="local", clients=3, rounds=2, seed=0, out=str(tmp_path),
+                                 **QUICK))
     sim = Simulation(cfg)
     umask(0o027)
     sim.save_checkpoint(tmp_path / "c.pt")

@@ -70,7 +70,8 @@ def records(tmp_path_factory) -> Path:
     for f in REPRODUCED + [PUBLISHED]:
         (folder / f.name).write_text(f.read_text())
     (folder / "hostile run.json").write_text(json.dumps(_hostile_run()))
-    (folder / "zz__published_digits.json").write_text(json.dumps(_hostile_published(json.loads(REPRODUCED[0].read_text()))))
+    (folder / "zz__published_digits.json").write_text(
+        json.dumps(_hostile_published(json.loads(REPRODUCED[0].read_text()))))
     (folder / "not_a_record.json").write_text(json.dumps({"hello": "<b>world</b>"}))
     return folder
 

@@ -6,7 +6,6 @@ refused in one line."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 from pathlib import Path
 

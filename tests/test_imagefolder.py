@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import invoke_cli
 
 from hfl_bench.data import DatasetError, get_task
 from hfl_bench.tasks.imagefolder import CACHE_ENV, CACHE_FOLDER, CIFAR10JPG, ImageFolder, stratified_pick
 from hfl_bench.testing import run_record
+
+from helpers import invoke_cli
 
 Image = pytest.importorskip("PIL.Image")
 

@@ -452,7 +452,8 @@ def test_the_built_in_validator_agrees_with_jsonschema(real_record):
 
     # each record against the schema of its own schema_version (1.0 records stay valid under 1.1)
     reference, subset = VersionedValidator(jsonschema.Draft202012Validator), VersionedValidator(SubsetValidator)
-    shipped = [json.loads(p.read_text()) for p in [*REPRODUCED.rglob("*.json"), *ARCHIVE.rglob("*.json"), *PUBLISHED.glob("*.json")]]
+    shipped = [json.loads(p.read_text())
+               for p in [*REPRODUCED.rglob("*.json"), *ARCHIVE.rglob("*.json"), *PUBLISHED.glob("*.json")]]
     for name, record in [*_mutations(real_record), *((f"shipped {i}", r) for i, r in enumerate(shipped))]:
         expected = not list(reference.iter_errors(record))
         assert subset.is_valid(record) == expected, (name, [e.message for e in reference.iter_errors(record)])

@@ -8,11 +8,12 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from helpers import cpu_federation
 
 from hfl_bench import lockstep
 from hfl_bench.config import ConfigError, RunConfig, config_hash, resolve
 from hfl_bench.training import make_plan
+
+from helpers import cpu_federation
 
 # Six clients of the CPU pool: two of each architecture (MLP, plain CNN with max-pool, ResNet
 # with BatchNorm), Dirichlet shards of different sizes, so batch counts and last batches differ.
@@ -111,6 +112,7 @@ def test_lockstep_continues_from_existing_momentum_without_targets():
 
 def test_a_peer_kd_round_in_lockstep_matches_the_loop():
     from hfl_bench.method_api import get_method_class
+
     from helpers import ready_method
 
     fed = cpu_federation(RunConfig(**SKEWED, method="crad"))

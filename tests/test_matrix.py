@@ -134,9 +134,11 @@ def test_the_faults_axis(tmp_path):
     assert len({c.record_path() for c in cells}) == 12
     assert "faults byzantine:0.2/random" in cells[4].label and "faults" not in cells[0].label
     bad = [({"faults": []}, "faults must be a non-empty list"),
-           ({"faults": ["byzantine:0.2", "byzantine:0.2/random"]}, "faults lists byzantine:0.2/random more than once"),
+           ({"faults": ["byzantine:0.2", "byzantine:0.2/random"]},
+            "faults lists byzantine:0.2/random more than once"),
            ({"faults": ["byzantine:2"]}, "fraction of faulty clients must be in (0, 1]"),
-           ({"faults": ["none"], "settings": {"faults": "byzantine:0.2"}}, "'faults' is set by the suite's faults list"),
+           ({"faults": ["none"], "settings": {"faults": "byzantine:0.2"}},
+            "'faults' is set by the suite's faults list"),
            ({"faults": ["none"], "method_overrides": {"local": {"faults": "none"}}}, "set by the suite's faults list")]
     for extra, message in bad:
         with pytest.raises(ConfigError, match=re.escape(message)):
@@ -184,7 +186,8 @@ def test_shipped_suites_parse(name):
         assert suite.tasks == ["digits-mnist1d"] and suite.seeds == [0, 1, 2]
         able = {m for m in registered if METHODS.get(m).card.missing_modalities}
         assert set(suite.methods) == able
-        assert {(c.cfg.recipient_fraction, c.cfg.missing_modality, c.cfg.pool) for c in cells} == {(0.5, "signal", "cpu-mm")}
+        assert ({(c.cfg.recipient_fraction, c.cfg.missing_modality, c.cfg.pool) for c in cells}
+                == {(0.5, "signal", "cpu-mm")})
     elif name == "robustness":
         assert suite.out == "leaderboards/reproduced/robustness" and suite.seeds == [0, 1, 2]
         assert suite.tasks == ["digits"] and len(cells) == 105

@@ -1,7 +1,8 @@
 """No finished run lost, no cell stopping the others, no record outside --out, no record of other
 data taken for this one: ``run`` and ``matrix`` under a bad --out, a full disk (an OSError(ENOSPC)
 from the writer, in process), a record with NaN in it, a suite that names ``x/../../elsewhere``
-and a finished record of other data or of another method version. (Ctrl-C and a killed driver: tests/test_interrupts.py.)
+and a finished record of other data or of another method version. (Ctrl-C and a killed driver:
+tests/test_interrupts.py.)
 
 Unwritable folders are made with a path under a regular file (``--out somefile/sub``) and by
 monkeypatching the writer, not with chmod: as root, permission bits do not stop writes."""
@@ -188,7 +189,8 @@ def test_matrix_cells_are_isolated(tmp_path, monkeypatch, unsaved):
     assert result.exit_code == 1, (result.exception, stdout, stderr)
     rows = {r["seed"]: r for r in json.loads(stdout)["cells"]}
     assert [rows[s]["status"] for s in (0, 1, 2, 3)] == ["ok", "failed", "failed", "ok"]
-    assert rows[1]["error"].startswith("record could not be written to ") and "nor to a fallback folder" in rows[1]["error"]
+    assert rows[1]["error"].startswith("record could not be written to ")
+    assert "nor to a fallback folder" in rows[1]["error"]
     assert rows[1]["record"] is None
     assert "non-finite" in rows[2]["error"] and "metrics/local_acc" in rows[2]["error"]
     failed = json.loads(Path(rows[2]["record"]).read_text())
@@ -221,7 +223,8 @@ def test_a_failed_record_never_replaces_a_finished_one(tmp_path):
     ok = dict(records.build_failed_record(cfg, "x"), status="ok", error=None)
     path = records.write_record(ok, tmp_path)
     saved = records.save_record(records.build_failed_record(cfg, "boom"), tmp_path, keep_final=True)
-    assert saved.path is None and saved.problem.startswith("not written: the finished record") and "was kept" in saved.problem
+    assert saved.path is None and saved.problem.startswith("not written: the finished record")
+    assert "was kept" in saved.problem
     assert json.loads(path.read_text())["status"] == "ok"
 
 

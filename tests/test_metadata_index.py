@@ -184,7 +184,8 @@ def test_output_identical_with_and_without_the_index(built):
     by_args = {" ".join(args): r for args, r in zip(COMMANDS, indexed["results"])}
     assert by_args["describe nosuch"][0] == 2 and "is no method" in by_args["describe nosuch"][2]
     assert "Did you mean 'crad'?" in by_args["describe cra --kind methods"][2]
-    assert by_args["list pools --task nosuch"][0] == 2 and "unknown task 'nosuch'" in by_args["list pools --task nosuch"][2]
+    assert by_args["list pools --task nosuch"][0] == 2
+    assert "unknown task 'nosuch'" in by_args["list pools --task nosuch"][2]
     assert "is also in aggregators" in by_args["describe crad"][2]
     assert json.loads(by_args["describe index-demo --json"][1])["hyperparameters"][0]["name"] == "lam"
     pools = json.loads(by_args["list pools --json"][1])
@@ -250,11 +251,10 @@ def test_a_stale_index_is_never_shown(tmp_path):
 
 
 def test_the_key_watches_built_in_sources():
-    import hfl_bench.methods.crad
-    import hfl_bench.tasks.digits
-
     import hfl_bench.cli.catalog
+    import hfl_bench.methods.crad
     import hfl_bench.pools
+    import hfl_bench.tasks.digits
 
     files = {Path(f[0]).resolve() for f in metadata_index._key_parts()["files"]}
     for module in (hfl_bench.methods.crad, hfl_bench.tasks.digits, hfl_bench.pools, hfl_bench.cli.catalog):

@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from hfl_bench import engine
-from hfl_bench.results import records
 from hfl_bench.config import RunConfig
+from hfl_bench.results import records
 from hfl_bench.testing import builtin_methods, smoke_config
 
 PIN_FILE = Path(__file__).parent / "pins" / "methods.json"
@@ -60,7 +60,8 @@ def pinned_view(record: dict) -> dict:
     # A client group's per-round and final figures (schema 1.5) are views of the same models as the
     # pinned all-client history and selected-round figures, as metrics.final is a mean over the
     # pinned history: pinning them again would add nothing and would read as a numerics change.
-    history = [{k: v for k, v in entry.items() if k not in ("seconds", "phases", *GROUPS)} for entry in record["history"]]
+    history = [{k: v for k, v in entry.items() if k not in ("seconds", "phases", *GROUPS)}
+               for entry in record["history"]]
     metrics = None
     if record["metrics"]:
         metrics = {k: ({f: x for f, x in v.items() if f != "final"} if k in GROUPS else v)
@@ -162,7 +163,8 @@ def test_another_cpus_rounding_stands_and_a_numerics_change_does_not():
     pinned = {"method_version": "1.0", "selection": {"round": 3}, "bytes_total": 1000,
               "metrics": {"per_class_global_acc": [77.7778, 25.0], "per_arch_global_acc": {"cnn_small": 35.9331}},
               "history": [{"train_loss": 0.9558, "alpha_mean": 0.1058, "local_acc": 75.6226}]}
-    noisy = {**pinned, "metrics": {"per_class_global_acc": [78.4722, 24.2857], "per_arch_global_acc": {"cnn_small": 35.6546}},
+    noisy = {**pinned,
+             "metrics": {"per_class_global_acc": [78.4722, 24.2857], "per_arch_global_acc": {"cnn_small": 35.6546}},
              "history": [{"train_loss": 0.9552, "alpha_mean": 0.106, "local_acc": 76.2983}]}
     assert pin_problem("fedcc", pinned, noisy, tolerant=True) is None
     assert "not bit for bit" in pin_problem("crad", pinned, noisy)  # an exact case stays exact

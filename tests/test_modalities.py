@@ -141,7 +141,7 @@ def test_bad_modality_flag_on_the_command_line_is_one_line_and_exit_2(tmp_path):
                            "--missing-modality", "audio", "--rounds", "1", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "audio" in lines[0] and "image, signal" in lines[0]
 
 

@@ -29,6 +29,7 @@ from hfl_bench.results.board import build_board
 from hfl_bench.results.loading import load_records
 from hfl_bench.results.records import SCHEMA_VERSION, build_record, load_schema, strict_record
 from hfl_bench.results.validation import record_problems, schema_validator
+
 from test_fault_views import REAL, show, write
 
 NAMES = ["image", "signal"]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hfl_bench import engine
-from hfl_bench.federation import Federation
 from hfl_bench.config import RunConfig
+from hfl_bench.federation import Federation
 from hfl_bench.methods.msfkd import MSFKD, MSFKDParams, confidence, select_targets
 
 from helpers import cpu_federation

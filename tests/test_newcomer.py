@@ -189,7 +189,8 @@ def test_threads_flag_in_process_is_recorded_and_restored(tmp_path):
     import torch
 
     before = torch.get_num_threads()
-    result = CliRunner().invoke(app, ["run", "--task", "digits", "--rounds", "1", "--clients", "4", "--local-epochs", "1",
+    result = CliRunner().invoke(app, ["run", "--task", "digits", "--rounds", "1", "--clients", "4",
+                                      "--local-epochs", "1",
                                       "--threads", "2",
                                       "--out", str(tmp_path / "runs"), "--json", "-q"])
     assert result.exit_code == 0, result.output

@@ -62,7 +62,8 @@ def test_public_size_is_in_the_partition_hash(digits):
 def test_no_public_set_keeps_committed_hashes(digits):
     """Adding the option changed neither the partition nor the config hash of a run without it:
     a committed record's hashes are reproduced exactly."""
-    record = json.loads(sorted((REPRODUCED.parent / "archive" / "first-wave" / "digits").glob("*__crad__*seed1.json"))[0].read_text())
+    archived = REPRODUCED.parent / "archive" / "first-wave" / "digits"
+    record = json.loads(sorted(archived.glob("*__crad__*seed1.json"))[0].read_text())
     cfg = RunConfig(**record["config"])
     assert "public_size" not in record["config"]  # written before the option existed
     assert cfg.public_size == 0

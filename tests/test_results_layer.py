@@ -8,9 +8,9 @@ from __future__ import annotations
 import csv
 import dataclasses
 import fnmatch
-import io
 import hashlib
 import importlib.resources
+import io
 import json
 import shutil
 import subprocess
@@ -188,7 +188,8 @@ def test_plot_labels_leave_out_every_non_semantic_field(folder):
 
 def test_schema_is_package_data_found_through_importlib_resources():
     resource = schema_file()
-    assert resource == importlib.resources.files("hfl_bench.results") / "schema" / f"record-{SCHEMA_VERSION}.schema.json"
+    assert resource == (importlib.resources.files("hfl_bench.results") / "schema"
+                        / f"record-{SCHEMA_VERSION}.schema.json")
     assert resource.is_file()
     assert load_schema()["properties"]["schema_version"] == {"const": SCHEMA_VERSION}
     assert not (LEADERBOARDS / "schema").exists()  # one copy, in the package

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -19,11 +18,12 @@ from torch import nn
 from typer.testing import CliRunner
 
 from hfl_bench import checkpoint, engine, paths
-from hfl_bench.results import records
 from hfl_bench.cli import app
 from hfl_bench.config import EVAL_EVERY, RunConfig
 from hfl_bench.method_api import Method, MethodCard
+from hfl_bench.results import records
 from hfl_bench.testing import builtin_methods, smoke_config
+
 
 def config(method: str, out: Path, **overrides) -> RunConfig:
     """A resolved 4-client, 3-round digits config with a checkpoint every 2 rounds, with the card's
@@ -309,7 +309,8 @@ def test_generic_walk_round_trips_state_in_place(tmp_path):
     assert b.model is model and b.held_weight is weight_alias  # loaded in place: references still hold
     assert torch.equal(b.model.weight, a.model.weight) and not b.model.training
     assert torch.equal(b.wrapper[1].bias, a.wrapper[1].bias)
-    assert torch.equal(b.opt.state_dict()["state"][0]["momentum_buffer"], a.opt.state_dict()["state"][0]["momentum_buffer"])
+    assert torch.equal(b.opt.state_dict()["state"][0]["momentum_buffer"],
+                       a.opt.state_dict()["state"][0]["momentum_buffer"])
     assert b.counts.tolist() == [7, 7, 7] and b.counts.dtype == np.int64
     assert b.seen == {2, 5} and b.pair == (1, "a") and torch.equal(b.items["k"], torch.arange(3))
     after = (torch.rand(2, generator=a.torch_gen), a.numpy_gen.random(2), a.python_gen.random())

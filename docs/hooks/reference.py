@@ -140,7 +140,7 @@ def method_page(name: str, cls: type) -> str:
              "\n## Choices where the source is silent (`notes`, in every record)\n\n",
              "".join(f"- {prose(n)}\n" for n in notes) or "None declared.\n",
              "\n## Hyperparameters\n\n",
-             f"Set with `--set KEY=VALUE` on `hfl-bench run`, or under `method_params:` in a YAML config.\n\n"]
+             "Set with `--set KEY=VALUE` on `hfl-bench run`, or under `method_params:` in a YAML config.\n\n"]
     rows = hyperparameter_rows(getattr(cls, "Params", None))
     parts.append(table(["name", "type", "default", "help"], rows) if rows else f"`{name}` has no hyperparameters.\n")
     parts += ["\n## The paper and the choices (module docstring)\n\n",

@@ -30,7 +30,8 @@ from rich.text import Text
 from hfl_bench import metadata_index
 from hfl_bench.cli.output import USER_ERRORS, fmt, plain
 from hfl_bench.config import ConfigError
-from hfl_bench.registry import REGISTRIES, describe as first_line, unknown_message
+from hfl_bench.registry import REGISTRIES, unknown_message
+from hfl_bench.registry import describe as first_line
 from hfl_bench.results.text import markdown_cell, terminal
 
 # The order a name found in several registries is resolved in (``describe --kind`` picks another).
@@ -60,10 +61,10 @@ def list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
     registry = REGISTRIES[kind]
     rows = []
     if kind == "pools":
+        import torch
+
         from hfl_bench.data import get_task
         from hfl_bench.pools import build_model, n_params
-
-        import torch
 
         info = get_task(task_name).info
         if info.num_classes is None:  # imagefolder: known once its folder is loaded

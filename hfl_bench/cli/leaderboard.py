@@ -76,8 +76,16 @@ def show(
 
 def _print_board(board: Board, fmt: str) -> None:
     from hfl_bench.results.render import (
-        COLUMNS, CSV_COLUMNS, TABLE_COLUMNS, UNMATCHED_COLUMNS, board_json, csv_rows, display_rows, to_csv,
-        to_markdown, to_rich,
+        COLUMNS,
+        CSV_COLUMNS,
+        TABLE_COLUMNS,
+        UNMATCHED_COLUMNS,
+        board_json,
+        csv_rows,
+        display_rows,
+        to_csv,
+        to_markdown,
+        to_rich,
     )
 
     if fmt == "json":
@@ -95,7 +103,8 @@ def _print_board(board: Board, fmt: str) -> None:
         return
     if rows:
         title_groups = ("reproduced groups: mean ± sample sd over seeds ('-': one seed); delta = reproduced - published"
-                        + ("; faults: accuracy (and final figures) over the honest clients, drop = with faults - the same seeds without"
+                        + ("; faults: accuracy (and final figures) over the honest clients, "
+                           "drop = with faults - the same seeds without"
                            if any(g.has_faults for g in board.groups) else ""))
         wide_out().print(to_rich(rows, TABLE_COLUMNS, title_groups))
     else:

@@ -20,15 +20,21 @@ if TYPE_CHECKING:
 
 
 def matrix(
-    suite_file: Path = typer.Argument(..., metavar="SUITE", help="Suite YAML (methods x tasks x seeds, optionally x fault settings; see README)."),
+    suite_file: Path = typer.Argument(..., metavar="SUITE", help="Suite YAML (methods x tasks x seeds, "
+                                      "optionally x fault settings; see README)."),
     executor: str = typer.Option("local", help="local (in-process, or a process pool with --jobs > 1) or ray."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="local: worker processes \\[default: 1, in-process]; ray: most cells in flight \\[default: all]."),
-    threads: Optional[int] = typer.Option(None, help="Torch threads per cell; default: 1 in a pool worker, --cpus-per-cell in a Ray task, unchanged in-process."),
-    address: Optional[str] = typer.Option(None, help="Ray: address of an existing cluster (or 'auto'); default: start a local Ray on loopback."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="local: worker processes \\[default: 1, in-process]; "
+                                       "ray: most cells in flight \\[default: all]."),
+    threads: Optional[int] = typer.Option(None, help="Torch threads per cell; default: 1 in a pool worker, "
+                                          "--cpus-per-cell in a Ray task, unchanged in-process."),
+    address: Optional[str] = typer.Option(None, help="Ray: address of an existing cluster (or 'auto'); "
+                                          "default: start a local Ray on loopback."),
     cpus_per_cell: float = typer.Option(1, help="Ray: CPUs each cell asks for."),
-    gpus_per_cell: Optional[float] = typer.Option(None, help="Ray: GPUs each cell asks for; default: 1 if the cell's device is cuda, or auto on a cluster with GPUs, else 0."),
+    gpus_per_cell: Optional[float] = typer.Option(None, help="Ray: GPUs each cell asks for; default: 1 if the cell's "
+                                                  "device is cuda, or auto on a cluster with GPUs, else 0."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Record folder; default: the suite's out."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="List the cells and what would happen (run, skip, fail); run nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="List the cells and what would happen (run, skip, fail); run nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ):

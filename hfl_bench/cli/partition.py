@@ -38,8 +38,8 @@ def partition(
     test = part.class_counts(labels, c, "test").sum(1)
     if as_json:
         emit_json({"task": task, "scheme": part.scheme, "params": part.params, "seed": part.seed,
-                   "hash": part.hash, "public_size": part.public_size, "train_counts": train.tolist(), "val_sizes": val.tolist(),
-                   "test_sizes": test.tolist()})
+                   "hash": part.hash, "public_size": part.public_size, "train_counts": train.tolist(),
+                   "val_sizes": val.tolist(), "test_sizes": test.tolist()})
         return
     public = f", public set {part.public_size}" if part.public_size else ""
     table = Table(title=plain(f"{task}: {part.scheme} {part.params}, seed {part.seed}{public}, hash {part.hash}"))

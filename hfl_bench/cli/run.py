@@ -16,12 +16,22 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 from rich.text import Text
 
-from hfl_bench import claims
+from hfl_bench import claims, paths
 from hfl_bench import config as config_mod
-from hfl_bench import paths
 from hfl_bench.cli.options import CLI_SETTINGS, config_help, given_settings, with_settings
 from hfl_bench.cli.output import (
-    USER_ERRORS, cell, command_line, emit_json, err, fail, fmt, interrupted, line, note, out, plain,
+    USER_ERRORS,
+    cell,
+    command_line,
+    emit_json,
+    err,
+    fail,
+    fmt,
+    interrupted,
+    line,
+    note,
+    out,
+    plain,
 )
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.paths import checkpoint_path
@@ -53,9 +63,11 @@ def run(
     config_file: Optional[Path] = typer.Option(None, "--config", help=config_help()),
     sets: list[str] = typer.Option([], "--set", help="Method hyperparameter key=value (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of tables."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress (neither the bar on a terminal nor the plain lines otherwise)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q",
+                               help="No progress (neither the bar on a terminal nor the plain lines otherwise)."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
-    resume: bool = typer.Option(False, "--resume", help="Continue from this exact config's checkpoint, if there is one."),
+    resume: bool = typer.Option(False, "--resume",
+                                help="Continue from this exact config's checkpoint, if there is one."),
     **settings: Any,
 ):
     """Run one method on one task and write one JSON record.

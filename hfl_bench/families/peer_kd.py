@@ -65,7 +65,8 @@ def exchange_snapshots(fed: "RoundView", active: list[int], stats: torch.Tensor 
     return received
 
 
-def received_stats(received: dict[int, dict], counts: torch.Tensor, accs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def received_stats(received: dict[int, dict], counts: torch.Tensor,
+                   accs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``counts`` and ``accs`` [N, C] with each sender's rows replaced by what its peers received."""
     counts, accs = counts.clone(), accs.clone()
     for j, payload in received.items():
@@ -154,7 +155,8 @@ def reference_target_fn(
     return targets
 
 
-def frozen_snapshots(fed: "RoundView", ids: list[int], models: dict[int, nn.Module] | None = None) -> dict[int, nn.Module]:
+def frozen_snapshots(fed: "RoundView", ids: list[int],
+                     models: dict[int, nn.Module] | None = None) -> dict[int, nn.Module]:
     """Frozen eval-mode copies of ``models`` (what was received; default the clients' live models)."""
     snaps = {}
     for j in ids:

@@ -312,7 +312,8 @@ def build_feature_bank(fed: "RoundView", kind: str, dim: int) -> FeatureBank:
         return FeatureBank(extractor, sources)
     extractors = {}
     for m in fed.info.modalities:
-        extractors[m.name] = build_extractor(kind, m.shape, dim, derive_seed(seed, EXTRACTOR_SEED, m.name)).to(fed.device)
+        extractors[m.name] = build_extractor(kind, m.shape, dim,
+                                             derive_seed(seed, EXTRACTOR_SEED, m.name)).to(fed.device)
     return ModalityFeatureBank(extractors, modality_layout(fed.info.modalities), dim, sources)
 
 

@@ -9,7 +9,6 @@ from typing import Any, Callable, Optional
 from hfl_bench.config import RunConfig
 from hfl_bench.paths import checkpoint_path
 
-
 TRACEBACK_LINES = 12  # lines of traceback kept in a failed record's error text
 
 

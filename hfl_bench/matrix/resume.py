@@ -27,8 +27,14 @@ from typing import Any, Optional
 from hfl_bench import config as config_mod
 from hfl_bench.matrix.suite import Cell
 from hfl_bench.results.records import (
-    FINAL_STATUSES, data_fingerprint, load_record, other_data, other_data_message, other_version,
-    other_version_message, registered_version,
+    FINAL_STATUSES,
+    data_fingerprint,
+    load_record,
+    other_data,
+    other_data_message,
+    other_version,
+    other_version_message,
+    registered_version,
 )
 
 

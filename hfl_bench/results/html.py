@@ -185,7 +185,8 @@ def _row(g: SettingGroup) -> dict[str, Any]:
         "cells": head, "clients": clients, "published": published, "group": g, "modalities": g.modalities,
         "fidelity": _values(g.ok, "method", "fidelity"), "version": head["version"],
         "faults": g.faults, "drop": drop_label(g) or "", "drop_v": g.drop.mean if g.drop is not None else None,
-        "global_v": gl.mean, "local_v": lo.mean, "final_v": final.mean, "seeds_v": len(g.ok), "bytes_v": sent.mean, "minutes_v": wall.mean,
+        "global_v": gl.mean, "local_v": lo.mean, "final_v": final.mean, "seeds_v": len(g.ok), "bytes_v": sent.mean,
+        "minutes_v": wall.mean,
         "bytes": _bytes(sent.mean), "minutes": _num(wall.mean),
         "delta_v": next((m.delta for m in g.published if m.delta is not None), None),
     }
@@ -314,7 +315,8 @@ def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], h
     task = first.get("task") if isinstance(first.get("task"), dict) else {}
     cfg = first.get("config") if isinstance(first.get("config"), dict) else {}
     setting = [
-        ("method", g.method), ("task", g.task), ("pool", g.pool), ("protocol", protocol_label(g)), ("data", g.data_label),
+        ("method", g.method), ("task", g.task), ("pool", g.pool), ("protocol", protocol_label(g)),
+        ("data", g.data_label),
         ("partition", partition_label(g.partition_scheme, g.partition_params)),
         ("clients (active per round)", f"{_text(g.n_clients)} ({_text(g.clients_per_round)})"),
         ("rounds", _text(g.rounds)), ("local epochs", _text(g.local_epochs)),
@@ -460,7 +462,8 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
     reproduced = [r for r in records if r.kind == "reproduced"]
     published = [r for r in records if r.kind != "reproduced"]
     drawn = [{"path": str(shown_path(r.path)), "href": hrefs[id(r)], "kind": r.kind, "method": r.method,
-              "task": r.task, "status": _text(r.status)} for r in sorted(records, key=lambda r: str(shown_path(r.path)))]
+              "task": r.task, "status": _text(r.status)}
+             for r in sorted(records, key=lambda r: str(shown_path(r.path)))]
 
     index = env.get_template("index.html").render(
         csp=csp(SCRIPT), script=SCRIPT, root="", sections=ordered, has_faults=has_faults,

@@ -7,13 +7,13 @@ round; curves and bytes draw each record's headline: the honest clients' under f
 recipients' in a multimodal run, said on the y axis; per-class and per-arch are over all
 clients) and ``robustness`` (honest clients' global accuracy against fault strength, one panel per
 fault kind, the fault-free baseline at x = 0; x per kind: ``robustness``; drawn by ``all`` only
-when records run with faults are present). Seeds of one setting are grouped by the leaderboard's rule (``grouping``: config hash on
-the same data, the newest record of a seed run twice) and drawn as their mean with a min-max band
-or error bar. One PNG per kind and task (records of different tasks are never mixed), each with a
-caption naming the records it drew and a ``<png>.sources.json`` sidecar listing them. Only valid
-(``validation``) reproduced records with status ``ok`` are drawn; every other one is reported
-with a reason. Record text is drawn as itself (``text.mpl_text``: no control characters, ``$``
-is not math).
+when records run with faults are present). Seeds of one setting are grouped by the leaderboard's
+rule (``grouping``: config hash on the same data, the newest record of a seed run twice) and drawn
+as their mean with a min-max band or error bar. One PNG per kind and task (records of different
+tasks are never mixed), each with a caption naming the records it drew and a ``<png>.sources.json``
+sidecar listing them. Only valid (``validation``) reproduced records with status ``ok`` are drawn;
+every other one is reported with a reason. Record text is drawn as itself (``text.mpl_text``: no
+control characters, ``$`` is not math).
 
 Matplotlib is imported only when drawing, so ``hfl-bench --help`` stays fast.
 """
@@ -29,10 +29,9 @@ from typing import Any, Callable, Iterable, Optional
 
 from hfl_bench.config import NON_SEMANTIC
 from hfl_bench.paths import write_atomic
-from hfl_bench.results.grouping import SeedGroup, group_seeds
-from hfl_bench.results.grouping import data_identity
-from hfl_bench.results.loading import SIDECAR_SUFFIX, Loaded, ResultsError, Skipped, read_records, record_files
 from hfl_bench.results import robustness
+from hfl_bench.results.grouping import SeedGroup, data_identity, group_seeds
+from hfl_bench.results.loading import SIDECAR_SUFFIX, Loaded, ResultsError, Skipped, read_records, record_files
 from hfl_bench.results.setting import Stat, figure, headline_of
 from hfl_bench.results.text import mpl_text, terminal
 from hfl_bench.results.validation import valid_records
@@ -516,7 +515,8 @@ def make_plots(kind: str, inputs: list[Path], out_dir: Path, tasks: list[str] = 
     selected = [r for r in found if (not tasks or r.task in tasks) and (not methods or r.method in methods)]
     if not selected:
         raise PlotError(f"none of the {len(found)} records match the filters"
-                        f"{' --task ' + ','.join(tasks) if tasks else ''}{' --method ' + ','.join(methods) if methods else ''}")
+                        f"{' --task ' + ','.join(tasks) if tasks else ''}"
+                        f"{' --method ' + ','.join(methods) if methods else ''}")
     faulty = any(robustness.faults_section(r) for r in selected)
     if kind == "all" and faulty:
         kinds.append("robustness")
@@ -591,7 +591,8 @@ def robustness_series(seed_groups: list[SeedGroup], task: str) -> tuple[dict[str
         usable = []
         for r in sg.ok:
             if robustness.fault_x(r) is None:
-                lacking.append(Skipped(str(r.path), "robustness: no fault kind, strength or fraction in the faults section",
+                lacking.append(Skipped(str(r.path),
+                                       "robustness: no fault kind, strength or fraction in the faults section",
                                        task=task))
             elif figure(r.record, "global_acc", "honest") is None:
                 lacking.append(Skipped(str(r.path), "robustness: no metrics.honest.global_acc (every client faulty?)",

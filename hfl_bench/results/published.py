@@ -16,7 +16,12 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from hfl_bench.results.setting import (  # noqa: F401  (Match, Published: re-exported)
-    METRICS, SettingGroup, Match, Published, Stat, modality_setting,
+    METRICS,
+    Match,
+    Published,
+    SettingGroup,
+    Stat,
+    modality_setting,
 )
 
 

@@ -1,7 +1,7 @@
 """The rank: methods ranked within each protocol (task, partition, clients, active clients,
-rounds, local epochs, fault setting, modality setting, data: fingerprint and class count) that at least two methods ran, by the mean
-global accuracy of the method's best group there (the headline: honest clients under faults, the
-recipients of a multimodal run; higher is better);
+rounds, local epochs, fault setting, modality setting, data: fingerprint and class count) that at
+least two methods ran, by the mean global accuracy of the method's best group there (the headline:
+honest clients under faults, the recipients of a multimodal run; higher is better);
 tied means share the average of their ranks. A method's
 score is its mean rank over the protocols it ran in. Versions of a method are ranked apart
 (``crad@1.1``, ``crad@unversioned``) when the groups hold more than one; never merged.

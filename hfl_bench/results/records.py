@@ -18,7 +18,13 @@ import numpy as np
 import hfl_bench
 from hfl_bench.config import FINAL_ROUNDS, HASH_NEUTRAL_DEFAULTS, ConfigError, RunConfig, config_hash
 from hfl_bench.paths import (
-    UnsafePathError, checkpoint_for, inside, portable_config, record_filename, unsaved_dirs, unsaved_folder,
+    UnsafePathError,
+    checkpoint_for,
+    inside,
+    portable_config,
+    record_filename,
+    unsaved_dirs,
+    unsaved_folder,
     write_atomic,
 )
 from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_used

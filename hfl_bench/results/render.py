@@ -63,8 +63,8 @@ def drop_label(g: Any) -> str:
 # markdown carry once (whose figure a multimodal headline is).
 KIND, NOTE = "_kind", "_note"
 MODALITY_NOTE = ("multimodal groups (setting missing=MODALITY recipients=FRACTION): global and local acc and the "
-                 "final figures are over the recipients, the clients that miss a modality (all clients where none does); the ↳ rows give "
-                 "the donors', all clients' and each extra endpoint's figures")
+                 "final figures are over the recipients, the clients that miss a modality (all clients where none "
+                 "does); the ↳ rows give the donors', all clients' and each extra endpoint's figures")
 # The client groups a multimodal group shows besides its headline, and their labels.
 OTHER_CLIENTS = (("donors", "donors"), ("all", "all clients"))
 
@@ -149,8 +149,8 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
 # "local acc" are at the selected round (the headline, the papers' rule; over the honest clients
 # for a group run with faults); "final" ones are the mean over the last evaluated rounds
 # (records.FINAL_ROUNDS), over the headline's clients ('-' for a group's records from before schema
-# 1.5, which have only all clients' final figures: the ↳ all clients row). "drop" is a faulty group's drop against the same seeds
-# without faults (``robustness``).
+# 1.5, which have only all clients' final figures: the ↳ all clients row). "drop" is a faulty group's
+# drop against the same seeds without faults (``robustness``).
 COLUMNS = ("method", "version", "task", "pool", "faults", "setting", "seeds", "global acc", "drop", "local acc",
            "final global", "final local", "failed/diverged", "source", "locator", "match", "delta")
 TABLE_COLUMNS = tuple(c for c in COLUMNS if c not in ("locator", "final local"))
@@ -188,7 +188,8 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
             "modalities": g.modalities, "headline_clients": g.headline_clients,
             "seeds": " ".join(map(str, g.seeds)), **_csv_figures(g), "drop_mean": drop.mean if drop else None,
             "drop_n_paired": drop.n_paired if drop else None,
-            "drop_seeds": " ".join(map(str, drop.seeds)) if drop else None, "final_global_mean": fg.mean, "final_global_sd": fg.sd,
+            "drop_seeds": " ".join(map(str, drop.seeds)) if drop else None, "final_global_mean": fg.mean,
+            "final_global_sd": fg.sd,
             "final_local_mean": fl.mean, "final_local_sd": fl.sd, "all_final_global_mean": fa.mean,
             "all_final_global_sd": fa.sd, "n_failed": g.n_failed, "n_diverged": g.n_diverged,
             "n_duplicates": g.n_duplicates,
@@ -263,7 +264,8 @@ def board_json(board: Board) -> dict[str, Any]:
             "published": [m.as_dict() for m in g.published],
         })
     multimodal = ("over the recipients (the clients that miss a modality: metrics.recipients; also each "
-                  "endpoint's) for a multimodal group (modalities), " if any(g.is_multimodal for g in board.groups) else "")
+                  "endpoint's) for a multimodal group (modalities), "
+                  if any(g.is_multimodal for g in board.groups) else "")
     headline = ("global_acc and local_acc are over the honest clients for a group run with faults "
                 f"(metrics.honest), {multimodal}over all clients otherwise (all_clients)")
     return {"sd": "sample standard deviation (ddof=1); null for a single seed", "headline": headline,
@@ -326,7 +328,8 @@ def to_rich(rows: list[dict[str, str]], columns: Iterable[str], title: str) -> T
     """The terminal table; its title also carries the rows' notes (``row_notes``)."""
     t = Table(title=Text(terminal("; ".join([title, *row_notes(rows)]))))
     for c in columns:
-        right = c in ("seeds", "global acc", "drop", "local acc", "final global", "final local", "delta", "mean rank", "protocols", "#")
+        right = c in ("seeds", "global acc", "drop", "local acc", "final global", "final local", "delta", "mean rank",
+                      "protocols", "#")
         # fold, not ellipsis: a narrow terminal still shows every character
         t.add_column(c, justify="right" if right else "left", overflow="fold")
     for r in rows:

@@ -1,13 +1,13 @@
 """Which records may be read at all: the record JSON Schema plus the checks it cannot express.
 
-A record is **valid** when it matches the schema of its ``schema_version`` (``records.load_schema``) and every number in it
-is finite (JSON has no NaN or infinity; Python's parser accepts them, ``records.loads_strict``
-does not) and every accuracy (a ``*_acc`` field, or a per-class / per-architecture accuracy,
-under ``metrics`` or ``history``) is null or a number within [0, 100], a reproduced record with
-status ``ok`` reports its selected round and headline figures, and a multimodal record's
-``modalities`` section (schema 1.4) agrees with itself: the missing modality is one of its names,
-every client is a recipient or a donor (not both), recipients do not observe the missing
-modality and donors observe every one, and ``metrics.recipients`` / ``metrics.donors`` count
+A record is **valid** when it matches the schema of its ``schema_version`` (``records.load_schema``)
+and every number in it is finite (JSON has no NaN or infinity; Python's parser accepts them,
+``records.loads_strict`` does not) and every accuracy (a ``*_acc`` field, or a per-class /
+per-architecture accuracy, under ``metrics`` or ``history``) is null or a number within [0, 100], a
+reproduced record with status ``ok`` reports its selected round and headline figures, and a
+multimodal record's ``modalities`` section (schema 1.4) agrees with itself: the missing modality is
+one of its names, every client is a recipient or a donor (not both), recipients do not observe the
+missing modality and donors observe every one, and ``metrics.recipients`` / ``metrics.donors`` count
 those clients. The leaderboard and the
 plots read only valid records; every other one is listed with its first problem, never averaged
 in or drawn. ``leaderboard validate`` lists every problem of every file.

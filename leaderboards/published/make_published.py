@@ -3,12 +3,12 @@
 Run from the repository root:  python leaderboards/published/make_published.py [--out DIR]
 
 The figures come from the project's shared notes (specs/published-results.md in its shared
-folder, which collects them from the papers in its shared paper folder). Every record maps the paper's method and dataset
-to the suite's names (method.name, task.name; the paper's own names are in published_name),
-states the setting it was measured in (`setting`, null where the paper does not say) and whether
-that setting is the one the suite reproduces (citation.setting_match, with the differences in
-citation.deviations). The leaderboard puts them beside matching reproduced groups; it never
-averages them in.
+folder, which collects them from the papers in its shared paper folder). Every record maps the
+paper's method and dataset to the suite's names (method.name, task.name; the paper's own names are
+in published_name), states the setting it was measured in (`setting`, null where the paper does not
+say) and whether that setting is the one the suite reproduces (citation.setting_match, with the
+differences in citation.deviations). The leaderboard puts them beside matching reproduced groups; it
+never averages them in.
 
 Left out on purpose (the schema cannot hold them honestly):
 - FedSocket's multimodal figures (MELD 68.24, UCF-51 86.83, CREMA-D 75.24 Joint accuracy of
