@@ -188,9 +188,10 @@ def test_a_diverged_run_is_recorded_not_raised(tiny_cfg):
     assert "loss became" in result.error
 
 
-@pytest.mark.parametrize("rule", ["uniform", "crad"])
-def test_vmapped_teachers_equal_looped_teachers(tiny_cfg, rule):
-    fed = build(tiny_cfg(clients=6), augmentation="crop-flip")  # two clients of each architecture
+@pytest.mark.parametrize("rule, augmentation, epochs", [("uniform", "crop-flip", 1), ("crad", "crop-flip", 1),
+                                                        ("crad", None, 2)])  # None: each distinct sample once
+def test_vmapped_teachers_equal_looped_teachers(tiny_cfg, rule, augmentation, epochs):
+    fed = build(tiny_cfg(clients=6, local_epochs=epochs), augmentation=augmentation)  # two clients of each architecture
     active = list(range(fed.n_clients))
     agg = get_aggregator(rule)
     plans = {i: make_plan(fed, i, 1) for i in active}
