@@ -207,7 +207,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="JSON result path (default benchmarks/results/engine-vs-loop-<time>.json)")
+    ap.add_argument("--out", default=None,
+                    help="JSON result path (default benchmarks/results/engine-vs-loop-<time>.json)")
     args = ap.parse_args()
     import torch
 
