@@ -83,6 +83,17 @@ class EpochPlan:
     def labels(self, fed: "RoundView", start: int = 0, end: int | None = None) -> torch.Tensor:
         return engine_side(fed).data.train_y[self.indices[start:end]]
 
+    def distinct_view(self, fed: "RoundView") -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The epoch's distinct inputs and, for each position, the row of its input (None: the
+        rows are ``view()`` itself). Without augmentation every local epoch shows the same samples
+        again, so a model that only predicts (a teacher, in eval mode) needs each sample once:
+        its outputs on these rows, gathered by the index, are its outputs on ``view()`` (eval-mode
+        rows do not depend on each other) at a fraction of the cost (1 / local epochs)."""
+        if self.augmentation != "none":
+            return self.view(fed), None
+        rows, where = torch.unique(self.indices, return_inverse=True)
+        return engine_side(fed).data.train_x[rows], where
+
     def batches(self, fed: "RoundView") -> Iterator["Batch"]:
         for step, (start, end) in enumerate(self.bounds):
             yield Batch(step, start, end, lambda s, e: self.view(fed, s, e), lambda s, e: self.labels(fed, s, e),

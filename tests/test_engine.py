@@ -63,6 +63,37 @@ def test_plan_views_are_consistent_per_batch_and_whole_epoch(tiny_cfg):
     assert not torch.equal(whole, fed.data.train_x[plan.indices])
 
 
+def test_distinct_view_holds_each_sample_once_and_spreads_back_to_the_epoch(tiny_cfg):
+    fed = build(tiny_cfg(local_epochs=3))  # digits: no augmentation, the same view every epoch
+    plan = make_plan(fed, 1, 2)
+    rows, where = plan.distinct_view(fed)
+    assert len(rows) == len(fed.clients[1].train_idx) and len(plan) == 3 * len(rows)
+    assert torch.equal(rows[where], plan.view(fed))
+    fed.info = dataclasses.replace(fed.info, augmentation="crop-flip")  # augmented: every view is its own
+    plan = make_plan(fed, 1, 2)
+    rows, where = plan.distinct_view(fed)
+    assert where is None and torch.equal(rows, plan.view(fed))
+
+
+@pytest.mark.parametrize("rule", ["uniform", "crad"])
+def test_teachers_predicting_each_sample_once_give_the_per_position_targets(tiny_cfg, rule):
+    """Several local epochs without augmentation: the fast path's targets (and a memory's) are
+    exactly those of teachers run over every position of every epoch, as before the dedup (eval-mode
+    rows do not depend on the other rows of a call; the method pins rely on it too)."""
+    fed = build(tiny_cfg(local_epochs=3))
+    active = list(range(fed.n_clients))
+    agg = get_aggregator(rule)
+    counts, accs = fed.val_counts, fed.val_accs()
+    plans = {i: make_plan(fed, i, 1) for i in active}
+    got = peerkd.peer_targets(fed, plans, active, agg, temperature=2.0, counts=counts, accs=accs, memory={0})
+    views = {i: plans[i].view(fed) for i in active}
+    for i in active:
+        peers = peerkd.peers_of(i, active)
+        probs = torch.stack([soft_targets(predict_logits(fed.clients[j].model, views[i]), 2.0) for j in peers])
+        assert torch.equal(got.peer[i], agg(probs, counts[peers], accs[peers])), f"client {i}"
+    assert torch.equal(got.memory[0], soft_targets(predict_logits(fed.clients[0].model, views[0]), 2.0))
+
+
 @pytest.mark.parametrize("path", ["reference", "fast"])
 def test_students_only_see_round_r_minus_1_snapshots(tiny_cfg, path):
     fed = build(tiny_cfg(exec=path))
@@ -158,9 +189,10 @@ def test_a_diverged_run_is_recorded_not_raised(tiny_cfg):
     assert "loss became" in result.error
 
 
-@pytest.mark.parametrize("rule", ["uniform", "crad"])
-def test_vmapped_teachers_equal_looped_teachers(tiny_cfg, rule):
-    fed = build(tiny_cfg(clients=6), augmentation="crop-flip")  # two clients of each architecture
+@pytest.mark.parametrize("rule, augmentation, epochs", [("uniform", "crop-flip", 1), ("crad", "crop-flip", 1),
+                                                        ("crad", None, 2)])  # None: each distinct sample once
+def test_vmapped_teachers_equal_looped_teachers(tiny_cfg, rule, augmentation, epochs):
+    fed = build(tiny_cfg(clients=6, local_epochs=epochs), augmentation=augmentation)  # two clients of each architecture
     active = list(range(fed.n_clients))
     agg = get_aggregator(rule)
     plans = {i: make_plan(fed, i, 1) for i in active}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hfl_bench import engine, evaluation
-from hfl_bench.config import RunConfig
+from hfl_bench.config import FINAL_ROUNDS, RunConfig
 from hfl_bench.results import records
 from hfl_bench.testing import QUICK, builtin_methods, smoke_config, tiny_federation
 from hfl_bench.training import predict_logits
@@ -149,3 +149,40 @@ def test_snapshot_state_is_a_copy():
         for p in model.parameters():
             p.add_(1.0)
     assert all(torch.equal(states[0][1][k], kept[k]) for k in kept)
+
+
+
+def test_a_test_round_retests_only_the_models_changed_since_the_last_test(monkeypatch):
+    """With one client of four active per round, a test round runs the global test only for the
+    clients trained since the last test round (the others' figures are cached), in the final
+    window too; the selected and final figures are exactly those of testing every round."""
+    calls: list[torch.nn.Module] = []  # the models run on the global test set
+    real = evaluation.Evaluator.global_class_correct
+    monkeypatch.setattr(evaluation.Evaluator, "global_class_correct",
+                        lambda self, model, cid: calls.append(model) or real(self, model, cid))
+    rounds = FINAL_ROUNDS + 4  # rounds 1-4 before the final window: a test at round 3 only
+
+    def config(eval_every: int):
+        return engine.load_task(RunConfig(method="local", task="digits", clients=4, rounds=rounds, seed=0,
+                                          checkpoint_every=0, eval_every=eval_every, clients_per_round=1,
+                                          **NOISY))[1]
+
+    cfg = config(EVERY)
+    sim = engine.Simulation(cfg)
+    trained, partial = set(), False
+    for rnd in range(1, rounds + 1):
+        trained |= set(sim.active_clients(rnd))
+        before = len(calls)
+        sim.step(rnd)
+        if sim.evaluator.is_test_round(rnd, rnd == rounds):
+            tested = sorted(next(c.cid for c in sim.fed.clients if c.model is m) for m in calls[before:])
+            assert tested == sorted(trained), f"round {rnd}"
+            partial |= len(trained) < cfg.clients
+            trained = set()
+        else:
+            assert len(calls) == before, f"round {rnd}"
+    assert partial  # test rounds skipped clients: the cache was used
+    policy = records.build_record(cfg, sim.result())
+    every_round = records.build_record(config(1), engine.run(config(1)))
+    assert policy["selection"] == every_round["selection"]
+    assert policy["metrics"] == every_round["metrics"]  # the final window's figures included

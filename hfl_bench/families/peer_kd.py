@@ -82,18 +82,27 @@ def teacher_major_probs(
 ) -> dict[int, dict[int, torch.Tensor]]:
     """probs[i][j]: teacher j's softened predictions on all of student i's epoch views [n_i, C].
 
-    Each teacher runs once over the concatenation of its students' views. With ``fed.use_vmap``
+    Each teacher runs once over the concatenation of its students' views, each distinct view once
+    (``EpochPlan.distinct_view``: without augmentation a sample's view is the same in every local
+    epoch, and a teacher predicted it ``local_epochs`` times over before). With ``fed.use_vmap``
     (``--vmap on``), teachers of one architecture run together in one vmapped call over the union
     of their students' views (each then discards the rows it does not teach); it computes the same
     targets and is off by default (``--vmap auto``), the loop being the faster default.
     """
-    views = {i: plan.view(fed) for i, plan in plans.items()}
+    # Each student's distinct inputs (its epochs' views without repeats) and where each position's
+    # row is: teachers predict on these, and the rows are spread back over the positions.
+    distinct = {i: plan.distinct_view(fed) for i, plan in plans.items()}
+    views = {i: x for i, (x, _) in distinct.items()}
     probs: dict[int, dict[int, torch.Tensor]] = {i: {} for i in plans}
     bf16 = fed.device.type == "cuda"
 
+    def spread(i: int, rows: torch.Tensor) -> torch.Tensor:
+        where = distinct[i][1]
+        return rows if where is None else rows[where]
+
     def scatter(j: int, students: list[int], p: torch.Tensor) -> None:
         for i, part in zip(students, p.split([len(views[i]) for i in students])):
-            probs[i][j] = part
+            probs[i][j] = spread(i, part)
 
     groups = _arch_groups(fed, teachers) if engine_side(fed).use_vmap else [[j] for j in teachers]
     for group in groups:
@@ -110,7 +119,7 @@ def teacher_major_probs(
         stacked = soft_targets(predict_logits_stacked([teachers[j] for j in group], x, bf16=bf16), temperature)
         for g, j in enumerate(group):
             for i in students_of(j):
-                probs[i][j] = stacked[g, offsets[i] : offsets[i] + len(views[i])]
+                probs[i][j] = spread(i, stacked[g, offsets[i] : offsets[i] + len(views[i])])
     return probs
 
 
@@ -224,7 +233,9 @@ def _fast_targets(fed: "RoundView", plans: dict[int, EpochPlan], active: list[in
         own = {i: probs[i].pop(i) for i in plans if i in own_teacher}
         bf16 = fed.device.type == "cuda"
         for i in sorted(set(memory) & set(plans) - own_teacher):
-            own[i] = soft_targets(predict_logits(fed.clients[i].model, plans[i].view(fed), bf16=bf16), temperature)
+            x, where = plans[i].distinct_view(fed)
+            own[i] = soft_targets(predict_logits(fed.clients[i].model, x, bf16=bf16), temperature)
+            own[i] = own[i] if where is None else own[i][where]
     return PeerTargets(aggregate_peer_targets(fed, probs, active, aggregate, counts, accs), own, Phase.TRAINING)
 
 
