@@ -44,6 +44,11 @@ def require_at_least(owner: str, params: Any, names: tuple[str, ...], minimum: f
 
 # A record's final figures average the last this many rounds; the evaluator tests each of them.
 FINAL_ROUNDS = 10
+# The record's ``selection.rule``: the round of best mean validation accuracy over every client
+# (``evaluation.select_round``), under --faults too. Records written before that rule held under
+# faults say ``faults.selection: "honest"`` (the honest clients' validation, which no server can
+# know): the results layer keeps them apart (``results.grouping.selection_rule``).
+SELECTION_RULE = "best_mean_local_val"
 # Test rounds every k rounds by default (hfl_bench.evaluation; README, Performance).
 EVAL_EVERY = 10
 

@@ -20,7 +20,7 @@ from hfl_bench import checkpoint as ckpt
 from hfl_bench import config as config_mod
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.data import TaskData, TaskInfo, get_task
-from hfl_bench.evaluation import Evaluator, class_correct, evaluate_global  # noqa: F401 (re-exported)
+from hfl_bench.evaluation import Evaluator, class_correct, evaluate_global, selection_score  # noqa: F401 (re-exported)
 from hfl_bench.faults import canonical_config, plan_for
 from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
 from hfl_bench.metering import Channel, PhaseTimer
@@ -312,8 +312,9 @@ class Simulation:
         nbytes = int(fed.channel.sent.sum() + fed.channel.server_sent)
         entry = _history_entry(metrics, nbytes, seconds, scalars, fed.timer.pop(), self.groups)
         self.history.append(entry)
-        score = self.evaluator.selection_score(metrics.val_acc)
-        if np.isfinite(score) and (self.best is None or score > self.evaluator.selection_score(self.best.val_acc)):
+        # the selected round: ``evaluation.select_round`` round by round, on every client's validation
+        score = selection_score(metrics.val_acc)
+        if np.isfinite(score) and (self.best is None or score > selection_score(self.best.val_acc)):
             self.best = metrics
         return entry
 

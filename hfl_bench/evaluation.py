@@ -3,7 +3,9 @@
 The policy (``Evaluator``):
 
 - **Validation** (every client's validation half) runs every round, for the clients whose model
-  changed: it drives the selection of the reported round.
+  changed: it drives the selection of the reported round (``select_round``: the round of best
+  mean validation accuracy over *all* clients, faults or not: what a server can know; it is
+  given nothing that says which clients are faulty).
 - The **test figures** (global test set, every client's local test half and the method's extra
   endpoints) are computed at the *test rounds*: round 0, every ``eval_every`` rounds, and each of
   the last ``FINAL_ROUNDS`` rounds (the window the record's final figures average over).
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -118,6 +120,29 @@ def distinct(modules: list[nn.Module]) -> tuple[list[nn.Module], list[int]]:
     return reps, index
 
 
+# ----------------------------------------------------------------------------- the selection rule
+
+
+def selection_score(val_acc: np.ndarray) -> float:
+    """Mean validation accuracy over every client (nan when none has a figure)."""
+    val = np.asarray(val_acc, dtype=float)
+    return float(np.nanmean(val)) if np.isfinite(val).any() else float("nan")
+
+
+def select_round(val_by_round: Sequence[np.ndarray]) -> int | None:
+    """The round a record reports, from each round's per-client validation accuracy (index =
+    round; round 0, the initial models, is never selected): the first round of highest
+    ``selection_score``; None when no round after 0 has a figure. Its only input is every
+    client's validation figures: it cannot know, and is never told, which clients are faulty.
+    ``Evaluator`` and ``Simulation.step`` apply the same rule round by round."""
+    best, best_score = None, -np.inf
+    for rnd, val in enumerate(val_by_round):
+        score = selection_score(val)
+        if rnd > 0 and np.isfinite(score) and score > best_score:
+            best, best_score = rnd, score
+    return best
+
+
 # ----------------------------------------------------------------------------- the policy
 
 
@@ -166,11 +191,7 @@ class Evaluator:
         self.local_total = np.array([len(cl.test_idx) for cl in fed.clients])
         self.global_correct = np.zeros((n, c))
         self.global_stale: set[int] = set(range(n))  # clients whose test figures are out of date
-        self.best_val = -np.inf
-        # Selection (the reported round) reads the honest clients' validation when faults are on,
-        # all clients' otherwise (or when every client is faulty).
-        honest = fed.faults.honest if fed.faults is not None else []
-        self.selection_clients = np.asarray(honest if honest else range(n), dtype=np.int64)
+        self.best_val = -np.inf  # the best selection score so far (``select_round``, round by round)
         self.pending: Snapshot | None = None
         self.fast_layout = fed.device.type == "cpu" and fed.data.test_x.dim() == 4
         # inputs prepared once per run: each client's validation and local test rows, the test set
@@ -190,10 +211,10 @@ class Evaluator:
     def is_test_round(self, rnd: int, last: bool = False) -> bool:
         return rnd % self.eval_every == 0 or last or rnd > self.fed.cfg.rounds - FINAL_ROUNDS
 
-    def selection_score(self, val_acc: np.ndarray) -> float:
-        """Mean validation accuracy over the selection clients (nan when none has a figure)."""
-        val = val_acc[self.selection_clients]
-        return float(np.nanmean(val)) if np.isfinite(val).any() else float("nan")
+    @staticmethod
+    def selection_score(val_acc: np.ndarray) -> float:
+        """``selection_score``: every client's mean validation accuracy (no fault plan is read)."""
+        return selection_score(val_acc)
 
     # -- the per-model measurements
 

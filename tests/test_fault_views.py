@@ -45,6 +45,7 @@ def run_record(base: dict, seed: int, method: str, global_acc: float, faults: st
     r["config_hash"] = config_hash(r["config"])
     r["partition"]["hash"] = f"part-seed{seed}"
     r["metrics"]["global_acc"] = global_acc
+    r["metrics"]["per_client"] = [dict(c, global_acc=global_acc) for c in r["metrics"]["per_client"]]
     r["record_id"] = f"{r['config_hash']}-{seed}"
     if faults:
         n = r["federation"]["n_clients"]
@@ -57,6 +58,9 @@ def run_record(base: dict, seed: int, method: str, global_acc: float, faults: st
                                   "mean_val_acc": 80.0}
         r["metrics"]["faulty"] = {"n_clients": len(bad), "global_acc": faulty_acc, "local_acc": 20.0,
                                   "mean_val_acc": 20.0}
+        # each client's selected-round figure: the drop is over the same (honest) clients' figures
+        r["metrics"]["per_client"] = [dict(c, global_acc=faulty_acc if c["cid"] in bad else honest)
+                                      for c in r["metrics"]["per_client"]]
     assert record_problems(r) == [], record_problems(r)
     return r
 

@@ -48,8 +48,9 @@ def show(
     """Group reproduced records by setting (mean, sample sd, seeds; failed runs counted apart) and
     put the matching published figures beside each group with the delta reproduced - published.
     The fault setting is part of the setting and of the rank's protocol; under faults the headline
-    is the honest clients' accuracy and `drop` the mean change against the same seeds without
-    faults.
+    is the honest clients' accuracy and `drop` the mean change against the same seeds and the
+    same clients without faults (records selected on the honest clients' validation, written
+    before issue 30, are kept apart: `selection=honest-val`).
     Only records that `leaderboard validate` accepts are read; each other file is listed on stderr
     (skipped, with the reason) and never averaged in."""
     from hfl_bench.results.board import board_records, build_board
@@ -104,7 +105,7 @@ def _print_board(board: Board, fmt: str) -> None:
     if rows:
         title_groups = ("reproduced groups: mean ± sample sd over seeds ('-': one seed); delta = reproduced - published"
                         + ("; faults: accuracy (and final figures) over the honest clients, "
-                           "drop = with faults - the same seeds without"
+                           "drop = with faults - the same seeds and clients without"
                            if any(g.has_faults for g in board.groups) else ""))
         wide_out().print(to_rich(rows, TABLE_COLUMNS, title_groups))
     else:

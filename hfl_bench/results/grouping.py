@@ -6,7 +6,10 @@ hyperparameters, task, pool, partition scheme and parameters, clients, rounds, o
 fields of ``config.NON_SEMANTIC`` such as seed, paths, device and checkpointing excluded) and the
 same **method version** (``method.version``; records written before versions existed are
 "unversioned", a version of their own) on the same data: numbers from two implementations of a
-method are never averaged together. The config hash leaves the data folder out and the partition hash changes with the
+method are never averaged together, and the same **selection rule** (``Loaded.selection_rule``:
+records run with faults before the reported round was selected on every client's validation were
+selected on the honest clients' only, an oracle; their group id ends in ``!honest-val``). The
+config hash leaves the data folder out and the partition hash changes with the
 seed (the partition is drawn from the run seed), so neither alone says "same data": a group is
 keyed on the config hash plus the data identity: task name, version, train / test sizes and the
 **data fingerprint** (``task.data_fingerprint``, a hash of exactly the data the run loaded).
@@ -34,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from hfl_bench.results.loading import Loaded
+from hfl_bench.results.loading import Loaded, selection_mark
 
 NOT_OK = ("failed", "diverged")
 
@@ -70,14 +73,17 @@ def group_key(r: Loaded, data: Optional[tuple], by_partition: bool) -> tuple:
     """The key of the group ``r`` belongs to: config hash and data identity, and the partition hash
     where the setting has to be split by it. ``data`` is ``r``'s data identity, or the one its
     config ran on when ``r`` failed before loading; ``group_seeds`` works both out."""
-    return (r.config_hash, r.method_version, data, by_partition, r.partition_hash if by_partition else None)
+    return (r.config_hash, r.method_version, data, by_partition, r.partition_hash if by_partition else None,
+            r.selection_rule)
 
 
 @dataclass
 class SeedGroup:
     """The reproduced records of one setting and the seeds they give."""
 
-    group_id: str  # the config hash, "@<method version>" and "/<partition hash>" (when split by it) appended
+    # the config hash, "@<method version>", "!<selection mark>" (an old rule) and "/<partition hash>"
+    # (when split by it) appended
+    group_id: str
     records: list[Loaded]  # every member, any status
     split_by_partition: bool
     ok: list[Loaded] = field(default_factory=list)  # one per seed (the newest), in seed order
@@ -92,6 +98,10 @@ class SeedGroup:
     @property
     def method_version(self) -> Optional[str]:
         return self.records[0].method_version
+
+    @property
+    def selection_rule(self) -> str:
+        return self.records[0].selection_rule
 
     @property
     def seeds(self) -> list[Any]:
@@ -115,7 +125,7 @@ def group_seeds(records: Iterable[Loaded]) -> list[SeedGroup]:
         split = _needs_partition_split(same_config, data)
         for r in same_config:
             members[group_key(r, data[id(r)], split[data[id(r)]])].append(r)
-    return [_seed_group(rs, split=by_partition) for (_, _, _, by_partition, _), rs in members.items()]
+    return [_seed_group(rs, split=by_partition) for (_, _, _, by_partition, _, _), rs in members.items()]
 
 
 def _by_config(records: Iterable[Loaded]) -> list[list[Loaded]]:
@@ -152,7 +162,8 @@ def _seed_group(records: list[Loaded], split: bool) -> SeedGroup:
     g = SeedGroup(group_id="", records=records, split_by_partition=split)
     first = g.describing()
     version = f"@{first.method_version}" if first.method_version else ""
-    g.group_id = (first.config_hash or "?") + version + (f"/{first.partition_hash}" if split else "")
+    mark = f"!{m}" if (m := selection_mark(first.selection_rule)) else ""
+    g.group_id = (first.config_hash or "?") + version + mark + (f"/{first.partition_hash}" if split else "")
     newest: dict[Any, Loaded] = {}
     for r in records:
         if r.status in NOT_OK:

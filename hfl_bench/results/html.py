@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from hfl_bench.config import SELECTION_RULE
 from hfl_bench.results.board import Board, board_records, build_board
 from hfl_bench.results.grouping import SeedGroup, group_seeds
-from hfl_bench.results.loading import Loaded, ResultsError, Skipped, load_records
+from hfl_bench.results.loading import HONEST_SELECTION, Loaded, ResultsError, Skipped, load_records
 from hfl_bench.results.ranking import protocol_label, protocol_labels, rank_methods
 from hfl_bench.results.render import KIND, UNMATCHED_COLUMNS, _num, _pm, display_rows, drop_label, rank_rows
 from hfl_bench.results.setting import SettingGroup, Stat, canonical, modalities_section, partition_label
@@ -274,13 +275,26 @@ def _fault_rows(g: SettingGroup) -> list[tuple[str, str]]:
             ("global acc, all clients", _pm(every.mean, every.sd))]
     rows += _final_rows(g, (("honest", "honest clients"), ("faulty", "faulty clients"), ("all", "all clients")))
     drop = g.drop
-    if drop is None or drop.mean is None:
-        rows.append(("drop against no faults", "- (no fault-free record of the same config and seed)"))
+    if g.selection_rule != SELECTION_RULE:
+        rows.append(("drop against no faults", "- (selected on the honest clients' validation: no drop against "
+                                               "a run selected on every client's)"))
+    elif drop is None or drop.mean is None:
+        rows.append(("drop against no faults", "- (no fault-free record of the same config and seed with "
+                                               "every honest client's figure)"))
     else:
         pairs = ", ".join(f"seed {p.seed}: {p.drop:+.2f}" for p in drop.pairs if p.drop is not None)
-        rows.append(("drop against no faults", f"{drop.mean:+.2f} over {drop.n_paired} paired seeds ({pairs}); "
+        rows.append(("drop against no faults", f"{drop.mean:+.2f} over {drop.n_paired} paired seeds ({pairs}), "
+                                               "the honest clients against the same clients without faults; "
                                                f"baseline config hash {_text(drop.baseline_config_hash)}"))
     return rows
+
+
+def _selection_label(g: SettingGroup) -> str:
+    """The rule that selected the reported round (``Loaded.selection_rule``), and what it reads."""
+    if g.selection_rule == HONEST_SELECTION:
+        return (f"{g.selection_rule}: the honest clients' validation, which no server can know "
+                "(written before issue 30; kept apart from records selected on every client's validation)")
+    return _text(g.selection_rule) + (": every client's validation" if g.selection_rule == SELECTION_RULE else "")
 
 
 def _final_rows(g: SettingGroup, groups: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
@@ -327,7 +341,7 @@ def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], h
         ("split by partition hash", "yes" if g.split_by_partition else "no"),
         ("data", f"task version {_text(task.get('version'))}, train {_text(task.get('n_train'))}, "
                  f"test {_text(task.get('n_test'))}, fingerprint {_text(task.get('data_fingerprint'))}"),
-        ("selection", _values(g.ok, "selection", "rule")),
+        ("selection", _selection_label(g)),
     ]
     return {
         "title": f"{g.method} on {g.task} ({g.pool})", "row": row, "setting": setting,

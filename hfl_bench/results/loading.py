@@ -10,7 +10,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from hfl_bench.config import SELECTION_RULE
 from hfl_bench.results.records import NotARecord, load_record
+
+# The rule that selected a record run with --faults before selection under faults read every
+# client's validation (``faults.selection: "honest"``): the honest clients' mean validation
+# accuracy, which no server can know. Such records are never grouped with, nor ranked against,
+# records of ``config.SELECTION_RULE`` (``grouping``, ``SettingGroup.protocol``).
+HONEST_SELECTION = "best_mean_honest_val"
+# How a group id, a protocol label and the setting column mark a rule other than SELECTION_RULE.
+SELECTION_MARKS = {HONEST_SELECTION: "honest-val"}
+
+
+def selection_mark(rule: str) -> str:
+    """"" for ``config.SELECTION_RULE``; a short name for any other rule (``honest-val``)."""
+    return "" if rule == SELECTION_RULE else SELECTION_MARKS.get(rule, rule)
 
 
 class ResultsError(ValueError):
@@ -46,6 +60,16 @@ class Loaded:
         """The method's version (schema 1.2); None in an older record ("unversioned")."""
         version = self._block("method").get("version")
         return version if isinstance(version, str) else None
+
+    @property
+    def selection_rule(self) -> str:
+        """The rule that selected the reported round: ``selection.rule``, except a record run with
+        faults whose ``faults.selection`` is ``honest`` (``HONEST_SELECTION``: written before the
+        rule under faults was every client's validation, ``config.SELECTION_RULE``)."""
+        if self._block("faults").get("selection") == "honest":
+            return HONEST_SELECTION
+        rule = self._block("selection").get("rule")
+        return rule if isinstance(rule, str) else "unknown"
 
     @property
     def commit(self) -> Optional[str]:

@@ -1,7 +1,7 @@
 """The rank: methods ranked within each protocol (task, partition, clients, active clients,
-rounds, local epochs, fault setting, modality setting, data: fingerprint and class count) that at
-least two methods ran, by the mean global accuracy of the method's best group there (the headline:
-honest clients under faults, the recipients of a multimodal run; higher is better);
+rounds, local epochs, fault setting, selection rule, modality setting, data: fingerprint and class
+count) that at least two methods ran, by the mean global accuracy of the method's best group there
+(the headline: honest clients under faults, the recipients of a multimodal run; higher is better);
 tied means share the average of their ranks. A method's
 score is its mean rank over the protocols it ran in. Versions of a method are ranked apart
 (``crad@1.1``, ``crad@unversioned``) when the groups hold more than one; never merged.
@@ -13,6 +13,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from hfl_bench.results.loading import selection_mark
 from hfl_bench.results.setting import SettingGroup, partition_label
 
 
@@ -76,5 +77,6 @@ def protocol_label(g: SettingGroup) -> str:
     active = "" if g.clients_per_round in (None, g.n_clients) else f"/{g.clients_per_round}"
     faults = f" faults={g.faults}" if g.has_faults else ""
     modalities = f" {g.modalities}" if g.is_multimodal else ""  # missing=<modality> recipients=<fraction>
+    mark = selection_mark(g.selection_rule)  # an old rule (records selected on the honest clients' validation)
     return (f"{g.task} {partition_label(g.partition_scheme, g.partition_params)} N={g.n_clients}{active} "
-            f"R={g.rounds}{faults}{modalities}")
+            f"R={g.rounds}{faults}{modalities}{f' selection={mark}' if mark else ''}")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import hfl_bench
-from hfl_bench.config import FINAL_ROUNDS, HASH_NEUTRAL_DEFAULTS, ConfigError, RunConfig, config_hash
+from hfl_bench.config import FINAL_ROUNDS, HASH_NEUTRAL_DEFAULTS, SELECTION_RULE, ConfigError, RunConfig, config_hash
 from hfl_bench.paths import (
     UnsafePathError,
     checkpoint_for,
@@ -135,12 +135,12 @@ def schema_version_of(result: RunResult) -> str:
 
 
 def faults_section(cfg_dict: dict[str, Any], faults: dict[str, Any]) -> dict[str, Any]:
-    """The record's ``faults`` block: the plan (``FaultPlan.record``), the selection rule and the
-    config hash of the same run without faults (the baseline a drop is measured against)."""
+    """The record's ``faults`` block: the plan (``FaultPlan.record``), whose validation selected the
+    reported round (``all``: every client's, the rule without faults, ``evaluation.select_round``;
+    records written before it say ``honest``) and the config hash of the same run without faults
+    (the baseline a drop is measured against)."""
     baseline = {**cfg_dict, "faults": HASH_NEUTRAL_DEFAULTS["faults"]}
-    honest = faults.get("honest_clients") or []
-    return {**faults, "selection": "honest" if honest else "all",
-            "baseline_config_hash": config_hash(baseline)}
+    return {**faults, "selection": "all", "baseline_config_hash": config_hash(baseline)}
 
 
 def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
@@ -227,7 +227,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             **({"resumed_from_rounds": resumed} if (resumed := result.resumed_from_rounds) else {}),
         },
         "seeds": {"python": cfg.seed, "numpy": cfg.seed, "torch": cfg.seed, "partition": cfg.seed},
-        "selection": {"rule": "best_mean_local_val", "round": best.round if best else None},
+        "selection": {"rule": SELECTION_RULE, "round": best.round if best else None},
         **({"faults": faults_section(cfg_dict, result.faults)} if result.faults is not None else {}),
         **({"modalities": dict(result.modalities)} if result.modalities is not None else {}),
         "metrics": metrics,
@@ -314,7 +314,7 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
         "error": error,
         "method": method,
         "task": task,
-        "selection": {"rule": "best_mean_local_val", "round": None},
+        "selection": {"rule": SELECTION_RULE, "round": None},
         "metrics": None,
         "plugins": plugins_used(_used(cfg.method, method["hparams"], cfg.task, cfg.pool, cfg.partition)),
         "config": portable_config(cfg_dict),  # no path of the machine that ran

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hfl_bench.results.board import Board
+from hfl_bench.results.loading import selection_mark
 from hfl_bench.results.published import Match, Published
 from hfl_bench.results.ranking import protocol_label, protocol_labels
 from hfl_bench.results.setting import METRICS, SettingGroup, canonical, modalities_section, partition_label
@@ -83,6 +84,8 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
             setting += " " + g.data_label
         if g.is_multimodal:
             setting += " " + g.modalities
+        if mark := selection_mark(g.selection_rule):  # records selected by an old rule (honest-val): kept apart
+            setting += f" selection={mark}"
         if g.method_params:
             setting += " " + _params_label(g.method_params)
         fg, fl = g.final_stat("global_acc"), g.final_stat("local_acc")
@@ -247,7 +250,8 @@ def board_json(board: Board) -> dict[str, Any]:
             "partition_hashes": sorted({r.partition_hash for r in g.ok}, key=str),
             "split_by_partition": g.split_by_partition, "n_clients": g.n_clients,
             "clients_per_round": g.clients_per_round, "rounds": g.rounds, "local_epochs": g.local_epochs,
-            "method_params": g.method_params, "faults": g.faults, **_json_modalities(g),
+            "method_params": g.method_params, "faults": g.faults, "selection_rule": g.selection_rule,
+            **_json_modalities(g),
             "headline_clients": g.headline_clients, "seeds": g.seeds, "n_seeds": len(g.ok),
             "global_acc": g.stat("global_acc").as_dict(), "local_acc": g.stat("local_acc").as_dict(),
             "all_clients": {m: g.stat(m, clients="all").as_dict() for m in METRICS},

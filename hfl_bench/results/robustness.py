@@ -6,10 +6,16 @@ faults, and where a fault setting sits on the robustness plot's x axis.
 of a group with faults is paired with the counted record (``grouping``: the newest ok record of
 that seed) of a fault-free group with that config hash and the same method version, the same seed,
 the same data identity (``grouping.data_identity``) and, where both records carry one, the same
-partition hash. Per pair: the honest clients' global accuracy with faults minus the baseline's
-global accuracy (all its clients, which are all honest); the group's drop is the mean over the
-paired seeds (negative: accuracy lost), with how many seeds were paired. No pair: no drop
-(``-`` / null).
+partition hash. Per pair the drop is taken **over the same clients**: the honest clients of the
+run with faults (``faults.honest_clients``), their mean global accuracy with faults minus the same
+clients' mean global accuracy in the baseline, each run at its own selected round (the records'
+``metrics.per_client``). So a fault that leaves the honest clients' models as they were (``local``
+under any message fault) drops exactly 0; a change of which clients are averaged is not a drop.
+A pair where either record lacks one of those clients' figures has no drop. The group's drop is
+the mean over the paired seeds (negative: accuracy lost), with how many seeds were paired. No
+pair: no drop (``-`` / null). Pairs are formed only between records of one selection rule
+(``Loaded.selection_rule``: a record selected on the honest clients' validation, written before
+issue 30, has no drop against a baseline selected on every client's).
 
 **The x axis** of ``hfl-bench plot robustness``: ``label-noise`` and ``straggler`` have a strength
 (share of labels flipped, probability of missing a round), which is x; ``byzantine`` and
@@ -19,13 +25,14 @@ faulty clients over N for an explicit list). The fault-free baseline is x = 0.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hfl_bench.results.grouping import data_identity, recency
-from hfl_bench.results.loading import Loaded
-from hfl_bench.results.setting import SettingGroup, figure
+from hfl_bench.results.loading import Loaded, selection_mark
+from hfl_bench.results.setting import SettingGroup
 
 STRENGTH_AXIS = ("label-noise", "straggler")  # x = strength; every other kind: x = fraction of faulty clients
 X_LABELS = {
@@ -56,18 +63,61 @@ class Pair:
     baseline: Loaded
 
     @property
+    def clients(self) -> list[int]:
+        """The clients the drop is over: the honest clients of the run with faults."""
+        return honest_clients(self.faulty)
+
+    @property
+    def with_faults(self) -> Optional[float]:
+        """Those clients' mean global accuracy at the selected round of the run with faults."""
+        return same_clients_mean(self.faulty, self.clients)
+
+    @property
+    def without_faults(self) -> Optional[float]:
+        """The same clients' mean global accuracy at the baseline's own selected round."""
+        return same_clients_mean(self.baseline, self.clients)
+
+    @property
     def drop(self) -> Optional[float]:
-        with_faults = figure(self.faulty.record, "global_acc", "honest")
-        without = figure(self.baseline.record, "global_acc", "all")
+        with_faults, without = self.with_faults, self.without_faults
         if with_faults is None or without is None:
             return None
-        return round(float(with_faults) - float(without), 4)
+        return round(with_faults - without, 4)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "drop": self.drop,
-                "honest_global_acc": figure(self.faulty.record, "global_acc", "honest"),
-                "baseline_global_acc": figure(self.baseline.record, "global_acc", "all"),
+        return {"seed": self.seed, "drop": self.drop, "clients": self.clients,
+                "honest_global_acc": self.with_faults, "baseline_global_acc": self.without_faults,
                 "record": str(self.faulty.path), "baseline_record": str(self.baseline.path)}
+
+
+def honest_clients(r: Loaded) -> list[int]:
+    """The honest client ids a record run with faults names ([] when it names none)."""
+    ids = faults_section(r).get("honest_clients")
+    return [c for c in ids if isinstance(c, int) and not isinstance(c, bool)] if isinstance(ids, list) else []
+
+
+def per_client_figures(r: Loaded, metric: str = "global_acc") -> dict[int, float]:
+    """Each client's selected-round figure (``metrics.per_client``), by client id; a client
+    without a number is left out (types checked: text from a record is data)."""
+    metrics = r.record.get("metrics") if isinstance(r.record.get("metrics"), dict) else {}
+    rows = metrics.get("per_client") if isinstance(metrics.get("per_client"), list) else []
+    out: dict[int, float] = {}
+    for row in rows:
+        if not isinstance(row, dict):
+            continue
+        cid, value = row.get("cid"), row.get(metric)
+        if isinstance(cid, int) and not isinstance(cid, bool) and isinstance(value, (int, float)) \
+                and not isinstance(value, bool) and math.isfinite(value):
+            out[cid] = float(value)
+    return out
+
+
+def same_clients_mean(r: Loaded, clients: list[int], metric: str = "global_acc") -> Optional[float]:
+    """The mean of ``clients``' selected-round figures in ``r``; None when it lacks any of them."""
+    figures = per_client_figures(r, metric)
+    if not clients or any(c not in figures for c in clients):
+        return None
+    return statistics.fmean(figures[c] for c in clients)
 
 
 @dataclass
@@ -98,8 +148,8 @@ class Drop:
         return {"mean": self.mean, "n_paired": self.n_paired, "seeds": self.seeds,
                 "baseline_config_hash": self.baseline_config_hash, "baseline_group_ids": self.baseline_group_ids,
                 "pairs": [p.as_dict() for p in self.pairs if p.drop is not None],
-                "rule": "honest global accuracy with faults minus the fault-free baseline's global accuracy, "
-                        "paired by seed, mean over the paired seeds"}
+                "rule": "the honest clients' mean global accuracy with faults minus the same clients' in the "
+                        "fault-free run, each at its own selected round, paired by seed, mean over the paired seeds"}
 
 
 def _same_partition(a: Loaded, b: Loaded) -> bool:
@@ -112,7 +162,8 @@ def find_drop(g: SettingGroup, fault_free: list[SettingGroup]) -> Drop:
     drop = Drop(wanted)
     if wanted is None:
         return drop
-    candidates = [b for b in fault_free if b.config_hash == wanted and b.method_version == g.method_version]
+    candidates = [b for b in fault_free if b.config_hash == wanted and b.method_version == g.method_version
+                  and b.selection_rule == g.selection_rule]
     used: set[str] = set()
     for r in g.ok:
         if baseline_hash(r) != wanted:
@@ -175,4 +226,6 @@ def series_params(r: Loaded) -> str:
         parts.append(f"clients={who}")
     if section.get("mode"):
         parts.append(str(section["mode"]))
+    if mark := selection_mark(r.selection_rule):  # an old rule's points are a line of their own
+        parts.append(f"selection={mark}")
     return " ".join(parts)

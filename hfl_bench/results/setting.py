@@ -30,6 +30,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
+from hfl_bench.config import SELECTION_RULE
 from hfl_bench.results.grouping import SeedGroup
 from hfl_bench.results.loading import Loaded
 
@@ -260,6 +261,8 @@ class SettingGroup:
     faults: str = NO_FAULTS  # the fault setting (canonical spec), part of the setting and protocol
     drop: Optional[Any] = None  # robustness.Drop: against the same seeds without faults (faulty groups)
     modalities: str = NO_MODALITIES  # the modality setting (``modality_setting``), part of setting and protocol
+    # what selected the reported round (``Loaded.selection_rule``): part of the protocol
+    selection_rule: str = SELECTION_RULE
     data_fingerprint: Optional[str] = None  # the data the seeds ran on (None: a record that cannot say)
     num_classes: Optional[int] = None  # the task's class count in the records: part of the data identity
 
@@ -336,13 +339,15 @@ class SettingGroup:
 
     def protocol(self) -> tuple:
         """What the rank compares methods within: task, partition, clients, rounds, epochs, the
-        fault setting (a group with faults is never ranked against fault-free ones), the
-        modality setting (nor a multimodal group against another setting) and the data (the data
+        fault setting (a group with faults is never ranked against fault-free ones), the selection
+        rule (records selected on the honest clients' validation, before issue 30, never ranked
+        against records selected on every client's), the modality setting (nor a multimodal group
+        against another setting) and the data (the data
         fingerprint and class count: one task name on two image folders is two protocols; a
         record without a fingerprint is "unknown data", its own)."""
         return (self.task, self.partition_scheme, canonical(self.partition_params), self.n_clients,
                 self.clients_per_round, self.rounds, self.local_epochs, self.faults, self.modalities,
-                self.data_fingerprint, self.num_classes)
+                self.data_fingerprint, self.num_classes, self.selection_rule)
 
     @property
     def data_label(self) -> str:
@@ -370,7 +375,8 @@ def describe(seeds: SeedGroup) -> SettingGroup:
         method_params=dict(cfg.get("method_params") or {}), hparams=dict(first["method"].get("hparams") or {}),
         config_hash=first.get("config_hash") or "?", ok=list(seeds.ok), n_failed=seeds.n_failed,
         n_diverged=seeds.n_diverged, n_duplicates=len(seeds.duplicates), split_by_partition=seeds.split_by_partition,
-        faults=fault_setting(first), modalities=modality_setting(first), **_data_of(first),
+        faults=fault_setting(first), modalities=modality_setting(first), selection_rule=seeds.selection_rule,
+        **_data_of(first),
     )
 
 
