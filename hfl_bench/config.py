@@ -49,6 +49,11 @@ FINAL_ROUNDS = 10
 # faults say ``faults.selection: "honest"`` (the honest clients' validation, which no server can
 # know): the results layer keeps them apart (``results.grouping.selection_rule``).
 SELECTION_RULE = "best_mean_local_val"
+# A client holds (has seen) a class when its training split has at least this many samples of it;
+# its other classes are unseen (the record's seen / unseen-class accuracy, hfl_bench.evaluation).
+# One sample: the only bar that needs no scale of the task's, and "unseen" then means exactly
+# "never trained on locally", so whatever a client knows of such a class came through the federation.
+HELD_MIN_TRAIN_COUNT = 1
 # Test rounds every k rounds by default (hfl_bench.evaluation; README, Performance).
 EVAL_EVERY = 10
 

@@ -400,9 +400,9 @@ def _history_entry(m: RoundMetrics, nbytes: int, seconds: float, scalars: dict[s
 
 
 def _test_entry(m: RoundMetrics, groups: dict[str, list[int]]) -> dict[str, Any]:
-    """A round's mean local and global test accuracy over all clients and over each client group
-    (``Federation.client_groups``: a headline's per-round curve); None where the round ran no test
-    (or a group has no clients)."""
+    """A round's mean local, global, seen-class and unseen-class test accuracy over all clients and
+    over each client group (``Federation.client_groups``: a headline's per-round curve); None where
+    the round ran no test (or a group has no clients, or none of them has the figure)."""
     entry = _test_means(m, None)
     entry.update({name: _test_means(m, clients) for name, clients in groups.items()})
     return entry
@@ -413,8 +413,16 @@ def _test_means(m: RoundMetrics, clients: list[int] | None) -> dict[str, float |
         return np.asarray(values, dtype=float) if clients is None else np.asarray(values, dtype=float)[clients]
     local = None if m.local_acc is None else pick(m.local_acc)  # nan: a client without a test half
     glob = None if m.global_acc is None else pick(m.global_acc)
-    return {"local_acc": _round(float(np.nanmean(local))) if local is not None and np.isfinite(local).any() else None,
-            "global_acc": _round(float(np.mean(glob))) if glob is not None and glob.size else None}
+    return {"local_acc": _finite_mean(local),
+            "global_acc": _round(float(np.mean(glob))) if glob is not None and glob.size else None,
+            # seen / unseen-class accuracy: over the clients that have such test samples (nan: none)
+            "seen_acc": _finite_mean(None if m.seen_acc is None else pick(m.seen_acc)),
+            "unseen_acc": _finite_mean(None if m.unseen_acc is None else pick(m.unseen_acc))}
+
+
+def _finite_mean(values: np.ndarray | None) -> float | None:
+    """The mean of the finite ``values`` (nan: a client without the figure); None when there is none."""
+    return _round(float(np.nanmean(values))) if values is not None and np.isfinite(values).any() else None
 
 
 def _round(x: float, nd: int = 4) -> float | None:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hfl_bench.config import FINAL_ROUNDS
+from hfl_bench.config import FINAL_ROUNDS, HELD_MIN_TRAIN_COUNT
 from hfl_bench.federation import RoundMetrics
 from hfl_bench.metering import Phase, PhaseTimer
 from hfl_bench.modalities import mask
@@ -47,6 +47,24 @@ if TYPE_CHECKING:
 def class_correct(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
     hit = logits.argmax(dim=-1) == y
     return torch.bincount(y[hit], minlength=num_classes).float()
+
+
+def held_classes(train_counts: np.ndarray, min_count: int = HELD_MIN_TRAIN_COUNT) -> np.ndarray:
+    """[N, C] whether each client holds each class: at least ``min_count`` training samples of it."""
+    return np.asarray(train_counts) >= min_count
+
+
+def seen_unseen_acc(correct: np.ndarray, test_counts: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each client's global test accuracy (percent) on the test samples of the classes it holds
+    and on those of the classes it lacks, from its per-class correct counts ``correct`` [N, C],
+    the test set's class counts ``test_counts`` [C] and ``held`` [N, C]: the same predictions as
+    its global accuracy, restricted; nan where a client has no test sample of that kind."""
+    def restricted(mask: np.ndarray) -> np.ndarray:
+        total = (mask * test_counts).sum(1)
+        hits = (mask * correct).sum(1)
+        return np.where(total > 0, hits / np.maximum(total, 1) * 100, np.nan)
+    held = np.asarray(held, dtype=bool)
+    return restricted(held), restricted(~held)
 
 
 def evaluate_global(fed: Federation, model: nn.Module) -> torch.Tensor:
@@ -191,6 +209,7 @@ class Evaluator:
         self.local_total = np.array([len(cl.test_idx) for cl in fed.clients])
         self.global_correct = np.zeros((n, c))
         self.global_stale: set[int] = set(range(n))  # clients whose test figures are out of date
+        self.held = held_classes(fed.partition.class_counts(fed.data.train_y.cpu().numpy(), c, "train"))
         self.best_val = -np.inf  # the best selection score so far (``select_round``, round by round)
         self.pending: Snapshot | None = None
         self.fast_layout = fed.device.type == "cpu" and fed.data.test_x.dim() == 4
@@ -310,7 +329,8 @@ class Evaluator:
         global_acc = global_correct.sum(1) / max(self.test_class_counts.sum(), 1) * 100
         per_client = {name: self.endpoint(predictors) for name, predictors in endpoints.items()}
         extra = {name: _means(figures) for name, figures in per_client.items()}
-        return RoundMetrics(rnd, val, local, global_acc, global_class, extra, per_client)
+        seen, unseen = seen_unseen_acc(global_correct, self.test_class_counts, self.held)
+        return RoundMetrics(rnd, val, local, global_acc, global_class, extra, per_client, seen, unseen)
 
     def endpoint(self, predictors: list[nn.Module]) -> dict[str, np.ndarray]:
         """Each client's global and local test accuracy (percent; nan without a local test half)

@@ -271,6 +271,11 @@ class RoundMetrics:
     # Per client figures of each extra endpoint: {name: {"global_acc": [N], "local_acc": [N]}} (percent,
     # nan where a client has no local test half): the results layer averages them over client groups.
     endpoint_clients: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    # [N] percent: each client's global test accuracy on the test samples of the classes it holds
+    # in training (seen) and of the classes it lacks (unseen); nan where a client has no such test
+    # sample (no class lacking). None where the round ran no global test.
+    seen_acc: np.ndarray | None = None
+    unseen_acc: np.ndarray | None = None
 
     @property
     def mean_val(self) -> float:

@@ -42,3 +42,31 @@ def invoke_cli(*args: str):
     except ValueError:
         stderr = ""
     return result, result.stdout, stderr
+
+
+def seen_unseen_problems(record: dict) -> list[str]:
+    """What an ok run's record gets wrong of its seen / unseen-class accuracy (schema 1.6): the
+    block at the selected round and over the final window, agreeing with the partition, the
+    per-round means in history and each client group's block; [] when nothing."""
+    m = record.get("metrics") or {}
+    su = m.get("seen_unseen")
+    if not isinstance(su, dict):
+        return ["no metrics.seen_unseen"]
+    problems = []
+    held_classes = [sum(n >= su["min_train_count"] for n in row) for row in record["partition"]["train_counts"]]
+    if [c["n_seen_classes"] for c in su["per_client"]] != held_classes:
+        problems.append("per_client n_seen_classes disagree with partition.train_counts")
+    if su["seen_acc"] is None or su["n_clients_seen"] != su["n_clients"] == len(held_classes):
+        problems.append(f"seen_acc {su['seen_acc']} over {su['n_clients_seen']} of {su['n_clients']} clients")
+    with_unseen = sum(c["unseen_acc"] is not None for c in su["per_client"])
+    if su["n_clients_unseen"] != with_unseen or (su["unseen_acc"] is None) != (with_unseen == 0):
+        problems.append(f"unseen_acc {su['unseen_acc']} with {su['n_clients_unseen']} clients, {with_unseen} have one")
+    selected = record["history"][record["selection"]["round"]]
+    if (selected.get("seen_acc"), selected.get("unseen_acc")) != (su["seen_acc"], su["unseen_acc"]):
+        problems.append("the selected round's history entry disagrees with metrics.seen_unseen")
+    final = su.get("final") or {}
+    if final.get("rounds") != (m.get("final") or {}).get("rounds") or final.get("seen_acc") is None:
+        problems.append(f"final window {final} is not metrics.final's")
+    problems += [f"no metrics.{g}.seen_unseen" for g in ("honest", "faulty", "recipients", "donors")
+                 if isinstance(m.get(g), dict) and not isinstance(m[g].get("seen_unseen"), dict)]
+    return problems

@@ -35,9 +35,11 @@ def run(method: str, eval_every: int, **extra) -> dict:
 
 
 def selected(record: dict) -> dict:
-    """The selected round and its figures (the final window is not part of the comparison)."""
-    return {"selection": record["selection"], "status": record["status"],
-            "metrics": {k: v for k, v in record["metrics"].items() if k != "final"}}
+    """The selected round and its figures (the final windows are not part of the comparison)."""
+    metrics = {k: v for k, v in record["metrics"].items() if k != "final"}
+    if "seen_unseen" in metrics:
+        metrics["seen_unseen"] = {k: v for k, v in metrics["seen_unseen"].items() if k != "final"}
+    return {"selection": record["selection"], "status": record["status"], "metrics": metrics}
 
 
 @pytest.mark.parametrize("method", builtin_methods())
@@ -51,8 +53,9 @@ def test_the_default_policy_selects_the_same_round_with_the_same_figures(method,
         full = every_round["history"][h["round"]]
         if h["round"] in tested:
             assert (h["global_acc"], h["local_acc"]) == (full["global_acc"], full["local_acc"])
+            assert (h["seen_acc"], h["unseen_acc"]) == (full["seen_acc"], full["unseen_acc"])
         else:
-            assert h["global_acc"] is None and h["local_acc"] is None
+            assert h["global_acc"] is None and h["local_acc"] is None and h["seen_acc"] is None
 
 
 def test_a_best_round_between_test_rounds_is_evaluated_from_its_snapshot(short_final_window):

@@ -15,7 +15,7 @@ import json
 import pytest
 
 from hfl_bench.results.plots import headline_curve, make_plots
-from hfl_bench.results.records import build_record, final_figures, load_schema, strict_record
+from hfl_bench.results.records import SCHEMA_VERSION, build_record, final_figures, load_schema, strict_record
 from hfl_bench.results.validation import record_problems, schema_validator
 
 from test_fault_views import show, write
@@ -70,7 +70,7 @@ def test_build_record_gives_each_group_its_final_figures_from_its_history():
         h["recipients"] = {"global_acc": rec, "local_acc": None}
         h["donors"] = {"global_acc": don, "local_acc": 70.0}
     record = strict_record(build_record(cfg, result))
-    assert record["schema_version"] == "1.5" and record_problems(record) == []
+    assert record["schema_version"] == SCHEMA_VERSION and record_problems(record) == []
     m = record["metrics"]
     # rounds 1 and 2 (round 0, before training, is never a final round)
     assert m["recipients"]["final"] == {"rounds": 2, "first_round": 1, "last_round": 2, "global_acc": 40.0,

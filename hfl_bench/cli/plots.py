@@ -11,7 +11,7 @@ from hfl_bench.cli.output import cell, emit_json, fail, out, plain
 
 
 def plot_command(
-    kind: str = typer.Argument(..., help="curves, per-class, per-arch, bytes, robustness or all "
+    kind: str = typer.Argument(..., help="curves, per-class, per-arch, seen-unseen, bytes, robustness or all "
                               "(all draws robustness only when some record ran with --faults)."),
     inputs: list[Path] = typer.Argument(..., metavar="RECORDS...",
                                         help="Record files or folders (searched recursively for *.json)."),

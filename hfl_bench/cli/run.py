@@ -376,6 +376,7 @@ def _print_summary(record: dict[str, Any]) -> None:
         ("selected round", _number(_get(record, "selection", "round"))),
     ]
     if _get(record, "source", "kind") == "reproduced":
+        rows += _seen_unseen_rows(m)
         sent = _get(cost, "bytes_sent_per_client_per_round")
         part = _get(record, "partition") or {}
         rows += [
@@ -390,6 +391,24 @@ def _print_summary(record: dict[str, Any]) -> None:
     for field, value in rows:
         t.add_row(field, cell(value))
     out.print(t)
+
+
+def _seen_unseen_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
+    """The seen / unseen-class accuracy (schema 1.6) over all clients and each client group, at the
+    selected round and over the final window; "-" for a record from before 1.6."""
+    rows = []
+    for who in ("all", "honest", "faulty", "recipients", "donors"):
+        block = _get(m, "seen_unseen") if who == "all" else _get(m, who, "seen_unseen")
+        if who != "all" and not isinstance(_get(m, who), dict):
+            continue
+        suffix = "" if who == "all" else f", {who}"
+        lacking = _get(block, "n_clients_unseen")
+        of = f" ({lacking} of {_get(block, 'n_clients')} clients lack a class)" if isinstance(lacking, int) else ""
+        rows += [(f"seen-class acc{suffix} (%)", _number(_get(block, "seen_acc"))),
+                 (f"unseen-class acc{suffix} (%)", _number(_get(block, "unseen_acc")) + of),
+                 (f"final seen / unseen acc{suffix} (%)",
+                  f"{_number(_get(block, 'final', 'seen_acc'))} / {_number(_get(block, 'final', 'unseen_acc'))}")]
+    return rows
 
 
 def show(
@@ -428,9 +447,14 @@ def show(
         out.print(t)
     per_arch = _get(m, "per_arch_global_acc")
     if isinstance(per_arch, dict) and per_arch:
-        t = Table(title="global accuracy per architecture")
+        # beside each architecture's global accuracy, its seen- and unseen-class accuracy ("-" before schema 1.6)
+        t = Table(title="global accuracy per architecture (seen / unseen: on the classes its clients hold / lack)")
         t.add_column("arch")
-        t.add_column("global acc", justify="right")
+        for col in ("global acc", "seen acc", "unseen acc"):
+            t.add_column(col, justify="right")
+        seen_unseen = _get(m, "seen_unseen", "per_arch")
         for arch, acc in per_arch.items():
-            t.add_row(plain(arch), cell(_number(acc)))
+            figures = _get(seen_unseen, arch)
+            t.add_row(plain(arch), cell(_number(acc)), cell(_number(_get(figures, "seen_acc"))),
+                      cell(_number(_get(figures, "unseen_acc"))))
         out.print(t)

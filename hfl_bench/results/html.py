@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from hfl_bench.config import SELECTION_RULE
+from hfl_bench.results import seen_unseen
 from hfl_bench.results.board import Board, board_records, build_board
 from hfl_bench.results.grouping import SeedGroup, group_seeds
 from hfl_bench.results.loading import HONEST_SELECTION, Loaded, ResultsError, Skipped, load_records
@@ -222,7 +223,30 @@ def _per_arch(g: SettingGroup) -> list[dict[str, str]]:
     rows = []
     for a in archs:
         s = Stat.of((_get(r.record, "metrics", "per_arch_global_acc") or {}).get(a) for r in g.ok)
-        rows.append({"arch": a, "acc": _pm(s.mean, s.sd), "n": str(s.n)})
+        seen, unseen = (Stat.of(seen_unseen.arch_value(r.record, a, m) for r in g.ok) for m in seen_unseen.SEEN_UNSEEN)
+        rows.append({"arch": a, "acc": _pm(s.mean, s.sd), "seen": _pm(seen.mean, seen.sd),
+                     "unseen": _pm(unseen.mean, unseen.sd), "n": str(s.n)})
+    return rows
+
+
+def _seen_unseen(g: SettingGroup) -> list[dict[str, str]]:
+    """The seen / unseen-class accuracy over the headline's clients, all clients and each client
+    group the records have, at the selected round and over the final window (mean ± sd over
+    seeds); [] when no seed's record has it (before schema 1.6)."""
+    if not any(seen_unseen.block(r.record, "all") for r in g.ok):
+        return []
+    who = [("headline", f"headline ({g.headline_clients} clients)")] if g.headline_clients != "all" else []
+    who.append(("all", "all clients"))
+    if g.has_faults:
+        who.append(("faulty", "faulty clients"))
+    if g.is_multimodal:
+        who.append(("donors", "donors"))
+    rows = []
+    for clients, label in who:
+        figures = {f"{'final_' if final else ''}{m}": seen_unseen.stat(g, m, clients, final)
+                   for m in seen_unseen.SEEN_UNSEEN for final in (False, True)}
+        rows.append({"clients": label, **{k: _pm(st.mean, st.sd) for k, st in figures.items()},
+                     "lacking": seen_unseen.n_clients_unseen(g, clients), "n": str(figures["seen_acc"].n)})
     return rows
 
 
@@ -347,7 +371,8 @@ def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], h
         "title": f"{g.method} on {g.task} ({g.pool})", "row": row, "setting": setting,
         "config": [(k, _text(v)) for k, v in cfg.items()],
         "matches": [{"cells": p, "differences": m.differences} for p, m in zip(row["published"], g.published)],
-        "per_class": _per_class(g), "per_arch": _per_arch(g), "endpoints": _endpoints(g),
+        "per_class": _per_class(g), "per_arch": _per_arch(g), "seen_unseen": _seen_unseen(g),
+        "endpoints": _endpoints(g),
         "multimodal": g.is_multimodal,
         "members": _members(sg, g, hrefs),
         "citation": _values(g.ok, "method", "citation"),

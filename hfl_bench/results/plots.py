@@ -5,7 +5,9 @@ global accuracy, classes ordered from abundant to rare training support, Fig. 2)
 (global accuracy per architecture), ``bytes`` (accuracy against bytes sent per client per
 round; curves and bytes draw each record's headline: the honest clients' under faults, the
 recipients' in a multimodal run, said on the y axis; per-class and per-arch are over all
-clients) and ``robustness`` (honest clients' global accuracy against fault strength, one panel per
+clients), ``seen-unseen`` (each client's global accuracy on the classes it holds in training and on
+those it lacks, over all clients and per architecture, from ``metrics.seen_unseen``: record schema
+1.6 on) and ``robustness`` (honest clients' global accuracy against fault strength, one panel per
 fault kind, the fault-free baseline at x = 0; x per kind: ``robustness``; drawn by ``all`` only
 when records run with faults are present). Seeds of one setting are grouped by the leaderboard's
 rule (``grouping``: config hash on the same data, the newest record of a seed run twice) and drawn
@@ -36,7 +38,7 @@ from hfl_bench.results.setting import Stat, figure, headline_of
 from hfl_bench.results.text import mpl_text, terminal
 from hfl_bench.results.validation import valid_records
 
-KINDS = ("curves", "per-class", "per-arch", "bytes", "robustness")
+KINDS = ("curves", "per-class", "per-arch", "seen-unseen", "bytes", "robustness")
 FAULT_KINDS_ONLY = ("robustness",)  # drawn by ``all`` only when some record ran with faults
 # Record ids shown in a figure's caption; the sidecar always lists them all.
 CAPTION_MAX_IDS = 8
@@ -171,6 +173,13 @@ def _per_arch_missing(r: Loaded) -> Optional[str]:
     return None if _metrics(r).get("per_arch_global_acc") else "no per_arch_global_acc"
 
 
+def _seen_unseen_missing(r: Loaded) -> Optional[str]:
+    found = _metrics(r).get("seen_unseen")
+    if not isinstance(found, dict) or found.get("seen_acc") is None:
+        return "no metrics.seen_unseen (written from record schema 1.6 on)"
+    return None
+
+
 def _bytes_missing(r: Loaded) -> Optional[str]:
     if figure(r.record, "global_acc") is None:
         return f"no selected-round global accuracy of the headline ({headline_of(r.record)} clients)"
@@ -180,7 +189,8 @@ def _bytes_missing(r: Loaded) -> Optional[str]:
 
 
 MISSING: dict[str, Callable[[Loaded], Optional[str]]] = {
-    "curves": _curve_missing, "per-class": _per_class_missing, "per-arch": _per_arch_missing, "bytes": _bytes_missing,
+    "curves": _curve_missing, "per-class": _per_class_missing, "per-arch": _per_arch_missing,
+    "seen-unseen": _seen_unseen_missing, "bytes": _bytes_missing,
 }
 
 
@@ -390,6 +400,44 @@ def draw_per_arch(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
     return {"architectures": archs}
 
 
+def _seen_unseen_at(record: dict[str, Any], place: str, metric: str) -> float:
+    """``metrics.seen_unseen``'s ``metric`` over all clients (``place`` "all") or one architecture's; nan if none."""
+    block = record["metrics"]["seen_unseen"]
+    figures = block if place == SEEN_UNSEEN_ALL else (block.get("per_arch") or {}).get(place) or {}
+    x = figures.get(metric)
+    return float("nan") if x is None else float(x)
+
+
+SEEN_UNSEEN_ALL = "all clients"
+
+
+def draw_seen_unseen(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
+    """Selected-round accuracy on the classes each client holds (solid) and lacks (hatched), over
+    all clients and per architecture: where a method's gain over local training comes from."""
+    import numpy as np
+
+    places = [SEEN_UNSEEN_ALL]
+    for r in (r for g in groups for r in g.records):
+        places += [a for a in r.record["metrics"]["seen_unseen"].get("per_arch") or {} if a not in places]
+    width = 0.8 / (2 * len(groups))
+    x = np.arange(len(places))
+    for i, g in enumerate(groups):
+        for j, (metric, hatch) in enumerate((("seen_acc", None), ("unseen_acc", "//"))):
+            mean, lo, hi = _stats([[_seen_unseen_at(r.record, p, metric) for p in places] for r in g.records])
+            pos = x - 0.4 + width * (2 * i + j + 0.5)
+            ax.bar(pos, mean, width, color=colors[g.label], alpha=1.0 if hatch is None else 0.45, hatch=hatch,
+                   edgecolor="black" if hatch else colors[g.label], linewidth=0.4,
+                   label=mpl_text(g.label) if hatch is None else None)
+            if len(g.records) > 1:
+                ax.errorbar(pos, mean, yerr=[mean - lo, hi - mean], fmt="none", ecolor="black", elinewidth=0.8,
+                            capsize=2)
+    ax.set_xticks(x)
+    ax.set_xticklabels([mpl_text(p) for p in places])
+    ax.set_xlabel("clients (solid: classes a client holds in training; hatched: classes it lacks)")
+    ax.set_ylabel("global accuracy (%), seen / unseen classes")
+    return {"places": places, "bars": "per group: seen_acc (solid), unseen_acc (hatched)"}
+
+
 def draw_bytes(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
     """Selected-round global accuracy against bytes sent per client per round (log x). A method
     that sends nothing (local training) cannot sit on a log axis: it is a dashed reference line."""
@@ -415,11 +463,13 @@ def draw_bytes(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
     return {"zero_bytes_reference_lines": reference_lines, "y_axis": y}
 
 
-DRAW = {"curves": draw_curves, "per-class": draw_per_class, "per-arch": draw_per_arch, "bytes": draw_bytes}
+DRAW = {"curves": draw_curves, "per-class": draw_per_class, "per-arch": draw_per_arch,
+        "seen-unseen": draw_seen_unseen, "bytes": draw_bytes}
 TITLES = {
     "curves": "Global accuracy per round",
     "per-class": "Per-class global accuracy (selected round)",
     "per-arch": "Global accuracy per architecture (selected round)",
+    "seen-unseen": "Accuracy on seen and unseen classes (selected round)",
     "bytes": "Accuracy against communication",
 }
 

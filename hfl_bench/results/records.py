@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import hfl_bench
-from hfl_bench.config import FINAL_ROUNDS, HASH_NEUTRAL_DEFAULTS, SELECTION_RULE, ConfigError, RunConfig, config_hash
+from hfl_bench.config import (
+    FINAL_ROUNDS,
+    HASH_NEUTRAL_DEFAULTS,
+    HELD_MIN_TRAIN_COUNT,
+    SELECTION_RULE,
+    ConfigError,
+    RunConfig,
+    config_hash,
+)
 from hfl_bench.paths import (
     UnsafePathError,
     checkpoint_for,
@@ -32,22 +40,20 @@ from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_use
 if TYPE_CHECKING:  # annotation only: reading records needs no torch
     from hfl_bench.federation import RunResult
 
-SCHEMA_VERSION = "1.2"  # what new records without faults (and published records) are written as
-# A record with client groups (the honest and faulty clients of a run with --faults, the recipients
-# and donors of a multimodal run) is written as 1.5: the version that holds its ``faults`` or
-# ``modalities`` section, each group's selected-round figures (``metrics.honest`` ...), its
-# per-round figures in ``history`` and its ``final`` figures, so the final figures beside a group
-# headline are the same clients'. Every other record keeps 1.2, the version that holds all of it,
-# and stays byte for byte what its writer writes now (the shipped published records included).
-# 1.3 and 1.4 (faults, modalities without the groups' per-round figures) are read, no longer written.
-GROUPS_SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"  # what new run records (and failed records) are written as
+# 1.6 holds every run's seen / unseen-class accuracy (``metrics.seen_unseen``, its per-round means
+# in ``history``, a client group's in its own block), so every new run record is 1.6, with or
+# without client groups. Published records carry one figure from a paper and none of that: they
+# stay 1.2 (PUBLISHED_SCHEMA_VERSION), byte for byte what the generator wrote before.
+PUBLISHED_SCHEMA_VERSION = "1.2"
 # Every version a record may carry; each keeps its own schema file, and a record is validated
 # against the schema of its own ``schema_version`` (1.1 added fidelity "original" and ``plugins``;
 # 1.2 the method's ``version`` and the ``final`` figures of the last evaluated rounds; 1.3 the
 # ``faults`` section and the ``honest`` / ``faulty`` figures of a run with --faults; 1.4 the
 # ``modalities`` section and the ``recipients`` / ``donors`` figures of a multimodal run; 1.5 the
-# per-round and final figures of those client groups).
-SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5")
+# per-round and final figures of those client groups; 1.6 the seen / unseen-class accuracy).
+# 1.3 to 1.5 (written for runs with client groups only) are read, no longer written.
+SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6")
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
 SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
 
@@ -77,15 +83,76 @@ def final_figures(history: list[dict[str, Any]], group: str | None = None,
     the selected round's; over all clients, or over a client ``group`` (its per-round figures in
     each history entry, ``Federation.client_groups``). None when no round after round 0 was
     evaluated (or the group has no clients)."""
-    rows = [h if group is None else {"round": h.get("round", 0), **(h.get(group) or {})} for h in history]
-    evaluated = [h for h in rows if h.get("round", 0) >= 1 and h.get("global_acc") is not None]
-    last = evaluated[-n:]
+    last = _final_rows(history, group, n)
     if not last:
         return None
     local = [h["local_acc"] for h in last if h.get("local_acc") is not None]
     return {"rounds": len(last), "first_round": last[0]["round"], "last_round": last[-1]["round"],
             "global_acc": _pct(float(np.mean([h["global_acc"] for h in last]))),
             "local_acc": _pct(float(np.mean(local))) if local else None}
+
+
+def _final_rows(history: list[dict[str, Any]], group: str | None, n: int) -> list[dict[str, Any]]:
+    """The final window (``final_figures``): the last ``n`` history rows, after round 0, that ran the
+    global test; a client group's own per-round figures where ``group`` is named."""
+    rows = [h if group is None else {"round": h.get("round", 0), **(h.get(group) or {})} for h in history]
+    evaluated = [h for h in rows if h.get("round", 0) >= 1 and h.get("global_acc") is not None]
+    return evaluated[-n:]
+
+
+def _mean_of(values: list[Any]) -> float | None:
+    present = [v for v in values if v is not None]
+    return _pct(float(np.mean(present))) if present else None
+
+
+def _defined_mean(values: np.ndarray, idx: np.ndarray) -> tuple[float | None, int]:
+    """The mean of the finite ``values[idx]`` and how many there are (nan: a client without the figure)."""
+    v = np.asarray(values, dtype=float)[idx]
+    ok = np.isfinite(v)
+    return (_pct(float(v[ok].mean())) if ok.any() else None), int(ok.sum())
+
+
+def seen_unseen_figures(best: Any, clients: list[int], history: list[dict[str, Any]],
+                        group: str | None = None) -> dict[str, Any] | None:
+    """The seen / unseen-class accuracy over ``clients`` (``RoundMetrics.seen_acc``): at the
+    selected round, the mean over the clients that have the figure (a client that lacks no class
+    has no unseen figure: ``n_clients_unseen`` counts those that do), and over the final window
+    (``final_figures``' rounds; the history's per-round means, of all clients or of ``group``).
+    None for a selected round without the figures (a run resumed from an older checkpoint)."""
+    if getattr(best, "seen_acc", None) is None or getattr(best, "unseen_acc", None) is None:
+        return None
+    idx = np.asarray(clients, dtype=int)
+    seen, n_seen = _defined_mean(best.seen_acc, idx)
+    unseen, n_unseen = _defined_mean(best.unseen_acc, idx)
+    out: dict[str, Any] = {"n_clients": int(idx.size), "n_clients_seen": n_seen, "n_clients_unseen": n_unseen,
+                           "seen_acc": seen, "unseen_acc": unseen}
+    last = _final_rows(history, group, FINAL_ROUNDS)
+    if last:
+        out["final"] = {"rounds": len(last), "first_round": last[0]["round"], "last_round": last[-1]["round"],
+                        "seen_acc": _mean_of([h.get("seen_acc") for h in last]),
+                        "unseen_acc": _mean_of([h.get("unseen_acc") for h in last])}
+    return out
+
+
+def all_clients_seen_unseen(best: Any, fed: Any, train_counts: np.ndarray,
+                            history: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``metrics.seen_unseen``: ``seen_unseen_figures`` over all clients, with the rule that says which
+    classes a client holds (``min_train_count``), each architecture's means and each client's figures."""
+    figures = seen_unseen_figures(best, [c.cid for c in fed.clients], history)
+    if figures is None:
+        return None
+    n_held = (np.asarray(train_counts) >= HELD_MIN_TRAIN_COUNT).sum(1)
+    by_arch: dict[str, list[int]] = {}
+    for c in fed.clients:
+        by_arch.setdefault(c.arch.name, []).append(c.cid)
+    per_arch = {}
+    for arch, cids in by_arch.items():
+        seen, _ = _defined_mean(best.seen_acc, np.asarray(cids))
+        unseen, n_unseen = _defined_mean(best.unseen_acc, np.asarray(cids))
+        per_arch[arch] = {"seen_acc": seen, "unseen_acc": unseen, "n_clients_unseen": n_unseen}
+    per_client = [{"cid": c.cid, "n_seen_classes": int(n_held[c.cid]), "seen_acc": _pct(best.seen_acc[c.cid]),
+                   "unseen_acc": _pct(best.unseen_acc[c.cid])} for c in fed.clients]
+    return {"min_train_count": HELD_MIN_TRAIN_COUNT, **figures, "per_arch": per_arch, "per_client": per_client}
 
 
 def group_figures(best: Any, clients: list[int]) -> dict[str, Any]:
@@ -130,8 +197,9 @@ def modality_figures(best: Any, clients: list[int]) -> dict[str, Any]:
 
 
 def schema_version_of(result: RunResult) -> str:
-    """The version a run's record is written as: the oldest that holds all of it (module constants)."""
-    return SCHEMA_VERSION if result.faults is None and result.modalities is None else GROUPS_SCHEMA_VERSION
+    """The version a run's record is written as: the oldest that holds all of it (module constants:
+    every run record has the seen / unseen-class figures of 1.6)."""
+    return SCHEMA_VERSION
 
 
 def faults_section(cfg_dict: dict[str, Any], faults: dict[str, Any]) -> dict[str, Any]:
@@ -148,6 +216,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
     cfg_dict = dataclasses.asdict(cfg)
     chash = config_hash(cfg_dict)
     labels = fed.data.train_y.cpu().numpy()
+    train_counts = fed.partition.class_counts(labels, fed.num_classes, "train")
     assignment = [c.arch.name for c in fed.clients]
     metrics: dict[str, Any] | None = None
     if best is not None:
@@ -168,6 +237,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "per_arch_global_acc": {a: _pct(float(np.mean(v))) for a, v in per_arch.items()},
             "extra_endpoints": best.endpoints,
             **({"final": final} if (final := final_figures(result.history)) else {}),
+            **({"seen_unseen": su} if (su := all_clients_seen_unseen(best, fed, train_counts, result.history)) else {}),
         }
         if result.faults is not None:  # the headline under faults: the honest clients' figures
             metrics["honest"] = group_figures(best, result.faults["honest_clients"])
@@ -178,6 +248,13 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         for group in ("honest", "faulty", "recipients", "donors"):
             if group in metrics and (final := final_figures(result.history, group)):
                 metrics[group]["final"] = final
+        groups = {**({"honest": result.faults["honest_clients"], "faulty": result.faults["faulty_clients"]}
+                     if result.faults is not None else {}),
+                  **({"recipients": result.modalities["recipients"], "donors": result.modalities["donors"]}
+                     if result.modalities is not None else {})}
+        for group, clients in groups.items():
+            if (su := seen_unseen_figures(best, clients, result.history, group)) is not None:
+                metrics[group]["seen_unseen"] = su
     sent = result.bytes_sent_per_client_round
     rounds_run = len(result.history) - 1
     record = {
@@ -209,7 +286,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "hash": fed.partition.hash,
             "heldout_fraction": fed.partition.heldout_fraction,
             "public_size": fed.partition.public_size,
-            "train_counts": fed.partition.class_counts(labels, fed.num_classes, "train").tolist(),
+            "train_counts": train_counts.tolist(),
             "val_counts": fed.partition.class_counts(labels, fed.num_classes, "val").tolist(),
         },
         "federation": {

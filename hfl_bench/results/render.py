@@ -15,6 +15,7 @@ from typing import Any, Iterable, Optional
 from rich.table import Table
 from rich.text import Text
 
+from hfl_bench.results import seen_unseen
 from hfl_bench.results.board import Board
 from hfl_bench.results.loading import selection_mark
 from hfl_bench.results.published import Match, Published
@@ -154,12 +155,19 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
 # (records.FINAL_ROUNDS), over the headline's clients ('-' for a group's records from before schema
 # 1.5, which have only all clients' final figures: the ↳ all clients row). "drop" is a faulty group's
 # drop against the same seeds without faults (``robustness``).
+# The seen / unseen-class accuracy is in csv and json only (the table is at its width: a further
+# column folds the cells of the others; the group pages of the HTML site and ``hfl-bench show``
+# give it).
 COLUMNS = ("method", "version", "task", "pool", "faults", "setting", "seeds", "global acc", "drop", "local acc",
            "final global", "final local", "failed/diverged", "source", "locator", "match", "delta")
 TABLE_COLUMNS = tuple(c for c in COLUMNS if c not in ("locator", "final local"))
 UNMATCHED_COLUMNS = ("method", "published as", "task", "pool", "setting", "seeds", "global acc", "local acc",
                      "source", "locator", "match")
 
+# The seen / unseen-class accuracy (schema 1.6; empty for older records): the headline's at the
+# selected round and over the final window, all clients' at the selected round.
+SEEN_UNSEEN_CSV = ("seen_mean", "seen_sd", "unseen_mean", "unseen_sd", "final_seen_mean", "final_seen_sd",
+                   "final_unseen_mean", "final_unseen_sd", "all_seen_mean", "all_unseen_mean")
 CSV_COLUMNS = (
     "row_type", "group_id", "method", "method_version", "commits", "task", "pool", "partition_scheme",
     "partition_params", "n_clients", "clients_per_round", "rounds", "local_epochs", "method_params", "faults",
@@ -167,7 +175,8 @@ CSV_COLUMNS = (
     "all_global_mean", "all_global_sd", "all_local_mean", "all_local_sd", "donors_global_mean", "donors_global_sd",
     "donors_local_mean", "donors_local_sd", "drop_mean", "drop_n_paired", "drop_seeds",
     "final_global_mean", "final_global_sd", "final_local_mean", "final_local_sd", "all_final_global_mean",
-    "all_final_global_sd", "n_failed", "n_diverged", "n_duplicates", "endpoint", "citation_key", "arxiv_or_doi",
+    "all_final_global_sd", *SEEN_UNSEEN_CSV, "n_failed", "n_diverged", "n_duplicates", "endpoint", "citation_key",
+    "arxiv_or_doi",
     "locator", "setting_match", "published_metric", "published_value", "published_sd", "reproduced_mean", "delta",
 )
 
@@ -194,7 +203,7 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
             "drop_seeds": " ".join(map(str, drop.seeds)) if drop else None, "final_global_mean": fg.mean,
             "final_global_sd": fg.sd,
             "final_local_mean": fl.mean, "final_local_sd": fl.sd, "all_final_global_mean": fa.mean,
-            "all_final_global_sd": fa.sd, "n_failed": g.n_failed, "n_diverged": g.n_diverged,
+            "all_final_global_sd": fa.sd, **_csv_seen_unseen(g), "n_failed": g.n_failed, "n_diverged": g.n_diverged,
             "n_duplicates": g.n_duplicates,
         })
         if g.is_multimodal:
@@ -219,6 +228,15 @@ def _csv_figures(g: SettingGroup, endpoint: Optional[str] = None) -> dict[str, A
             out |= {f"{prefix}{name}_mean": st.mean, f"{prefix}{name}_sd": st.sd}
             if not prefix and name == "global":  # the group's ok seeds, as in JSON (every client faulty: no figure)
                 out["n_seeds"] = st.n if endpoint else len(g.ok)
+    return out
+
+
+def _csv_seen_unseen(g: SettingGroup) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, metric in (("seen", "seen_acc"), ("unseen", "unseen_acc")):
+        now, final = seen_unseen.stat(g, metric), seen_unseen.stat(g, metric, final=True)
+        out |= {f"{name}_mean": now.mean, f"{name}_sd": now.sd, f"final_{name}_mean": final.mean,
+                f"final_{name}_sd": final.sd, f"all_{name}_mean": seen_unseen.stat(g, metric, "all").mean}
     return out
 
 
@@ -262,6 +280,8 @@ def board_json(board: Board) -> dict[str, Any]:
             "drop": g.drop.as_dict() if g.drop is not None else None,
             "final": {m: g.final_stat(m).as_dict() for m in METRICS},  # over the headline's clients
             "final_all_clients": {m: g.final_stat(m, "all").as_dict() for m in METRICS},
+            # seen / unseen-class accuracy (schema 1.6; n 0 for older records): the headline's, all clients'
+            "seen_unseen": seen_unseen.as_json(g), "seen_unseen_all_clients": seen_unseen.as_json(g, "all"),
             "endpoints": {e: _json_endpoint(g, e) for e in g.endpoints()},
             "n_failed": g.n_failed, "n_diverged": g.n_diverged, "n_duplicates": g.n_duplicates,
             "records": [str(r.path) for r in g.ok],
