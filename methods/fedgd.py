@@ -80,6 +80,7 @@ from hfl_bench.method_api import (
     RoundView,
     SERVER,
     ConfigError,
+    Data,
     Method,
     MethodCard,
     SmokeSettings,
@@ -243,6 +244,7 @@ def train_generator(fed: RoundView, generator: Generator, opt: torch.optim.Optim
             loss.total.backward()
             opt.step()
             totals += torch.stack([loss.total, loss.bn, loss.oh, loss.adv]).detach()
+    fed.budget.add(SERVER, Data.SERVER, p.g_steps, p.g_steps * p.g_batch_size)  # the coordinator's steps
     means = {"g_loss": finite_mean(totals[0], p.g_steps, "generator")}
     means.update(zip(("g_bn", "g_oh", "g_adv"), (totals[1:] / max(p.g_steps, 1)).tolist()))
     return means

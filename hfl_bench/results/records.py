@@ -26,22 +26,17 @@ from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_use
 if TYPE_CHECKING:  # annotation only: reading records needs no torch
     from hfl_bench.federation import RunResult
 
-SCHEMA_VERSION = "1.2"  # what new records without faults (and published records) are written as
-# A record with client groups (the honest and faulty clients of a run with --faults, the recipients
-# and donors of a multimodal run) is written as 1.5: the version that holds its ``faults`` or
-# ``modalities`` section, each group's selected-round figures (``metrics.honest`` ...), its
-# per-round figures in ``history`` and its ``final`` figures, so the final figures beside a group
-# headline are the same clients'. Every other record keeps 1.2, the version that holds all of it,
-# and stays byte for byte what its writer writes now (the shipped published records included).
-# 1.3 and 1.4 (faults, modalities without the groups' per-round figures) are read, no longer written.
-GROUPS_SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"  # what new records (and published records) are written as
+# 1.6 adds the work a run did (``cost.budget``), so every new run is written as 1.6, with or without
+# client groups. Older records keep the version they were written as and are read as such.
+GROUPS_SCHEMA_VERSION = "1.5"  # the version that added client groups (read, no longer written)
 # Every version a record may carry; each keeps its own schema file, and a record is validated
 # against the schema of its own ``schema_version`` (1.1 added fidelity "original" and ``plugins``;
 # 1.2 the method's ``version`` and the ``final`` figures of the last evaluated rounds; 1.3 the
 # ``faults`` section and the ``honest`` / ``faulty`` figures of a run with --faults; 1.4 the
 # ``modalities`` section and the ``recipients`` / ``donors`` figures of a multimodal run; 1.5 the
-# per-round and final figures of those client groups).
-SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5")
+# per-round and final figures of those client groups; 1.6 ``cost.budget``).
+SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6")
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
 SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
 
@@ -124,8 +119,8 @@ def modality_figures(best: Any, clients: list[int]) -> dict[str, Any]:
 
 
 def schema_version_of(result: RunResult) -> str:
-    """The version a run's record is written as: the oldest that holds all of it (module constants)."""
-    return SCHEMA_VERSION if result.faults is None and result.modalities is None else GROUPS_SCHEMA_VERSION
+    """The version a run's record is written as: the oldest that holds all of it (its budget: 1.6)."""
+    return SCHEMA_VERSION
 
 
 def faults_section(cfg_dict: dict[str, Any], faults: dict[str, Any]) -> dict[str, Any]:
@@ -231,6 +226,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "wall_time_per_round_s": round(result.wall_time_s / max(rounds_run, 1), 4),
             "wall_time_total_s": round(result.wall_time_s, 3),
             "peak_memory": result.peak_memory,
+            "budget": fed.budget.record(),  # steps and samples by kind of data (metering.Budget)
         },
         "history": result.history,
         "plugins": plugins_used(_used(cfg.method, method.hparams(), fed.info.name, fed.pool.name,
