@@ -21,7 +21,7 @@ from hfl_bench.families.peer_kd import exchange_snapshots
 from hfl_bench.metering import SERVER, Payload, payload_bytes
 from hfl_bench.method_api import new_model
 from hfl_bench.results import records
-from hfl_bench.results.records import GROUPS_SCHEMA_VERSION, SCHEMA_VERSION, final_figures
+from hfl_bench.results.records import SCHEMA_VERSION, final_figures
 from hfl_bench.results.validation import record_problems
 from hfl_bench.method_api import get_method_class
 from hfl_bench.testing import QUICK, builtin_methods, ready_method, smoke_config, tiny_federation
@@ -307,7 +307,7 @@ def test_every_method_runs_under_every_fault_kind(method, faults, validator):
         return
     record = _run(method, faults)
     assert record["status"] == "ok", record["error"]
-    assert record["schema_version"] == GROUPS_SCHEMA_VERSION
+    assert record["schema_version"] == SCHEMA_VERSION  # 1.6: the groups' figures (1.5) and the budget
     assert record["faults"]["spec"] == parse_faults(faults).canonical
     assert record["config"]["faults"] == record["faults"]["spec"]
     honest = record["metrics"]["honest"]
@@ -322,7 +322,7 @@ def test_every_method_runs_under_every_fault_kind(method, faults, validator):
 
 def test_a_record_without_faults_is_what_it_was():
     record = _run("local", "none")
-    assert record["schema_version"] == SCHEMA_VERSION == "1.2" and record["config"]["faults"] == ""
+    assert record["schema_version"] == SCHEMA_VERSION == "1.6" and record["config"]["faults"] == ""
     assert "faults" not in record and "honest" not in record["metrics"]
 
 

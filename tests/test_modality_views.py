@@ -26,6 +26,7 @@ from hfl_bench.matrix.runner import summary_row
 from hfl_bench.matrix.suite import Cell
 from hfl_bench.method_card import MethodCard
 from hfl_bench.results.board import build_board
+from hfl_bench.metering import Budget
 from hfl_bench.results.loading import load_records
 from hfl_bench.results.records import SCHEMA_VERSION, build_record, load_schema, strict_record
 from hfl_bench.results.validation import record_problems, schema_validator
@@ -191,7 +192,7 @@ def fake_result(modalities: dict | None = None, faults: dict | None = None) -> t
         partition=SimpleNamespace(scheme="dirichlet", params={"alpha": 0.3}, seed=0, hash="p0", heldout_fraction=0.2,
                                   public_size=0, class_counts=lambda labels, c, split: np.ones((4, c), dtype=int)),
         num_classes=3, exec_path="fast", use_vmap=False, use_lockstep=False, channel=SimpleNamespace(total=0),
-        device=torch.device("cpu"))
+        budget=Budget(4), device=torch.device("cpu"))
     history = [{"round": r, "mean_val_acc": v, "global_acc": g}
                for r, v, g in ((0, 9.0, 9.0), (1, 50.0, 20.0), (2, 65.0, 25.0))]
     cfg = RunConfig(method="fake-method", task="fake-task", clients=4, rounds=2, seed=0, local_epochs=1,
@@ -223,10 +224,10 @@ def test_build_record_writes_1_5_with_the_recipients_and_donors_figures():
         assert record_problems(record, schema_validator(reference=reference)) == []
 
 
-def test_build_record_without_modalities_is_still_1_2():
+def test_build_record_without_modalities_has_no_modality_figures():
     cfg, result = fake_result()
     record = build_record(cfg, result)
-    assert record["schema_version"] == SCHEMA_VERSION == "1.2"
+    assert record["schema_version"] == SCHEMA_VERSION == "1.6"  # every new record (its budget)
     assert "modalities" not in record and "modalities" not in record["task"]
     assert not {"recipients", "donors", "honest", "faulty"} & set(record["metrics"])
     assert record_problems(strict_record(record)) == []

@@ -26,7 +26,8 @@ from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_use
 if TYPE_CHECKING:  # annotation only: reading records needs no torch
     from hfl_bench.federation import RunResult
 
-SCHEMA_VERSION = "1.6"  # what new records (and published records) are written as
+SCHEMA_VERSION = "1.6"  # what new run records are written as
+PUBLISHED_SCHEMA_VERSION = "1.2"  # a published figure has no budget: the oldest version that holds it
 # 1.6 adds the work a run did (``cost.budget``), so every new run is written as 1.6, with or without
 # client groups. Older records keep the version they were written as and are read as such.
 GROUPS_SCHEMA_VERSION = "1.5"  # the version that added client groups (read, no longer written)

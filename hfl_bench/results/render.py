@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hfl_bench.results.board import Board
+from hfl_bench.results.budget import CLIENT_KINDS, budget_of, group_steps, steps_label
 from hfl_bench.results.published import Match, Published
 from hfl_bench.results.ranking import protocol_label, protocol_labels
 from hfl_bench.results.setting import METRICS, SettingGroup, canonical, modalities_section, partition_label
@@ -91,6 +92,7 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
             "setting": setting, "seeds": str(len(g.ok)), "global acc": _pm(gl.mean, gl.sd), "drop": drop_label(g),
             "local acc": _pm(lo.mean, lo.sd),
             "final global": _pm(fg.mean, fg.sd), "final local": _pm(fl.mean, fl.sd),
+            STEPS: steps_label([r.record for r in g.ok]),
             "failed/diverged": f"{g.n_failed}/{g.n_diverged}", "source": "", "locator": "",
             "match": "", "delta": "", KIND: "group", **({NOTE: MODALITY_NOTE} if g.is_multimodal else {}),
         })
@@ -150,9 +152,12 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
 # for a group run with faults); "final" ones are the mean over the last evaluated rounds
 # (records.FINAL_ROUNDS), over the headline's clients ('-' for a group's records from before schema
 # 1.5, which have only all clients' final figures: the ↳ all clients row). "drop" is a faulty group's drop against the same seeds
-# without faults (``robustness``).
+# without faults (``robustness``). "steps / client / round" is the work the runs did (``budget``):
+# optimizer steps per client per round on private data, then "(all T)" with public or synthetic
+# steps and "server S" for the server's own steps per round ('-' for records before schema 1.6).
+STEPS = "steps / client / round"
 COLUMNS = ("method", "version", "task", "pool", "faults", "setting", "seeds", "global acc", "drop", "local acc",
-           "final global", "final local", "failed/diverged", "source", "locator", "match", "delta")
+           "final global", "final local", STEPS, "failed/diverged", "source", "locator", "match", "delta")
 TABLE_COLUMNS = tuple(c for c in COLUMNS if c not in ("locator", "final local"))
 UNMATCHED_COLUMNS = ("method", "published as", "task", "pool", "setting", "seeds", "global acc", "local acc",
                      "source", "locator", "match")
@@ -164,8 +169,9 @@ CSV_COLUMNS = (
     "all_global_mean", "all_global_sd", "all_local_mean", "all_local_sd", "donors_global_mean", "donors_global_sd",
     "donors_local_mean", "donors_local_sd", "drop_mean", "drop_n_paired", "drop_seeds",
     "final_global_mean", "final_global_sd", "final_local_mean", "final_local_sd", "all_final_global_mean",
-    "all_final_global_sd", "n_failed", "n_diverged", "n_duplicates", "endpoint", "citation_key", "arxiv_or_doi",
-    "locator", "setting_match", "published_metric", "published_value", "published_sd", "reproduced_mean", "delta",
+    "all_final_global_sd", "private_steps_per_client_round", "public_steps_per_client_round",
+    "synthetic_steps_per_client_round", "server_steps_per_round", "n_failed", "n_diverged", "n_duplicates",
+    "endpoint", "citation_key", "arxiv_or_doi", "locator", "setting_match", "published_metric", "published_value", "published_sd", "reproduced_mean", "delta",
 )
 
 
@@ -190,7 +196,7 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
             "drop_n_paired": drop.n_paired if drop else None,
             "drop_seeds": " ".join(map(str, drop.seeds)) if drop else None, "final_global_mean": fg.mean, "final_global_sd": fg.sd,
             "final_local_mean": fl.mean, "final_local_sd": fl.sd, "all_final_global_mean": fa.mean,
-            "all_final_global_sd": fa.sd, "n_failed": g.n_failed, "n_diverged": g.n_diverged,
+            "all_final_global_sd": fa.sd, **_csv_steps(g), "n_failed": g.n_failed, "n_diverged": g.n_diverged,
             "n_duplicates": g.n_duplicates,
         })
         if g.is_multimodal:
@@ -216,6 +222,14 @@ def _csv_figures(g: SettingGroup, endpoint: Optional[str] = None) -> dict[str, A
             if not prefix and name == "global":  # the group's ok seeds, as in JSON (every client faulty: no figure)
                 out["n_seeds"] = st.n if endpoint else len(g.ok)
     return out
+
+
+def _csv_steps(g: SettingGroup) -> dict[str, Any]:
+    """The seeds' mean optimizer steps per client per round by kind of data, the server's per
+    round (empty for records before schema 1.6)."""
+    steps = group_steps([r.record for r in g.ok])
+    out = {f"{kind}_steps_per_client_round": steps[kind] for kind in CLIENT_KINDS}
+    return out | {"server_steps_per_round": steps["server"]}
 
 
 def _published_csv(p: Published, m: Optional[Match], group_id: str) -> dict[str, Any]:
@@ -258,6 +272,7 @@ def board_json(board: Board) -> dict[str, Any]:
             "final": {m: g.final_stat(m).as_dict() for m in METRICS},  # over the headline's clients
             "final_all_clients": {m: g.final_stat(m, "all").as_dict() for m in METRICS},
             "endpoints": {e: _json_endpoint(g, e) for e in g.endpoints()},
+            "steps_per_client_round": _json_steps(g),
             "n_failed": g.n_failed, "n_diverged": g.n_diverged, "n_duplicates": g.n_duplicates,
             "records": [str(r.path) for r in g.ok],
             "published": [m.as_dict() for m in g.published],
@@ -268,6 +283,14 @@ def board_json(board: Board) -> dict[str, Any]:
                 f"(metrics.honest), {multimodal}over all clients otherwise (all_clients)")
     return {"sd": "sample standard deviation (ddof=1); null for a single seed", "headline": headline,
             "groups": groups, "unmatched_published": [p.as_dict() for p in board.unmatched], "skipped": board.skipped}
+
+
+def _json_steps(g: SettingGroup) -> dict[str, Any]:
+    """The seeds' mean steps per client per round on private, public and synthetic data and all of
+    them, the server's per round (``server``), and how many seeds have a budget (``n``; 0: records
+    before schema 1.6, every figure null)."""
+    records = [r.record for r in g.ok]
+    return {**group_steps(records), "n": sum(1 for r in records if budget_of(r) is not None)}
 
 
 def _json_modalities(g: SettingGroup) -> dict[str, Any]:
@@ -326,7 +349,8 @@ def to_rich(rows: list[dict[str, str]], columns: Iterable[str], title: str) -> T
     """The terminal table; its title also carries the rows' notes (``row_notes``)."""
     t = Table(title=Text(terminal("; ".join([title, *row_notes(rows)]))))
     for c in columns:
-        right = c in ("seeds", "global acc", "drop", "local acc", "final global", "final local", "delta", "mean rank", "protocols", "#")
+        right = c in ("seeds", "global acc", "drop", "local acc", "final global", "final local", STEPS, "delta", "mean rank",
+                      "protocols", "#")
         # fold, not ellipsis: a narrow terminal still shows every character
         t.add_column(c, justify="right" if right else "left", overflow="fold")
     for r in rows:
