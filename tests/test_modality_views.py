@@ -202,12 +202,12 @@ def fake_result(modalities: dict | None = None, faults: dict | None = None) -> t
                           code={"git_sha": None, "git_dirty": None}, faults=faults, modalities=modalities)
 
 
-def test_build_record_writes_1_5_with_the_recipients_and_donors_figures():
+def test_build_record_writes_the_recipients_and_donors_figures():
     plan = section(4, 1)  # recipients 1 and 3, donors 0 and 2
     assert (plan["recipients"], plan["donors"]) == ([1, 3], [0, 2])
     cfg, result = fake_result(plan)
     record = strict_record(build_record(cfg, result))
-    assert record["schema_version"] == "1.5" and record["status"] == "ok"
+    assert record["schema_version"] == "1.6" and record["status"] == "ok"
     assert record["modalities"] == plan and record["task"]["modalities"] == SHAPES
     m = record["metrics"]
     # recipients 1 and 3: global (20 + 40) / 2, local 90 (client 1 has no local half), val (60 + 80) / 2;
@@ -233,12 +233,12 @@ def test_build_record_without_modalities_has_no_modality_figures():
     assert record_problems(strict_record(record)) == []
 
 
-def test_modalities_and_faults_together_write_1_5_with_both():
+def test_modalities_and_faults_together_write_both():
     faults = {"spec": "byzantine:[0]/random", "kind": "byzantine", "strength": None, "mode": "random",
               "fraction": None, "faulty_clients": [0], "honest_clients": [1, 2, 3]}
     cfg, result = fake_result(section(4, 1), faults)
     record = strict_record(build_record(cfg, result))
-    assert record["schema_version"] == "1.5" and record["faults"]["kind"] == "byzantine"
+    assert record["schema_version"] == "1.6" and record["faults"]["kind"] == "byzantine"
     assert record["metrics"]["honest"]["global_acc"] == 30.0 and record["metrics"]["recipients"]["global_acc"] == 30.0
     assert record_problems(record) == []
 

@@ -345,14 +345,22 @@ def to_csv(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:
     return buf.getvalue()
 
 
+# Headers the terminal table stacks on lines of their own (the table is wide already), and columns
+# it leaves out when no row has a figure (records from before schema 1.6 have no budget).
+NARROW_HEADERS = {STEPS: "steps /\nclient /\nround"}
+WHEN_ANY = (STEPS,)
+
+
 def to_rich(rows: list[dict[str, str]], columns: Iterable[str], title: str) -> Table:
-    """The terminal table; its title also carries the rows' notes (``row_notes``)."""
+    """The terminal table; its title also carries the rows' notes (``row_notes``). A ``WHEN_ANY``
+    column is left out when no row has a figure in it."""
     t = Table(title=Text(terminal("; ".join([title, *row_notes(rows)]))))
+    columns = [c for c in columns if c not in WHEN_ANY or any(r.get(c) not in (None, "", "-") for r in rows)]
     for c in columns:
         right = c in ("seeds", "global acc", "drop", "local acc", "final global", "final local", STEPS, "delta", "mean rank",
                       "protocols", "#")
         # fold, not ellipsis: a narrow terminal still shows every character
-        t.add_column(c, justify="right" if right else "left", overflow="fold")
+        t.add_column(NARROW_HEADERS.get(c, c), justify="right" if right else "left", overflow="fold")
     for r in rows:
         published = bool(r.get("source"))
         # Text, not str: never read as markup; terminal(): no escape sequences or control characters
