@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 
 from hfl_bench import engine, lockstep
 from hfl_bench.cli import app
+from hfl_bench.methods.dfml import draw_aggregator
 from hfl_bench.config import RunConfig
 from hfl_bench.metering import SERVER, Budget, Data
 from hfl_bench.results import records
@@ -105,8 +106,6 @@ def plain(plan: Plan) -> Plan:
 def dfml(plan: Plan) -> Plan:
     """Each round every participant's model trains K epochs over the aggregator's shard (at the
     aggregator): each client is charged K x the aggregator's batches."""
-    from methods.dfml import draw_aggregator
-
     k = plan.p.epochs or plan.cfg.local_epochs
     for rnd in range(1, ROUNDS + 1):
         a = draw_aggregator(plan.cfg.seed, rnd, list(range(CLIENTS)))
@@ -195,9 +194,7 @@ def test_private_budget_equals_locals(method, out):
     steps = record["cost"]["budget"]["per_client"]["private"]["steps"]
     reference = local["cost"]["budget"]["per_client"]["private"]["steps"]
     if method == "dfml":
-        from methods.dfml import draw_aggregator
-
-        aggregators = [draw_aggregator(sim.cfg.seed, rnd, list(range(CLIENTS))) for rnd in range(1, ROUNDS + 1)]
+            aggregators = [draw_aggregator(sim.cfg.seed, rnd, list(range(CLIENTS))) for rnd in range(1, ROUNDS + 1)]
         reference = [sum(reference[a] // ROUNDS for a in aggregators)] * CLIENTS  # local's round on each
     assert steps == reference
 
