@@ -190,11 +190,11 @@ def test_private_budget_equals_locals(method, out):
     every participant on the round's aggregator's shard for the protocol's local epochs: the same
     epochs as local, over another shard, so it is compared with local's steps on that shard."""
     record, sim = run_at_defaults(method, out)
-    local, local_sim = run_at_defaults("local", out)
+    local, _ = run_at_defaults("local", out)
     steps = record["cost"]["budget"]["per_client"]["private"]["steps"]
     reference = local["cost"]["budget"]["per_client"]["private"]["steps"]
     if method == "dfml":
-            aggregators = [draw_aggregator(sim.cfg.seed, rnd, list(range(CLIENTS))) for rnd in range(1, ROUNDS + 1)]
+        aggregators = [draw_aggregator(sim.cfg.seed, rnd, list(range(CLIENTS))) for rnd in range(1, ROUNDS + 1)]
         reference = [sum(reference[a] // ROUNDS for a in aggregators)] * CLIENTS  # local's round on each
     assert steps == reference
 
