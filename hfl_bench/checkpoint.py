@@ -30,7 +30,7 @@ from hfl_bench.paths import write_atomic
 if TYPE_CHECKING:
     from hfl_bench.federation import RoundView
 
-FORMAT = 1
+FORMAT = 2  # 2: the work meter (``budget``); a format-1 checkpoint cannot say what its rounds trained
 TAG = "__ckpt__"
 # Settings that may differ between the interrupted and the resuming process: where things are,
 # and how often checkpoints are written. Everything else must match.
@@ -299,6 +299,7 @@ def simulation_state(sim: Any) -> dict[str, Any]:
                     for c in fed.clients],
         "val_correct": fed.val_correct,
         "method": sim.method.state_dict(fed),
+        "budget": fed.budget.state(),  # a resumed run's budget counts on from here
         "channel": {"sent": torch.from_numpy(fed.channel.sent.copy()),
                     "received": torch.from_numpy(fed.channel.received.copy()),
                     "server_sent": int(fed.channel.server_sent), "total": int(fed.channel.total)},
@@ -341,6 +342,7 @@ def _restore(sim: Any, state: dict[str, Any], where: str) -> None:
     ch = state["channel"]
     fed.channel.sent[:], fed.channel.received[:] = ch["sent"].numpy(), ch["received"].numpy()
     fed.channel.server_sent, fed.channel.total = ch["server_sent"], ch["total"]
+    fed.budget.load(state["budget"])
     e = state["evaluator"]
     ev.local_correct, ev.global_correct = e["local_correct"].numpy().copy(), e["global_correct"].numpy().copy()
     ev.global_stale, ev.best_val = set(e["global_stale"]), e["best_val"]

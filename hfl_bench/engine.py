@@ -23,7 +23,7 @@ from hfl_bench.data import TaskData, TaskInfo, get_task
 from hfl_bench.evaluation import Evaluator, class_correct, evaluate_global, selection_score  # noqa: F401 (re-exported)
 from hfl_bench.faults import canonical_config, plan_for
 from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
-from hfl_bench.metering import Channel, PhaseTimer
+from hfl_bench.metering import Budget, Channel, PhaseTimer
 from hfl_bench.method_api import Method, check_card_setting, get_method_class
 from hfl_bench.modalities import ModalityPlan, mask_clients
 from hfl_bench.modalities import plan_for as modality_plan_for
@@ -103,6 +103,7 @@ def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: tor
             cid, arch, model, fed.make_optimizer(model), as_tensor(split.train), as_tensor(split.val),
             as_tensor(split.test), np.bincount(labels[split.train], minlength=info.num_classes), observed,
         ))
+    fed.budget = Budget(len(clients))
     fed.public_idx = torch.as_tensor(partition.public, dtype=torch.long, device=device)
     fed.val_counts = torch.as_tensor(partition.class_counts(labels, info.num_classes, "val"),
                                      dtype=torch.float32, device=device)
@@ -299,6 +300,7 @@ class Simulation:
         fed, method = self.fed, self.method
         active = self.active_clients(rnd)
         fed.channel.start_round(rnd)
+        fed.budget.start_round(rnd)
         t_round = time.perf_counter()
         if active:
             scalars = method.run_round(fed, rnd, active) or {}

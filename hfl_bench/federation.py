@@ -14,7 +14,9 @@ on a method that reads anything else of it. In short, a method may
 - send through ``channel`` (the only way bytes are counted; every send declares its payload kind,
   ``hfl_bench.metering.Payload``, and the method uses what ``send`` returns: under message faults
   that is what the receivers get) and time its work with
-  ``timer(Phase.TRAINING)`` (named phases only, ``hfl_bench.metering.Phase``).
+  ``timer(Phase.TRAINING)`` (named phases only, ``hfl_bench.metering.Phase``);
+- count on ``budget`` the optimizer steps it takes outside the training building blocks (FedGD's
+  generator): every step of ``fit``, ``train_client`` and ``train_students`` is counted already.
 
 The task's data tensors, the partition's index tensors, the fault and modality plans and the
 evaluation state are not in the view: they belong to the engine and to the building blocks,
@@ -35,7 +37,7 @@ from torch import nn
 if TYPE_CHECKING:  # annotations only: the types below depend on nothing above config
     from hfl_bench.config import RunConfig
     from hfl_bench.data import TaskData, TaskInfo
-    from hfl_bench.metering import Channel, PhaseTimer
+    from hfl_bench.metering import Budget, Channel, PhaseTimer
     from hfl_bench.partition import Partition
     from hfl_bench.pools import ArchPool, PoolMember
 
@@ -132,6 +134,12 @@ class RoundView(Protocol):
         """``with fed.timer(Phase.X):`` times a named phase of the method's work."""
 
     @property
+    def budget(self) -> "Budget":
+        """The work meter (``hfl_bench.metering.Budget``): the training building blocks count every
+        step they run; ``budget.add(SERVER, Data.SERVER, steps, samples)`` counts a server step
+        the method takes itself (an optimizer it steps outside them)."""
+
+    @property
     def val_counts(self) -> torch.Tensor:
         """[N, C] each client's per-class validation-sample counts (fixed for the run)."""
 
@@ -185,6 +193,9 @@ class Federation:
     # The run's modality plan (an hfl_bench.modalities.ModalityPlan: recipients, donors, what each
     # client observes), None for a single-modality task. Methods read each client's ``modalities``.
     modality_plan: Any = None
+    # The work meter (optimizer steps and samples per client and kind of data), fed by the
+    # training building blocks; built with the clients (``engine.build_federation``).
+    budget: "Budget" = None  # type: ignore[assignment]
 
     @property
     def public_x(self) -> torch.Tensor:

@@ -30,7 +30,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from hfl_bench.federation import engine_side
-from hfl_bench.training import EpochPlan, Targets, finite_mean, free_riders, student_loss, train_on_plan
+from hfl_bench.training import EpochPlan, Targets, count_work, finite_mean, free_riders, student_loss, train_on_plan
 
 if TYPE_CHECKING:
     from hfl_bench.federation import RoundView
@@ -205,6 +205,8 @@ def train_lockstep(
             losses = _step(stack, members, forward, loss_of, x, y, q, lr, momentum, weight_decay, fed.cfg.grad_clip)
             totals.index_add_(0, members, losses.to(totals.dtype))  # float32 totals, as training.fit
     stack.write_back()
+    for g, i in enumerate(group):  # as the loop counts each student's plan (training.fit)
+        count_work(fed, plans[i], [i], n_batches[g], len(plans[i]))
     return {i: finite_mean(totals[g], n_batches[g], f"client {i}") for g, i in enumerate(group)}
 
 

@@ -118,6 +118,103 @@ class Channel:
         self.server_sent = 0
 
 
+class Data(str, Enum):
+    """What a training step ran on, as the work meter (``Budget``) splits it."""
+
+    PRIVATE = "private"  # a client's own training shard (an epoch plan)
+    PUBLIC = "public"  # the public transfer set (--public-size)
+    SYNTHETIC = "synthetic"  # inputs a generator made
+    SERVER = "server"  # a model the server (coordinator) trains, whatever its data
+
+
+DATA = tuple(Data)
+CLIENT_DATA = (Data.PRIVATE, Data.PUBLIC, Data.SYNTHETIC)
+
+
+class Budget:
+    """The work meter: optimizer steps and samples processed, per client and per kind of data.
+
+    The building blocks feed it where training happens (``training.fit``, lockstep training): a
+    step is one training iteration of a client, one batch that updates every model the client
+    trains on it (FML's private model and meme stepped on one batch are one step; FedSocket's
+    separate pass of its Q copy over the same shard is more steps). The server's own training is
+    row ``SERVER`` (kind ``Data.SERVER``). What was trained before round 1 (``Method.setup``:
+    warm-up, pre-training) is kept apart as the setup share of the totals.
+    """
+
+    def __init__(self, n_clients: int):
+        self.n = n_clients
+        shape = (n_clients + 1, len(DATA))  # one row per client, the server's last
+        self.steps = np.zeros(shape, dtype=np.int64)
+        self.samples = np.zeros(shape, dtype=np.int64)
+        self.setup_steps = np.zeros(shape, dtype=np.int64)
+        self.setup_samples = np.zeros(shape, dtype=np.int64)
+        self.round = 0
+
+    def add(self, cid: int, kind: Data, steps: int, samples: int) -> None:
+        """Count ``steps`` optimizer steps over ``samples`` samples of ``kind`` data by client
+        ``cid`` (``SERVER``: the server's own training, of kind ``Data.SERVER``)."""
+        kind = Data(kind)
+        if (cid == SERVER) != (kind is Data.SERVER):
+            raise ValueError(f"budget: server work is of kind 'server' and only the server's ({cid}, {kind.value})")
+        if not (cid == SERVER or 0 <= cid < self.n):
+            raise ValueError(f"budget: no client {cid} (the federation has {self.n})")
+        row = self.n if cid == SERVER else cid
+        self.steps[row, DATA.index(kind)] += int(steps)
+        self.samples[row, DATA.index(kind)] += int(samples)
+
+    def start_round(self, rnd: int) -> None:
+        """Round ``rnd`` begins: at round 1, what was counted so far is the setup's."""
+        if rnd >= 1 and self.round == 0:
+            self.setup_steps[:] = self.steps
+            self.setup_samples[:] = self.samples
+        self.round = max(self.round, rnd)
+
+    def state(self) -> dict[str, Any]:
+        """The meter as plain data, for a checkpoint (a resumed run counts on from it)."""
+        return {"steps": torch.from_numpy(self.steps.copy()), "samples": torch.from_numpy(self.samples.copy()),
+                "setup_steps": torch.from_numpy(self.setup_steps.copy()),
+                "setup_samples": torch.from_numpy(self.setup_samples.copy()), "round": int(self.round)}
+
+    def load(self, state: dict[str, Any]) -> None:
+        for name in ("steps", "samples", "setup_steps", "setup_samples"):
+            getattr(self, name)[:] = state[name].numpy()
+        self.round = int(state["round"])
+
+    def record(self) -> dict[str, Any]:
+        """The record's ``cost.budget``: per-client-per-round means over every client and every
+        round begun (a diverged run's last round included; the setup's work too), the server's per
+        round, totals, the setup's share of them and each client's totals."""
+        rounds = self.round
+        def pair(steps, samples) -> dict[str, Any]:
+            return {"steps": steps, "samples": samples}
+
+        def per_kind(steps: np.ndarray, samples: np.ndarray, kinds=DATA) -> dict[str, Any]:
+            return {k.value: pair(int(steps[:, DATA.index(k)].sum()), int(samples[:, DATA.index(k)].sum()))
+                    for k in kinds}
+
+        r, clients = max(rounds, 1), self.steps[: self.n]
+        server = DATA.index(Data.SERVER)
+        return {
+            "rounds": int(rounds),
+            "per_client_round": {k.value: pair(_mean(clients[:, DATA.index(k)], r),
+                                               _mean(self.samples[: self.n, DATA.index(k)], r))
+                                 for k in CLIENT_DATA},
+            "server_per_round": pair(round(float(self.steps[self.n, server]) / r, 4),
+                                     round(float(self.samples[self.n, server]) / r, 4)),
+            "totals": per_kind(self.steps, self.samples),
+            "setup": per_kind(self.setup_steps, self.setup_samples),
+            "per_client": {k.value: pair(clients[:, DATA.index(k)].tolist(),
+                                         self.samples[: self.n, DATA.index(k)].tolist())
+                           for k in CLIENT_DATA},
+        }
+
+
+def _mean(per_client: np.ndarray, rounds: int) -> float:
+    """The mean over clients of each one's total, per round."""
+    return round(float(per_client.mean()) / rounds, 4) if per_client.size else 0.0
+
+
 class Phase(str, Enum):
     """The phases a round's wall time is split into (the ``phases`` of each history entry)."""
 

@@ -26,6 +26,9 @@ building blocks):
 - inference and losses: ``predict_logits``, ``soft_targets``, ``kd_loss``, ``student_loss``;
   ``batch_targets(targets, batch)`` slices a student's ``Targets`` (whole-epoch tensor or
   per-batch function, as the peer-KD backbone hands them out) for one batch;
+- the work meter: every step the training services above take is counted on ``fed.budget`` (per
+  client, by the data it ran on: ``Data.PRIVATE`` / ``PUBLIC`` / ``SYNTHETIC``); a method that steps
+  an optimizer itself counts it there (``fed.budget.add(SERVER, Data.SERVER, steps, samples)``);
 - communication and timing: ``fed.channel.send(src, dsts, payload, kind)`` (``SERVER`` for the
   server; ``kind`` a ``Payload``, or a mapping of a dict payload's keys to kinds) returns what the
   receivers get, which is what the method must use (under ``--faults`` a faulty client's message
@@ -52,7 +55,7 @@ from hfl_bench.checkpoint import load_attrs, pack_attrs
 from hfl_bench.config import ConfigError, param, require_at_least
 from hfl_bench.federation import Client, ClientView, Federation, RoundView
 from hfl_bench.lockstep import train_students
-from hfl_bench.metering import SERVER, Payload, Phase
+from hfl_bench.metering import SERVER, Data, Payload, Phase
 from hfl_bench.method_card import FIDELITIES, TOPOLOGIES, TRANSFERS, MethodCard, SmokeSettings, card_problems
 from hfl_bench.pools import PoolMember, seeded_model
 from hfl_bench.registry import METHODS, RegistryError
@@ -78,9 +81,9 @@ from hfl_bench.training import (
 
 __all__ = [
     "FIDELITIES", "TOPOLOGIES", "TRANSFERS", "MethodCard", "SmokeSettings", "check_card_setting",
-    "SERVER", "Batch", "Client", "ClientView", "ConfigError", "Diverged", "EpochPlan", "Federation", "Method",
-    "NoParams", "Payload", "Phase", "RoundView", "Targets", "Trainee", "TransferPlan", "batch_targets", "derive_seed",
-    "finite_mean", "fit", "get_method_class", "kd_loss", "make_plan",
+    "SERVER", "Batch", "Client", "ClientView", "ConfigError", "Data", "Diverged", "EpochPlan", "Federation",
+    "Method", "NoParams", "Payload", "Phase", "RoundView", "Targets", "Trainee", "TransferPlan", "batch_targets",
+    "derive_seed", "finite_mean", "fit", "get_method_class", "kd_loss", "make_plan",
     "new_model", "param", "predict_logits", "register_method", "require_at_least", "seeded_init", "soft_targets",
     "student_loss", "train_client", "train_students", "transfer_plan",
 ]

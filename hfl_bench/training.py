@@ -24,6 +24,8 @@ from torch import nn
 
 from hfl_bench import augment
 from hfl_bench.federation import engine_side
+from hfl_bench.metering import SERVER, Data
+from hfl_bench.registry import METHODS, RegistryError
 
 if TYPE_CHECKING:
     from hfl_bench.federation import ClientView, RoundView
@@ -108,6 +110,7 @@ class TransferPlan:
     order: torch.Tensor  # positions into ``x``, every epoch's permutation in turn
     bounds: list[tuple[int, int]]
     y: torch.Tensor | None = None  # labels of ``x``, for a labeled transfer set
+    data: Data = Data.PUBLIC  # what ``x`` is, for the work meter: public inputs or synthetic ones
 
     def __len__(self) -> int:
         return len(self.order)
@@ -120,9 +123,12 @@ class TransferPlan:
 
 
 def transfer_plan(fed: "RoundView", x: torch.Tensor, *, epochs: int, seed_parts: tuple,
-                  y: torch.Tensor | None = None, batch_size: int | None = None) -> TransferPlan:
+                  y: torch.Tensor | None = None, batch_size: int | None = None,
+                  data: Data | None = None) -> TransferPlan:
     """``epochs`` seeded shuffled epochs over ``x`` at the run's batch size. ``seed_parts``
-    (e.g. ``("digest", rnd, cid)``) fix the order independently of any global RNG state."""
+    (e.g. ``("digest", rnd, cid)``) fix the order independently of any global RNG state.
+    ``data`` says what ``x`` is for the work meter; by default what the method's card declares
+    it reads (``transfer_data``)."""
     n, batch_size = len(x), batch_size or fed.cfg.batch_size
     gen = torch.Generator().manual_seed(derive_seed(fed.cfg.seed, "transfer", *seed_parts))
     orders, bounds = [], []
@@ -130,7 +136,17 @@ def transfer_plan(fed: "RoundView", x: torch.Tensor, *, epochs: int, seed_parts:
         orders.append(torch.randperm(n, generator=gen))
         bounds += [(s + e * n, t + e * n) for s, t in batch_bounds(n, batch_size)]
     order = torch.cat(orders).to(x.device) if orders else torch.zeros(0, dtype=torch.long, device=x.device)
-    return TransferPlan(x, order, bounds, y)
+    return TransferPlan(x, order, bounds, y, transfer_data(fed) if data is None else Data(data))
+
+
+def transfer_data(fed: "RoundView") -> Data:
+    """What a method's transfer inputs are: synthetic for a method whose card declares a synthetic
+    transfer set (a generator's output), public otherwise (``--public-size``)."""
+    try:
+        card = getattr(METHODS.get(fed.cfg.method), "card", None)
+    except RegistryError:
+        card = None
+    return Data.SYNTHETIC if getattr(card, "transfer", None) == "synthetic" else Data.PUBLIC
 
 
 class Batch:
@@ -278,13 +294,33 @@ def free_riding(fed: "RoundView", trainees: Sequence[Trainee]) -> list[bool]:
     riders = free_riders(fed)
     if not riders:
         return [False] * len(trainees)
+    return [owner in riders for owner in owners(fed, trainees)]
+
+
+def owners(fed: "RoundView", trainees: Sequence[Trainee]) -> list[int]:
+    """The client that owns each trainee: its ``cid``, else the client whose model it is, else
+    ``SERVER`` (a model no client holds: the server's)."""
     out = []
     for t in trainees:
         owner = t.cid
         if owner is None:
-            owner = next((c for c in riders if fed.clients[c].model is t.model), None)
-        out.append(owner in riders)
+            owner = next((c.cid for c in fed.clients if c.model is t.model), SERVER)
+        out.append(owner)
     return out
+
+
+def plan_data(plan: "Plan") -> Data:
+    """What a plan trains on: a client's shard (an epoch plan) or its transfer inputs."""
+    return Data.PRIVATE if isinstance(plan, EpochPlan) else plan.data
+
+
+def count_work(fed: "RoundView", plan: "Plan", owner_ids: Sequence[int], steps: int, samples: int) -> None:
+    """Count a pass of ``steps`` batches over ``samples`` samples of ``plan`` for each distinct
+    owner (one step per batch per client, however many of its models the batch updates); the
+    server's training is of kind server whatever its data."""
+    meter = engine_side(fed).budget
+    for owner in dict.fromkeys(owner_ids):
+        meter.add(owner, Data.SERVER if owner == SERVER else plan_data(plan), steps, samples)
 
 
 Plan = EpochPlan | TransferPlan
@@ -303,7 +339,7 @@ def fit(fed: "RoundView", plan: Plan, trainees: Sequence[Trainee], loss_fn: Loss
     """
     clip = fed.cfg.grad_clip if clip is None else clip
     idle = free_riding(fed, trainees)
-    if all(idle):  # free-riders only: nothing trains, nothing runs
+    if all(idle):  # free-riders only: nothing trains, nothing runs (and nothing is counted)
         return [0.0] * len(trainees)
     # A free-rider's model may still teach the others (its forward runs), but it is never
     # stepped and its buffers (BatchNorm statistics) are put back afterwards.
@@ -325,6 +361,7 @@ def fit(fed: "RoundView", plan: Plan, trainees: Sequence[Trainee], loss_fn: Loss
             t.optimizer.step()
         totals += torch.stack([loss.detach() for loss in losses])
         steps += 1
+    count_work(fed, plan, [o for o, i in zip(owners(fed, trainees), idle) if not i], steps, len(plan))
     for t, buffers in zip(trainees, kept):
         if buffers is not None:
             with torch.no_grad():

@@ -78,6 +78,7 @@ from hfl_bench.families.transfer import transfer_logits
 from hfl_bench.method_api import (
     SERVER,
     ConfigError,
+    Data,
     Method,
     MethodCard,
     Payload,
@@ -243,6 +244,7 @@ def train_generator(fed: RoundView, generator: Generator, opt: torch.optim.Optim
             loss.total.backward()
             opt.step()
             totals += torch.stack([loss.total, loss.bn, loss.oh, loss.adv]).detach()
+    fed.budget.add(SERVER, Data.SERVER, p.g_steps, p.g_steps * p.g_batch_size)  # the coordinator's steps
     means = {"g_loss": finite_mean(totals[0], p.g_steps, "generator")}
     means.update(zip(("g_bn", "g_oh", "g_adv"), (totals[1:] / max(p.g_steps, 1)).tolist()))
     return means

@@ -24,6 +24,7 @@ from hfl_bench.config import RunConfig, config_hash
 from hfl_bench.federation import RoundMetrics, RunResult
 from hfl_bench.matrix.runner import summary_row
 from hfl_bench.matrix.suite import Cell
+from hfl_bench.metering import Budget
 from hfl_bench.method_card import MethodCard
 from hfl_bench.results.board import build_board
 from hfl_bench.results.loading import load_records
@@ -192,7 +193,7 @@ def fake_result(modalities: dict | None = None, faults: dict | None = None) -> t
         partition=SimpleNamespace(scheme="dirichlet", params={"alpha": 0.3}, seed=0, hash="p0", heldout_fraction=0.2,
                                   public_size=0, class_counts=lambda labels, c, split: np.ones((4, c), dtype=int)),
         num_classes=3, exec_path="fast", use_vmap=False, use_lockstep=False, channel=SimpleNamespace(total=0),
-        device=torch.device("cpu"))
+        budget=Budget(4), device=torch.device("cpu"))
     history = [{"round": r, "mean_val_acc": v, "global_acc": g}
                for r, v, g in ((0, 9.0, 9.0), (1, 50.0, 20.0), (2, 65.0, 25.0))]
     cfg = RunConfig(method="fake-method", task="fake-task", clients=4, rounds=2, seed=0, local_epochs=1,

@@ -44,7 +44,7 @@ def assert_same_run(a: dict, b: dict) -> None:
     for key in ("status", "metrics", "selection", "partition", "arch_pool", "config_hash", "method"):
         assert a[key] == b[key], key
     assert timeless(a["history"]) == timeless(b["history"])
-    for key in ("bytes_total", "bytes_sent_per_client_per_round"):
+    for key in ("bytes_total", "bytes_sent_per_client_per_round", "budget"):  # the work meter resumes too
         assert a["cost"][key] == b["cost"][key], key
     strip = lambda f: {k: v for k, v in f.items() if k != "resumed_from_rounds"}  # noqa: E731
     assert strip(a["federation"]) == strip(b["federation"])

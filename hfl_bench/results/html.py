@@ -38,6 +38,7 @@ from typing import Any, Iterable, Optional
 from hfl_bench.config import SELECTION_RULE
 from hfl_bench.results import seen_unseen
 from hfl_bench.results.board import Board, board_records, build_board
+from hfl_bench.results.budget import mean_steps
 from hfl_bench.results.grouping import SeedGroup, group_seeds
 from hfl_bench.results.loading import HONEST_SELECTION, Loaded, ResultsError, Skipped, load_records
 from hfl_bench.results.ranking import protocol_label, protocol_labels, rank_methods
@@ -190,6 +191,7 @@ def _row(g: SettingGroup) -> dict[str, Any]:
         "global_v": gl.mean, "local_v": lo.mean, "final_v": final.mean, "seeds_v": len(g.ok), "bytes_v": sent.mean,
         "minutes_v": wall.mean,
         "bytes": _bytes(sent.mean), "minutes": _num(wall.mean),
+        "steps_v": mean_steps((r.record for r in g.ok), "private"),  # sorts by the private steps shown first
         "delta_v": next((m.delta for m in g.published if m.delta is not None), None),
     }
 

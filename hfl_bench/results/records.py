@@ -42,17 +42,19 @@ if TYPE_CHECKING:  # annotation only: reading records needs no torch
 
 SCHEMA_VERSION = "1.6"  # what new run records (and failed records) are written as
 # 1.6 holds every run's seen / unseen-class accuracy (``metrics.seen_unseen``, its per-round means
-# in ``history``, a client group's in its own block), so every new run record is 1.6, with or
-# without client groups. Published records carry one figure from a paper and none of that: they
-# stay 1.2 (PUBLISHED_SCHEMA_VERSION), byte for byte what the generator wrote before.
+# in ``history``, a client group's in its own block) and the work the run did (``cost.budget``), so
+# every new run record is 1.6, with or without client groups. Published records carry one figure
+# from a paper and none of that: they stay 1.2 (PUBLISHED_SCHEMA_VERSION), byte for byte what the
+# generator wrote before.
 PUBLISHED_SCHEMA_VERSION = "1.2"
+GROUPS_SCHEMA_VERSION = "1.5"  # the version that added client groups (read, no longer written)
 # Every version a record may carry; each keeps its own schema file, and a record is validated
 # against the schema of its own ``schema_version`` (1.1 added fidelity "original" and ``plugins``;
 # 1.2 the method's ``version`` and the ``final`` figures of the last evaluated rounds; 1.3 the
 # ``faults`` section and the ``honest`` / ``faulty`` figures of a run with --faults; 1.4 the
 # ``modalities`` section and the ``recipients`` / ``donors`` figures of a multimodal run; 1.5 the
-# per-round and final figures of those client groups; 1.6 the seen / unseen-class accuracy).
-# 1.3 to 1.5 (written for runs with client groups only) are read, no longer written.
+# per-round and final figures of those client groups; 1.6 the seen / unseen-class accuracy and
+# ``cost.budget``). 1.3 to 1.5 (written for runs with client groups only) are read, no longer written.
 SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6")
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
 SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
@@ -198,7 +200,7 @@ def modality_figures(best: Any, clients: list[int]) -> dict[str, Any]:
 
 def schema_version_of(result: RunResult) -> str:
     """The version a run's record is written as: the oldest that holds all of it (module constants:
-    every run record has the seen / unseen-class figures of 1.6)."""
+    every run record has the seen / unseen-class figures and the budget of 1.6)."""
     return SCHEMA_VERSION
 
 
@@ -314,6 +316,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "wall_time_per_round_s": round(result.wall_time_s / max(rounds_run, 1), 4),
             "wall_time_total_s": round(result.wall_time_s, 3),
             "peak_memory": result.peak_memory,
+            "budget": fed.budget.record(),  # steps and samples by kind of data (metering.Budget)
         },
         "history": result.history,
         "plugins": plugins_used(_used(cfg.method, method.hparams(), fed.info.name, fed.pool.name,

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from hfl_bench.results import seen_unseen
 from hfl_bench.results.board import Board
+from hfl_bench.results.budget import CLIENT_KINDS, budget_of, group_steps, steps_label
 from hfl_bench.results.loading import selection_mark
 from hfl_bench.results.published import Match, Published
 from hfl_bench.results.ranking import protocol_label, protocol_labels
@@ -95,6 +96,7 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
             "setting": setting, "seeds": str(len(g.ok)), "global acc": _pm(gl.mean, gl.sd), "drop": drop_label(g),
             "local acc": _pm(lo.mean, lo.sd),
             "final global": _pm(fg.mean, fg.sd), "final local": _pm(fl.mean, fl.sd),
+            STEPS: steps_label([r.record for r in g.ok]),
             "failed/diverged": f"{g.n_failed}/{g.n_diverged}", "source": "", "locator": "",
             "match": "", "delta": "", KIND: "group", **({NOTE: MODALITY_NOTE} if g.is_multimodal else {}),
         })
@@ -158,8 +160,12 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
 # The seen / unseen-class accuracy is in csv and json only (the table is at its width: a further
 # column folds the cells of the others; the group pages of the HTML site and ``hfl-bench show``
 # give it).
+# "steps / client / round" is the work the runs did (``budget``): optimizer steps per client per
+# round on private data, then "(all T)" with public or synthetic steps and "server S" for the
+# server's own steps per round ('-' for records before schema 1.6).
+STEPS = "steps / client / round"
 COLUMNS = ("method", "version", "task", "pool", "faults", "setting", "seeds", "global acc", "drop", "local acc",
-           "final global", "final local", "failed/diverged", "source", "locator", "match", "delta")
+           "final global", "final local", STEPS, "failed/diverged", "source", "locator", "match", "delta")
 TABLE_COLUMNS = tuple(c for c in COLUMNS if c not in ("locator", "final local"))
 UNMATCHED_COLUMNS = ("method", "published as", "task", "pool", "setting", "seeds", "global acc", "local acc",
                      "source", "locator", "match")
@@ -175,9 +181,10 @@ CSV_COLUMNS = (
     "all_global_mean", "all_global_sd", "all_local_mean", "all_local_sd", "donors_global_mean", "donors_global_sd",
     "donors_local_mean", "donors_local_sd", "drop_mean", "drop_n_paired", "drop_seeds",
     "final_global_mean", "final_global_sd", "final_local_mean", "final_local_sd", "all_final_global_mean",
-    "all_final_global_sd", *SEEN_UNSEEN_CSV, "n_failed", "n_diverged", "n_duplicates", "endpoint", "citation_key",
-    "arxiv_or_doi",
-    "locator", "setting_match", "published_metric", "published_value", "published_sd", "reproduced_mean", "delta",
+    "all_final_global_sd", *SEEN_UNSEEN_CSV, "private_steps_per_client_round", "public_steps_per_client_round",
+    "synthetic_steps_per_client_round", "server_steps_per_round", "n_failed", "n_diverged", "n_duplicates",
+    "endpoint", "citation_key", "arxiv_or_doi", "locator", "setting_match", "published_metric", "published_value",
+    "published_sd", "reproduced_mean", "delta",
 )
 
 
@@ -203,7 +210,8 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
             "drop_seeds": " ".join(map(str, drop.seeds)) if drop else None, "final_global_mean": fg.mean,
             "final_global_sd": fg.sd,
             "final_local_mean": fl.mean, "final_local_sd": fl.sd, "all_final_global_mean": fa.mean,
-            "all_final_global_sd": fa.sd, **_csv_seen_unseen(g), "n_failed": g.n_failed, "n_diverged": g.n_diverged,
+            "all_final_global_sd": fa.sd, **_csv_seen_unseen(g), **_csv_steps(g), "n_failed": g.n_failed,
+            "n_diverged": g.n_diverged,
             "n_duplicates": g.n_duplicates,
         })
         if g.is_multimodal:
@@ -238,6 +246,14 @@ def _csv_seen_unseen(g: SettingGroup) -> dict[str, Any]:
         out |= {f"{name}_mean": now.mean, f"{name}_sd": now.sd, f"final_{name}_mean": final.mean,
                 f"final_{name}_sd": final.sd, f"all_{name}_mean": seen_unseen.stat(g, metric, "all").mean}
     return out
+
+
+def _csv_steps(g: SettingGroup) -> dict[str, Any]:
+    """The seeds' mean optimizer steps per client per round by kind of data, the server's per
+    round (empty for records before schema 1.6)."""
+    steps = group_steps([r.record for r in g.ok])
+    out = {f"{kind}_steps_per_client_round": steps[kind] for kind in CLIENT_KINDS}
+    return out | {"server_steps_per_round": steps["server"]}
 
 
 def _published_csv(p: Published, m: Optional[Match], group_id: str) -> dict[str, Any]:
@@ -283,6 +299,7 @@ def board_json(board: Board) -> dict[str, Any]:
             # seen / unseen-class accuracy (schema 1.6; n 0 for older records): the headline's, all clients'
             "seen_unseen": seen_unseen.as_json(g), "seen_unseen_all_clients": seen_unseen.as_json(g, "all"),
             "endpoints": {e: _json_endpoint(g, e) for e in g.endpoints()},
+            "steps_per_client_round": _json_steps(g),
             "n_failed": g.n_failed, "n_diverged": g.n_diverged, "n_duplicates": g.n_duplicates,
             "records": [str(r.path) for r in g.ok],
             "published": [m.as_dict() for m in g.published],
@@ -294,6 +311,14 @@ def board_json(board: Board) -> dict[str, Any]:
                 f"(metrics.honest), {multimodal}over all clients otherwise (all_clients)")
     return {"sd": "sample standard deviation (ddof=1); null for a single seed", "headline": headline,
             "groups": groups, "unmatched_published": [p.as_dict() for p in board.unmatched], "skipped": board.skipped}
+
+
+def _json_steps(g: SettingGroup) -> dict[str, Any]:
+    """The seeds' mean steps per client per round on private, public and synthetic data and all of
+    them, the server's per round (``server``), and how many seeds have a budget (``n``; 0: records
+    before schema 1.6, every figure null)."""
+    records = [r.record for r in g.ok]
+    return {**group_steps(records), "n": sum(1 for r in records if budget_of(r) is not None)}
 
 
 def _json_modalities(g: SettingGroup) -> dict[str, Any]:
@@ -348,14 +373,22 @@ def to_csv(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:
     return buf.getvalue()
 
 
+# Headers the terminal table stacks on lines of their own (the table is wide already), and columns
+# it leaves out when no row has a figure (records from before schema 1.6 have no budget).
+NARROW_HEADERS = {STEPS: "steps /\nclient /\nround"}
+WHEN_ANY = (STEPS,)
+
+
 def to_rich(rows: list[dict[str, str]], columns: Iterable[str], title: str) -> Table:
-    """The terminal table; its title also carries the rows' notes (``row_notes``)."""
+    """The terminal table; its title also carries the rows' notes (``row_notes``). A ``WHEN_ANY``
+    column is left out when no row has a figure in it."""
     t = Table(title=Text(terminal("; ".join([title, *row_notes(rows)]))))
+    columns = [c for c in columns if c not in WHEN_ANY or any(r.get(c) not in (None, "", "-") for r in rows)]
     for c in columns:
-        right = c in ("seeds", "global acc", "drop", "local acc", "final global", "final local", "delta", "mean rank",
-                      "protocols", "#")
+        right = c in ("seeds", "global acc", "drop", "local acc", "final global", "final local", STEPS, "delta",
+                      "mean rank", "protocols", "#")
         # fold, not ellipsis: a narrow terminal still shows every character
-        t.add_column(c, justify="right" if right else "left", overflow="fold")
+        t.add_column(NARROW_HEADERS.get(c, c), justify="right" if right else "left", overflow="fold")
     for r in rows:
         published = bool(r.get("source"))
         # Text, not str: never read as markup; terminal(): no escape sequences or control characters

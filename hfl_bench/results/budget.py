@@ -1,0 +1,74 @@
+"""The work a group's runs did, from each record's ``cost.budget`` (schema 1.6): the "steps /
+client / round" the views show beside the accuracies.
+
+A record from before schema 1.6 has no budget: its group shows "-". The figure is the mean over
+the group's ok seeds of each record's per-client-per-round optimizer steps on private data; where
+a method also trains on public or synthetic data the total follows, and the server's own steps per
+round where it trains a model (``hfl_bench.metering.Budget``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Iterable, Optional
+
+CLIENT_KINDS = ("private", "public", "synthetic")
+
+
+def _number(value: Any) -> Optional[float]:
+    """A finite non-negative number, else None (a record's fields are data, never trusted)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
+def budget_of(record: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The record's ``cost.budget`` when it has one that reads as such, else None."""
+    cost = record.get("cost")
+    budget = cost.get("budget") if isinstance(cost, dict) else None
+    return budget if isinstance(budget, dict) and isinstance(budget.get("per_client_round"), dict) else None
+
+
+def steps_per_client_round(record: dict[str, Any], kind: str) -> Optional[float]:
+    """A record's optimizer steps per client per round on ``kind`` data (``server``: the server's
+    steps per round); None for a record without a budget."""
+    budget = budget_of(record)
+    if budget is None:
+        return None
+    part = budget.get("server_per_round") if kind == "server" else budget["per_client_round"].get(kind)
+    return _number(part.get("steps")) if isinstance(part, dict) else None
+
+
+def mean_steps(records: Iterable[dict[str, Any]], kind: str) -> Optional[float]:
+    """The mean over ``records`` that have a budget of their steps per client per round on ``kind``."""
+    values = [v for v in (steps_per_client_round(r, kind) for r in records) if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def group_steps(records: list[dict[str, Any]]) -> dict[str, Optional[float]]:
+    """Per kind (and ``all``: the clients' kinds summed, ``server``) the seeds' mean steps per client
+    per round; every value None for a group without budgets."""
+    out = {kind: mean_steps(records, kind) for kind in (*CLIENT_KINDS, "server")}
+    client = [out[k] for k in CLIENT_KINDS]
+    out["all"] = None if any(v is None for v in client) else sum(client)  # type: ignore[arg-type]
+    return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.0f}" if abs(x - round(x)) < 0.05 else f"{x:.1f}"
+
+
+def steps_label(records: list[dict[str, Any]]) -> str:
+    """The "steps / client / round" cell: private steps; ``(all T)`` when the clients also train on
+    public or synthetic data; ``server S`` when the server trains; "-" without budgets."""
+    steps = group_steps(records)
+    private, total, server = steps["private"], steps["all"], steps["server"]
+    if private is None:
+        return "-"
+    extra = []
+    if total is not None and total - private > 1e-9:
+        extra.append(f"all {_fmt(total)}")
+    if server:
+        extra.append(f"server {_fmt(server)}")
+    return _fmt(private) + (f" ({', '.join(extra)})" if extra else "")

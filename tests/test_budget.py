@@ -1,0 +1,322 @@
+"""The work meter (hfl_bench.metering.Budget) and each method's budget.
+
+Every registered method runs once at its defaults (the card's smoke settings only where they cut
+public or synthetic work, never private epochs; its smoke pool and public set) on 4 digits clients
+for 2 rounds. From that one run:
+
+- ``test_counted_steps_equal_the_plan``: the steps and samples counted per client on private,
+  public and synthetic data, and by the server, are exactly what the method's own plan says
+  (``EXPECTED`` below: each method's budget, written out from what it does, read from its
+  settings). A method registered without an entry fails: a new method states its budget here.
+- ``test_private_budget_equals_locals``: under defaults, a method trains its clients' private data
+  for the same steps per client per round as ``local`` (the protocol's local epochs, batch size),
+  or the test says which methods do not yet (``DEVIATE_UNTIL_PRESETS``) and which differ by design.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from hfl_bench import engine, lockstep
+from hfl_bench.cli import app
+from hfl_bench.config import RunConfig, config_hash
+from hfl_bench.metering import SERVER, Budget, Data
+from hfl_bench.methods.dfml import draw_aggregator
+from hfl_bench.results import records
+from hfl_bench.results.budget import steps_label
+from hfl_bench.results.validation import record_problems
+from hfl_bench.testing import builtin_methods, smoke_config
+from hfl_bench.training import batch_bounds
+
+ROUNDS, CLIENTS = 2, 4
+# Smoke settings that cut only public or synthetic work (or the server's): kept, so the runs stay
+# quick. Every other smoke setting (fedsocket's warm-up and stage epochs, fedmd's private
+# initialization) would change the private budget under test, and is dropped.
+NON_PRIVATE_SMOKE = {"transfer_epochs", "g_steps", "synthetic_size"}
+# Methods whose defaults train private data longer or shorter than the protocol until the presets
+# change lands (it makes the protocol the default and keeps the papers' settings as presets).
+DEVIATE_UNTIL_PRESETS = {"fedsocket", "naive-shared", "fedcc", "fedmd"}
+
+
+def defaults_config(method: str, out: Path, **overrides) -> RunConfig:
+    smoke = smoke_config(method)
+    params = {k: v for k, v in smoke["method_params"].items() if k in NON_PRIVATE_SMOKE}
+    values = dict(method=method, task="digits", clients=CLIENTS, rounds=ROUNDS, seed=0, checkpoint_every=0,
+                  out=str(out), pool=smoke["pool"], public_size=smoke["public_size"], method_params=params)
+    values.update(overrides)
+    return engine.load_task(RunConfig(**values))[1]
+
+
+@functools.cache
+def run_at_defaults(method: str, out: str, **overrides) -> tuple[dict, engine.Simulation]:
+    """One run of ``method`` at its defaults: its record and its finished simulation."""
+    sim = engine.Simulation(defaults_config(method, Path(out) / method, **overrides))
+    result = sim.run()
+    return records.build_record(sim.cfg, result), sim
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("budget"))
+
+
+# ----------------------------------------------------------------------------- each method's plan
+
+
+class Plan:
+    """The expected totals of a run: steps per client on each kind of data, and the server's."""
+
+    def __init__(self, sim: engine.Simulation):
+        self.sim, self.cfg, self.fed, self.p = sim, sim.cfg, sim.fed, sim.method.params
+        self.steps = {kind: np.zeros(CLIENTS, dtype=int) for kind in ("private", "public", "synthetic")}
+        self.samples = {kind: np.zeros(CLIENTS, dtype=int) for kind in ("private", "public", "synthetic")}
+        self.server = [0, 0]
+        self.shards = np.array([c.n_train for c in self.fed.clients])
+        self.public = len(self.fed.public_idx)
+
+    def batches(self, n: int) -> int:
+        return len(batch_bounds(n, self.cfg.batch_size))
+
+    def private(self, epochs: int, rounds: int = ROUNDS) -> "Plan":
+        """``epochs`` epochs over each client's own shard in each of ``rounds`` rounds."""
+        self.steps["private"] += rounds * epochs * np.array([self.batches(n) for n in self.shards])
+        self.samples["private"] += rounds * epochs * self.shards
+        return self
+
+    def transfer(self, kind: str, epochs: int, size: int, rounds: int = ROUNDS) -> "Plan":
+        """``epochs`` epochs over ``size`` shared transfer inputs, by every client, in ``rounds`` rounds."""
+        self.steps[kind] += rounds * epochs * self.batches(size)
+        self.samples[kind] += rounds * epochs * size
+        return self
+
+
+def plain(plan: Plan) -> Plan:
+    """The protocol: the run's local epochs over each client's shard each round."""
+    return plan.private(plan.cfg.local_epochs)
+
+
+def dfml(plan: Plan) -> Plan:
+    """Each round every participant's model trains K epochs over the aggregator's shard (at the
+    aggregator): each client is charged K x the aggregator's batches."""
+    k = plan.p.epochs or plan.cfg.local_epochs
+    for rnd in range(1, ROUNDS + 1):
+        a = draw_aggregator(plan.cfg.seed, rnd, list(range(CLIENTS)))
+        plan.steps["private"] += k * plan.batches(int(plan.shards[a]))
+        plan.samples["private"] += k * int(plan.shards[a])
+    return plan
+
+
+def fedcc(plan: Plan) -> Plan:
+    """Per round: the config's local epochs of CE and pseudo_epochs of the pseudo-label step over
+    the shard; sync_epochs over the public set from round 2 (round 1 has no broadcast targets).
+    The pseudo-label step's public rows ride in the private steps (one forward): not counted apart."""
+    p = plan.p
+    plan.private(plan.cfg.local_epochs + p.pseudo_epochs)
+    return plan.transfer("public", p.sync_epochs, plan.public, rounds=ROUNDS - 1)
+
+
+def fedmd(plan: Plan) -> Plan:
+    """Setup: transfer_epochs over the labelled public set, private_init_epochs over the shard.
+    Per round: digest_epochs over the alignment set, then the revisit epochs over the shard."""
+    p = plan.p
+    plan.transfer("public", p.transfer_epochs, plan.public, rounds=1).private(p.private_init_epochs, rounds=1)
+    aligned = plan.public if p.alignment_size == 0 else min(p.alignment_size, plan.public)
+    revisit = plan.cfg.local_epochs if p.revisit_epochs is None else p.revisit_epochs
+    return plan.transfer("public", p.digest_epochs, aligned).private(revisit)
+
+
+def fedgd(plan: Plan) -> Plan:
+    """Per round: the coordinator's g_steps generator steps (server), every client digests the
+    synthetic set for digest_epochs and revisits its shard."""
+    p = plan.p
+    plan.server = [ROUNDS * p.g_steps, ROUNDS * p.g_steps * p.g_batch_size]
+    revisit = plan.cfg.local_epochs if p.revisit_epochs is None else p.revisit_epochs
+    return plan.transfer("synthetic", p.digest_epochs, p.synthetic_size).private(revisit)
+
+
+def msfkd(plan: Plan) -> Plan:
+    """Per round: distill_epochs over the public set, then E_l epochs over the shard."""
+    p = plan.p
+    return plan.transfer("public", p.distill_epochs, plan.public).private(p.local_epochs or plan.cfg.local_epochs)
+
+
+def shared_predictor(plan: Plan) -> Plan:
+    """Setup: warmup_epochs of Private over the shard. Per round: the stage epochs of Private, then
+    as many of the Q copy (a second pass over the shard's features)."""
+    p = plan.p
+    stage = p.local_epochs or plan.cfg.local_epochs
+    return plan.private(p.warmup_epochs, rounds=1).private(2 * stage)
+
+
+# Every registered method's budget. FML steps its private model and its meme on the same batch:
+# one step per batch (a step is one batch a client trains on).
+EXPECTED = {
+    "local": plain, "fedavg": plain, "crad": plain, "uniform-kd": plain, "uncertainty-kd": plain,
+    "fedmkd": plain, "fml": plain, "dfml": dfml, "fedcc": fedcc, "fedmd": fedmd, "fedgd": fedgd,
+    "msfkd": msfkd, "fedsocket": shared_predictor, "naive-shared": shared_predictor,
+}
+
+
+@pytest.mark.parametrize("method", builtin_methods())
+def test_counted_steps_equal_the_plan(method, out):
+    assert method in EXPECTED, f"{method} is registered but its budget is not written out in EXPECTED"
+    record, sim = run_at_defaults(method, out)
+    assert record["status"] == "ok", record["error"]
+    plan = EXPECTED[method](Plan(sim))
+    budget = record["cost"]["budget"]
+    for kind in ("private", "public", "synthetic"):
+        assert budget["per_client"][kind]["steps"] == plan.steps[kind].tolist(), kind
+        assert budget["per_client"][kind]["samples"] == plan.samples[kind].tolist(), kind
+        assert budget["per_client_round"][kind]["steps"] == pytest.approx(plan.steps[kind].mean() / ROUNDS, abs=1e-4)
+        expected = {"steps": int(plan.steps[kind].sum()), "samples": int(plan.samples[kind].sum())}
+        assert budget["totals"][kind] == expected
+    assert [budget["totals"]["server"]["steps"], budget["totals"]["server"]["samples"]] == plan.server
+    assert budget["rounds"] == ROUNDS
+    assert record_problems(json.loads(json.dumps(record))) == []
+
+
+@pytest.mark.parametrize("method", [
+    pytest.param(m, marks=pytest.mark.xfail(strict=True, reason="defaults deviate until the presets change lands"))
+    if m in DEVIATE_UNTIL_PRESETS else m for m in builtin_methods()])
+def test_private_budget_equals_locals(method, out):
+    """Under defaults, private steps per client per round equal local's. dfml by design trains
+    every participant on the round's aggregator's shard for the protocol's local epochs: the same
+    epochs as local, over another shard, so it is compared with local's steps on that shard."""
+    record, sim = run_at_defaults(method, out)
+    # local on the same partition: a public set is held out of the clients' shards
+    local, _ = run_at_defaults("local", out, public_size=sim.cfg.public_size)
+    steps = record["cost"]["budget"]["per_client"]["private"]["steps"]
+    reference = local["cost"]["budget"]["per_client"]["private"]["steps"]
+    if method == "dfml":
+        aggregators = [draw_aggregator(sim.cfg.seed, rnd, list(range(CLIENTS))) for rnd in range(1, ROUNDS + 1)]
+        reference = [sum(reference[a] // ROUNDS for a in aggregators)] * CLIENTS  # local's round on each
+    assert steps == reference
+
+
+# ----------------------------------------------------------------------------- the meter
+
+
+def test_the_meter_counts_by_kind_keeps_the_setup_apart_and_round_trips():
+    meter = Budget(3)
+    meter.add(0, Data.PRIVATE, 10, 160)  # setup: a warm-up
+    meter.start_round(1)
+    meter.add(0, Data.PRIVATE, 5, 80)
+    meter.add(1, Data.PUBLIC, 2, 32)
+    meter.add(SERVER, Data.SERVER, 3, 192)
+    meter.start_round(2)
+    meter.add(2, Data.SYNTHETIC, 4, 64)
+    rec = meter.record()
+    assert rec["rounds"] == 2
+    assert rec["totals"] == {"private": {"steps": 15, "samples": 240}, "public": {"steps": 2, "samples": 32},
+                             "synthetic": {"steps": 4, "samples": 64}, "server": {"steps": 3, "samples": 192}}
+    assert rec["setup"]["private"] == {"steps": 10, "samples": 160} and rec["setup"]["server"]["steps"] == 0
+    assert rec["per_client_round"]["private"] == {"steps": 2.5, "samples": 40.0}  # 15 steps / 3 clients / 2 rounds
+    assert rec["server_per_round"] == {"steps": 1.5, "samples": 96.0}
+    assert rec["per_client"]["private"]["steps"] == [15, 0, 0]
+    copy = Budget(3)
+    copy.load(meter.state())
+    assert copy.record() == rec
+    for cid, kind in ((SERVER, Data.PRIVATE), (0, Data.SERVER), (3, Data.PRIVATE)):
+        with pytest.raises(ValueError):
+            meter.add(cid, kind, 1, 1)
+
+
+def test_a_free_rider_counts_nothing(out):
+    cfg = defaults_config("local", Path(out), faults="free-rider:[1]", local_epochs=1)
+    record = records.build_record(cfg, engine.run(cfg))
+    steps = record["cost"]["budget"]["per_client"]["private"]["steps"]
+    assert steps[1] == 0 and all(s > 0 for i, s in enumerate(steps) if i != 1)
+
+
+def test_lockstep_counts_exactly_as_the_loop(out, monkeypatch):
+    stacked = []
+    real = lockstep.train_lockstep
+
+    def spy(fed, group, *args):
+        stacked.append(list(group))
+        return real(fed, group, *args)
+
+    monkeypatch.setattr(lockstep, "train_lockstep", spy)
+    budgets = {}
+    for mode in ("off", "on"):
+        cfg = defaults_config("local", Path(out) / mode, pool="cpu-cnn", lockstep=mode, local_epochs=1)
+        budgets[mode] = records.build_record(cfg, engine.run(cfg))["cost"]["budget"]
+    assert stacked and sorted(stacked[0]) == list(range(CLIENTS))  # the students did train stacked
+    assert budgets["on"] == budgets["off"]
+
+
+# ----------------------------------------------------------------------------- the views
+
+
+def _record_with(steps: dict[str, float] | None, server: float = 0.0) -> dict:
+    budget = None if steps is None else {
+        "per_client_round": {k: {"steps": steps.get(k, 0.0), "samples": 0.0}
+                             for k in ("private", "public", "synthetic")},
+        "server_per_round": {"steps": server, "samples": 0.0}}
+    return {"cost": {} if budget is None else {"budget": budget}}
+
+
+def test_the_steps_label():
+    assert steps_label([_record_with(None)]) == "-"
+    assert steps_label([_record_with({"private": 100})]) == "100"
+    assert steps_label([_record_with({"private": 100}), _record_with({"private": 81.25})]) == "90.6"
+    assert steps_label([_record_with({"private": 100, "public": 20})]) == "100 (all 120)"
+    assert steps_label([_record_with({"private": 100, "synthetic": 8}, server=2)]) == "100 (all 108, server 2)"
+    assert steps_label([_record_with(None), _record_with({"private": 50})]) == "50"  # the seeds that have one
+    assert steps_label([{"cost": {"budget": {"per_client_round": {"private": {"steps": "9"}}}}}]) == "-"  # data
+
+
+def _show(folder: Path, fmt: str) -> str:
+    result = CliRunner().invoke(app, ["leaderboard", "show", str(folder), "--format", fmt])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_show_and_the_site_carry_the_column_and_a_dash_for_older_records(out, tmp_path):
+    folder = tmp_path / "records"
+    folder.mkdir()
+    fedgd_record, _ = run_at_defaults("fedgd", out)
+    local_record, _ = run_at_defaults("local", out)
+    older = json.loads(json.dumps(local_record))
+    older["schema_version"] = "1.2"  # written before budgets
+    del older["cost"]["budget"]
+    older["config"]["lr"] = 0.5  # another setting: its own group
+    older["config_hash"] = config_hash(older["config"])
+    for name, r in (("fedgd.json", fedgd_record), ("local.json", local_record), ("older.json", older)):
+        (folder / name).write_text(json.dumps(r))
+    expect = {"fedgd": steps_label([fedgd_record]), "local": steps_label([local_record])}
+    assert "(all " in expect["fedgd"] and "server" in expect["fedgd"] and "(" not in expect["local"] != "-"
+
+    groups = json.loads(_show(folder, "json"))["groups"]
+    steps = {(g["method"], g["steps_per_client_round"]["n"]): g["steps_per_client_round"] for g in groups}
+    assert set(steps) == {("fedgd", 1), ("local", 1), ("local", 0)}  # the older record's group has no budget
+    assert steps[("local", 0)]["private"] is None and steps[("local", 0)]["all"] is None
+    assert steps[("fedgd", 1)]["server"] == fedgd_record["cost"]["budget"]["server_per_round"]["steps"]
+
+    rows = list(csv.DictReader(io.StringIO(_show(folder, "csv"))))
+    local_private = sorted((r["private_steps_per_client_round"] for r in rows if r["method"] == "local"), key=len)
+    local_steps = local_record["cost"]["budget"]["per_client_round"]["private"]["steps"]
+    assert local_private[0] == "" and float(local_private[1]) == local_steps
+
+    markdown = _show(folder, "markdown")
+    assert "| steps / client / round |" in markdown.splitlines()[0]
+    lines = [line for line in markdown.splitlines() if line.startswith("| local ") or line.startswith("| fedgd ")]
+    assert any(f"| {expect['local']} |" in line for line in lines) and any("| - |" in line for line in lines)
+    assert any(f"| {expect['fedgd']} |" in line for line in lines)
+    table = _show(folder, "table")
+    assert "steps /" in table and "client /" in table  # the header, stacked
+
+    site = tmp_path / "site"
+    result = CliRunner().invoke(app, ["leaderboard", "html", str(site), str(folder)])
+    assert result.exit_code == 0, result.output
+    page = (site / "index.html").read_text()
+    assert "steps / client / round</th>" in page and f">{expect['fedgd']}</td>" in page
+    assert f">{expect['local']}</td>" in page and ">-</td>" in page
