@@ -201,12 +201,12 @@ def fake_result(modalities: dict | None = None, faults: dict | None = None) -> t
                           code={"git_sha": None, "git_dirty": None}, faults=faults, modalities=modalities)
 
 
-def test_build_record_writes_1_5_with_the_recipients_and_donors_figures():
+def test_build_record_writes_1_6_with_the_recipients_and_donors_figures():
     plan = section(4, 1)  # recipients 1 and 3, donors 0 and 2
     assert (plan["recipients"], plan["donors"]) == ([1, 3], [0, 2])
     cfg, result = fake_result(plan)
     record = strict_record(build_record(cfg, result))
-    assert record["schema_version"] == "1.5" and record["status"] == "ok"
+    assert record["schema_version"] == "1.6" and record["status"] == "ok"
     assert record["modalities"] == plan and record["task"]["modalities"] == SHAPES
     m = record["metrics"]
     # recipients 1 and 3: global (20 + 40) / 2, local 90 (client 1 has no local half), val (60 + 80) / 2;
@@ -223,21 +223,21 @@ def test_build_record_writes_1_5_with_the_recipients_and_donors_figures():
         assert record_problems(record, schema_validator(reference=reference)) == []
 
 
-def test_build_record_without_modalities_is_still_1_2():
+def test_build_record_without_modalities_has_no_client_groups():
     cfg, result = fake_result()
     record = build_record(cfg, result)
-    assert record["schema_version"] == SCHEMA_VERSION == "1.2"
+    assert record["schema_version"] == SCHEMA_VERSION == "1.6"  # 1.6: every new record (the method's transfer)
     assert "modalities" not in record and "modalities" not in record["task"]
     assert not {"recipients", "donors", "honest", "faulty"} & set(record["metrics"])
     assert record_problems(strict_record(record)) == []
 
 
-def test_modalities_and_faults_together_write_1_5_with_both():
+def test_modalities_and_faults_together_write_1_6_with_both():
     faults = {"spec": "byzantine:[0]/random", "kind": "byzantine", "strength": None, "mode": "random",
               "fraction": None, "faulty_clients": [0], "honest_clients": [1, 2, 3]}
     cfg, result = fake_result(section(4, 1), faults)
     record = strict_record(build_record(cfg, result))
-    assert record["schema_version"] == "1.5" and record["faults"]["kind"] == "byzantine"
+    assert record["schema_version"] == "1.6" and record["faults"]["kind"] == "byzantine"
     assert record["metrics"]["honest"]["global_acc"] == 30.0 and record["metrics"]["recipients"]["global_acc"] == 30.0
     assert record_problems(record) == []
 
@@ -354,7 +354,7 @@ def test_html_rows_and_group_pages_show_the_recipients(folder, real, tmp_path):
     assert f'data-modalities="{SIGNAL}"' in index and 'id="filter-modalities"' in index
     assert 'data-v="62.0">62.00 ± 2.83</td>' in index  # the group's sort value is the recipients' figure
     assert "↳ donors" in index and "↳ [q] all clients" in index and "80.00 ± 0.00" in index
-    assert index.count('<section class="protocol">') == 4  # signal, image, the hostile name, none
+    assert index.count('<section class="protocol"') == 4  # signal, image, the hostile name, none
     assert hostile not in index and "&lt;img src=x onerror=alert(1)&gt;" in index
     pages = {p: p.read_text() for p in (out / "groups").glob("*.html")}
     page = next(t for t in pages.values() if "fedsocket on digits" in t and SIGNAL in t)

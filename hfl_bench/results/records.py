@@ -26,22 +26,24 @@ from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_use
 if TYPE_CHECKING:  # annotation only: reading records needs no torch
     from hfl_bench.federation import RunResult
 
-SCHEMA_VERSION = "1.2"  # what new records without faults (and published records) are written as
-# A record with client groups (the honest and faulty clients of a run with --faults, the recipients
-# and donors of a multimodal run) is written as 1.5: the version that holds its ``faults`` or
-# ``modalities`` section, each group's selected-round figures (``metrics.honest`` ...), its
-# per-round figures in ``history`` and its ``final`` figures, so the final figures beside a group
-# headline are the same clients'. Every other record keeps 1.2, the version that holds all of it,
-# and stays byte for byte what its writer writes now (the shipped published records included).
-# 1.3 and 1.4 (faults, modalities without the groups' per-round figures) are read, no longer written.
-GROUPS_SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"  # what every new reproduced record (ok, diverged or failed) is written as
+# 1.6 holds the method's transfer data and single-architecture need in the ``method`` section, which
+# every new reproduced record carries (the leaderboard's setting sections read them), so a record
+# with client groups (faults, modalities) is written as 1.6 too. Earlier writers wrote the oldest
+# version that held all of a record: 1.2 without client groups, 1.5 with them; 1.3 and 1.4 (faults,
+# modalities without the groups' per-round figures) are read, no longer written.
+GROUPS_SCHEMA_VERSION = SCHEMA_VERSION
+# Published records hold no method card fields: they stay 1.2, byte for byte what their generator
+# writes (leaderboards/published/make_published.py).
+PUBLISHED_SCHEMA_VERSION = "1.2"
 # Every version a record may carry; each keeps its own schema file, and a record is validated
 # against the schema of its own ``schema_version`` (1.1 added fidelity "original" and ``plugins``;
 # 1.2 the method's ``version`` and the ``final`` figures of the last evaluated rounds; 1.3 the
 # ``faults`` section and the ``honest`` / ``faulty`` figures of a run with --faults; 1.4 the
 # ``modalities`` section and the ``recipients`` / ``donors`` figures of a multimodal run; 1.5 the
-# per-round and final figures of those client groups).
-SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5")
+# per-round and final figures of those client groups; 1.6 the method's ``transfer`` and
+# ``single_architecture``).
+SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6")
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
 SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
 
@@ -124,7 +126,8 @@ def modality_figures(best: Any, clients: list[int]) -> dict[str, Any]:
 
 
 def schema_version_of(result: RunResult) -> str:
-    """The version a run's record is written as: the oldest that holds all of it (module constants)."""
+    """The version a run's record is written as: the oldest that holds all of it (module constants;
+    every new record holds the 1.6 method fields, with client groups or without)."""
     return SCHEMA_VERSION if result.faults is None and result.modalities is None else GROUPS_SCHEMA_VERSION
 
 
@@ -188,6 +191,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "notes": list(method.card.notes),
             "plugin_dist": plugin_dist(type(method).__module__),
             "hparams": method.hparams(),
+            **card_setting(method.card),
         },
         "task": dict(fed.info.as_record(), n_train=int(len(labels)), n_test=int(len(fed.data.test_y)),
                      **_fingerprint_field(fed.data)),
@@ -244,6 +248,12 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
     return json.loads(json.dumps(record, default=_jsonable))
 
 
+def card_setting(card: Any) -> dict[str, Any]:
+    """What the leaderboard's setting section reads from a method's card (schema 1.6): the
+    transfer data it reads and whether it needs a single architecture."""
+    return {"transfer": card.transfer, "single_architecture": bool(card.single_architecture)}
+
+
 def _used(method: str, hparams: Any, task: str, pool: Any, partitioner: Any) -> list[tuple[str, Any]]:
     """The ``(kind, name)`` of each registered plugin a run uses (``provenance.plugins_used``); the
     method's aggregation rule is its ``aggregator`` hyperparameter, when it has one."""
@@ -286,7 +296,7 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
         cls = get_method_class(cfg.method)
         card = cls.card
         method.update(fidelity=card.fidelity, version=card.version, citation=card.citation, notes=list(card.notes),
-                      plugin_dist=plugin_dist(cls.__module__))
+                      plugin_dist=plugin_dist(cls.__module__), **card_setting(card))
         method["hparams"] = dataclasses.asdict(coerce_params(cls.Params, cfg.method_params, cfg.method))
     except Exception:  # noqa: BLE001 - unknown method or bad hyperparameters: keep what we have
         pass

@@ -35,7 +35,7 @@ from typing import Any
 from hfl_bench.config import canonical_json
 from hfl_bench.data import get_task
 from hfl_bench.paths import write_atomic
-from hfl_bench.results.records import SCHEMA_VERSION
+from hfl_bench.results.records import PUBLISHED_SCHEMA_VERSION
 
 HERE = Path(__file__).resolve().parent
 
@@ -137,7 +137,7 @@ def make_record(*, paper: dict[str, str], locator: str, setting_match: str, devi
     identity = {"key": paper["key"], "locator": locator, "method": method, "task": task, "metric": metric,
                 "endpoint": endpoint, "hparams": hparams, "setting": setting}
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": PUBLISHED_SCHEMA_VERSION,
         # Stable: the same figure always gets the same id, whatever else the script changes.
         "record_id": hashlib.sha256(f"{canonical_json(identity)}|published".encode()).hexdigest()[:16],
         "source": {"kind": "published", "citation": {
