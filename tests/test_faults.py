@@ -372,7 +372,7 @@ def test_cli_and_yaml_record_carries_the_fault_and_validates(tmp_path):
     assert result.exit_code == 0, result.output
     path = json.loads(getattr(result, "stdout", result.output))["record"]
     record = json.loads(Path(path).read_text())
-    assert record["schema_version"] == "1.5" and record["faults"]["kind"] == "label-noise"
+    assert record["schema_version"] == "1.6" and record["faults"]["kind"] == "label-noise"
     assert record["config"]["faults"] == "label-noise:0.5@0.5/symmetric"
     assert sum(record["faults"]["flipped_labels"].values()) > 0
     check = runner.invoke(app, ["leaderboard", "validate", path])
