@@ -82,8 +82,8 @@ def folder(real, tmp_path_factory) -> Path:
     """crad: seeds 0-2 without faults (80, 82, 84); byzantine:0.2 at seeds 0, 1 and 3 (honest 70,
     77, 50; all 60, 65, 40): seeds 0 and 1 pair, seed 3 has no baseline, so the drop is
     ((70 - 80) + (77 - 82)) / 2 = -7.5 over 2 seeds. byzantine:0.4 at seed 0 (honest 60).
-    local: 90 without faults, byzantine:0.2 at seed 0 (honest 90). fedmd: byzantine:0.2 only (no
-    baseline at all)."""
+    local: 90 without faults, byzantine:0.2 at seed 0 (honest 90). uniform-kd: byzantine:0.2 only
+    (no baseline at all; a data-free method, so that it shares the others' setting section)."""
     rs = [run_record(real, s, "crad", acc) for s, acc in ((0, 80.0), (1, 82.0), (2, 84.0))]
     rs += [run_record(real, s, "crad", every, BYZ, honest=h, faulty_acc=5.0, kind="byzantine", mode="random")
            for s, h, every in ((0, 70.0, 60.0), (1, 77.0, 65.0), (3, 50.0, 40.0))]
@@ -91,7 +91,8 @@ def folder(real, tmp_path_factory) -> Path:
                          fraction=0.4, mode="random"))
     rs.append(run_record(real, 0, "local", 90.0))
     rs.append(run_record(real, 0, "local", 88.0, BYZ, honest=90.0, faulty_acc=84.0, kind="byzantine", mode="random"))
-    rs.append(run_record(real, 0, "fedmd", 30.0, BYZ, honest=35.0, faulty_acc=10.0, kind="byzantine", mode="random"))
+    rs.append(run_record(real, 0, "uniform-kd", 30.0, BYZ, honest=35.0, faulty_acc=10.0, kind="byzantine",
+                         mode="random"))
     return write(tmp_path_factory.mktemp("faults") / "runs", *rs)
 
 
@@ -112,7 +113,7 @@ def groups(folder: Path) -> dict[tuple, dict]:
 def test_faults_column_and_honest_headline(folder):
     gs = groups(folder)
     assert set(gs) == {("crad", "none"), ("crad", BYZ), ("crad", BYZ4), ("local", "none"), ("local", BYZ),
-                       ("fedmd", BYZ)}
+                       ("uniform-kd", BYZ)}
     byz = gs[("crad", BYZ)]
     assert byz["headline_clients"] == "honest" and gs[("crad", "none")]["headline_clients"] == "all"
     assert byz["global_acc"]["mean"] == round((70 + 77 + 50) / 3, 4)  # the honest clients' figure
@@ -128,7 +129,8 @@ def test_faults_column_and_honest_headline(folder):
     assert by[("crad", "none")]["faults"] == "none" and by[("crad", BYZ)]["headline_clients"] == "honest"
     assert float(by[("crad", BYZ)]["all_global_mean"]) == 55.0
     markdown = show(str(folder), "--format", "markdown")
-    header = markdown.splitlines()[0]
+    heading, header = markdown.splitlines()[0], markdown.splitlines()[2]  # each setting section: label, table
+    assert heading == "**Setting: data-free, heterogeneous pool, protocol budget**"
     assert "| faults |" in header and "| drop |" in header and "| none |" in markdown
 
 
@@ -140,10 +142,10 @@ def test_drop_is_paired_by_seed(folder):
     assert drop["baseline_config_hash"] == gs[("crad", "none")]["config_hash"]
     assert gs[("crad", BYZ4)]["drop"]["mean"] == -20.0 and gs[("crad", BYZ4)]["drop"]["n_paired"] == 1
     assert gs[("local", BYZ)]["drop"]["mean"] == 0.0
-    assert gs[("fedmd", BYZ)]["drop"]["mean"] is None and gs[("fedmd", BYZ)]["drop"]["n_paired"] == 0
+    assert gs[("uniform-kd", BYZ)]["drop"]["mean"] is None and gs[("uniform-kd", BYZ)]["drop"]["n_paired"] == 0
     rows = {(r["method"], r["faults"]): r for r in csv.DictReader(io.StringIO(show(str(folder), "--format", "csv")))}
     assert rows[("crad", BYZ)]["drop_mean"] == "-7.5" and rows[("crad", BYZ)]["drop_seeds"] == "0 1"
-    assert rows[("fedmd", BYZ)]["drop_mean"] == "" and rows[("crad", "none")]["drop_mean"] == ""
+    assert rows[("uniform-kd", BYZ)]["drop_mean"] == "" and rows[("crad", "none")]["drop_mean"] == ""
     markdown = show(str(folder), "--format", "markdown")
     assert "-7.50 (n=2)" in markdown and "+0.00 (n=1)" in markdown
 
@@ -166,10 +168,10 @@ def test_faulty_and_fault_free_groups_are_never_ranked_together(folder):
     clean = [p for p in protocols if "faults=" not in p]
     faulty = [p for p in protocols if f"faults={BYZ}" in p]
     assert len(clean) == 1 and protocols[clean[0]] == {"crad", "local"}
-    assert len(faulty) == 1 and protocols[faulty[0]] == {"crad", "local", "fedmd"}
-    # in the faulty protocol crad's honest 65.67 ranks below local's 90 and above fedmd's 35
+    assert len(faulty) == 1 and protocols[faulty[0]] == {"crad", "local", "uniform-kd"}
+    # in the faulty protocol crad's honest 65.67 ranks below local's 90 and above uniform-kd's 35
     ranks = {row["method"]: {x["protocol"]: x["rank"] for x in row["ranks"]} for row in rank}
-    assert ranks["crad"][faulty[0]] == 2 and ranks["fedmd"][faulty[0]] == 3 and ranks["local"][faulty[0]] == 1
+    assert ranks["crad"][faulty[0]] == 2 and ranks["uniform-kd"][faulty[0]] == 3 and ranks["local"][faulty[0]] == 1
 
 
 def test_html_rows_show_faults_and_drop(folder, tmp_path):
@@ -179,7 +181,7 @@ def test_html_rows_show_faults_and_drop(folder, tmp_path):
     index = (out / "index.html").read_text()
     assert "<th class=\"num\" data-type=\"num\">drop</th>" in index
     assert "-7.50 (n=2)" in index and 'data-v="-7.5"' in index and f'data-faults="{BYZ}"' in index
-    assert index.count('<section class="protocol">') == 3  # none, byzantine 0.2, byzantine 0.4
+    assert index.count('<section class="protocol"') == 3  # none, byzantine 0.2, byzantine 0.4
     pages = "".join(p.read_text() for p in (out / "groups").glob("*.html"))
     assert "drop against no faults" in pages and "seed 0: -10.00, seed 1: -5.00" in pages
     assert (out / "plots" / "robustness__digits.png").is_file()
@@ -205,7 +207,7 @@ def test_robustness_plot_with_its_sidecar(folder, tmp_path):
     lines = {s["method"]: s for s in panel["series"]}
     crad = [(p["x"], p["mean"], p["n"], p["faults"]) for p in lines["crad"]["points"]]
     assert crad == [(0.0, 82.0, 3, "none"), (0.2, round((70 + 77 + 50) / 3, 4), 3, BYZ), (0.4, 60.0, 1, BYZ4)]
-    assert [p["x"] for p in lines["fedmd"]["points"]] == [0.2]  # no baseline: no point at 0
+    assert [p["x"] for p in lines["uniform-kd"]["points"]] == [0.2]  # no baseline: no point at 0
     assert {r["file"] for r in sidecar["records"]} == {str(p) for p in folder.glob("*.json")}
 
 

@@ -168,6 +168,6 @@ def test_every_client_faulty_counts_the_same_seeds_in_table_csv_and_json(tmp_pat
     [row] = [row for row in csv.DictReader(io.StringIO(csv_text)) if row.get("group_id")]
     _, markdown, _ = invoke_cli("leaderboard", "show", str(tmp_path), "--format", "markdown")
     table_row = next(line for line in markdown.splitlines() if line.startswith("| local"))
-    columns = [c.strip() for c in markdown.splitlines()[0].strip("|").split("|")]
+    columns = [c.strip() for c in markdown.splitlines()[2].strip("|").split("|")]  # after the section's label
     seeds = [c.strip() for c in table_row.strip("|").split("|")][columns.index("seeds")]
     assert group["n_seeds"] == int(row["n_seeds"]) == int(seeds) == 1

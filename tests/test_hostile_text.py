@@ -134,9 +134,12 @@ def test_markdown_rows_stay_rows(folder):
     rows, unmatched = display_rows(build_board(board_records(loaded)[0]))
     tables = stdout.split("\npublished figures with no reproduced group:\n\n")
     assert len(tables) == (2 if unmatched else 1)
-    for text, columns, n_rows in ((tables[0], COLUMNS, len(rows)), (tables[-1], UNMATCHED_COLUMNS, len(unmatched))):
+    sections = re.split(r"(?:^|\n)\*\*Setting: [^\n]*\*\*\n\n", tables[0])[1:]  # one table per setting section
+    assert sum(len(t.strip("\n").split("\n")) - 2 for t in sections) == len(rows)
+    checks = [*((t, COLUMNS, None) for t in sections), (tables[-1], UNMATCHED_COLUMNS, len(unmatched))]
+    for text, columns, n_rows in checks:
         lines = text.strip("\n").split("\n")
-        assert len(lines) == 2 + n_rows  # no value added a row
+        assert n_rows is None or len(lines) == 2 + n_rows  # no value added a row
         for line in lines:
             assert line.startswith("|") and line.endswith("|")
             assert len(re.findall(r"(?<!\\)\|", line)) == len(columns) + 1  # nor a column
@@ -172,8 +175,10 @@ def test_rank(folder, fmt):
     result, stdout, stderr = _invoke("leaderboard", "show", str(folder), "--rank", "--format", fmt)
     _assert_clean(result, stdout, stderr)
     if fmt == "markdown":
-        lines = stdout.strip("\n").split("\n")
-        assert all(len(re.findall(r"(?<!\\)\|", line)) == 6 for line in lines)
+        lines = [line for line in stdout.strip("\n").split("\n") if line]
+        headings = [line for line in lines if not line.startswith("|")]  # each setting section's label
+        assert headings and all(h.startswith("**Setting: ") and h.endswith("**") for h in headings)
+        assert all(len(re.findall(r"(?<!\\)\|", line)) == 6 for line in lines if line not in headings)
 
 
 def test_show_every_record(folder):

@@ -21,7 +21,9 @@ from hfl_bench.cli import app
 REPO = Path(__file__).resolve().parent.parent
 MINI = REPO / "leaderboards" / "archive" / "first-wave" / "mini"
 REPRODUCED = [MINI / "digits__crad__eeb0a26b41ab825c__seed0.json", MINI / "digits__crad__eeb0a26b41ab825c__seed1.json",
-              MINI / "digits__fedavg__6340fec5c6ebc32d__seed0.json"]
+              MINI / "digits__fedavg__6340fec5c6ebc32d__seed0.json",
+              # data-free on the heterogeneous pool, as crad: one setting section, one table to sort
+              MINI / "digits__dfml__6a1ef72fa8925211__seed0.json", MINI / "digits__local__fba68acaac91804d__seed0.json"]
 PUBLISHED = REPO / "leaderboards" / "published" / "fan2026crad__cifar10__crad__global_acc__40915a2d076d3c1a.json"
 
 HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
@@ -109,7 +111,7 @@ def _expected_rows() -> dict[str, str]:
 
 def test_source_escapes_every_record_string_and_forbids_network(site):
     pages = [site / "index.html", *sorted((site / "groups").glob("*.html"))]
-    assert len(pages) == 1 + 3  # crad, fedavg, the hostile method
+    assert len(pages) == 1 + 5  # crad, dfml, local, fedavg, the hostile method
     text = {p: p.read_text() for p in pages}
     hostile_page = next(p for p, t in text.items() if "groups" in p.parts and escape(HOSTILE) in t)
     for s in HOSTILE_STRINGS.values():
@@ -137,7 +139,8 @@ def test_safe_file_names_skipped_list_and_copied_records(site, records):
         assert re.fullmatch(r"[0-9a-f]{16}\.html", p.name), p.name
     copied = sorted(p.name for p in (site / "records").iterdir())
     assert all(re.fullmatch(r"[A-Za-z0-9_-]+\.json", n) for n in copied), copied
-    assert "hostile_run.json" in copied and len(copied) == 6  # every valid record, published included
+    # every valid record (the hostile run and two published included)
+    assert "hostile_run.json" in copied and len(copied) == len(REPRODUCED) + 3
     assert (site / "records" / REPRODUCED[0].name).read_bytes() == REPRODUCED[0].read_bytes()
     index = (site / "index.html").read_text()
     assert "not_a_record.json" in index and "Left out: 1" in index  # the skipped file, with why
@@ -212,25 +215,32 @@ def test_in_a_headless_browser(site, browser, tmp_path):
     assert page.locator("tr.published").count() == 1  # the digits figure beside the crad group
     assert page.evaluate("Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
 
-    # the hostile run names a fault setting: its group sits in a protocol section of its own (after
-    # the fault-free one), never sorted or ranked with fault-free groups
-    assert page.locator("section.protocol").count() == 2
+    # one setting section each: the data-free heterogeneous one (crad, dfml, local), fedavg's single
+    # architecture, and the hostile run (a method no registry knows, with a fault setting): never
+    # sorted or ranked with the others
+    assert page.locator("h2.setting").count() == page.locator("section.protocol").count() == 3
     assert _cells(page, "method", "section.protocol:last-of-type table.leaderboard") == [HOSTILE]
+    assert _cells(page, "method", "section.protocol:nth-of-type(2) table.leaderboard") == ["fedavg"]
 
-    # sorting the fault-free table: global accuracy ascending, then descending; by method name
-    means = {m: float(a.split(" ± ")[0]) for m, a in expected.items() if m != HOSTILE}
+    # sorting the first table: global accuracy ascending, then descending; by method name
+    means = {m: float(a.split(" ± ")[0]) for m, a in expected.items() if m not in (HOSTILE, "fedavg")}
+    others = ["fedavg", HOSTILE]
     page.locator("table.leaderboard th", has_text="global acc").first.click()
-    assert _cells(page, "method") == sorted(means, key=means.get) + [HOSTILE]
+    assert _cells(page, "method") == sorted(means, key=means.get) + others
     page.locator("table.leaderboard th", has_text="global acc").first.click()
-    assert _cells(page, "method") == sorted(means, key=means.get, reverse=True) + [HOSTILE]
+    assert _cells(page, "method") == sorted(means, key=means.get, reverse=True) + others
     page.locator("table.leaderboard th", has_text="method").first.click()
-    assert _cells(page, "method") == sorted(means, key=str.lower) + [HOSTILE]
+    assert _cells(page, "method") == sorted(means, key=str.lower) + others
 
-    # the filter: one method, then back to all
+    # the filters: one method, then back to all; one setting hides the other sections and their headings
     page.select_option("#filter-method", "fedavg")
     assert _cells(page, "method") == ["fedavg"]
     page.select_option("#filter-method", "")
-    assert len(_cells(page, "method")) == 3
+    assert len(_cells(page, "method")) == 5
+    page.select_option("#filter-setting", "data-free, single architecture, protocol budget")
+    assert _cells(page, "method") == ["fedavg"] and page.locator("h2.setting:not([hidden])").count() == 1
+    page.select_option("#filter-setting", "")
+    assert len(_cells(page, "method")) == 5
 
     shot = tmp_path / "index.png"
     page.screenshot(path=str(shot), full_page=True)

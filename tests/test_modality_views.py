@@ -356,7 +356,7 @@ def test_html_rows_and_group_pages_show_the_recipients(folder, real, tmp_path):
     assert f'data-modalities="{SIGNAL}"' in index and 'id="filter-modalities"' in index
     assert 'data-v="62.0">62.00 ± 2.83</td>' in index  # the group's sort value is the recipients' figure
     assert "↳ donors" in index and "↳ [q] all clients" in index and "80.00 ± 0.00" in index
-    assert index.count('<section class="protocol">') == 4  # signal, image, the hostile name, none
+    assert index.count('<section class="protocol"') == 4  # signal, image, the hostile name, none
     assert hostile not in index and "&lt;img src=x onerror=alert(1)&gt;" in index
     pages = {p: p.read_text() for p in (out / "groups").glob("*.html")}
     page = next(t for t in pages.values() if "fedsocket on digits" in t and SIGNAL in t)

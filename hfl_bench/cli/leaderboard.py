@@ -43,14 +43,17 @@ def show(
     pool: list[str] = typer.Option([], "--pool", help="Only this architecture pool (repeatable)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, csv, markdown or json."),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
-    rank: bool = typer.Option(False, "--rank", help="Print the mean rank of each method across tasks instead."),
+    rank: bool = typer.Option(False, "--rank", help="Print the mean rank of each method across tasks instead "
+                              "(within each setting section)."),
 ):
     """Group reproduced records by setting (mean, sample sd, seeds; failed runs counted apart) and
     put the matching published figures beside each group with the delta reproduced - published.
-    The fault setting is part of the setting and of the rank's protocol; under faults the headline
-    is the honest clients' accuracy and `drop` the mean change against the same seeds and the
-    same clients without faults (records selected on the honest clients' validation, written
-    before issue 30, are kept apart: `selection=honest-val`).
+    Groups are shown one setting section at a time (the transfer data the method reads, one
+    architecture or a heterogeneous pool, the budget class, faults, modalities): only the rows of
+    one section compete, and --rank ranks within each section. Under faults the headline is the
+    honest clients' accuracy and `drop` the mean change against the same seeds and the same clients
+    without faults (records selected on the honest clients' validation, written before issue 30,
+    are kept apart: `selection=honest-val`).
     Only records that `leaderboard validate` accepts are read; each other file is listed on stderr
     (skipped, with the reason) and never averaged in."""
     from hfl_bench.results.board import board_records, build_board
@@ -82,8 +85,10 @@ def _print_board(board: Board, fmt: str) -> None:
         TABLE_COLUMNS,
         UNMATCHED_COLUMNS,
         board_json,
+        by_section,
         csv_rows,
         display_rows,
+        sections_markdown,
         to_csv,
         to_markdown,
         to_rich,
@@ -98,7 +103,7 @@ def _print_board(board: Board, fmt: str) -> None:
     rows, unmatched = display_rows(board)
     title = "published figures with no reproduced group"
     if fmt == "markdown":
-        sys.stdout.write(to_markdown(rows, COLUMNS))
+        sys.stdout.write(sections_markdown(rows, COLUMNS))
         if unmatched:
             sys.stdout.write(f"\n{title}:\n\n" + to_markdown(unmatched, UNMATCHED_COLUMNS))
         return
@@ -107,7 +112,8 @@ def _print_board(board: Board, fmt: str) -> None:
                         + ("; faults: accuracy (and final figures) over the honest clients, "
                            "drop = with faults - the same seeds and clients without"
                            if any(g.has_faults for g in board.groups) else ""))
-        wide_out().print(to_rich(rows, TABLE_COLUMNS, title_groups))
+        for label, part in by_section(rows):  # one table per setting section: the rows that compete
+            wide_out().print(to_rich(part, TABLE_COLUMNS, f"setting: {label}; {title_groups}"))
     else:
         wide_out().print("no reproduced records match", highlight=False)
     if unmatched:
@@ -115,20 +121,25 @@ def _print_board(board: Board, fmt: str) -> None:
 
 
 def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
-    from hfl_bench.results.render import rank_rows, to_csv, to_markdown, to_rich
+    from hfl_bench.results.render import by_section, rank_rows, sections_markdown, to_csv, to_rich
 
     columns = ("#", "method", "mean rank", "protocols", "ranks")
     if fmt == "json":
-        sys.stdout.write(json.dumps({"ties": "average rank", "rank": ranked}, indent=1) + "\n")
+        sys.stdout.write(json.dumps({"ties": "average rank", "within": "one ranking per setting section",
+                                     "rank": ranked}, indent=1) + "\n")
     elif fmt == "csv":
-        rows = [{"method": r["method"], "mean_rank": r["mean_rank"], "n_protocols": r["n_protocols"],
+        rows = [{"section": r["section"], "method": r["method"], "mean_rank": r["mean_rank"],
+                 "n_protocols": r["n_protocols"],
                  "ranks": "; ".join(f"{x['protocol']}: {x['rank']:g}" for x in r["ranks"])} for r in ranked]
-        sys.stdout.write(to_csv(rows, ("method", "mean_rank", "n_protocols", "ranks")))
+        sys.stdout.write(to_csv(rows, ("section", "method", "mean_rank", "n_protocols", "ranks")))
     elif fmt == "markdown":
-        sys.stdout.write(to_markdown(rank_rows(ranked), columns))
+        sys.stdout.write(sections_markdown(rank_rows(ranked), columns))
     else:
         title = "mean rank by global accuracy over protocols run by 2+ methods (ties: average rank)"
-        wide_out().print(to_rich(rank_rows(ranked), columns, title))
+        if not ranked:
+            wide_out().print("no protocol was run by two or more methods of one setting", highlight=False)
+        for label, part in by_section(rank_rows(ranked)):  # ranked within each setting section only
+            wide_out().print(to_rich(part, columns, f"setting: {label}; {title}"))
 
 
 @app.command(cls=BenchCommand)

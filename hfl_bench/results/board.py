@@ -55,7 +55,8 @@ def build_groups(records: Iterable[Loaded]) -> list[SettingGroup]:
 
 def build_board(records: list[Loaded], tasks: Iterable[str] = (), methods: Iterable[str] = (),
                 pools: Iterable[str] = (), skipped: Optional[list[str]] = None) -> Board:
-    """Groups (filtered, sorted by task then mean global accuracy) with published figures beside."""
+    """Groups (filtered, sorted by setting section, task, then mean global accuracy) with published
+    figures beside."""
     tasks, methods, pools = set(tasks), set(methods), set(pools)
 
     def keep(task, method, pool):
@@ -71,7 +72,9 @@ def build_board(records: list[Loaded], tasks: Iterable[str] = (), methods: Itera
             if m is not None:
                 g.published.append(m)
                 matched.add(i)
-    groups.sort(key=lambda g: (g.task, -(g.stat().mean if g.stat().mean is not None else -1e9), g.method, g.group_id))
+    # one setting section after another (``SettingGroup.section_key``), then by task and accuracy
+    groups.sort(key=lambda g: (g.section_key(), g.task, -(g.stat().mean if g.stat().mean is not None else -1e9),
+                               g.method, g.group_id))
     unmatched = sorted((p for i, p in enumerate(published) if i not in matched),
                        key=lambda p: (p.task, p.method, p.citation.get("key", ""), p.citation.get("locator", "")))
     return Board(groups, unmatched, list(skipped or []))

@@ -1,7 +1,8 @@
 """The leaderboard as a static HTML site (``hfl-bench leaderboard html OUT_DIR [RECORDS...]``).
 
-One ``index.html`` (per task and protocol a sortable table of groups with the published figures
-beside them, a filter by method, pool, fault and modality setting, the cross-task rank, the plots,
+One ``index.html`` (one setting section after another, ``SettingGroup.section``; in each, per task
+and protocol a sortable table of groups with the published figures beside them; a filter by
+setting, method, pool, fault and modality setting, the cross-task rank one table per setting, the plots,
 which records were drawn and which were left out and why; a multimodal group's recipients' headline
 with its donors', all clients' and endpoints' figures under it), one page per record group under
 ``groups/`` (resolved config, provenance, per-class and per-architecture tables, links to the records), the
@@ -42,7 +43,16 @@ from hfl_bench.results.budget import mean_steps
 from hfl_bench.results.grouping import SeedGroup, group_seeds
 from hfl_bench.results.loading import HONEST_SELECTION, Loaded, ResultsError, Skipped, load_records
 from hfl_bench.results.ranking import protocol_label, protocol_labels, rank_methods
-from hfl_bench.results.render import KIND, UNMATCHED_COLUMNS, _num, _pm, display_rows, drop_label, rank_rows
+from hfl_bench.results.render import (
+    KIND,
+    UNMATCHED_COLUMNS,
+    _num,
+    _pm,
+    by_section,
+    display_rows,
+    drop_label,
+    rank_rows,
+)
 from hfl_bench.results.setting import SettingGroup, Stat, canonical, modalities_section, partition_label
 
 # Marks a folder this module wrote, so regenerating may clear its old pages, and nothing else.
@@ -186,6 +196,7 @@ def _row(g: SettingGroup) -> dict[str, Any]:
                    for t in (_get(r.record, "cost", "wall_time_total_s") for r in g.ok))
     return {
         "cells": head, "clients": clients, "published": published, "group": g, "modalities": g.modalities,
+        "setting": g.section,
         "fidelity": _values(g.ok, "method", "fidelity"), "version": head["version"],
         "faults": g.faults, "drop": drop_label(g) or "", "drop_v": g.drop.mean if g.drop is not None else None,
         "global_v": gl.mean, "local_v": lo.mean, "final_v": final.mean, "seeds_v": len(g.ok), "bytes_v": sent.mean,
@@ -355,8 +366,8 @@ def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], h
     task = first.get("task") if isinstance(first.get("task"), dict) else {}
     cfg = first.get("config") if isinstance(first.get("config"), dict) else {}
     setting = [
-        ("method", g.method), ("task", g.task), ("pool", g.pool), ("protocol", protocol_label(g)),
-        ("data", g.data_label),
+        ("method", g.method), ("task", g.task), ("pool", g.pool), ("setting section", g.section),
+        ("protocol", protocol_label(g)), ("data", g.data_label),
         ("partition", partition_label(g.partition_scheme, g.partition_params)),
         ("clients (active per round)", f"{_text(g.n_clients)} ({_text(g.clients_per_round)})"),
         ("rounds", _text(g.rounds)), ("local epochs", _text(g.local_epochs)),
@@ -460,7 +471,7 @@ def _plots(paths: list[Path], out_dir: Path) -> tuple[list[dict[str, Any]], str]
     figures = []
     for w in written:
         sidecar = json.loads(Path(w.sources).read_text())
-        figures.append({"task": w.task, "kind": w.kind, "src": f"plots/{Path(w.png).name}",
+        figures.append({"task": w.task, "kind": w.kind, "section": w.section, "src": f"plots/{Path(w.png).name}",
                         "sources": f"plots/{Path(w.sources).name}", "caption": sidecar.get("caption", "")})
     return figures, ""
 
@@ -493,7 +504,9 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
         row["page"] = _page_name(g, sg.records if sg else g.ok)
         pages.append((g, sg, row))
         label = labels[g.protocol()]  # the data appended where one task's protocols differ only in it
-        sections.setdefault((g.task, label), {"task": g.task, "protocol": label, "rows": []})["rows"].append(row)
+        key = (g.section_key(), g.section, g.task, label)  # one setting section after another
+        section = sections.setdefault(key, {"setting": g.section, "task": g.task, "protocol": label, "rows": []})
+        section["rows"].append(row)
     ordered = [sections[k] for k in sorted(sections)]
     rows = [row for s in ordered for row in s["rows"]]
     has_faults = any(row["faults"] != "none" for row in rows)
@@ -510,7 +523,8 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
         csp=csp(SCRIPT), script=SCRIPT, root="", sections=ordered, has_faults=has_faults,
         has_modalities=has_modalities, modalities=sorted({row["modalities"] for row in rows}),
         methods=sorted({row["group"].method for row in rows}), pools=sorted({row["group"].pool for row in rows}),
-        faults=sorted({row["faults"] for row in rows}), rank=rank_rows(ranked), unmatched=unmatched,
+        faults=sorted({row["faults"] for row in rows}), settings=list(dict.fromkeys(s["setting"] for s in ordered)),
+        rank=by_section(rank_rows(ranked)), unmatched=unmatched,
         unmatched_columns=UNMATCHED_COLUMNS, figures=figures, plot_note=plot_note, drawn=drawn,
         skipped=[{"path": str(shown_path(s.path)) if s.path else "", "reason": s.reason, "line": s.line()}
                  for s in skipped],

@@ -10,12 +10,16 @@ those it lacks, over all clients and per architecture, from ``metrics.seen_unsee
 1.6 on) and ``robustness`` (honest clients' global accuracy against fault strength, one panel per
 fault kind, the fault-free baseline at x = 0; x per kind: ``robustness``; drawn by ``all`` only
 when records run with faults are present). Seeds of one setting are grouped by the leaderboard's
-rule (``grouping``: config hash on the same data, the newest record of a seed run twice) and drawn
-as their mean with a min-max band or error bar. One PNG per kind and task (records of different
-tasks are never mixed), each with a caption naming the records it drew and a ``<png>.sources.json``
-sidecar listing them. Only valid (``validation``) reproduced records with status ``ok`` are drawn;
-every other one is reported with a reason. Record text is drawn as itself (``text.mpl_text``: no
-control characters, ``$`` is not math).
+rule (``grouping``: config hash on
+the same data, the newest record of a seed run twice) and drawn as their mean with a min-max band
+or error bar. One PNG per kind, task and setting section (``PlotSection``: the transfer data, one
+architecture or a heterogeneous pool, the budget class; records of different tasks or sections are
+never mixed; the data-free, heterogeneous, protocol-budget section keeps the plain name
+``<kind>__<task>.png``, another gets its label appended), each with a caption naming the records it
+drew and a ``<png>.sources.json`` sidecar listing them. Only valid
+(``validation``) reproduced records with status ``ok`` are drawn; every other one is reported
+with a reason. Record text is drawn as itself (``text.mpl_text``: no control characters, ``$``
+is not math).
 
 Matplotlib is imported only when drawing, so ``hfl-bench --help`` stays fast.
 """
@@ -34,7 +38,17 @@ from hfl_bench.paths import write_atomic
 from hfl_bench.results import robustness
 from hfl_bench.results.grouping import SeedGroup, data_identity, group_seeds
 from hfl_bench.results.loading import SIDECAR_SUFFIX, Loaded, ResultsError, Skipped, read_records, record_files
-from hfl_bench.results.setting import Stat, figure, headline_of
+from hfl_bench.results.setting import (
+    PROTOCOL_BUDGET,
+    Stat,
+    budget_class,
+    figure,
+    headline_of,
+    section_label,
+    section_order,
+    single_architecture,
+    transfer_setting,
+)
 from hfl_bench.results.text import mpl_text, terminal
 from hfl_bench.results.validation import valid_records
 
@@ -83,10 +97,11 @@ class Written:
     sources: Path
     drawn: list[Loaded]
     groups: list[DrawnSetting]
+    section: str = ""  # the setting section drawn (``PlotSection``)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "task": self.task, "png": str(self.png), "sources": str(self.sources),
-                "n_records": len(self.drawn), "n_groups": len(self.groups)}
+        return {"kind": self.kind, "task": self.task, "section": self.section, "png": str(self.png),
+                "sources": str(self.sources), "n_records": len(self.drawn), "n_groups": len(self.groups)}
 
 
 def source_entry(r: Loaded) -> dict[str, Any]:
@@ -192,6 +207,42 @@ MISSING: dict[str, Callable[[Loaded], Optional[str]]] = {
     "curves": _curve_missing, "per-class": _per_class_missing, "per-arch": _per_arch_missing,
     "seen-unseen": _seen_unseen_missing, "bytes": _bytes_missing,
 }
+
+
+# ----------------------------------------------------------------------------- setting sections
+
+
+@dataclass(frozen=True)
+class PlotSection:
+    """The setting section one figure draws (``setting.section_label`` without the faults, which
+    the curves tell apart by series and the robustness plot draws against each other, and without
+    the modality setting, part of a multimodal task of its own)."""
+
+    order: tuple
+    label: str
+
+    @property
+    def default(self) -> bool:
+        """The data-free, heterogeneous, protocol-budget section: its figures keep the plain file name."""
+        return self.label == section_label("none", False, PROTOCOL_BUDGET)
+
+    def file_suffix(self) -> str:
+        """``""`` for the default section, else ``__<label as a file name>``."""
+        return "" if self.default else "__" + _safe(self.label.replace(", ", "_").replace(" ", "-"))
+
+
+def plot_section(record: dict[str, Any]) -> PlotSection:
+    t, single, budget = transfer_setting(record), single_architecture(record), budget_class(record)
+    return PlotSection(section_order(t, single, budget), section_label(t, single, budget))
+
+
+def plot_sections(seed_groups: list[SeedGroup]) -> list[tuple[PlotSection, list[SeedGroup]]]:
+    """One task's seed groups split by setting section (``PlotSection``), in the sections' order:
+    one figure per kind and section, so that a figure never sets methods of two settings side by side."""
+    out: dict[PlotSection, list[SeedGroup]] = {}
+    for sg in seed_groups:
+        out.setdefault(plot_section(sg.ok[0].record), []).append(sg)
+    return sorted(out.items(), key=lambda kv: kv[0].order)
 
 
 # ----------------------------------------------------------------------------- grouping and labels
@@ -474,7 +525,8 @@ TITLES = {
 }
 
 
-def render(kind: str, task: str, groups: list[DrawnSetting], png: Path) -> tuple[str, dict[str, Any]]:
+def render(kind: str, task: str, groups: list[DrawnSetting], png: Path, section: str = ""
+           ) -> tuple[str, dict[str, Any]]:
     """Draw one figure and write it atomically; returns its caption and the kind's details
     (class order, architectures, ...) for the sidecar."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -487,7 +539,8 @@ def render(kind: str, task: str, groups: list[DrawnSetting], png: Path) -> tuple
     details = DRAW[kind](ax, groups, colors)
     if kind != "bytes":
         ax.grid(True, alpha=0.2)
-    ax.set_title(mpl_text(f"{TITLES[kind]}: {task} ({setting_summary(groups)})"), fontsize=11)
+    setting = f"\nsetting: {section}" if section else ""
+    ax.set_title(mpl_text(f"{TITLES[kind]}: {task} ({setting_summary(groups)}){setting}", one_line=False), fontsize=11)
     fig.legend(loc="outside right upper", fontsize=8, title="method (n seeds)", title_fontsize=8)
     text = caption(task, groups, f"{png.name}{SIDECAR_SUFFIX}")
     fig.supxlabel(mpl_text(text, one_line=False), fontsize=6.5, x=0.005, ha="left", multialignment="left")
@@ -512,15 +565,16 @@ def _safe(name: str) -> str:
     return f"{safe[:SAFE_MAX - 11]}-{hashlib.sha256(name.encode('utf-8')).hexdigest()[:10]}"
 
 
-def plot_task(kind: str, task: str, seed_groups: list[SeedGroup], skipped: list[Skipped], out_dir: Path
-              ) -> tuple[Optional[Written], list[Skipped]]:
-    """One figure of one kind for one task's seed groups, with its sources sidecar.
-    Returns (None, reasons) when no record has what this kind needs."""
+def plot_task(kind: str, task: str, seed_groups: list[SeedGroup], skipped: list[Skipped], out_dir: Path,
+              section: Optional[PlotSection] = None) -> tuple[Optional[Written], list[Skipped]]:
+    """One figure of one kind for one task's seed groups of one setting section, with its sources
+    sidecar. Returns (None, reasons) when no record has what this kind needs."""
     groups, lacking = kind_groups(kind, task, seed_groups)
     if not groups:
         return None, lacking
-    png = out_dir / f"{kind}__{_safe(task)}.png"
-    text, details = render(kind, task, groups, png)
+    section = section or plot_section(groups[0].records[0].record)
+    png = out_dir / f"{kind}__{_safe(task)}{section.file_suffix()}.png"
+    text, details = render(kind, task, groups, png, section.label)
     drawn = [r for g in groups for r in g.records]
     task_skipped = [s for s in skipped if s.task == task] + lacking
     sources = png.with_name(png.name + SIDECAR_SUFFIX)
@@ -528,6 +582,7 @@ def plot_task(kind: str, task: str, seed_groups: list[SeedGroup], skipped: list[
         "png": png.name,
         "kind": kind,
         "task": task,
+        "section": section.label,
         "n_records": len(drawn),
         "records": [source_entry(r) for r in drawn],
         "groups": [{"label": g.label, "method": g.method, "config_hash": g.config_hash, "seeds": g.seeds,
@@ -537,7 +592,7 @@ def plot_task(kind: str, task: str, seed_groups: list[SeedGroup], skipped: list[
         "caption": text,
         "details": details,
     }, indent=1, default=str) + "\n")
-    return Written(kind, task, png, sources, drawn, groups), lacking
+    return Written(kind, task, png, sources, drawn, groups, section.label), lacking
 
 
 def make_plots(kind: str, inputs: list[Path], out_dir: Path, tasks: list[str] = (), methods: list[str] = ()
@@ -578,17 +633,17 @@ def make_plots(kind: str, inputs: list[Path], out_dir: Path, tasks: list[str] = 
     skipped += not_drawn
     written: list[Written] = []
     for task in sorted({g.ok[0].task for g in seed_groups}):
-        task_groups = [g for g in seed_groups if g.ok[0].task == task]
-        for k in kinds:
-            if k == "robustness":
-                if kind == "all" and not any(robustness.faults_section(r) for g in task_groups for r in g.ok):
-                    continue  # a task without faulty runs has no robustness figure under ``all``
-                fig, lacking = plot_robustness(task, task_groups, skipped, out_dir)
-            else:
-                fig, lacking = plot_task(k, task, task_groups, skipped, out_dir)
-            skipped += lacking
-            if fig:
-                written.append(fig)
+        for section, task_groups in plot_sections([g for g in seed_groups if g.ok[0].task == task]):
+            for k in kinds:
+                if k == "robustness":
+                    if kind == "all" and not any(robustness.faults_section(r) for g in task_groups for r in g.ok):
+                        continue  # a task without faulty runs has no robustness figure under ``all``
+                    fig, lacking = plot_robustness(task, task_groups, skipped, out_dir, section)
+                else:
+                    fig, lacking = plot_task(k, task, task_groups, skipped, out_dir, section)
+                skipped += lacking
+                if fig:
+                    written.append(fig)
     if not written:
         reasons = "; ".join(sorted({s.reason for s in skipped if s.task is not None})) or "no drawable records"
         raise PlotError(f"nothing to draw from {len(selected)} record(s): {reasons}")
@@ -745,8 +800,8 @@ def draw_robustness(fig, panels: dict[str, list[Series]]) -> dict[str, Any]:
     return {"statistics": ROBUSTNESS_NOTE, "panels": details}
 
 
-def plot_robustness(task: str, seed_groups: list[SeedGroup], skipped: list[Skipped], out_dir: Path
-                    ) -> tuple[Optional[Written], list[Skipped]]:
+def plot_robustness(task: str, seed_groups: list[SeedGroup], skipped: list[Skipped], out_dir: Path,
+                    section: Optional[PlotSection] = None) -> tuple[Optional[Written], list[Skipped]]:
     """The robustness figure of one task (one panel per fault kind), with its sources sidecar;
     (None, reasons) when no record of the task ran with faults."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -764,12 +819,13 @@ def plot_robustness(task: str, seed_groups: list[SeedGroup], skipped: list[Skipp
                     seen.add(p.group.group_id + str(id(p.group.records[0])))
                     groups.append(p.group)
     groups.sort(key=lambda g: (g.method, g.config_hash, g.group_id))
-    png = out_dir / f"robustness__{_safe(task)}.png"
+    section = section or plot_section(groups[0].records[0].record)
+    png = out_dir / f"robustness__{_safe(task)}{section.file_suffix()}.png"
     fig = Figure(figsize=(11, 6.5), layout="constrained")
     FigureCanvasAgg(fig)
     details = draw_robustness(fig, panels)
     fig.suptitle(mpl_text(f"Robustness: honest clients' global accuracy against fault strength: {task} "
-                          f"({setting_summary(groups)})"), fontsize=11)
+                          f"({setting_summary(groups)})\nsetting: {section.label}", one_line=False), fontsize=11)
     text = caption(task, groups, f"{png.name}{SIDECAR_SUFFIX}", ROBUSTNESS_NOTE)
     fig.supxlabel(mpl_text(text, one_line=False), fontsize=6.5, x=0.005, ha="left", multialignment="left")
     write_atomic(png, lambda f: fig.savefig(f, format="png", dpi=110))
@@ -777,7 +833,7 @@ def plot_robustness(task: str, seed_groups: list[SeedGroup], skipped: list[Skipp
     task_skipped = [s for s in skipped if s.task == task] + lacking
     sources = png.with_name(png.name + SIDECAR_SUFFIX)
     write_atomic(sources, json.dumps({
-        "png": png.name, "kind": "robustness", "task": task, "n_records": len(drawn),
+        "png": png.name, "kind": "robustness", "task": task, "section": section.label, "n_records": len(drawn),
         "records": [source_entry(r) for r in drawn],
         "groups": [{"label": g.method, "method": g.method, "config_hash": g.config_hash, "seeds": g.seeds,
                     "faults": robustness.faults_section(g.records[0]).get("spec") or "none",
@@ -787,4 +843,4 @@ def plot_robustness(task: str, seed_groups: list[SeedGroup], skipped: list[Skipp
         "caption": text,
         "details": details,
     }, indent=1, default=str) + "\n")
-    return Written("robustness", task, png, sources, drawn, groups), lacking
+    return Written("robustness", task, png, sources, drawn, groups, section.label), lacking

@@ -1,10 +1,12 @@
 """The rank: methods ranked within each protocol (task, partition, clients, active clients,
-rounds, local epochs, fault setting, selection rule, modality setting, data: fingerprint and class
-count) that at least two methods ran, by the mean global accuracy of the method's best group there
-(the headline: honest clients under faults, the recipients of a multimodal run; higher is better);
-tied means share the average of their ranks. A method's
-score is its mean rank over the protocols it ran in. Versions of a method are ranked apart
-(``crad@1.1``, ``crad@unversioned``) when the groups hold more than one; never merged.
+rounds, local epochs, selection rule, data: fingerprint and class count, and the setting section: transfer data,
+single architecture or not, budget class, fault setting, modality setting) that at least two
+methods ran, by the mean global accuracy of the method's best group there (the headline: honest
+clients under faults, the recipients of a multimodal run; higher is better); tied means share the
+average of their ranks. A method's score is its mean rank over the protocols it ran in **within
+one setting section** (``SettingGroup.section``): the rank is one table per section, and a method
+that ran in two sections has a row in each, never one score across them. Versions of a method are
+ranked apart (``crad@1.1``, ``crad@unversioned``) when the groups hold more than one; never merged.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from hfl_bench.results.setting import SettingGroup, partition_label
 
 
 def rank_methods(groups: list[SettingGroup]) -> list[dict[str, Any]]:
-    """Mean rank of each method over the protocols that two or more methods ran (see module doc)."""
+    """Mean rank of each method over the protocols that two or more methods ran, one ranking per
+    setting section (see module doc): rows ordered by section (``SettingGroup.section_key``), then
+    by mean rank; each row names its ``section``."""
     best: dict[tuple, dict[str, float]] = defaultdict(dict)
     labels: dict[tuple, str] = {}
+    sections: dict[tuple, tuple[tuple, str]] = {}  # protocol -> (section order, section label)
     versions: dict[str, set] = defaultdict(set)
     distinct = protocol_labels(groups)
     for g in groups:
@@ -31,18 +36,20 @@ def rank_methods(groups: list[SettingGroup]) -> list[dict[str, Any]]:
             continue
         key = g.protocol()
         labels[key] = distinct[key]
+        sections[key] = (g.section_key(), g.section)
         name = g.method if len(versions[g.method]) == 1 else f"{g.method}@{g.method_version or 'unversioned'}"
         best[key][name] = max(mean, best[key].get(name, float("-inf")))
-    ranks: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    ranks: dict[tuple, list[dict[str, Any]]] = defaultdict(list)  # (section, method) -> its protocols' ranks
     for key, scores in sorted(best.items(), key=lambda kv: labels[kv[0]]):
         if len(scores) < 2:
             continue
         for method, rank in average_ranks(scores).items():
-            ranks[method].append({"protocol": labels[key], "task": key[0], "rank": rank,
-                                  "global_acc": scores[method], "n_methods": len(scores)})
-    rows = [{"method": m, "mean_rank": round(statistics.fmean(r["rank"] for r in rs), 4), "n_protocols": len(rs),
-             "ranks": rs} for m, rs in ranks.items()]
-    return sorted(rows, key=lambda r: (r["mean_rank"], -r["n_protocols"], r["method"]))
+            ranks[(sections[key], method)].append({"protocol": labels[key], "task": key[0], "rank": rank,
+                                                   "global_acc": scores[method], "n_methods": len(scores)})
+    rows = [{"section": section[1], "method": m, "mean_rank": round(statistics.fmean(r["rank"] for r in rs), 4),
+             "n_protocols": len(rs), "ranks": rs, "_order": section[0]} for (section, m), rs in ranks.items()]
+    rows.sort(key=lambda r: (r["_order"], r["mean_rank"], -r["n_protocols"], r["method"]))
+    return [{k: v for k, v in r.items() if k != "_order"} for r in rows]
 
 
 def average_ranks(scores: dict[str, float]) -> dict[str, float]:
@@ -61,15 +68,16 @@ def average_ranks(scores: dict[str, float]) -> dict[str, float]:
 
 def protocol_labels(groups: list[SettingGroup]) -> dict[tuple, str]:
     """Each protocol's label (``protocol_label``), with the data (``SettingGroup.data_label``) appended
-    where protocols differ only in their data: two image folders under one task name are two
-    protocols, and their labels say which is which."""
-    by_label: dict[str, set] = defaultdict(set)
+    where protocols of one setting section differ only in their data: two image folders under one
+    task name are two protocols, and their labels say which is which. (Protocols of two sections
+    are told apart by the section each view shows them under.)"""
+    by_label: dict[tuple, set] = defaultdict(set)
     for g in groups:
-        by_label[protocol_label(g)].add(g.protocol())
+        by_label[(g.section, protocol_label(g))].add(g.protocol())
     out = {}
     for g in groups:
         label = protocol_label(g)
-        out[g.protocol()] = f"{label} {g.data_label}" if len(by_label[label]) > 1 else label
+        out[g.protocol()] = f"{label} {g.data_label}" if len(by_label[(g.section, label)]) > 1 else label
     return out
 
 

@@ -40,12 +40,13 @@ from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_use
 if TYPE_CHECKING:  # annotation only: reading records needs no torch
     from hfl_bench.federation import RunResult
 
-SCHEMA_VERSION = "1.6"  # what new run records (and failed records) are written as
+SCHEMA_VERSION = "1.6"  # what every new reproduced record (ok, diverged or failed) is written as
 # 1.6 holds every run's seen / unseen-class accuracy (``metrics.seen_unseen``, its per-round means
-# in ``history``, a client group's in its own block) and the work the run did (``cost.budget``), so
-# every new run record is 1.6, with or without client groups. Published records carry one figure
-# from a paper and none of that: they stay 1.2 (PUBLISHED_SCHEMA_VERSION), byte for byte what the
-# generator wrote before.
+# in ``history``, a client group's in its own block), the work the run did (``cost.budget``) and
+# the method's transfer data and single-architecture need in the ``method`` section (the
+# leaderboard's setting sections read them), so every new run record is 1.6, with or without
+# client groups. Published records carry one figure from a paper and none of that: they stay 1.2
+# (PUBLISHED_SCHEMA_VERSION), byte for byte what the generator wrote before.
 PUBLISHED_SCHEMA_VERSION = "1.2"
 GROUPS_SCHEMA_VERSION = "1.5"  # the version that added client groups (read, no longer written)
 # Every version a record may carry; each keeps its own schema file, and a record is validated
@@ -53,8 +54,9 @@ GROUPS_SCHEMA_VERSION = "1.5"  # the version that added client groups (read, no 
 # 1.2 the method's ``version`` and the ``final`` figures of the last evaluated rounds; 1.3 the
 # ``faults`` section and the ``honest`` / ``faulty`` figures of a run with --faults; 1.4 the
 # ``modalities`` section and the ``recipients`` / ``donors`` figures of a multimodal run; 1.5 the
-# per-round and final figures of those client groups; 1.6 the seen / unseen-class accuracy and
-# ``cost.budget``). 1.3 to 1.5 (written for runs with client groups only) are read, no longer written.
+# per-round and final figures of those client groups; 1.6 the seen / unseen-class accuracy,
+# ``cost.budget`` and the method's ``transfer`` and ``single_architecture``). 1.3 to 1.5 (written
+# for runs with client groups only) are read, no longer written.
 SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6")
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
 SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
@@ -273,6 +275,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "notes": list(method.card.notes),
             "plugin_dist": plugin_dist(type(method).__module__),
             "hparams": method.hparams(),
+            **card_setting(method.card),
         },
         "task": dict(fed.info.as_record(), n_train=int(len(labels)), n_test=int(len(fed.data.test_y)),
                      **_fingerprint_field(fed.data)),
@@ -330,6 +333,12 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
     return json.loads(json.dumps(record, default=_jsonable))
 
 
+def card_setting(card: Any) -> dict[str, Any]:
+    """What the leaderboard's setting section reads from a method's card (schema 1.6): the
+    transfer data it reads and whether it needs a single architecture."""
+    return {"transfer": card.transfer, "single_architecture": bool(card.single_architecture)}
+
+
 def _used(method: str, hparams: Any, task: str, pool: Any, partitioner: Any) -> list[tuple[str, Any]]:
     """The ``(kind, name)`` of each registered plugin a run uses (``provenance.plugins_used``); the
     method's aggregation rule is its ``aggregator`` hyperparameter, when it has one."""
@@ -372,7 +381,7 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
         cls = get_method_class(cfg.method)
         card = cls.card
         method.update(fidelity=card.fidelity, version=card.version, citation=card.citation, notes=list(card.notes),
-                      plugin_dist=plugin_dist(cls.__module__))
+                      plugin_dist=plugin_dist(cls.__module__), **card_setting(card))
         method["hparams"] = dataclasses.asdict(coerce_params(cls.Params, cfg.method_params, cfg.method))
     except Exception:  # noqa: BLE001 - unknown method or bad hyperparameters: keep what we have
         pass

@@ -1,5 +1,9 @@
 """The leaderboard as rows: the terminal table (rich), markdown, csv and json, and the rank.
 
+Every view shows one setting section at a time (``SettingGroup.section``: which rows compete):
+the table and markdown one table per section under its label (``by_section``), csv and json a
+``section`` field on each group, the rank one ranking per section.
+
 A multimodal group (``SettingGroup.is_multimodal``) shows its recipients' figures as the headline, and
 beside them the donors', all clients' and each extra endpoint's: as ``↳`` rows under the group in
 the table and markdown (whose note says whose the headline is), as columns and ``endpoint`` rows in
@@ -64,7 +68,7 @@ def drop_label(g: Any) -> str:
 # Keys of a display row that are not columns: what the row is ("group", "clients": a multimodal
 # group's other client groups and endpoints, "published") and a note the table's title and the
 # markdown carry once (whose figure a multimodal headline is).
-KIND, NOTE = "_kind", "_note"
+KIND, NOTE, SECTION = "_kind", "_note", "_section"
 MODALITY_NOTE = ("multimodal groups (setting missing=MODALITY recipients=FRACTION): global and local acc and the "
                  "final figures are over the recipients, the clients that miss a modality (all clients where none "
                  "does); the ↳ rows give the donors', all clients' and each extra endpoint's figures")
@@ -79,6 +83,7 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
     rows = []
     labels = protocol_labels(board.groups)
     for g in board.groups:
+        first = len(rows)
         gl, lo = g.stat("global_acc"), g.stat("local_acc")
         setting = _setting_label(partition_label(g.partition_scheme, g.partition_params), g.n_clients,
                                  g.clients_per_round, g.rounds)
@@ -102,7 +107,21 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
         })
         rows += clients_rows(g)
         rows += [_published_row(m.published, m) for m in g.published]
+        for row in rows[first:]:
+            row[SECTION] = g.section
     return rows, [_published_row(p, None) for p in board.unmatched]
+
+
+def by_section(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Display rows (``display_rows``, ``rank_rows``) split by their setting section, in order:
+    each section's label and its rows (a group's ↳ rows stay with it)."""
+    out: list[tuple[str, list[dict[str, Any]]]] = []
+    for row in rows:
+        label = row.get(SECTION, "")
+        if not out or out[-1][0] != label:
+            out.append((label, []))
+        out[-1][1].append(row)
+    return out
 
 
 def clients_rows(g: SettingGroup) -> list[dict[str, str]]:
@@ -175,7 +194,8 @@ UNMATCHED_COLUMNS = ("method", "published as", "task", "pool", "setting", "seeds
 SEEN_UNSEEN_CSV = ("seen_mean", "seen_sd", "unseen_mean", "unseen_sd", "final_seen_mean", "final_seen_sd",
                    "final_unseen_mean", "final_unseen_sd", "all_seen_mean", "all_unseen_mean")
 CSV_COLUMNS = (
-    "row_type", "group_id", "method", "method_version", "commits", "task", "pool", "partition_scheme",
+    "row_type", "section", "transfer", "single_architecture", "budget", "group_id", "method", "method_version",
+    "commits", "task", "pool", "partition_scheme",
     "partition_params", "n_clients", "clients_per_round", "rounds", "local_epochs", "method_params", "faults",
     "modalities", "headline_clients", "seeds", "n_seeds", "global_mean", "global_sd", "local_mean", "local_sd",
     "all_global_mean", "all_global_sd", "all_local_mean", "all_local_sd", "donors_global_mean", "donors_global_sd",
@@ -199,7 +219,8 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
         fg, fl, fa = g.final_stat("global_acc"), g.final_stat("local_acc"), g.final_stat("global_acc", "all")
         drop = g.drop
         rows.append({
-            "row_type": "reproduced", "group_id": g.group_id, "method": g.method, "method_version": g.method_version,
+            "row_type": "reproduced", **_section_fields(g), "group_id": g.group_id, "method": g.method,
+            "method_version": g.method_version,
             "commits": " ".join(g.commits), "task": g.task, "pool": g.pool,
             "partition_scheme": g.partition_scheme, "partition_params": canonical(g.partition_params),
             "n_clients": g.n_clients, "clients_per_round": g.clients_per_round, "rounds": g.rounds,
@@ -215,13 +236,20 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
             "n_duplicates": g.n_duplicates,
         })
         if g.is_multimodal:
-            rows += [{"row_type": "endpoint", "group_id": g.group_id, "method": g.method,
+            rows += [{"row_type": "endpoint", **_section_fields(g), "group_id": g.group_id, "method": g.method,
                       "method_version": g.method_version, "task": g.task, "pool": g.pool, "faults": g.faults,
                       "modalities": g.modalities, "headline_clients": g.headline_clients, "endpoint": e,
                       "seeds": " ".join(map(str, g.seeds)), **_csv_figures(g, e)} for e in g.endpoints()]
-        rows += [_published_csv(m.published, m, g.group_id) for m in g.published]
+        rows += [{**_published_csv(m.published, m, g.group_id), "section": g.section} for m in g.published]
     rows += [_published_csv(p, None, "") for p in board.unmatched]
     return [{c: ("" if r.get(c) is None else r.get(c)) for c in CSV_COLUMNS} for r in rows]
+
+
+def _section_fields(g: SettingGroup) -> dict[str, Any]:
+    """A group's setting section and its parts (csv and json; ``single_architecture`` null where
+    nothing says)."""
+    return {"section": g.section, "transfer": g.transfer, "single_architecture": g.single_architecture,
+            "budget": g.budget}
 
 
 def _csv_figures(g: SettingGroup, endpoint: Optional[str] = None) -> dict[str, Any]:
@@ -276,7 +304,7 @@ def board_json(board: Board) -> dict[str, Any]:
     groups = []
     for g in board.groups:
         groups.append({
-            "group_id": g.group_id, "config_hash": g.config_hash, "method": g.method,
+            "group_id": g.group_id, **_section_fields(g), "config_hash": g.config_hash, "method": g.method,
             "method_version": g.method_version, "commits": g.commits, "git_dirty": "uncommitted" in g.provenance_note,
             "processors": g.processors, "task": g.task,
             "data": {"fingerprint": g.data_fingerprint, "num_classes": g.num_classes},
@@ -309,8 +337,10 @@ def board_json(board: Board) -> dict[str, Any]:
                   if any(g.is_multimodal for g in board.groups) else "")
     headline = ("global_acc and local_acc are over the honest clients for a group run with faults "
                 f"(metrics.honest), {multimodal}over all clients otherwise (all_clients)")
+    sections = list(dict.fromkeys(g.section for g in board.groups))
     return {"sd": "sample standard deviation (ddof=1); null for a single seed", "headline": headline,
-            "groups": groups, "unmatched_published": [p.as_dict() for p in board.unmatched], "skipped": board.skipped}
+            "sections": sections, "groups": groups, "unmatched_published": [p.as_dict() for p in board.unmatched],
+            "skipped": board.skipped}
 
 
 def _json_steps(g: SettingGroup) -> dict[str, Any]:
@@ -342,10 +372,16 @@ def _json_endpoint(g: SettingGroup, endpoint: str) -> dict[str, Any]:
 
 
 def rank_rows(ranked: list[dict[str, Any]]) -> list[dict[str, str]]:
-    return [{"#": str(i), "method": r["method"], "mean rank": f"{r['mean_rank']:.2f}",
-             "protocols": str(r["n_protocols"]),
-             "ranks": "; ".join(f"{x['protocol']}: {x['rank']:g}/{x['n_methods']}" for x in r["ranks"])}
-            for i, r in enumerate(ranked, 1)]
+    """The rank's display rows, numbered from 1 within each setting section (``by_section``)."""
+    rows, place, section = [], 0, None
+    for r in ranked:
+        place = 1 if r["section"] != section else place + 1
+        section = r["section"]
+        rows.append({"#": str(place), "method": r["method"], "mean rank": f"{r['mean_rank']:.2f}",
+                     "protocols": str(r["n_protocols"]),
+                     "ranks": "; ".join(f"{x['protocol']}: {x['rank']:g}/{x['n_methods']}" for x in r["ranks"]),
+                     SECTION: r["section"]})
+    return rows
 
 
 def row_notes(rows: Iterable[dict[str, Any]]) -> list[str]:
@@ -362,6 +398,13 @@ def to_markdown(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
     lines += ["| " + " | ".join(markdown_cell(r.get(c, "")) for c in columns) + " |" for r in rows]
     notes = [f"\nNote: {markdown_cell(n)}" for n in row_notes(rows)]
     return "\n".join(lines + notes) + "\n"
+
+
+def sections_markdown(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
+    """One markdown table per setting section (``by_section``), each under its label in bold."""
+    columns = list(columns)
+    return "\n".join(f"**Setting: {markdown_cell(label)}**\n\n" + to_markdown(part, columns)
+                     for label, part in by_section(rows))
 
 
 def to_csv(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:

@@ -19,12 +19,20 @@ available (``clients="donors"`` / ``"all"``). A run with no recipients (recipien
 every client observes every modality) has no recipients' figure, so its headline is all
 clients'. A record with both sections (refused by the engine) keeps the honest clients' headline.
 
+The **setting section** a group belongs to (``SettingGroup.section``) is part of the protocol
+too: the transfer data its method reads (``transfer_setting``), whether its pool is a single
+architecture (``single_architecture``), its budget class (``budget_class``), and the fault and
+modality settings. Groups of two sections are never ranked together, and every view shows one
+section at a time (docs/guide/leaderboards.md lists the labels). What a record says wins; a record
+written before it said (schema < 1.6) falls back to the registered method's card and pool.
+
 A published figure (``Published``) and its place beside a group (``Match``) are types of this
 module too; ``published`` decides which figure goes where.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -38,6 +46,12 @@ METRICS = ("global_acc", "local_acc")
 NO_FAULTS = "none"  # the fault setting of a run without faults
 NO_MODALITIES = "none"  # the modality setting of a single-modality run
 CLIENTS = ("headline", "all", "honest", "faulty", "recipients", "donors")  # whose figure ``SettingGroup.stat`` reads
+UNKNOWN = "unknown"  # a transfer no record or registered card states
+PROTOCOL_BUDGET = "protocol"  # the budget class of a run under the protocol's budget (no preset)
+# What a section label says of the transfer data (method_card.TRANSFERS), in the sections' order.
+TRANSFER_LABELS = {"none": "data-free", "public-unlabelled": "unlabelled public set",
+                   "public-labelled": "labelled public set", "synthetic": "synthetic data",
+                   UNKNOWN: "unknown transfer"}
 
 
 def fault_setting(record: dict[str, Any]) -> str:
@@ -70,6 +84,109 @@ def modality_setting(record: dict[str, Any]) -> str:
     shown = f"{fraction:g}" if number else canonical(fraction)
     missing = section.get("missing")
     return f"missing={missing if isinstance(missing, str) else canonical(missing)} recipients={shown}"
+
+
+def method_section(record: dict[str, Any]) -> dict[str, Any]:
+    """A record's ``method`` section; {} where it has none."""
+    section = record.get("method")
+    return section if isinstance(section, dict) else {}
+
+
+@functools.lru_cache(maxsize=None)
+def registered_card(method: str) -> Optional[Any]:
+    """The card of the method registered as ``method`` (a record older than schema 1.6 does not
+    state its transfer data); None for a name not registered here. Imported only when asked:
+    records that state it need no registry."""
+    from hfl_bench.registry import METHODS, RegistryError
+
+    try:
+        return METHODS.get(method).card
+    except RegistryError:
+        return None
+    except Exception:  # noqa: BLE001 - a plugin that fails to import: the record says nothing either
+        return None
+
+
+def transfer_setting(record: dict[str, Any]) -> str:
+    """The transfer data a record's method reads (``method_card.TRANSFERS``): the record's own
+    ``method.transfer`` (schema 1.6), else the registered card's, else ``unknown`` (also for a
+    value that is not one of them: text from a record is data)."""
+    method = method_section(record)
+    stated = method.get("transfer")
+    if stated is None:
+        card = registered_card(method.get("name")) if isinstance(method.get("name"), str) else None
+        stated = card.transfer if card is not None else UNKNOWN
+    return stated if isinstance(stated, str) and stated in TRANSFER_LABELS else UNKNOWN
+
+
+def single_architecture(record: dict[str, Any]) -> Optional[bool]:
+    """Whether every client of the run had one architecture: from the record's pool assignment
+    (``arch_pool.assignment``, one name per client); else a method that states (or whose registered
+    card states) that it needs one; else the registered pool's members; None when nothing says."""
+    pool = record.get("arch_pool") if isinstance(record.get("arch_pool"), dict) else {}
+    assignment = pool.get("assignment")
+    if isinstance(assignment, list) and assignment and all(isinstance(a, str) for a in assignment):
+        return len(set(assignment)) == 1
+    method = method_section(record)
+    needs_one = method.get("single_architecture")
+    needs_one = needs_one if isinstance(needs_one, bool) else None
+    if needs_one is None and isinstance(method.get("name"), str):
+        card = registered_card(method["name"])
+        needs_one = card.single_architecture if card is not None else None
+    if needs_one is True:
+        return True
+    cfg = record.get("config") if isinstance(record.get("config"), dict) else {}
+    name = pool.get("name") or cfg.get("pool")
+    return registered_pool_homogeneous(name) if isinstance(name, str) else None
+
+
+@functools.lru_cache(maxsize=None)
+def registered_pool_homogeneous(name: str) -> Optional[bool]:
+    """Whether the pool registered as ``name`` has one architecture; None for an unknown name."""
+    from hfl_bench.registry import RegistryError
+
+    try:
+        from hfl_bench.pools import get_pool
+
+        return get_pool(name).homogeneous
+    except RegistryError:
+        return None
+    except Exception:  # noqa: BLE001 - a plugin pool that fails to import says nothing
+        return None
+
+
+def budget_class(record: dict[str, Any]) -> str:
+    """A record's budget class: the name of the method preset it ran (``method.preset``), or
+    ``protocol`` (the protocol's budget) when it ran none or the record predates presets."""
+    preset = method_section(record).get("preset")
+    return preset if isinstance(preset, str) and preset else PROTOCOL_BUDGET
+
+
+def pool_label(single: Optional[bool]) -> str:
+    return {True: "single architecture", False: "heterogeneous pool"}.get(single, "unknown pool")
+
+
+def budget_label(budget: str) -> str:
+    return "protocol budget" if budget == PROTOCOL_BUDGET else f"preset {budget}"
+
+
+def section_order(transfer: str, single: Optional[bool], budget: str, faults: str = NO_FAULTS,
+                  modalities: str = NO_MODALITIES) -> tuple:
+    """Where a setting section goes among the others: the data-free, heterogeneous, protocol-budget,
+    fault-free, single-modality one first; then by transfer data, pool, budget, faults, modalities."""
+    order = list(TRANSFER_LABELS)
+    return (order.index(transfer) if transfer in order else len(order), {False: 0, True: 1}.get(single, 2),
+            budget != PROTOCOL_BUDGET, budget, faults != NO_FAULTS, faults, modalities != NO_MODALITIES, modalities)
+
+
+def section_label(transfer: str, single: Optional[bool], budget: str, faults: str = NO_FAULTS,
+                  modalities: str = NO_MODALITIES) -> str:
+    """A setting section's label: ``data-free, heterogeneous pool, protocol budget``, with
+    ``faults=<spec>`` and the modality setting appended where there are any (docs/guide/leaderboards.md)."""
+    parts = [TRANSFER_LABELS.get(transfer, TRANSFER_LABELS[UNKNOWN]), pool_label(single), budget_label(budget)]
+    parts += [f"faults={faults}"] if faults != NO_FAULTS else []
+    parts += [modalities] if modalities != NO_MODALITIES else []
+    return ", ".join(parts)
 
 
 def has_recipients(record: dict[str, Any]) -> bool:
@@ -265,6 +382,9 @@ class SettingGroup:
     selection_rule: str = SELECTION_RULE
     data_fingerprint: Optional[str] = None  # the data the seeds ran on (None: a record that cannot say)
     num_classes: Optional[int] = None  # the task's class count in the records: part of the data identity
+    transfer: str = UNKNOWN  # the transfer data the method reads (``transfer_setting``): part of the section
+    single_architecture: Optional[bool] = None  # one architecture for every client (None: nothing says)
+    budget: str = PROTOCOL_BUDGET  # the budget class (``budget_class``): part of the section
 
     @property
     def seeds(self) -> list[Any]:
@@ -337,17 +457,28 @@ class SettingGroup:
                 names |= set(block.get("endpoints") or {})
         return sorted(names)
 
+    def section_key(self) -> tuple:
+        """The setting section's place among the sections (``section_order``)."""
+        return section_order(self.transfer, self.single_architecture, self.budget, self.faults, self.modalities)
+
+    @property
+    def section(self) -> str:
+        """The setting section's label (``section_label``)."""
+        return section_label(self.transfer, self.single_architecture, self.budget, self.faults, self.modalities)
+
     def protocol(self) -> tuple:
         """What the rank compares methods within: task, partition, clients, rounds, epochs, the
         fault setting (a group with faults is never ranked against fault-free ones), the selection
         rule (records selected on the honest clients' validation, before issue 30, never ranked
-        against records selected on every client's), the modality setting (nor a multimodal group
-        against another setting) and the data (the data
-        fingerprint and class count: one task name on two image folders is two protocols; a
-        record without a fingerprint is "unknown data", its own)."""
+        against records selected on every client's), the setting section (``section_key``: transfer
+        data, single architecture, budget class, fault setting, modality setting: groups of two
+        sections are never ranked together) and the data (the data fingerprint and class count: one
+        task name on two image folders is two protocols; a record without a fingerprint is "unknown
+        data", its own)."""
         return (self.task, self.partition_scheme, canonical(self.partition_params), self.n_clients,
                 self.clients_per_round, self.rounds, self.local_epochs, self.faults, self.modalities,
-                self.data_fingerprint, self.num_classes, self.selection_rule)
+                self.data_fingerprint, self.num_classes, self.selection_rule, self.transfer,
+                self.single_architecture, self.budget)
 
     @property
     def data_label(self) -> str:
@@ -376,7 +507,8 @@ def describe(seeds: SeedGroup) -> SettingGroup:
         config_hash=first.get("config_hash") or "?", ok=list(seeds.ok), n_failed=seeds.n_failed,
         n_diverged=seeds.n_diverged, n_duplicates=len(seeds.duplicates), split_by_partition=seeds.split_by_partition,
         faults=fault_setting(first), modalities=modality_setting(first), selection_rule=seeds.selection_rule,
-        **_data_of(first),
+        **_data_of(first), transfer=transfer_setting(first), single_architecture=single_architecture(first),
+        budget=budget_class(first),
     )
 
 

@@ -38,6 +38,12 @@
       });
       sec.hidden = shown === 0;
     });
+    // a setting's heading is hidden with the last of its sections
+    document.querySelectorAll("h2.setting").forEach(function (h) {
+      var next = h.nextElementSibling, any = false;
+      while (next && next.matches("section.protocol")) { any = any || !next.hidden; next = next.nextElementSibling; }
+      h.hidden = !any;
+    });
   }
   selects.forEach(function (s) { s.addEventListener("change", applyFilter); });
 })();

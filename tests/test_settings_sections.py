@@ -1,0 +1,228 @@
+"""Settings that differ are never ranked together: the leaderboard's setting sections (the transfer
+data a method reads, one architecture or a heterogeneous pool, the budget class, faults,
+modalities) through the real CLI: ``leaderboard show`` (table, markdown, csv, json), ``--rank``, the
+HTML site and ``plot``, on a mixed folder of hand-written records; and records written before the
+method section stated its transfer data (schema < 1.6) fall back to the registered card."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from hfl_bench.config import RunConfig, config_hash
+from hfl_bench.results.records import SCHEMA_VERSION
+from hfl_bench.results.validation import record_problems
+
+from helpers import invoke_cli
+
+FREE = "data-free, heterogeneous pool, protocol budget"
+ONE_ARCH = "data-free, single architecture, protocol budget"
+UNLABELLED = "unlabelled public set, heterogeneous pool, protocol budget"
+LABELLED = "labelled public set, heterogeneous pool, protocol budget"
+PRESET = "data-free, heterogeneous pool, preset paper"
+HETEROGENEOUS = ["mlp_small", "cnn_small", "resnet_tiny", "mlp_small"]
+
+
+def record(method: str, acc: float, *, seed: int = 0, pool: str = "cpu", assignment: Optional[list] = None,
+           transfer: Optional[str] = None, single: Optional[bool] = None, preset: Optional[str] = None,
+           old: bool = False, **config: Any) -> dict:
+    """One valid record of ``method`` on digits (4 clients, 2 rounds, a 200-sample public hold-out,
+    so that every method here shares one protocol but for its setting section). ``old``: a 1.2
+    record, whose method section states neither transfer data nor single-architecture need."""
+    cfg = dataclasses.asdict(RunConfig(method=method, task="digits", pool=pool, partition="dirichlet", alpha=0.3,
+                                       clients=4, rounds=2, seed=seed, public_size=200, **config))
+    chash = config_hash(cfg)
+    section: dict[str, Any] = {"name": method, "fidelity": "paper", "version": "1.0", "hparams": {}}
+    if not old:
+        section |= {k: v for k, v in (("transfer", transfer), ("single_architecture", single), ("preset", preset))
+                    if v is not None}
+    r = {
+        "schema_version": "1.2" if old else SCHEMA_VERSION,
+        "record_id": hashlib.sha256(f"{chash}|{seed}|reproduced".encode()).hexdigest()[:16],
+        "source": {"kind": "reproduced", "citation": None},
+        "status": "ok", "error": None, "method": section,
+        "task": {"name": "digits", "version": "1", "num_classes": 10, "n_train": 1000, "n_test": 200},
+        "arch_pool": {"name": pool, "assignment": HETEROGENEOUS if assignment is None else assignment},
+        "partition": {"scheme": "dirichlet", "params": {"alpha": 0.3}, "seed": seed, "hash": f"p{seed}",
+                      "heldout_fraction": 0.2, "public_size": 200},
+        "federation": {"n_clients": 4, "clients_per_round": 4, "rounds": 2, "local_epochs": 1, "topology": "p2p"},
+        "selection": {"rule": "best_mean_local_val", "round": 2},
+        "metrics": {"unit": "percent", "global_acc": acc, "local_acc": 80.0, "mean_val_acc": 85.0,
+                    "per_arch_global_acc": {"mlp_small": acc}},
+        "history": [{"round": r, "global_acc": acc - 10 * (2 - r), "local_acc": 80.0, "mean_val_acc": 85.0}
+                    for r in (1, 2)],
+        "cost": {"bytes_sent_per_client_per_round": 1000.0},
+        "config": cfg, "config_hash": chash, "date": "2026-01-01T00:00:00+00:00",
+    }
+    assert record_problems(r) == [], record_problems(r)
+    return r
+
+
+def write(folder: Path, *rs: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in rs:
+        name = f"{r['method']['name']}__{r['config_hash']}__seed{r['config']['seed']}.json"
+        (folder / name).write_text(json.dumps(r))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> Path:
+    """fedavg on cpu-cnn (the best figure, on one architecture); local and crad on cpu (data-free);
+    fedmd on the labelled public set; fedcc and msfkd on the unlabelled one; crad again under a
+    named preset (another learning rate: its own config). fedavg's, fedmd's and local's records are
+    written as before 1.6 (no transfer data in the method section): the registered card says it."""
+    return write(tmp_path_factory.mktemp("settings") / "runs",
+                 record("fedavg", 99.0, pool="cpu-cnn", assignment=["cnn_small"] * 4, old=True),
+                 record("local", 60.0, old=True),
+                 record("crad", 70.0, transfer="none", single=False),
+                 record("fedmd", 95.0, old=True),
+                 record("fedcc", 65.0, transfer="public-unlabelled", single=False),
+                 record("msfkd", 75.0, transfer="public-unlabelled", single=False),
+                 record("crad", 90.0, transfer="none", single=False, preset="paper", lr=0.01))
+
+
+def show(*args: str) -> str:
+    result, stdout, _ = invoke_cli("leaderboard", "show", *args)
+    assert result.exit_code == 0, result.output
+    return stdout
+
+
+def test_json_puts_each_group_in_its_section(mixed):
+    board = json.loads(show(str(mixed), "--format", "json"))
+    assert board["sections"] == [FREE, PRESET, ONE_ARCH, UNLABELLED, LABELLED]  # the data-free, heterogeneous one first
+    sections = {(g["method"], g["section"]) for g in board["groups"]}
+    assert sections == {("local", FREE), ("crad", FREE), ("crad", PRESET), ("fedavg", ONE_ARCH), ("fedcc", UNLABELLED),
+                        ("msfkd", UNLABELLED), ("fedmd", LABELLED)}
+    fedavg = next(g for g in board["groups"] if g["method"] == "fedavg")
+    assert (fedavg["transfer"], fedavg["single_architecture"], fedavg["budget"]) == ("none", True, "protocol")
+    preset = next(g for g in board["groups"] if g["section"] == PRESET)
+    assert preset["budget"] == "paper"
+    # the groups come one section after another, in the sections' order
+    order = [g["section"] for g in board["groups"]]
+    assert order == sorted(order, key=board["sections"].index)
+
+
+def test_rank_ranks_only_within_a_section(mixed):
+    ranked = json.loads(show(str(mixed), "--rank", "--format", "json"))["rank"]
+    by = {(r["section"], r["method"]): r for r in ranked}
+    # fedavg (99) on one architecture, fedmd (95) on the labelled set and the preset crad (90) have no
+    # rival in their sections: never ranked, so local (60) and crad (70) compete alone, as do fedcc and msfkd
+    assert set(by) == {(FREE, "crad"), (FREE, "local"), (UNLABELLED, "msfkd"), (UNLABELLED, "fedcc")}
+    assert by[(FREE, "crad")]["mean_rank"] == 1.0 and by[(FREE, "local")]["mean_rank"] == 2.0
+    assert by[(UNLABELLED, "msfkd")]["mean_rank"] == 1.0 and by[(UNLABELLED, "fedcc")]["mean_rank"] == 2.0
+    assert all(x["n_methods"] == 2 for r in ranked for x in r["ranks"])
+    assert [r["section"] for r in ranked] == [FREE, FREE, UNLABELLED, UNLABELLED]
+    rows = list(csv.DictReader(io.StringIO(show(str(mixed), "--rank", "--format", "csv"))))
+    assert [(r["section"], r["method"]) for r in rows] == [(FREE, "crad"), (FREE, "local"), (UNLABELLED, "msfkd"),
+                                                          (UNLABELLED, "fedcc")]
+    markdown = show(str(mixed), "--rank", "--format", "markdown")
+    assert re.findall(r"^\*\*Setting: (.*)\*\*$", markdown, re.M) == [FREE, UNLABELLED]
+    assert "| 1 | crad |" in markdown and "| 1 | msfkd |" in markdown  # numbered within each section
+    table = show(str(mixed), "--rank")
+    assert table.index(f"setting: {FREE}") < table.index("crad") < table.index(f"setting: {UNLABELLED}")
+    assert table.index(f"setting: {UNLABELLED}") < table.index("msfkd") and "fedavg" not in table
+
+
+def test_table_markdown_and_csv_show_one_section_at_a_time(mixed):
+    markdown = show(str(mixed), "--format", "markdown")
+    parts = re.split(r"^\*\*Setting: (.*)\*\*$", markdown, flags=re.M)[1:]
+    tables = dict(zip(parts[::2], parts[1::2]))
+    assert list(tables) == [FREE, PRESET, ONE_ARCH, UNLABELLED, LABELLED]
+    methods = {label: re.findall(r"^\| ([a-z-]+) \|", text, re.M)[1:] for label, text in tables.items()}  # minus header
+    assert methods == {FREE: ["crad", "local"], PRESET: ["crad"], ONE_ARCH: ["fedavg"], UNLABELLED: ["msfkd", "fedcc"],
+                       LABELLED: ["fedmd"]}
+    table = show(str(mixed))
+    titles = [table.index(f"setting: {label}") for label in tables]
+    assert titles == sorted(titles)  # one terminal table per section, in order
+    assert titles[0] < table.index("local") < titles[1] < table.index("fedavg") < titles[3] < table.index("fedmd")
+    rows = {(r["method"], r["budget"]): r for r in csv.DictReader(io.StringIO(show(str(mixed), "--format", "csv")))}
+    fedavg = rows[("fedavg", "protocol")]
+    assert fedavg["section"] == ONE_ARCH and fedavg["single_architecture"] == "True"
+    assert rows[("fedmd", "protocol")]["transfer"] == "public-labelled" and rows[("crad", "paper")]["section"] == PRESET
+
+
+def test_html_site_has_one_section_per_setting(mixed, tmp_path):
+    out = tmp_path / "site"
+    result, _, _ = invoke_cli("leaderboard", "html", str(out), str(mixed))
+    assert result.exit_code == 0, result.output
+    index = (out / "index.html").read_text()
+    headings = re.findall(r'<h2 class="setting">Setting: (.*)</h2>', index)
+    assert headings == [FREE, PRESET, ONE_ARCH, UNLABELLED, LABELLED]
+    assert 'id="filter-setting"' in index and f'data-setting="{LABELLED}" data-method="fedmd"' in index
+    # each protocol table holds the groups of its setting only
+    for section in re.findall(r'<section class="protocol" data-setting="([^"]*)">(.*?)</section>', index, re.S):
+        label, body = section
+        assert set(re.findall(r'data-setting="([^"]*)"', body)) == {label}
+    rank = index[index.index('id="rank"'):index.index('id="plots"')]
+    assert re.findall(r"<h3>Setting: (.*)</h3>", rank) == [FREE, UNLABELLED]
+    assert "fedavg" not in rank and "fedmd" not in rank
+    pages = "".join(p.read_text() for p in (out / "groups").glob("*.html"))
+    assert "setting section" in pages and ONE_ARCH in pages and LABELLED in pages  # each group page says its section
+
+
+def test_plots_draw_one_figure_per_section(mixed, tmp_path):
+    result, stdout, _ = invoke_cli("plot", "curves", str(mixed), "--out", str(tmp_path / "plots"), "--json")
+    assert result.exit_code == 0, result.output
+    written = json.loads(stdout)["written"]
+    by_section = {w["section"]: w for w in written}
+    assert set(by_section) == {FREE, PRESET, ONE_ARCH, UNLABELLED, LABELLED}
+    assert Path(by_section[FREE]["png"]).name == "curves__digits.png"  # the default section keeps its name
+    assert len({Path(w["png"]).name for w in written}) == 5
+    for label, w in by_section.items():
+        sidecar = json.loads(Path(w["sources"]).read_text())
+        assert sidecar["section"] == label
+    methods = {label: sorted(g["method"] for g in json.loads(Path(w["sources"]).read_text())["groups"])
+               for label, w in by_section.items()}
+    assert methods[FREE] == ["crad", "local"] and methods[ONE_ARCH] == ["fedavg"] and methods[LABELLED] == ["fedmd"]
+
+
+def test_what_a_record_says_wins_over_the_registry(tmp_path):
+    """A record's own transfer data and pool assignment win; an old record without them reads the
+    registered card (transfer) and pool (architectures); a name nothing knows is "unknown"."""
+    no_pool = record("fedavg", 50.0, pool="cpu-cnn", old=True, seed=1)
+    del no_pool["arch_pool"]  # the registered cpu-cnn pool: one architecture
+    folder = write(tmp_path / "runs",
+                   record("local", 50.0, transfer="synthetic"),  # says synthetic: believed, whatever the card says
+                   record("fedmd", 50.0, assignment=["cnn_small"] * 4, old=True),  # one architecture, as assigned
+                   no_pool,
+                   record("not-a-method", 50.0, old=True))
+    board = json.loads(show(str(folder), "--format", "json"))
+    sections = {g["method"]: g["section"] for g in board["groups"]}
+    assert sections == {"local": "synthetic data, heterogeneous pool, protocol budget",
+                        "fedmd": "labelled public set, single architecture, protocol budget",
+                        "fedavg": ONE_ARCH,
+                        "not-a-method": "unknown transfer, heterogeneous pool, protocol budget"}
+    ranked = json.loads(show(str(folder), "--rank", "--format", "json"))["rank"]
+    assert ranked == []  # four settings, one method each: nothing to rank
+
+
+def test_a_new_record_states_its_setting():
+    """The record writer copies the card's transfer data and single-architecture need (schema 1.6)."""
+    from hfl_bench.method_api import get_method_class
+    from hfl_bench.results.records import build_failed_record, card_setting
+
+    for method in ("fedavg", "fedmd", "fedcc", "crad"):
+        card = get_method_class(method).card
+        assert card_setting(card) == {"transfer": card.transfer, "single_architecture": card.single_architecture}
+    failed = build_failed_record(RunConfig(method="fedmd", task="digits"), "boom")
+    assert failed["schema_version"] == "1.6"
+    assert (failed["method"]["transfer"], failed["method"]["single_architecture"]) == ("public-labelled", False)
+    assert record_problems(failed) == []
+
+
+def test_the_committed_records_still_show():
+    out = show("--format", "json")
+    board = json.loads(out)
+    assert board["groups"] and all(g["section"] in board["sections"] for g in board["groups"])
+    fedavg = {g["section"] for g in board["groups"] if g["method"] == "fedavg"}
+    assert fedavg == {ONE_ARCH}
+    assert show("--rank")
