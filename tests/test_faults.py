@@ -322,7 +322,7 @@ def test_every_method_runs_under_every_fault_kind(method, faults, validator):
 
 def test_a_record_without_faults_is_what_it_was():
     record = _run("local", "none")
-    assert record["schema_version"] == SCHEMA_VERSION == "1.2" and record["config"]["faults"] == ""
+    assert record["schema_version"] == SCHEMA_VERSION == "1.6" and record["config"]["faults"] == ""
     assert "faults" not in record and "honest" not in record["metrics"]
 
 
@@ -372,7 +372,7 @@ def test_cli_and_yaml_record_carries_the_fault_and_validates(tmp_path):
     assert result.exit_code == 0, result.output
     path = json.loads(getattr(result, "stdout", result.output))["record"]
     record = json.loads(Path(path).read_text())
-    assert record["schema_version"] == "1.5" and record["faults"]["kind"] == "label-noise"
+    assert record["schema_version"] == "1.6" and record["faults"]["kind"] == "label-noise"
     assert record["config"]["faults"] == "label-noise:0.5@0.5/symmetric"
     assert sum(record["faults"]["flipped_labels"].values()) > 0
     check = runner.invoke(app, ["leaderboard", "validate", path])

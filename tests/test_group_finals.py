@@ -69,7 +69,7 @@ def test_build_record_gives_each_group_its_final_figures_from_its_history():
         h["recipients"] = {"global_acc": rec, "local_acc": None}
         h["donors"] = {"global_acc": don, "local_acc": 70.0}
     record = strict_record(build_record(cfg, result))
-    assert record["schema_version"] == "1.5" and record_problems(record) == []
+    assert record["schema_version"] == "1.6" and record_problems(record) == []
     m = record["metrics"]
     # rounds 1 and 2 (round 0, before training, is never a final round)
     assert m["recipients"]["final"] == {"rounds": 2, "first_round": 1, "last_round": 2, "global_acc": 40.0,

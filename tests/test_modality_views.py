@@ -206,7 +206,7 @@ def test_build_record_writes_1_5_with_the_recipients_and_donors_figures():
     assert (plan["recipients"], plan["donors"]) == ([1, 3], [0, 2])
     cfg, result = fake_result(plan)
     record = strict_record(build_record(cfg, result))
-    assert record["schema_version"] == "1.5" and record["status"] == "ok"
+    assert record["schema_version"] == "1.6" and record["status"] == "ok"
     assert record["modalities"] == plan and record["task"]["modalities"] == SHAPES
     m = record["metrics"]
     # recipients 1 and 3: global (20 + 40) / 2, local 90 (client 1 has no local half), val (60 + 80) / 2;
@@ -226,7 +226,7 @@ def test_build_record_writes_1_5_with_the_recipients_and_donors_figures():
 def test_build_record_without_modalities_is_still_1_2():
     cfg, result = fake_result()
     record = build_record(cfg, result)
-    assert record["schema_version"] == SCHEMA_VERSION == "1.2"
+    assert record["schema_version"] == SCHEMA_VERSION == "1.6"
     assert "modalities" not in record and "modalities" not in record["task"]
     assert not {"recipients", "donors", "honest", "faulty"} & set(record["metrics"])
     assert record_problems(strict_record(record)) == []
@@ -237,7 +237,7 @@ def test_modalities_and_faults_together_write_1_5_with_both():
               "fraction": None, "faulty_clients": [0], "honest_clients": [1, 2, 3]}
     cfg, result = fake_result(section(4, 1), faults)
     record = strict_record(build_record(cfg, result))
-    assert record["schema_version"] == "1.5" and record["faults"]["kind"] == "byzantine"
+    assert record["schema_version"] == "1.6" and record["faults"]["kind"] == "byzantine"
     assert record["metrics"]["honest"]["global_acc"] == 30.0 and record["metrics"]["recipients"]["global_acc"] == 30.0
     assert record_problems(record) == []
 

@@ -26,22 +26,20 @@ from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_use
 if TYPE_CHECKING:  # annotation only: reading records needs no torch
     from hfl_bench.federation import RunResult
 
-SCHEMA_VERSION = "1.2"  # what new records without faults (and published records) are written as
-# A record with client groups (the honest and faulty clients of a run with --faults, the recipients
-# and donors of a multimodal run) is written as 1.5: the version that holds its ``faults`` or
-# ``modalities`` section, each group's selected-round figures (``metrics.honest`` ...), its
-# per-round figures in ``history`` and its ``final`` figures, so the final figures beside a group
-# headline are the same clients'. Every other record keeps 1.2, the version that holds all of it,
-# and stays byte for byte what its writer writes now (the shipped published records included).
-# 1.3 and 1.4 (faults, modalities without the groups' per-round figures) are read, no longer written.
-GROUPS_SCHEMA_VERSION = "1.5"
+# Every new record is written as 1.6, the version that holds the method's ``preset`` (null for the
+# protocol's budget). 1.5 added a record's client groups (the honest and faulty clients of a run
+# with --faults, the recipients and donors of a multimodal run): each group's selected-round figures
+# (``metrics.honest`` ...), its per-round figures in ``history`` and its ``final`` figures; 1.6 holds
+# them too. 1.2 to 1.5 are read, no longer written (published records keep the version they carry).
+SCHEMA_VERSION = "1.6"
+GROUPS_SCHEMA_VERSION = SCHEMA_VERSION  # a record with client groups: the same version since 1.6
 # Every version a record may carry; each keeps its own schema file, and a record is validated
 # against the schema of its own ``schema_version`` (1.1 added fidelity "original" and ``plugins``;
 # 1.2 the method's ``version`` and the ``final`` figures of the last evaluated rounds; 1.3 the
 # ``faults`` section and the ``honest`` / ``faulty`` figures of a run with --faults; 1.4 the
 # ``modalities`` section and the ``recipients`` / ``donors`` figures of a multimodal run; 1.5 the
-# per-round and final figures of those client groups).
-SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5")
+# per-round and final figures of those client groups; 1.6 the method's ``preset``).
+SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6")
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
 SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
 
@@ -188,6 +186,9 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "notes": list(method.card.notes),
             "plugin_dist": plugin_dist(type(method).__module__),
             "hparams": method.hparams(),
+            # Schema 1.6: the card's preset the hyperparameters hold (``--preset``), null for the
+            # protocol's budget (``engine.canonical_identity``).
+            "preset": cfg.preset,
         },
         "task": dict(fed.info.as_record(), n_train=int(len(labels)), n_test=int(len(fed.data.test_y)),
                      **_fingerprint_field(fed.data)),
@@ -280,7 +281,8 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
 
     cfg_dict = dataclasses.asdict(cfg)
     chash = config_hash(cfg_dict)
-    method: dict[str, Any] = {"name": cfg.method, "fidelity": None, "version": None, "hparams": dict(cfg.method_params)}
+    method: dict[str, Any] = {"name": cfg.method, "fidelity": None, "version": None, "hparams": dict(cfg.method_params),
+                              "preset": cfg.preset}
     task: dict[str, Any] = {"name": cfg.task, "version": None, "num_classes": None}
     try:
         cls = get_method_class(cfg.method)
