@@ -32,12 +32,13 @@ ownership rules it turns on.
 Fidelity: reconstructed. The paper (its summary) and the spec fix the exchange (Q parameters and
 counts only), the bidirectional teaching with a frozen teacher Q and a trainable local copy, the
 losses and the reliability weight, the ownership-aware averaging and its stabilizer, the Joint
-rule with rho chosen on validation data, the hyperparameter defaults, and, for missing
-modalities, the per-modality adapters and embeddings, the conditional target (forward KL to the
-complete-input teacher from a recipient interface is minimized by the average teacher prediction
-given that interface, paper A.1) anchored by the labels, and recipients running Private, Q and
-Joint through the same observed inputs (Sec. 4.3-5.2, A.7). The card's notes name, as [paper] and
-[ours], what comes from the paper and what we chose; the reasons for our choices follow.
+rule with rho chosen on validation data, the hyperparameter values (those of Private's budget
+in the ``paper`` preset), and, for missing modalities, the per-modality adapters and embeddings,
+the conditional target (forward KL to the complete-input teacher from a recipient interface is
+minimized by the average teacher prediction given that interface, paper A.1) anchored by the
+labels, and recipients running Private, Q and Joint through the same observed inputs (Sec.
+4.3-5.2, A.7). The card's notes name, as [paper] and [ours], what comes from the paper and what
+we chose; the reasons for our choices follow.
 
 The suite runs one task, so there is one expert and one head, and the multi-task parts (task
 embeddings, cross-task residual sharing, PCGrad) are absent; on a single-modality task the task
@@ -264,8 +265,9 @@ class FedSocket(SharedPredictorClients, Method):
             "(CE_ls + lambda_KD relKD + lambda_fus fusion CE), then Private teaches the local Q copy (CE_ls + "
             "lambda_rel relKD); w_i = (1 - H(t_i)/log C)(0.25 + 0.75[argmax t_i = y_i]); head rows over "
             "positive-count clients, other blocks sample-weighted, phi = 0.5 phi_old + 0.5 avg; Joint omega "
-            "formula with omega = 1 for absent classes, rho chosen on validation; defaults lambda_KD 0.5, "
-            "lambda_fus 0.25, lambda_rel 0.2, private lr 5e-2, Q lr 3e-4, 2 local epochs, 10 warm-up epochs",
+            "formula with omega = 1 for absent classes, rho chosen on validation; the paper's lambda_KD 0.5, "
+            "lambda_fus 0.25, lambda_rel 0.2 and Q lr 3e-4 are the defaults; its private lr 5e-2, 2 local "
+            "epochs per stage and 10 warm-up epochs are the paper preset",
             "[paper] missing modalities: fixed per-modality features into modality adapters and embeddings; "
             "complete-input donor predictions supervise Q through observed-modality features (conditional "
             "target, A.1) with a label anchor; modality embeddings averaged over the clients using the "
