@@ -133,8 +133,7 @@ def _card_value(value: Any) -> str:
 def presets_section(name: str, presets: dict[str, Any]) -> str:
     """The card's presets (``run --preset NAME``): the defaults are the protocol's budget."""
     if not presets:
-        return (f"None: `{name}`'s defaults are its only setting, and they train the clients' private data "
-                "with the protocol's optimizer, learning rate, batch size and local epochs.\n")
+        return f"None: `{name}` runs at its defaults, the protocol's budget.\n"
     rows = [[Raw(f"`{p}`"), "; ".join(f"{k} = {v}" for k, v in values.items())] for p, values in presets.items()]
     return (f"`hfl-bench run --method {name} --preset NAME` sets these hyperparameters (an explicit `--set` "
             "overrides one); the record's `method.preset` names the preset. The defaults are the protocol's "
