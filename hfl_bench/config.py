@@ -64,6 +64,9 @@ class RunConfig:
     option per field that has flags, with the field's help text."""
 
     method: str = setting("crad", "Method name (hfl-bench list methods).", flags=("--method", "-m"))
+    preset: str | None = setting(None, "A named set of the method's hyperparameters (hfl-bench describe METHOD lists "
+                                       "them), e.g. paper: the paper's own budget where it differs from the "
+                                       "protocol's; --set overrides its values. Default: none (the protocol's budget).")
     task: str = setting("digits", "Task name (hfl-bench list tasks).", flags=("--task", "-t"))
     pool: str | None = setting(None, "Architecture pool (hfl-bench list pools); default: the task's.")
     partition: str | None = setting(None, "Partitioner (hfl-bench list partitioners): dirichlet, classes or iid; "
@@ -121,8 +124,10 @@ DEVICES = "auto, cpu, cuda or cuda:N"
 DEVICE_NAME = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
 # Fields that do not change what a run computes: left out of the config hash.
+# ``preset`` is hashed through the hyperparameters it sets (``method_params`` once resolved), so
+# ``--preset paper`` and the same values by ``--set`` are one run with one hash.
 NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "vmap", "lockstep",
-                "checkpoint_every")
+                "checkpoint_every", "preset")
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 # Fields added after the first records: left out of the hash at their default, so a config that
 # does not use them keeps the hash it always had (older records stay comparable).
@@ -350,15 +355,22 @@ def coerce_params(params_cls, raw: dict[str, Any], method: str):
             f"Known: {', '.join(known) or '(none)'}"
         )
     values = {}
+    hints = type_hints(params_cls)
     for key, value in raw.items():
         default = known[key].default
-        values[key] = _coerce(value, default, key, method)
+        values[key] = _coerce(value, default, key, method, hints.get(key, Any))
     params = params_cls(**values)
     check_types(params, type_hints(params_cls), "hyperparameter", owner=method)
     return params
 
 
-def _coerce(value: Any, default: Any, key: str, method: str):
+def _optional_types(hint: Any) -> tuple[Any, ...]:
+    """The types of an optional field's hint besides None (``int | None`` -> (int,))."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+    return tuple(a for a in args if a is not type(None))
+
+
+def _coerce(value: Any, default: Any, key: str, method: str, hint: Any = Any):
     if not isinstance(value, str) or isinstance(default, str):
         return value
     try:
@@ -373,6 +385,8 @@ def _coerce(value: Any, default: Any, key: str, method: str):
         if default is None:  # an optional field: "none" unsets it, a number is a number, else a string
             if value.lower() in ("none", "null", ""):
                 return None
+            if int in _optional_types(hint):  # ``epochs: int | None``: "3" is 3 (a float would be refused)
+                return int(value)
             try:
                 return float(value)
             except ValueError:
@@ -380,5 +394,7 @@ def _coerce(value: Any, default: Any, key: str, method: str):
         if isinstance(default, float):
             return float(value)
     except ValueError:
+        if default is None:
+            raise ConfigError(f"{method}: {key}={value!r} is not {_type_name(hint)}") from None
         raise ConfigError(f"{method}: {key}={value!r} is not a valid {type(default).__name__}") from None
     return value

@@ -25,6 +25,7 @@ from hfl_bench.faults import canonical_config, plan_for
 from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
 from hfl_bench.metering import Budget, Channel, PhaseTimer
 from hfl_bench.method_api import Method, check_card_setting, get_method_class
+from hfl_bench.method_card import matching_preset, preset_values
 from hfl_bench.modalities import ModalityPlan, mask_clients
 from hfl_bench.modalities import plan_for as modality_plan_for
 from hfl_bench.partition import Partition, given_partition, make_partition
@@ -236,14 +237,26 @@ def load_task(cfg: RunConfig):
 def canonical_identity(cfg: RunConfig) -> RunConfig:
     """``cfg`` with its float settings and its hyperparameters in the one form that is hashed
     (``config.canonical_settings``, ``config.canonical_params``): one run, one config hash and one
-    record file, however its values were typed. An unknown method or hyperparameter is left as
-    given: ``make_method`` reports it (with the method's hyperparameter table on a terminal)."""
+    record file, however its values were typed. A ``--preset`` is resolved into the
+    hyperparameters (explicit ones win) and ``preset`` becomes the name of the card's preset the
+    resolved hyperparameters hold, or None (``method_card.matching_preset``). An unknown preset is
+    refused (ConfigError); an unknown method or hyperparameter is left as given: ``make_method``
+    reports it (with the method's hyperparameter table on a terminal)."""
     cfg = config_mod.canonical_settings(cfg)
     try:
-        params = config_mod.canonical_params(get_method_class(cfg.method).Params, cfg.method_params, cfg.method)
-    except (ConfigError, RegistryError, TypeError):
+        cls = get_method_class(cfg.method)
+    except RegistryError:
         return cfg
-    return cfg if params == cfg.method_params else dataclasses.replace(cfg, method_params=params)
+    # The preset's values, then the explicit ones over them; an unknown preset is refused here.
+    raw = {**preset_values(cls.card, cfg.preset), **cfg.method_params}
+    try:
+        params = config_mod.canonical_params(cls.Params, raw, cfg.method)
+    except (ConfigError, TypeError):
+        return dataclasses.replace(cfg, method_params=raw)
+    preset = matching_preset(cls.card, cls.Params, params, cfg.preset)
+    if params == cfg.method_params and preset == cfg.preset:
+        return cfg
+    return dataclasses.replace(cfg, method_params=params, preset=preset)
 
 
 def peak_memory(device: torch.device) -> dict[str, int | None]:

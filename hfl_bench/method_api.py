@@ -56,7 +56,15 @@ from hfl_bench.config import ConfigError, param, require_at_least
 from hfl_bench.federation import Client, ClientView, Federation, RoundView
 from hfl_bench.lockstep import train_students
 from hfl_bench.metering import SERVER, Data, Payload, Phase
-from hfl_bench.method_card import FIDELITIES, TOPOLOGIES, TRANSFERS, MethodCard, SmokeSettings, card_problems
+from hfl_bench.method_card import (
+    FIDELITIES,
+    TOPOLOGIES,
+    TRANSFERS,
+    MethodCard,
+    SmokeSettings,
+    card_problems,
+    preset_params_problems,
+)
 from hfl_bench.pools import PoolMember, seeded_model
 from hfl_bench.registry import METHODS, RegistryError
 from hfl_bench.training import (
@@ -192,6 +200,9 @@ def check_method_class(name: str, cls: Any) -> None:
         raise RegistryError(f"method {name!r}: " + "; ".join(problems))
     if not dataclasses.is_dataclass(cls.Params):
         raise RegistryError(f"method {name!r}: Params must be a dataclass, got {cls.Params!r}")
+    problems = preset_params_problems(cls.card, cls.Params)
+    if problems:
+        raise RegistryError(f"method {name!r}: " + "; ".join(problems))
 
 
 METHODS.validate = check_method_class  # also checks classes third-party entry points register

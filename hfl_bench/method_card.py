@@ -2,20 +2,23 @@
 
 Each registered method class sets ``card = MethodCard(...)`` (``hfl_bench.method_api``). The card
 is the one source of the method's name, version, citation, fidelity, topology, what it reads
-beyond the clients' private data, what settings it refuses, the settings of a quick test run and
-the notes every record carries: ``hfl-bench list`` and ``describe``, the record's ``method``
-section, the engine's refusals, the docs' method pages and the test suites all read it.
+beyond the clients' private data, what settings it refuses, the settings of a quick test run, the
+named presets of hyperparameters (a paper's own budget) and the notes every record carries:
+``hfl-bench list`` and ``describe``, the record's ``method`` section, the engine's refusals, the
+docs' method pages and the test suites all read it.
 
 ``card_problems`` says what is wrong with a card; registering a method refuses one with problems.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from hfl_bench.config import ConfigError, canonical_json, canonical_params
 from hfl_bench.faults import KINDS as FAULT_KINDS
 
 # "original": a method first published in this project or in the plugin that ships it.
@@ -26,6 +29,8 @@ TOPOLOGIES = ("p2p", "server", "none")
 TRANSFERS = ("none", "public-unlabelled", "public-labelled", "synthetic")
 PUBLIC_TRANSFERS = ("public-unlabelled", "public-labelled")
 VERSION_PATTERN = re.compile(r"[0-9]+(\.[0-9]+){0,3}")
+# A preset's name: what ``--preset NAME`` selects and ``method.preset`` records.
+PRESET_NAME = re.compile(r"[a-z][a-z0-9_]*")
 # The public set of a smoke run of a method that reads one (samples held out of digits' training set).
 SMOKE_PUBLIC_SIZE = 100
 
@@ -99,12 +104,19 @@ class MethodCard:
     # Fault kinds (``--faults``, hfl_bench.faults.KINDS) the method refuses, each with why.
     refuses_faults: Mapping[str, str] = FrozenMap()
     smoke: SmokeSettings = SmokeSettings()
+    # Named sets of hyperparameters (``Params`` fields to values), selected with ``run --preset
+    # NAME``: a paper's own settings where they deviate from the protocol's budget (the defaults
+    # train the clients' private data with the protocol's optimizer, lr, batch size and local
+    # epochs), e.g. {"paper": {"optimizer": "adam"}}. An explicit ``--set`` overrides a value.
+    presets: Mapping[str, Mapping[str, Any]] = FrozenMap()
     # Choices made where the source is silent; copied into every record.
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.refuses_faults, Mapping):
             object.__setattr__(self, "refuses_faults", FrozenMap(self.refuses_faults))
+        if isinstance(self.presets, Mapping) and all(isinstance(v, Mapping) for v in self.presets.values()):
+            object.__setattr__(self, "presets", FrozenMap({k: FrozenMap(v) for k, v in self.presets.items()}))
         if isinstance(self.notes, list):
             object.__setattr__(self, "notes", tuple(self.notes))
 
@@ -127,7 +139,8 @@ class MethodCard:
             "topology": self.topology, "summary": self.summary, "transfer": self.transfer,
             "needs_public": self.needs_public, "single_architecture": self.single_architecture,
             "missing_modalities": self.missing_modalities, "why_single_modality": self.why_single_modality,
-            "refuses_faults": dict(self.refuses_faults), "smoke": self.smoke_config(), "notes": list(self.notes),
+            "refuses_faults": dict(self.refuses_faults), "smoke": self.smoke_config(),
+            "presets": {name: dict(values) for name, values in self.presets.items()}, "notes": list(self.notes),
         }
 
 
@@ -168,6 +181,46 @@ def card_problems(card: Any, name: str) -> list[str]:
     if not (isinstance(card.notes, tuple) and all(isinstance(n, str) for n in card.notes)):
         problems.append(f"notes must be a tuple of strings, got {card.notes!r}")
     problems += _smoke_problems(card)
+    problems += _preset_problems(card)
+    return problems
+
+
+def _preset_problems(card: MethodCard) -> list[str]:
+    """A preset's shape; that its keys are ``Params`` fields and its values theirs is checked
+    where the class is known (``preset_params_problems``)."""
+    presets = card.presets
+    if not isinstance(presets, Mapping):
+        return [f"presets must map preset names to hyperparameters, got {presets!r}"]
+    problems = []
+    for name, values in presets.items():
+        if not (isinstance(name, str) and PRESET_NAME.fullmatch(name)):
+            problems.append(f"presets: a preset's name is an identifier in lower case (e.g. \"paper\"), "
+                            f"got {name!r}")
+        elif not (isinstance(values, Mapping) and values and all(isinstance(k, str) for k in values)):
+            problems.append(f"presets: {name!r} must map hyperparameter names to values, got {values!r}")
+    return problems
+
+
+def preset_params_problems(card: MethodCard, params_cls: type) -> list[str]:
+    """What is wrong with the card's presets as settings of ``params_cls`` (the method's
+    ``Params``): a key that is no field, a value of the wrong type, or a value equal to the
+    field's default (a preset that sets nothing would not change the run)."""
+    problems = []
+    fields = {f.name for f in dataclasses.fields(params_cls)}
+    for name, values in card.presets.items():
+        unknown = sorted(set(values) - fields)
+        if unknown:
+            problems.append(f"preset {name!r} sets {', '.join(unknown)}, no hyperparameter of {card.name}; "
+                            f"known: {', '.join(sorted(fields)) or '(none)'}")
+            continue
+        try:
+            kept = canonical_params(params_cls, dict(values), card.name)
+        except ConfigError as e:
+            problems.append(f"preset {name!r}: {e}")
+            continue
+        at_default = sorted(set(values) - set(kept))
+        if at_default:
+            problems.append(f"preset {name!r} sets {', '.join(at_default)} to the default: leave it out")
     return problems
 
 
@@ -190,3 +243,29 @@ def _smoke_problems(card: MethodCard) -> list[str]:
     elif public == 0 and card.needs_public:
         problems.append(f"smoke.public_size is 0, but a method whose transfer is {card.transfer} needs a public set")
     return problems
+
+
+def preset_values(card: MethodCard, preset: str | None) -> dict[str, Any]:
+    """The hyperparameters ``--preset NAME`` sets ({} for None); ConfigError, one line naming the
+    method's presets, for a name the card does not declare."""
+    if preset is None:
+        return {}
+    if preset not in card.presets:
+        known = ", ".join(card.presets) or "none"
+        raise ConfigError(f"method {card.name} has no preset {preset!r}; its presets: {known} "
+                          f"(hfl-bench describe {card.name} shows them)")
+    return dict(card.presets[preset])
+
+
+def matching_preset(card: MethodCard, params_cls: type, params: Mapping[str, Any],
+                    given: str | None = None) -> str | None:
+    """The preset whose every value the run's canonical hyperparameters ``params`` hold (``given``
+    first, then in the card's order), else None: a run's preset follows from what it computes, so
+    ``--preset paper`` and the same values by ``--set`` are one run under one name, and a preset
+    whose value an explicit ``--set`` changed is no longer that preset."""
+    names = ([given] if given in card.presets else []) + [n for n in card.presets if n != given]
+    for name in names:
+        wanted = canonical_params(params_cls, dict(card.presets[name]), card.name)
+        if all(k in params and canonical_json(params[k]) == canonical_json(v) for k, v in wanted.items()):
+            return name
+    return None

@@ -22,8 +22,9 @@ clients' models, is the extra endpoint ``ensemble``.
 Fidelity: paper, for the algorithm as summarized (spec Sec. 7 and the paper summary). Where the
 summary is silent the card's notes name what we chose; the reasons follow.
 
-The default optimizer is the paper's Adam, because FedCC's recipe (lambda, delta, tau) was tuned
-with it; ``--set optimizer=sgd`` gives the suite's SGD. Each client's model is rebuilt in setup
+The default optimizer is the protocol's SGD, as every method's on private data; the paper's Adam,
+with which FedCC's recipe (lambda, delta, tau) was tuned, is the card's ``paper`` preset. Each
+client's model is rebuilt in setup
 with C + 1 outputs, seeded as the engine seeds its own, so the initialization stays a function of
 the run's seed alone.
 
@@ -35,9 +36,13 @@ the least informative input a client can build without data. C_J falls back to t
 client holds when none passes the threshold (many balanced classes), so every client has a
 majority set.
 
-The paper's budget (15 rounds of 20 local epochs) is not the suite's protocol: the CE step runs
-the run's local epochs, and sync and the pseudo-label step one epoch each by default, two extra
-passes per round. In the pseudo-label step each private batch is joined by an equal share of the
+The paper's budget (15 rounds of 20 local epochs) is not the suite's protocol. By default the
+private data gets the protocol's budget: the CE step and the pseudo-label step share the run's
+local epochs (the pseudo-label step takes ``pseudo_epochs`` of them, the CE step the rest, so with
+one local epoch there is no separate CE step and the pseudo-labels come from the model after
+sync). The sync epoch runs on the public set, part of the method's setting. The ``paper`` preset
+runs the CE step for all the local epochs and the pseudo-label step on top, as version 1.0 did. In
+the pseudo-label step each private batch is joined by an equal share of the
 public set in one forward, so BatchNorm sees both, as a model trained on their union would.
 Public inputs are never augmented (every client must predict on the same inputs), predictions
 for uploads and pseudo-labels are taken in eval mode, every client keeps the latest broadcast,
@@ -83,7 +88,8 @@ TINY = 1e-12
 
 @dataclass
 class FedCCParams:
-    optimizer: str = param("adam", "adam: Adam at adam_lr for every step (the paper's recipe); sgd: the suite's SGD.")
+    optimizer: str = param("sgd", "sgd: the run's SGD (the protocol's); adam: Adam at adam_lr for every step (the "
+                                  "paper's recipe).")
     adam_lr: float = param(1e-3, "Adam learning rate (paper: 1e-3).")
     tau: float = param(1.0, "Temperature of the uploaded predictions softmax(f / tau) and of the sync KL.")
     lam: float = param(0.2, "Weight lambda of the soft-CE on the pseudo-labeled public set.")
@@ -93,6 +99,9 @@ class FedCCParams:
                                         "training labels is above this.")
     sync_epochs: int = param(1, "Epochs over the public set toward the broadcast soft targets per round.")
     pseudo_epochs: int = param(1, "Epochs over the private data (with pseudo-labeled public batches) per round.")
+    pseudo_in_budget: bool = param(True, "The pseudo-label step's epochs are part of the run's local epochs (the CE "
+                                         "step runs the rest); false: the CE step runs all of them and the "
+                                         "pseudo-label step comes on top.")
 
 
 # ----------------------------------------------------------------------------- pseudo-labels
@@ -176,6 +185,16 @@ def aggregate_predictions(soft: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- local steps
 
 
+def private_epochs(local_epochs: int, p: FedCCParams) -> tuple[int, int]:
+    """(CE-step epochs, pseudo-label-step epochs) per round on the private data: within the run's
+    ``local_epochs`` (the protocol's budget), or with ``pseudo_in_budget`` false all of them for
+    the CE step and ``pseudo_epochs`` on top."""
+    if not p.pseudo_in_budget:
+        return local_epochs, p.pseudo_epochs
+    pseudo = min(p.pseudo_epochs, local_epochs)
+    return local_epochs - pseudo, pseudo
+
+
 def train_with_pseudo_labels(fed, cid: int, plan: EpochPlan, epochs: int, public_x: torch.Tensor,
                              pseudo: torch.Tensor, lam: float, rnd: int) -> float:
     """Step 4: CE on the plan's private batches + lam * soft-CE on pseudo-labeled public rows.
@@ -243,16 +262,20 @@ class ConfidenceEnsemble(nn.Module):
 @register_method
 class FedCC(Method):
     card = MethodCard(
-        name="fedcc", version="1.0", fidelity="paper", topology="server",
+        name="fedcc", fidelity="paper", topology="server",
+        # 1.1: the protocol's budget by default: the run's SGD, and the pseudo-label step's private epoch
+        # inside the run's local epochs; 1.0's Adam and extra epoch are the "paper" preset.
+        version="1.1",
         citation=("Ye, Ayan, An, Carle, FedCC: Towards Addressing Label Distribution Skews in Distillation-Based "
                  "Federated Learning, arXiv 2608.23031"),
         summary="C + 1 outputs, calibrated pseudo-labels on the unlabeled public set, confidence-weighted server.",
         transfer="public-unlabelled",
         why_single_modality="it needs a public set, and a public sample would hand recipients the modality they miss",
+        presets={"paper": {"optimizer": "adam", "pseudo_in_budget": False}},
         notes=(
             "public set used unlabeled (its labels are never read)",
-            "optimizer: Adam at adam_lr, no weight decay (the paper's; optimizer=sgd gives the suite's SGD), kept "
-            "across rounds; gradients clipped at the config's norm",
+            "optimizer: the client's SGD from the config, or with optimizer=adam (the paper's) Adam at adam_lr "
+            "without weight decay; kept across rounds; gradients clipped at the config's norm",
             "models rebuilt in setup with C + 1 outputs from each client's pool member, seeded derive_seed(seed, "
             "'init', cid)",
             "entropies in nats; H(x) like w_l: entropy of the delta-smoothed prediction over the C known classes "
@@ -260,8 +283,11 @@ class FedCC(Method):
             "probe image: all zeros in normalized space (the per-channel training mean); w_l, H(x) and m from the "
             "model after the CE step, eval mode",
             "C_J: classes above 2% of the client's labels; if none, the classes it holds",
-            "budget: the paper's 15 rounds x 20 local epochs replaced by the config's rounds and local epochs of CE; "
-            "per round, sync_epochs over the public set and pseudo_epochs of the pseudo-label step over D_k",
+            "budget: the paper's 15 rounds x 20 local epochs replaced by the config's rounds and local epochs; per "
+            "round, sync_epochs over the public set, then the private data's local epochs: the CE step, then "
+            "pseudo_epochs (at most the local epochs) of the pseudo-label step over D_k; with pseudo_in_budget "
+            "false, the CE step runs all the local epochs and the pseudo-label step comes on top",
+            "with a single local epoch in budget, no separate CE step: w_l, H(x) and m from the model after sync",
             "pseudo-label step: each private batch joined by an equal share of a seeded permutation of the public "
             "set (one pass per epoch), one forward (BatchNorm sees both); CE mean + lambda soft-CE mean",
             "sync loss tau^2 KL(target || softmax(z / tau)), seeded epochs at the config's batch size; no "
@@ -305,6 +331,7 @@ class FedCC(Method):
     def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         p = self.params
         c, x = fed.num_classes, fed.public_x
+        ce_epochs, pseudo_epochs = private_epochs(fed.cfg.local_epochs, p)
         sync, ce, refine, alpha = [], [], [], []
         for cid in active:
             client = fed.clients[cid]
@@ -315,15 +342,16 @@ class FedCC(Method):
                         lambda z, pos: kd_loss(z, self.targets[pos], p.tau),
                         epochs=p.sync_epochs, seed_parts=("fedcc-sync", rnd, cid),
                         who=f"client {cid} sync"))
-                ce.append(train_client(fed, client, make_plan(fed, cid, rnd)))
-            if p.pseudo_epochs:
+                if ce_epochs:
+                    ce.append(train_client(fed, client, make_plan(fed, cid, rnd, epochs=ce_epochs)))
+            if pseudo_epochs:
                 with fed.timer(Phase.PSEUDO_LABELS):
                     w = pseudo_label_weights(predict_logits(client.model, self.probe)[0],
                                              predict_logits(client.model, x), self.majority[cid], p.delta)
                     alpha.append(float(w.alpha.mean()))
                 with fed.timer(Phase.TRAINING):
-                    plan = make_plan(fed, cid, rnd, epochs=p.pseudo_epochs, purpose="fedcc-pseudo")
-                    refine.append(train_with_pseudo_labels(fed, cid, plan, p.pseudo_epochs, x,
+                    plan = make_plan(fed, cid, rnd, epochs=pseudo_epochs, purpose="fedcc-pseudo")
+                    refine.append(train_with_pseudo_labels(fed, cid, plan, pseudo_epochs, x,
                                                            pseudo_labels(w.alpha, w.m, c), p.lam, rnd))
         logits = transfer_logits(fed, {cid: fed.clients[cid].model for cid in active}, x)
         uploads = {cid: soft_targets(z, p.tau) for cid, z in logits.items()}  # float32 [M, C + 1]
@@ -331,8 +359,8 @@ class FedCC(Method):
         with fed.timer(Phase.AGGREGATION):
             targets = aggregate_predictions(torch.stack([uploads[cid] for cid in active]))
         self.targets = broadcast(fed, targets, list(range(fed.n_clients)), Payload.PROBS)
-        out = {"train_loss": float(np.mean(ce))}
-        for name, values in (("sync_loss", sync), ("pseudo_loss", refine), ("alpha_mean", alpha)):
+        out = {}
+        for name, values in (("train_loss", ce), ("sync_loss", sync), ("pseudo_loss", refine), ("alpha_mean", alpha)):
             if values:
                 out[name] = float(np.mean(values))
         return out

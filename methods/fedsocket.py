@@ -32,12 +32,13 @@ ownership rules it turns on.
 Fidelity: reconstructed. The paper (its summary) and the spec fix the exchange (Q parameters and
 counts only), the bidirectional teaching with a frozen teacher Q and a trainable local copy, the
 losses and the reliability weight, the ownership-aware averaging and its stabilizer, the Joint
-rule with rho chosen on validation data, the hyperparameter defaults, and, for missing
-modalities, the per-modality adapters and embeddings, the conditional target (forward KL to the
-complete-input teacher from a recipient interface is minimized by the average teacher prediction
-given that interface, paper A.1) anchored by the labels, and recipients running Private, Q and
-Joint through the same observed inputs (Sec. 4.3-5.2, A.7). The card's notes name, as [paper] and
-[ours], what comes from the paper and what we chose; the reasons for our choices follow.
+rule with rho chosen on validation data, the hyperparameter values (those of Private's budget
+in the ``paper`` preset), and, for missing modalities, the per-modality adapters and embeddings,
+the conditional target (forward KL to the complete-input teacher from a recipient interface is
+minimized by the average teacher prediction given that interface, paper A.1) anchored by the
+labels, and recipients running Private, Q and Joint through the same observed inputs (Sec.
+4.3-5.2, A.7). The card's notes name, as [paper] and [ours], what comes from the paper and what
+we chose; the reasons for our choices follow.
 
 The suite runs one task, so there is one expert and one head, and the multi-task parts (task
 embeddings, cross-task residual sharing, PCGrad) are absent; on a single-modality task the task
@@ -58,10 +59,11 @@ In relKD the reliability weights are not renormalized, so an unreliable teacher 
 less. The fusion CE uses a fixed training rho, separate from the rho selected for inference, with
 Q frozen so that only Private learns from it. Private keeps its client's optimizer; the Q copy gets
 a fresh Adam each round, because the copy is re-initialized from the global Q and no optimizer
-state is exchanged. Each stage runs the method's own local epochs (the paper's), which override
-the run's ``--local-epochs``. The warm-up trains Private alone before round 1, and Q's seeded
-initialization is sent to every client in setup (metered). There is no out-of-fold
-cross-fitting (A.4).
+state is exchanged. By default Private trains on the protocol's budget, as every method's client
+model does: the run's learning rate, and each stage runs the run's local epochs, with no warm-up.
+The paper's own budget (its stage epochs, a Private-only warm-up before round 1 and its private
+learning rate) is the card's ``paper`` preset (``--preset paper``). Q's seeded initialization is
+sent to every client in setup (metered). There is no out-of-fold cross-fitting (A.4).
 
 In aggregation, a head row or modality block that no uploader holds keeps its previous value, so
 an absent class or modality is not pulled toward an average of clients that know nothing of it.
@@ -112,7 +114,6 @@ from hfl_bench.method_api import (
     Payload,
     Phase,
     RoundView,
-    SmokeSettings,
     Trainee,
     fit,
     make_plan,
@@ -136,11 +137,14 @@ class FedSocketParams:
     lambda_rel: float = field(default=0.2, metadata={"help": "Weight of Private -> Q reliability-weighted KD."})
     label_smoothing: float = field(default=0.1, metadata={"help": "Label smoothing of both CE_ls terms."})
     temperature: float = field(default=2.0, metadata={"help": "Distillation temperature of the KD terms."})
-    private_lr: float = field(default=5e-2, metadata={"help": "SGD learning rate of the Private models."})
+    private_lr: float | None = field(default=None, metadata={
+        "help": "SGD learning rate of the Private models; unset: the run's --lr (the protocol's budget)."})
     q_lr: float = field(default=3e-4, metadata={"help": "Adam learning rate of the local Q copies."})
-    local_epochs: int = field(default=2, metadata={
-        "help": "Epochs of each stage (Q->Private, Private->Q) per round; overrides --local-epochs."})
-    warmup_epochs: int = field(default=10, metadata={"help": "Private-only CE_ls epochs in setup (Stage I)."})
+    local_epochs: int | None = field(default=None, metadata={
+        "help": "Epochs of each stage (Q->Private, Private->Q) per round; unset: the run's --local-epochs "
+                "(the protocol's budget)."})
+    warmup_epochs: int = field(default=0, metadata={
+        "help": "Private-only CE_ls epochs in setup (Stage I), before round 1, on top of the rounds' budget."})
     server_keep: float = field(default=0.5, metadata={
         "help": "Server stabilizer: phi = keep * phi_old + (1 - keep) * average."})
     fusion_rho: float = field(default=1.0, metadata={"help": "rho of the Joint weights inside the fusion CE."})
@@ -202,7 +206,7 @@ def q_student_loss(q: nn.Module, u: torch.Tensor, y: torch.Tensor, t_soft: torch
 def teach_private(fed, cid: int, rnd: int, q: nn.Module, feats: torch.Tensor, p: FedSocketParams,
                   omega_fus: torch.Tensor) -> float:
     """Stage (a): the frozen Q teaches Private (CE_ls + lambda_KD relKD + lambda_fus fusion CE)."""
-    plan = make_plan(fed, cid, rnd, epochs=p.local_epochs, purpose=PRIVATE)
+    plan = make_plan(fed, cid, rnd, epochs=p.local_epochs, purpose=PRIVATE)  # None: the run's local epochs
     with torch.no_grad():  # Q reads the cached features of the un-augmented samples (the observed ones)
         q_logits = q(feats[plan.indices]) if len(plan) else feats.new_zeros((0, fed.num_classes))
     q_probs = F.softmax(q_logits, dim=-1)
@@ -248,19 +252,23 @@ MULTIMODAL_UPLOAD_KINDS = {**UPLOAD_KINDS, "modality_counts": Payload.COUNTS}
 @register_method
 class FedSocket(SharedPredictorClients, Method):
     card = MethodCard(
-        name="fedsocket", version="1.0", fidelity="reconstructed", topology="server",
+        name="fedsocket", fidelity="reconstructed", topology="server",
+        # 1.1: Private trains on the protocol's budget by default (the run's lr and local epochs per
+        # stage, no warm-up); 1.0's stage epochs, warm-up and private lr are the "paper" preset.
+        version="1.1",
         citation=("Zhao, FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous Multimodal "
                  "Federated Learning, arXiv 2609.37582"),
         summary="Shared predictor Q on fixed features, Private <-> Q teaching, ownership-aware server averaging.",
         missing_modalities=True,
-        smoke=SmokeSettings(method_params={"warmup_epochs": "1", "local_epochs": "1"}),
+        presets={"paper": {"local_epochs": 2, "warmup_epochs": 10, "private_lr": 5e-2}},
         notes=(
             "[paper] only Q parameters plus sample and class counts are exchanged; frozen Q teaches Private "
             "(CE_ls + lambda_KD relKD + lambda_fus fusion CE), then Private teaches the local Q copy (CE_ls + "
             "lambda_rel relKD); w_i = (1 - H(t_i)/log C)(0.25 + 0.75[argmax t_i = y_i]); head rows over "
             "positive-count clients, other blocks sample-weighted, phi = 0.5 phi_old + 0.5 avg; Joint omega "
-            "formula with omega = 1 for absent classes, rho chosen on validation; defaults lambda_KD 0.5, "
-            "lambda_fus 0.25, lambda_rel 0.2, private lr 5e-2, Q lr 3e-4, 2 local epochs, 10 warm-up epochs",
+            "formula with omega = 1 for absent classes, rho chosen on validation; the paper's lambda_KD 0.5, "
+            "lambda_fus 0.25, lambda_rel 0.2 and Q lr 3e-4 are the defaults; its private lr 5e-2, 2 local "
+            "epochs per stage and 10 warm-up epochs are the paper preset",
             "[paper] missing modalities: fixed per-modality features into modality adapters and embeddings; "
             "complete-input donor predictions supervise Q through observed-modality features (conditional "
             "target, A.1) with a label anchor; modality embeddings averaged over the clients using the "
@@ -289,13 +297,13 @@ class FedSocket(SharedPredictorClients, Method):
             "recipient's (and every single-modality client's) loss is the one term on its own interface",
             "[ours] fusion CE = NLL of (1 - omega) softmax(Private) + omega softmax(Q) with omega at rho = 1 "
             "(fusion_rho), Q frozen; no label smoothing on it",
-            "[ours] Private: the client's SGD (the config's momentum and weight decay) at private_lr; Q copy: a "
-            "fresh Adam at q_lr each round; both clipped at the config's gradient norm",
+            "[ours] Private: the client's SGD (the config's lr, momentum and weight decay; private_lr, when set, "
+            "replaces the lr); Q copy: a fresh Adam at q_lr each round; both clipped at the config's gradient norm",
             "[ours] stage (b) teacher = Private's predictions on un-augmented training samples as the client "
-            "holds them; each stage runs the method's local_epochs seeded epochs (overrides --local-epochs; "
-            "federation.local_epochs shows the flag)",
-            "[ours] warm-up: warmup_epochs of Private-only CE_ls in setup for every client, before round 1; no "
-            "out-of-fold cross-fitting",
+            "holds them; each stage runs the config's local epochs (seeded), or the method's local_epochs when "
+            "set (the paper preset)",
+            "[ours] warm-up (warmup_epochs, none by default; the paper preset sets one): Private-only CE_ls in "
+            "setup for every client, before round 1; no out-of-fold cross-fitting",
             "[ours] head row c weighted by the holders' sample counts; a class no uploader holds keeps its row; "
             "modality blocks weighted by each uploader's training rows with that modality (0 for a client "
             "missing it; uploaded as counts), a modality no uploader observes keeps its block; stabilizer "
@@ -316,14 +324,16 @@ class FedSocket(SharedPredictorClients, Method):
         if p.endpoint not in ENDPOINTS:
             raise ConfigError(f"fedsocket: endpoint={p.endpoint!r}; choose one of {', '.join(ENDPOINTS)}")
         parse_grid(p.rho_grid)
-        require_at_least("fedsocket", p, ("feature_dim", "hidden_dim", "rank", "local_epochs"), 1)
+        require_at_least("fedsocket", p, ("feature_dim", "hidden_dim", "rank"), 1)
+        if p.local_epochs is not None and p.local_epochs < 1:
+            raise ConfigError(f"fedsocket: local_epochs must be >= 1 (or unset: the run's), got {p.local_epochs}")
         if p.warmup_epochs < 0:
             raise ConfigError(f"fedsocket: warmup_epochs must be >= 0, got {p.warmup_epochs}")
         if not 0 <= p.server_keep <= 1:
             raise ConfigError(f"fedsocket: server_keep must be in [0, 1], got {p.server_keep}")
         if not 0 <= p.label_smoothing < 1:
             raise ConfigError(f"fedsocket: label_smoothing must be in [0, 1), got {p.label_smoothing}")
-        if p.temperature <= 0 or p.fusion_rho <= 0 or p.private_lr <= 0 or p.q_lr <= 0:
+        if p.temperature <= 0 or p.fusion_rho <= 0 or (p.private_lr is not None and p.private_lr <= 0) or p.q_lr <= 0:
             raise ConfigError("fedsocket: temperature, fusion_rho, private_lr and q_lr must be > 0")
 
     def setup(self, fed: RoundView) -> None:
@@ -336,9 +346,10 @@ class FedSocket(SharedPredictorClients, Method):
         self.init_clients(fed, new_shared_predictor(fed, p.feature_dim, p.hidden_dim, p.rank),
                           parse_grid(p.rho_grid), p.fusion_rho)
         self.omega_fus = [joint_weights(c.train_counts, p.fusion_rho).to(fed.device) for c in fed.clients]
-        for c in fed.clients:  # the spec's private lr on the client's own SGD
-            for group in c.optimizer.param_groups:
-                group["lr"] = p.private_lr
+        if p.private_lr is not None:  # the paper's private lr on the client's own SGD
+            for c in fed.clients:
+                for group in c.optimizer.param_groups:
+                    group["lr"] = p.private_lr
         if p.warmup_epochs:
             with fed.timer(Phase.TRAINING):
                 for cid in range(fed.n_clients):

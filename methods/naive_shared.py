@@ -20,7 +20,8 @@ on a multimodal task, absent where a row lacks the modality, so Q runs on any su
 modalities), the warm-up length (with plain CE instead of CE_ls, so Private gets the same number
 of epochs in both methods), the per-round local epochs and optimizers, the endpoints and rho
 rule, and the seeded batch orders (the same plan purposes), so with equal settings the two runs
-differ only in what FedSocket adds.
+differ only in what FedSocket adds. Both train Private on the protocol's budget by default, and
+both carry the same ``paper`` preset (FedSocket's stage epochs, warm-up and private lr).
 
 Removed: KD in either direction, the fusion loss, label smoothing, the conditional target
 (donors train Q on their full interface only), reliability weights, the ownership rules of
@@ -57,7 +58,6 @@ from hfl_bench.method_api import (
     Payload,
     Phase,
     RoundView,
-    SmokeSettings,
     Trainee,
     fit,
     make_plan,
@@ -77,17 +77,19 @@ class NaiveSharedParams:
     feature_dim: int = param(256, "Dimension of the fixed features u = h(x).")
     hidden_dim: int = param(256, "Q's hidden width.")
     rank: int = param(32, "Rank of Q's gated low-rank residual.")
-    private_lr: float = param(5e-2, "SGD learning rate of the Private models.")
+    private_lr: float | None = param(None, "SGD learning rate of the Private models; unset: the run's --lr (the "
+                                           "protocol's budget).")
     q_lr: float = param(3e-4, "Adam learning rate of the local Q copies.")
-    local_epochs: int = param(2, "Epochs of Private and of the Q copy per round; overrides --local-epochs.")
-    warmup_epochs: int = param(10, "Private-only CE epochs in setup.")
+    local_epochs: int | None = param(None, "Epochs of Private and of the Q copy per round; unset: the run's "
+                                           "--local-epochs (the protocol's budget).")
+    warmup_epochs: int = param(0, "Private-only CE epochs in setup, before round 1, on top of the rounds' budget.")
     rho_grid: str = param("0.25,0.5,1,2,4", "Comma-separated rho candidates for Joint inference, chosen per "
                                             "client on validation.")
     endpoint: str = param("private", "Headline (evaluated) predictor: private or joint; all three are reported.")
 
 
 def train_private(fed, cid: int, rnd: int, p: NaiveSharedParams) -> float:
-    """Private with plain CE for ``local_epochs`` epochs."""
+    """Private with plain CE for ``local_epochs`` epochs (None: the run's)."""
     plan = make_plan(fed, cid, rnd, epochs=p.local_epochs, purpose=PRIVATE)
     return train_client(fed, fed.clients[cid], plan, who=f"client {cid} private")
 
@@ -106,22 +108,27 @@ UPLOAD_KINDS = {"q": Payload.PARAMS, "n": Payload.COUNTS}
 @register_method
 class NaiveShared(SharedPredictorClients, Method):
     card = MethodCard(
-        name="naive-shared", version="1.0", fidelity="reconstructed", topology="server",
+        name="naive-shared", fidelity="reconstructed", topology="server",
+        # 1.1: Private trains on the protocol's budget by default, as fedsocket 1.1 (the run's lr and
+        # local epochs, no warm-up); 1.0's epochs, warm-up and private lr are the "paper" preset.
+        version="1.1",
         citation=("Zhao, FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous Multimodal "
                  "Federated Learning, arXiv 2609.37582 (Naive Shared control, Sec. 5.3, 6.2, App. O)"),
         summary="FedSocket's Q, features and endpoints with plain CE training and plain FedAvg (the paper's control).",
         missing_modalities=True,
-        smoke=SmokeSettings(method_params={"warmup_epochs": "1", "local_epochs": "1"}),
+        presets={"paper": {"local_epochs": 2, "warmup_epochs": 10, "private_lr": 5e-2}},
         notes=(
             "[paper] FedSocket's shared-model control: matched parameter count, same partitions, private models, "
             "recipient interfaces, rounds and Joint selection rules; its training is not given in the summary",
             "[ours] Q = fedsocket's Q (same shapes, init seed 'fedsocket-q') on fedsocket's fixed features (same "
             "frozen seeded extractors, per modality on a multimodal task, absent where a row lacks the modality)",
-            "[ours] per round: Private with plain CE for local_epochs (SGD at private_lr), then a fresh copy of "
-            "the held Q with plain CE on the client's own features (its observed interface) for local_epochs "
+            "[ours] per round: Private with plain CE (the client's SGD; private_lr, when set, replaces the "
+            "config's lr), then a fresh copy of the held Q with plain CE on the client's own features (its "
+            "observed interface), each for the config's local epochs or the method's local_epochs when set "
             "with a fresh Adam(q_lr); no KD either way, no fusion loss, no label smoothing, no reliability "
             "weights, no conditional target",
-            "[ours] Private warm-up: warmup_epochs of plain CE in setup (fedsocket's warm-up length)",
+            "[ours] Private warm-up: warmup_epochs of plain CE in setup (fedsocket's; none by default, the paper "
+            "preset sets fedsocket's)",
             "[ours] upload {Q, sample count}; server: plain sample-weighted FedAvg of every block (no ownership "
             "of head rows or modality blocks), no stabilizer; sent to the round's active clients, current Q to "
             "stale active clients at round start",
@@ -139,10 +146,12 @@ class NaiveShared(SharedPredictorClients, Method):
         if p.endpoint not in ENDPOINTS:
             raise ConfigError(f"naive-shared: endpoint={p.endpoint!r}; choose one of {', '.join(ENDPOINTS)}")
         parse_grid(p.rho_grid, "naive-shared")
-        require_at_least("naive-shared", p, ("feature_dim", "hidden_dim", "rank", "local_epochs"), 1)
+        require_at_least("naive-shared", p, ("feature_dim", "hidden_dim", "rank"), 1)
+        if p.local_epochs is not None and p.local_epochs < 1:
+            raise ConfigError(f"naive-shared: local_epochs must be >= 1 (or unset: the run's), got {p.local_epochs}")
         if p.warmup_epochs < 0:
             raise ConfigError(f"naive-shared: warmup_epochs must be >= 0, got {p.warmup_epochs}")
-        if p.private_lr <= 0 or p.q_lr <= 0:
+        if (p.private_lr is not None and p.private_lr <= 0) or p.q_lr <= 0:
             raise ConfigError("naive-shared: private_lr and q_lr must be > 0")
 
     def setup(self, fed: RoundView) -> None:
@@ -152,9 +161,10 @@ class NaiveShared(SharedPredictorClients, Method):
         self.feats = self.bank.cached(0)
         self.init_clients(fed, new_shared_predictor(fed, p.feature_dim, p.hidden_dim, p.rank),
                           parse_grid(p.rho_grid, "naive-shared"), FALLBACK_RHO)
-        for c in fed.clients:
-            for group in c.optimizer.param_groups:
-                group["lr"] = p.private_lr
+        if p.private_lr is not None:
+            for c in fed.clients:
+                for group in c.optimizer.param_groups:
+                    group["lr"] = p.private_lr
         if p.warmup_epochs:
             with fed.timer(Phase.TRAINING):
                 for cid in range(fed.n_clients):

@@ -10,7 +10,7 @@ for 2 rounds. From that one run:
   settings). A method registered without an entry fails: a new method states its budget here.
 - ``test_private_budget_equals_locals``: under defaults, a method trains its clients' private data
   for the same steps per client per round as ``local`` (the protocol's local epochs, batch size),
-  or the test says which methods do not yet (``DEVIATE_UNTIL_PRESETS``) and which differ by design.
+  (the protocol's local epochs, batch size), except where a method differs by design (dfml).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from hfl_bench.cli import app
 from hfl_bench.config import RunConfig, config_hash
 from hfl_bench.metering import SERVER, Budget, Data
 from hfl_bench.methods.dfml import draw_aggregator
+from hfl_bench.methods.fedcc import private_epochs
 from hfl_bench.results import records
 from hfl_bench.results.budget import steps_label
 from hfl_bench.results.validation import record_problems
@@ -41,9 +42,6 @@ ROUNDS, CLIENTS = 2, 4
 # quick. Every other smoke setting (fedsocket's warm-up and stage epochs, fedmd's private
 # initialization) would change the private budget under test, and is dropped.
 NON_PRIVATE_SMOKE = {"transfer_epochs", "g_steps", "synthetic_size"}
-# Methods whose defaults train private data longer or shorter than the protocol until the presets
-# change lands (it makes the protocol the default and keeps the papers' settings as presets).
-DEVIATE_UNTIL_PRESETS = {"fedsocket", "naive-shared", "fedcc", "fedmd"}
 
 
 def defaults_config(method: str, out: Path, **overrides) -> RunConfig:
@@ -115,11 +113,13 @@ def dfml(plan: Plan) -> Plan:
 
 
 def fedcc(plan: Plan) -> Plan:
-    """Per round: the config's local epochs of CE and pseudo_epochs of the pseudo-label step over
-    the shard; sync_epochs over the public set from round 2 (round 1 has no broadcast targets).
-    The pseudo-label step's public rows ride in the private steps (one forward): not counted apart."""
+    """Per round: the CE step's and the pseudo-label step's epochs over the shard (together the
+    config's local epochs, ``fedcc.private_epochs``; the ``paper`` preset adds the pseudo-label
+    epochs on top); sync_epochs over the public set from round 2 (round 1 has no broadcast
+    targets). The pseudo-label step's public rows ride in the private steps (one forward): not
+    counted apart."""
     p = plan.p
-    plan.private(plan.cfg.local_epochs + p.pseudo_epochs)
+    plan.private(sum(private_epochs(plan.cfg.local_epochs, p)))
     return plan.transfer("public", p.sync_epochs, plan.public, rounds=ROUNDS - 1)
 
 
@@ -183,13 +183,14 @@ def test_counted_steps_equal_the_plan(method, out):
     assert record_problems(json.loads(json.dumps(record))) == []
 
 
-@pytest.mark.parametrize("method", [
-    pytest.param(m, marks=pytest.mark.xfail(strict=True, reason="defaults deviate until the presets change lands"))
-    if m in DEVIATE_UNTIL_PRESETS else m for m in builtin_methods()])
+@pytest.mark.parametrize("method", builtin_methods())
 def test_private_budget_equals_locals(method, out):
-    """Under defaults, private steps per client per round equal local's. dfml by design trains
-    every participant on the round's aggregator's shard for the protocol's local epochs: the same
-    epochs as local, over another shard, so it is compared with local's steps on that shard."""
+    """Under defaults, private steps per client per round equal local's, except by design:
+    dfml trains every participant on the round's aggregator's shard for the protocol's local
+    epochs (the same epochs as local, over another shard: compared with local's steps on that
+    shard); fedsocket and naive-shared train two models per client, Private and the client's copy
+    of the shared predictor Q, each for the protocol's local epochs in its own pass over the shard
+    (twice local's steps; FML steps its two models on the same batch: once)."""
     record, sim = run_at_defaults(method, out)
     # local on the same partition: a public set is held out of the clients' shards
     local, _ = run_at_defaults("local", out, public_size=sim.cfg.public_size)
@@ -198,6 +199,8 @@ def test_private_budget_equals_locals(method, out):
     if method == "dfml":
         aggregators = [draw_aggregator(sim.cfg.seed, rnd, list(range(CLIENTS))) for rnd in range(1, ROUNDS + 1)]
         reference = [sum(reference[a] // ROUNDS for a in aggregators)] * CLIENTS  # local's round on each
+    if method in ("fedsocket", "naive-shared"):
+        reference = [2 * r for r in reference]
     assert steps == reference
 
 
@@ -307,7 +310,8 @@ def test_show_and_the_site_carry_the_column_and_a_dash_for_older_records(out, tm
     assert local_private[0] == "" and float(local_private[1]) == local_steps
 
     markdown = _show(folder, "markdown")
-    assert "| steps / client / round |" in markdown.splitlines()[0]
+    header = next(line for line in markdown.splitlines() if line.startswith("| method"))
+    assert "| steps / client / round |" in header
     lines = [line for line in markdown.splitlines() if line.startswith("| local ") or line.startswith("| fedgd ")]
     assert any(f"| {expect['local']} |" in line for line in lines) and any("| - |" in line for line in lines)
     assert any(f"| {expect['fedgd']} |" in line for line in lines)

@@ -111,18 +111,30 @@ def test_server_aggregation_by_hand():
 def test_setup_rebuilds_seeded_c_plus_one_models_with_the_chosen_optimizer():
     fed_a, fed_b = build(), build()
     rng = torch.get_rng_state()
-    method(fed_a)
+    method(fed_a, optimizer="adam")  # the paper preset's optimizer
     assert torch.equal(torch.get_rng_state(), rng)  # the run's global RNG stream is left alone
-    method(fed_b)
+    method(fed_b, optimizer="adam")
     for a, b in zip(fed_a.clients, fed_b.clients):
         assert predict_logits(a.model, fed_a.public_x).shape == (60, 11)
         assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
         assert isinstance(a.optimizer, torch.optim.Adam) and a.optimizer.param_groups[0]["lr"] == 1e-3
         assert {id(p) for p in a.model.parameters()} == {id(p) for g in a.optimizer.param_groups for p in g["params"]}
     fed = build()
-    method(fed, optimizer="sgd")
+    method(fed)  # the default: the protocol's SGD
     opt = fed.clients[0].optimizer
     assert isinstance(opt, torch.optim.SGD) and opt.param_groups[0]["lr"] == fed.cfg.lr
+
+
+def test_private_epochs_are_the_runs_local_epochs_unless_the_paper_preset_adds_one():
+    """(CE-step epochs, pseudo-label-step epochs) per round: the pseudo-label step's private epoch
+    is one of the run's local epochs by default; pseudo_in_budget=false puts it on top."""
+    from hfl_bench.methods.fedcc import FedCCParams, private_epochs
+
+    assert private_epochs(5, FedCCParams()) == (4, 1)
+    assert private_epochs(1, FedCCParams()) == (0, 1)
+    assert private_epochs(2, FedCCParams(pseudo_epochs=3)) == (0, 2)
+    assert private_epochs(5, FedCCParams(pseudo_epochs=0)) == (5, 0)
+    assert private_epochs(5, FedCCParams(pseudo_in_budget=False)) == (5, 1)
 
 
 def test_round_exchange_metering_and_unlabeled_public_set(monkeypatch):
@@ -219,7 +231,7 @@ def test_cli_one_class_per_client_writes_a_valid_record_with_the_ensemble(run_re
     assert record["status"] == "ok" and record["method"]["name"] == "fedcc"
     assert record["method"]["fidelity"] == "paper" and record["federation"]["topology"] == "server"
     assert record["partition"]["public_size"] == 100
-    assert record["method"]["hparams"]["optimizer"] == "adam"
+    assert record["method"]["hparams"]["optimizer"] == "sgd" and record["method"]["preset"] is None
     metrics = record["metrics"]
     assert len(metrics["per_class_global_acc"]) == 10
     ensemble = metrics["extra_endpoints"]["ensemble"]

@@ -150,9 +150,14 @@ def test_bad_settings_are_rejected():
         with pytest.raises(ConfigError):
             fs.FedSocket(fs.FedSocketParams(**bad)).check(None)
     fs.FedSocket().check(None)
-    d = fs.FedSocketParams()  # the spec's defaults
-    assert (d.lambda_kd, d.lambda_fus, d.lambda_rel, d.private_lr, d.q_lr) == (0.5, 0.25, 0.2, 5e-2, 3e-4)
-    assert (d.local_epochs, d.warmup_epochs, d.server_keep, d.feature_dim) == (2, 10, 0.5, 256)
+    d = fs.FedSocketParams()  # the spec's defaults, with Private on the protocol's budget
+    assert (d.lambda_kd, d.lambda_fus, d.lambda_rel, d.private_lr, d.q_lr) == (0.5, 0.25, 0.2, None, 3e-4)
+    assert (d.local_epochs, d.warmup_epochs, d.server_keep, d.feature_dim) == (None, 0, 0.5, 256)
+    paper = fs.FedSocket.card.presets["paper"]  # the paper's budget: its stage epochs, warm-up and private lr
+    assert (paper["local_epochs"], paper["warmup_epochs"], paper["private_lr"]) == (2, 10, 5e-2)
+    for bad in ({"local_epochs": 0}, {"private_lr": 0.0}):
+        with pytest.raises(ConfigError):
+            fs.FedSocket(fs.FedSocketParams(**bad)).check(None)
 
 
 def test_single_modality_q_keeps_its_layout_and_the_family_is_shared():

@@ -122,7 +122,8 @@ def test_a_card_is_frozen_hashable_and_its_dict_is_json():
         "single_architecture": False, "missing_modalities": False,
         "why_single_modality": "it was written for inputs of one modality",
         "refuses_faults": {"straggler": "it needs every client each round"},
-        "smoke": {"method_params": {"epochs": "1"}, "pool": None, "public_size": 100}, "notes": ["a choice"]}
+        "smoke": {"method_params": {"epochs": "1"}, "pool": None, "public_size": 100}, "presets": {},
+        "notes": ["a choice"]}
 
 
 def test_the_registry_refuses_an_object_an_entry_point_would_register():

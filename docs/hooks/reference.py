@@ -130,13 +130,24 @@ def _card_value(value: Any) -> str:
     return str(value) or "-"
 
 
+def presets_section(name: str, presets: dict[str, Any]) -> str:
+    """The card's presets (``run --preset NAME``): the defaults are the protocol's budget."""
+    if not presets:
+        return f"None: `{name}` runs at its defaults, the protocol's budget.\n"
+    rows = [[Raw(f"`{p}`"), "; ".join(f"{k} = {v}" for k, v in values.items())] for p, values in presets.items()]
+    return (f"`hfl-bench run --method {name} --preset NAME` sets these hyperparameters (an explicit `--set` "
+            "overrides one); the record's `method.preset` names the preset. The defaults are the protocol's "
+            "budget.\n\n" + table(["preset", "hyperparameters"], rows))
+
+
 def method_page(name: str, cls: type) -> str:
     card = method_card(name, cls)
     module_doc = inspect.getdoc(sys.modules.get(cls.__module__)) or ""
     notes = card.get("notes") or ()
     parts = [GENERATED_NOTE, f"# `{name}`\n\n", prose(card.get("summary") or "") + "\n\n",
              "## Card\n\n",
-             table(["field", "value"], [[k, _card_value(v)] for k, v in card.items() if k != "notes"]),
+             table(["field", "value"], [[k, _card_value(v)] for k, v in card.items() if k not in ("notes", "presets")]),
+             "\n## Presets\n\n", presets_section(name, card.get("presets") or {}),
              "\n## Choices where the source is silent (`notes`, in every record)\n\n",
              "".join(f"- {prose(n)}\n" for n in notes) or "None declared.\n",
              "\n## Hyperparameters\n\n",

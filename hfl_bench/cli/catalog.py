@@ -244,6 +244,15 @@ def params_view(method: str, params: list[dict[str, Any]]) -> list:
 FROM_DATA = "set from the data folder when it is loaded"
 
 
+def presets_text(presets: dict[str, Any]) -> str:
+    """A card's presets in one line, ``paper: optimizer=adam, pseudo_in_budget=false``, or the
+    line saying the method has none (its defaults are the protocol's budget)."""
+    if not presets:
+        return "none"
+    return "; ".join(f"{name}: " + ", ".join(f"{k}={value_text(v)}" for k, v in values.items())
+                     for name, values in presets.items())
+
+
 def _method_view(info: dict[str, Any]) -> list:
     refused = info["refuses_faults"]
     view = [_fields([("method", info["name"]), ("description", info["description"]),
@@ -254,6 +263,7 @@ def _method_view(info: dict[str, Any]) -> list:
                      ("missing modalities", "runs" if info["missing_modalities"]
                       else f"refuses: {info['why_single_modality']}"),
                      ("refuses faults", "; ".join(f"{kind}: {why}" for kind, why in refused.items()) or "none"),
+                     ("presets", presets_text(info.get("presets") or {})),
                      ("origin", info["origin"])])]
     if info["notes"]:
         view.append(["heading", "notes (choices the suite made where the source leaves room):"])

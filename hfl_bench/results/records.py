@@ -43,8 +43,8 @@ if TYPE_CHECKING:  # annotation only: reading records needs no torch
 SCHEMA_VERSION = "1.6"  # what every new reproduced record (ok, diverged or failed) is written as
 # 1.6 holds every run's seen / unseen-class accuracy (``metrics.seen_unseen``, its per-round means
 # in ``history``, a client group's in its own block), the work the run did (``cost.budget``) and
-# the method's transfer data and single-architecture need in the ``method`` section (the
-# leaderboard's setting sections read them), so every new run record is 1.6, with or without
+# the method's transfer data, single-architecture need and preset in the ``method`` section
+# (the leaderboard's setting sections read them), so every new run record is 1.6, with or without
 # client groups. Published records carry one figure from a paper and none of that: they stay 1.2
 # (PUBLISHED_SCHEMA_VERSION), byte for byte what the generator wrote before.
 PUBLISHED_SCHEMA_VERSION = "1.2"
@@ -55,7 +55,7 @@ GROUPS_SCHEMA_VERSION = "1.5"  # the version that added client groups (read, no 
 # ``faults`` section and the ``honest`` / ``faulty`` figures of a run with --faults; 1.4 the
 # ``modalities`` section and the ``recipients`` / ``donors`` figures of a multimodal run; 1.5 the
 # per-round and final figures of those client groups; 1.6 the seen / unseen-class accuracy,
-# ``cost.budget`` and the method's ``transfer`` and ``single_architecture``). 1.3 to 1.5 (written
+# ``cost.budget`` and the method's ``transfer``, ``single_architecture`` and ``preset``). 1.3 to 1.5 (written
 # for runs with client groups only) are read, no longer written.
 SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6")
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
@@ -276,6 +276,9 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "plugin_dist": plugin_dist(type(method).__module__),
             "hparams": method.hparams(),
             **card_setting(method.card),
+            # Schema 1.6: the card's preset the hyperparameters hold (``--preset``), null for the
+            # protocol's budget (``engine.canonical_identity``).
+            "preset": cfg.preset,
         },
         "task": dict(fed.info.as_record(), n_train=int(len(labels)), n_test=int(len(fed.data.test_y)),
                      **_fingerprint_field(fed.data)),
@@ -375,7 +378,8 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
 
     cfg_dict = dataclasses.asdict(cfg)
     chash = config_hash(cfg_dict)
-    method: dict[str, Any] = {"name": cfg.method, "fidelity": None, "version": None, "hparams": dict(cfg.method_params)}
+    method: dict[str, Any] = {"name": cfg.method, "fidelity": None, "version": None, "hparams": dict(cfg.method_params),
+                              "preset": cfg.preset}
     task: dict[str, Any] = {"name": cfg.task, "version": None, "num_classes": None}
     try:
         cls = get_method_class(cfg.method)
