@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import torch
+
 from hfl_bench import testing
 from hfl_bench.config import RunConfig
 from hfl_bench.federation import Federation
@@ -70,3 +74,29 @@ def seen_unseen_problems(record: dict) -> list[str]:
     problems += [f"no metrics.{g}.seen_unseen" for g in ("honest", "faulty", "recipients", "donors")
                  if isinstance(m.get(g), dict) and not isinstance(m[g].get("seen_unseen"), dict)]
     return problems
+
+
+def in_float64(fed: Federation) -> Federation:
+    """``fed`` with its models and float data in double precision, for tests that compare two
+    execution paths over many training steps (loop and lockstep, reference and fast, ...).
+
+    The paths compute the same update with different reduction orders (per-model matmuls against
+    one batched matmul, per-batch teachers against one pass), so they may differ by rounding. In
+    float32 that rounding is ~6e-8 per reduction and a few hundred clipped, decayed SGD steps can
+    amplify it past any fixed tolerance on some CPUs (an AMD host with AVX-512 measured > 2e-5);
+    in float64 the same accumulation bound is ~1e-16 x (reduction length <= 1e3) x (steps <= 1e3)
+    x (lr x gradient <= 1) ~ 1e-10, while a missing or misplaced term moves parameters by > 1e-3.
+    Teachers' logits still come back as float32 (``training.predict_logits``): float64 values
+    ~1e-13 apart round to the same float32 but for a ~1e-13/6e-8 chance per element.
+    """
+    for c in fed.clients:
+        c.model.double()
+    floats = {f.name: getattr(fed.data, f.name) for f in dataclasses.fields(fed.data)}
+    fed.data = dataclasses.replace(fed.data, **{k: v.double() for k, v in floats.items()
+                                                 if isinstance(v, torch.Tensor) and v.is_floating_point()})
+    return fed
+
+
+# Two execution paths' float64 parameters agree within this (in_float64's bound, ~1e-10, with two
+# orders of margin).
+ATOL64 = 1e-8

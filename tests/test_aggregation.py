@@ -34,6 +34,8 @@ def test_entropy_weights_hand_computed():
     w0 = math.exp(-h[0]) / (math.exp(-h[0]) + math.exp(-h[1]))
     expected = torch.tensor([[w0 * 0.9 + (1 - w0) * 0.5, w0 * 0.1 + (1 - w0) * 0.5]])
     q = get_aggregator("entropy")(probs, None, None)
+    # float32 probabilities (<= 1) from a few elementwise ops and sums over <= 3 teachers, against a float64
+    # hand computation: rounding <= ~10 x 6e-8 < 1e-6 (the same atol below)
     assert torch.allclose(q, expected, atol=1e-6)
 
 
@@ -114,6 +116,8 @@ def test_every_rule_returns_a_distribution(rule):
     assert q.shape == (17, 5)
     assert torch.isfinite(q).all()
     assert (q >= 0).all()
+    # a float32 renormalized distribution over 5 classes sums to 1 within a few eps (6e-8 each); 1e-5 leaves
+    # margin for the rules' weights (up to ~1e8 before normalizing), which only scale, never reorder
     assert torch.allclose(q.sum(-1), torch.ones(17), atol=1e-5)
 
 
@@ -132,4 +136,5 @@ def test_table4_weightings_differ_from_precision():
     base = get_aggregator("crad")(probs, counts, accs)
     for rule in ["crad-accuracy", "crad-support", "crad-lcb", "crad-inv-sigma", "crad-ce"]:
         other = get_aggregator(rule)(probs, counts, accs)
+        # rounding is ~1e-7 here, so a rule that agrees within 1e-4 would be the same rule
         assert not torch.allclose(base, other, atol=1e-4), rule

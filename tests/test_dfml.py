@@ -68,12 +68,15 @@ def test_wsm_with_a_class_absent_at_the_aggregator():
     # By hand, row 0: p_c proportional to beta_c e^{z_c}: (0.75 e, 0.25 e^2, ~0), so
     # p_0 = 3 / (3 + e) = 0.524633, p_1 = e / (3 + e) = 0.475367, and the absent class gets
     # 1e-8 / (0.75 e + 0.25 e^2) = 2.5734e-9.
+    # The pinned literals are rounded to 6 decimals (<= 5e-7) and float32 softmax of 3 logits adds
+    # <= a few x 6e-8: abs=1e-6. The absent class's 5-digit literal: rel=1e-3 (float32 keeps ~1e-7 relative).
     assert p[0, 0].item() == pytest.approx(0.524633, abs=1e-6)
     assert p[0, 1].item() == pytest.approx(0.475367, abs=1e-6)
     assert p[0, 2].item() == pytest.approx(2.5734e-9, rel=1e-3)
     # Row 1: even a huge logit on the absent class stays finite and is scaled by the floor:
     # log p_2 = log 1e-8 + 60 - log(0.75 + 0.25 + 1e-8 e^60).
     expected = math.log(1e-8) + 60 - math.log(1.0 + 1e-8 * math.exp(60))
+    # log p_2 ~ -18.4 in float32 after a log-sum-exp with a 1e26 term: ulp(18.4) ~ 2e-6, a few ops -> 1e-4 holds
     assert log_p[1, 2].item() == pytest.approx(expected, abs=1e-4)
     # The present classes keep their 3:1 ratio in row 1 (equal logits), whatever the absent one does.
     assert (log_p[1, 0] - log_p[1, 1]).item() == pytest.approx(math.log(3), abs=1e-5)
@@ -95,6 +98,7 @@ def test_dfml_loss_mixes_wsm_and_peer_kl():
     p = torch.softmax(z, -1)[0]
     kl = lambda q: sum(qc * math.log(qc / pc) for qc, pc in zip(q[0].tolist(), p.tolist()))  # noqa: E731
     expected = 0.75 * wsm_nll.item() + 0.25 * (kl(q1) + kl(q2)) / 2
+    # float32 loss ~1 from ~20 ops (softmax, logs, a 3-term KL sum) against a float64 sum: ~20 x 6e-8 < 1e-5
     assert dfml_loss(z, y, log_beta, [q1, q2], 0.25).item() == pytest.approx(expected, abs=1e-5)
     # No peers: the WSM loss alone, whatever alpha says.
     assert dfml_loss(z, y, log_beta, [], 0.8).item() == pytest.approx(wsm_nll.item(), abs=1e-6)

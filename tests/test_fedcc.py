@@ -53,6 +53,7 @@ def test_pseudo_label_weights_one_majority_class_by_hand():
     ])
     w = pseudo_label_weights(probe, public, majority, delta=0.0)
     # w_l = -(.5 ln .5 + 2 * .25 ln .25) = 1.5 ln 2 = 1.03972; w_u = ln(3 - 1 + 1) = ln 3 = 1.09861
+    # The literals are rounded to 5 decimals (<= 5e-6); the float32 weights add <= a few x 6e-8: abs=1e-5.
     assert float(w.w_l) == pytest.approx(1.03972, abs=1e-5)
     assert w.w_u == pytest.approx(1.09861, abs=1e-5)
     # w_x = min(w_l, H(x)): (1.03972, 0.63903, 0.63903)
@@ -101,6 +102,7 @@ def test_server_aggregation_by_hand():
     ])
     out = aggregate_predictions(soft)
     # sample 0: mu = (.8, .5) / 1.3; known mean (.53, .36) / 1.3; unknown zeroed; / .89 -> (.59551, .40449)
+    # float32 sums of <= 3 probabilities, renormalized: <= ~5 x 6e-8 < 1e-6 from the float64 fractions
     assert out[0].tolist() == pytest.approx([0.53 / 0.89, 0.36 / 0.89, 0.0], abs=1e-6)
     # sample 1: client 0 is certain of "unknown" (weight 0): client 1's known part renormalized
     assert out[1].tolist() == pytest.approx([0.75, 0.25, 0.0], abs=1e-6)
@@ -212,6 +214,8 @@ def test_ensemble_is_the_confidence_weighted_aggregate_shared_by_every_client():
 
     test_x = fed.data.test_x
     got = predict_logits(ensemble, test_x, chunk=50)
+    # the same float32 softmax mixture computed through log-probabilities and back (exp(log p)):
+    # relative rounding of a few x 6e-8 on probabilities <= 1, within 1e-6
     assert got.shape == (len(test_x), 10) and torch.allclose(got.exp(), direct(test_x), atol=1e-6)
     for client in fed.clients:  # each client's held-out rows
         x = fed.data.train_x[torch.cat([client.val_idx, client.test_idx])]

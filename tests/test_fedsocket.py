@@ -34,6 +34,8 @@ def test_cli_run_writes_a_valid_record_with_three_endpoints(run_record):
     for scores in extra.values():
         assert 0 <= scores["global_acc"] <= 100 and 0 <= scores["local_acc"] <= 100
     # The headline is Private: the same figure as the "private" endpoint.
+    # Records round figures to 4 decimals (<= 5e-5 apart, one 1e-4 step where two roundings straddle);
+    # one flipped test prediction moves a client mean by 100 / (359 x 4) ~ 0.07: abs=1e-3 tells them apart.
     assert extra["private"]["global_acc"] == pytest.approx(acc, abs=1e-3)
     assert all(h["bytes"] > 0 for h in record["history"][1:])
 
@@ -75,6 +77,7 @@ def test_joint_predictor_mixes_private_and_q_by_class():
     omega = torch.tensor([1.0, 0.25, 0.5])
     joint = sp.JointPredictor(private, q, omega)
     expected = (1 - omega) * torch.softmax(private(x), -1) + omega * torch.softmax(q(x), -1)
+    # a float32 mixture of two softmaxes through log and back: a few x 6e-8 on probabilities <= 1
     assert torch.allclose(joint(x).exp(), expected, atol=1e-6)
 
 
@@ -83,6 +86,7 @@ def test_reliability_weight_hand_computed():
     y = torch.tensor([0, 2, 1, 0])
     # H = -(0.7 ln 0.7 + 3 * 0.1 ln 0.1) = 0.940446; 1 - H / ln 4 = 0.321611
     w = fs.reliability_weights(t, y)
+    # a 6-decimal literal (<= 5e-7) through float32 ops (<= ~1e-7): abs=1e-5 with margin
     assert w.tolist() == pytest.approx([0.321611, 0.25 * 0.321611, 0.0, 1.0], abs=1e-5)
 
 
@@ -109,6 +113,8 @@ def test_feature_bank_answers_slices_from_cache_and_computes_the_rest():
     base = torch.randn(50, 1, 8, 8)
     bank = sp.FeatureBank(extractor, [base])
     hit = bank._lookup(base[10:20])
+    # cached features against a recomputation on other rows: the same float32 extractor, one eval-mode
+    # pass each way, rows independent; only a kernel chosen by batch size could reorder a reduction
     assert hit is not None and torch.allclose(hit, extractor(base[10:20]), atol=1e-6)
     assert bank._lookup(base[[3, 1, 2]]) is None  # a gathered copy is computed, never guessed
     assert bank._lookup(base[::2]) is None  # other strides too
@@ -141,6 +147,7 @@ def test_only_q_and_counts_cross_the_channel_and_joint_headline(tiny_cfg):
     result = sim.result()
     record = build_record(cfg, result)
     assert record["metrics"]["extra_endpoints"]["joint"]["global_acc"] == pytest.approx(
+        # 4-decimal rounding against a 0.07-point flip, as in test_cli_run_writes_a_valid_record_with_three_endpoints
         record["metrics"]["global_acc"], abs=1e-3)
 
 

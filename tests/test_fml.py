@@ -63,6 +63,7 @@ def test_memes_are_the_sample_weighted_average_after_a_round(tiny_cfg, monkeypat
             continue
         expected = sum(w[k] * uploads[i][key].double() for k, i in enumerate(active)).float()
         for meme in m.memes:  # every client, the inactive ones included, holds the broadcast average
+            # a float32 weighted average of <= 4 states (|w| <= ~1): <= 4 x 6e-8 per entry < 1e-6
             assert torch.allclose(meme.state_dict()[key], expected, atol=1e-6), key
     assert all(_equal(m.memes[0].state_dict(), x.state_dict()) for x in m.memes)
 
@@ -92,6 +93,7 @@ def test_mutual_losses_by_hand():
     pp, pm = torch.softmax(zp, -1), torch.softmax(zm, -1)
     kl_m_p = (pm * (pm.log() - pp.log())).sum(-1).mean()  # KL(p_meme || p_private), batchmean
     kl_p_m = (pp * (pp.log() - pm.log())).sum(-1).mean()
+    # the same float32 terms (~1) combined in another order: a few x 6e-8 < 1e-6
     assert lp.item() == pytest.approx((0.3 * F.cross_entropy(zp, y) + 0.7 * kl_m_p).item(), abs=1e-6)
     assert lm.item() == pytest.approx((0.8 * F.cross_entropy(zm, y) + 0.2 * kl_p_m).item(), abs=1e-6)
     # the other model's prediction is a constant in each loss

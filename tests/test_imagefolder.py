@@ -121,6 +121,7 @@ def test_layout_labels_and_pixels(tmp_path):
     assert task.info.num_classes == 3 and task.info.input_shape == (3, 8, 8)  # set from the folder
     assert data.class_names == CLASSES and data.train_y.dtype == torch.int64
     assert data.train_x.shape == (13, 3, 8, 8)
+    # float32 per-channel means of normalized pixels: as tests/test_tasks.py's _check_normalized
     assert torch.allclose(data.train_x.mean(dim=(0, 2, 3)), torch.zeros(3), atol=1e-4)  # normalized like every task
     assert data.fingerprint == task.fingerprint(tmp_path)
     assert get_task("imagefolder").info.num_classes is None  # the registered info is left alone

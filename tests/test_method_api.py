@@ -165,6 +165,8 @@ def test_train_client_is_the_plain_sgd_loop(tiny_cfg):
         opt.step()
         by_hand.append(float(loss.detach()))
     mean = train_client(fed, client, plan)
+    # the same batch losses; train_client sums them in float32 on the device, by_hand in float64:
+    # <= n_batches (~3) x 6e-8 relative, within rel=1e-6
     assert mean == pytest.approx(sum(by_hand) / len(by_hand), rel=1e-6)
     for key, value in model.state_dict().items():
         assert torch.equal(value, client.model.state_dict()[key]), key
@@ -185,6 +187,7 @@ def test_fit_steps_each_trainee_on_its_own_loss(tiny_cfg):
     together = fit(fed, plan, [Trainee(a, opts[0], "a"), Trainee(b, opts[1], "b")], losses)
     alone = [fit(fed, plan, [Trainee(m, o, n)], lambda batch, m=m: [F.cross_entropy(m(batch.x), batch.y)])[0]
              for m, o, n in ((a_alone, opts[2], "a"), (b_alone, opts[3], "b"))]
+    # the same float32 losses accumulated alike (the states below are bitwise equal): rel=1e-6 is a few eps
     assert together == pytest.approx(alone, rel=1e-6)
     for trained, reference in ((a, a_alone), (b, b_alone)):
         for key, value in trained.state_dict().items():
