@@ -17,7 +17,6 @@ rewrites such links to the figure's place in the site.
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import inspect
 import json
@@ -98,24 +97,12 @@ def registered_methods() -> list[tuple[str, type]]:
     return list(METHODS.items())
 
 
-def _param_type(f: dataclasses.Field) -> str:
-    t = f.type
-    return t if isinstance(t, str) else (getattr(t, "__name__", None) or str(t).replace("typing.", ""))
-
-
-def _param_default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
-    return "(required)"
-
-
 def hyperparameter_rows(params_cls: Any) -> list[list[Any]]:
-    if not dataclasses.is_dataclass(params_cls):
-        return []
-    return [[f"`{f.name}`", _param_type(f), json.dumps(_param_default(f), default=str),
-             f.metadata.get("help", "")] for f in dataclasses.fields(params_cls)]
+    """The rows `hfl-bench describe` shows (``catalog.hyperparameters``), as a markdown table's."""
+    from hfl_bench.cli.catalog import hyperparameters
+
+    return [[f"`{h['name']}`", h["type"], json.dumps(h["default"], default=str), h["help"]]
+            for h in hyperparameters(params_cls)]
 
 
 def _card_value(value: Any) -> str:
