@@ -190,8 +190,9 @@ def test_records_selected_on_the_honest_clients_are_kept_apart(real, tmp_path):
     two protocols (never ranked together), the old one marked, with no drop against the baseline."""
     new = record_of(real, "crad", [1.0, 65.0, 80.0, 84.0], BYZ, faulty=(0,))
     old = record_of(real, "crad", [1.0, 75.0, 85.0, 86.0], BYZ, faulty=(0,), honest_rule=True)
-    others = [record_of(real, "fedmd", [1.0, 60.0, 60.0, 60.0], BYZ, faulty=(0,)),
-              record_of(real, "fedmd", [1.0, 62.0, 62.0, 62.0], BYZ, faulty=(0,), honest_rule=True)]
+    # another data-free method (a public-set one would be in another setting section: never ranked)
+    others = [record_of(real, "uniform-kd", [1.0, 60.0, 60.0, 60.0], BYZ, faulty=(0,)),
+              record_of(real, "uniform-kd", [1.0, 62.0, 62.0, 62.0], BYZ, faulty=(0,), honest_rule=True)]
     shown = board(tmp_path, record_of(real, "crad", BASELINE), new, old, *others)
     faulty = [g for g in shown["groups"] if g["faults"] == BYZ and g["method"] == "crad"]
     assert len(faulty) == 2 and {g["n_seeds"] for g in faulty} == {1}
@@ -205,6 +206,6 @@ def test_records_selected_on_the_honest_clients_are_kept_apart(real, tmp_path):
     ranks = {r["method"]: r["ranks"] for r in board(tmp_path, rank=True)["rank"]}
     crad = {("selection=honest-val" in x["protocol"]): x["global_acc"] for x in ranks["crad"]}
     assert crad == {False: round(229 / 3, 4), True: round(246 / 3, 4)}
-    assert len(ranks["fedmd"]) == 2
+    assert len(ranks["uniform-kd"]) == 2
     result, out, err = invoke_cli("leaderboard", "show", str(tmp_path))
     assert result.exit_code == 0 and "selection=honest-val" in out
