@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import torch
 
@@ -10,6 +11,10 @@ from hfl_bench import testing
 from hfl_bench.config import RunConfig
 from hfl_bench.federation import Federation
 from hfl_bench.method_api import Method
+
+# A real committed record (crad on digits, first wave) that the views' tests copy and vary.
+REPO = Path(__file__).resolve().parent.parent
+REAL_RECORD = REPO / "leaderboards" / "archive" / "first-wave" / "digits" / "digits__crad__da48ac8fb4f0dad1__seed0.json"
 
 
 def cpu_federation(cfg: RunConfig) -> Federation:

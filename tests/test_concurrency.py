@@ -21,10 +21,9 @@ from hfl_bench import claims, engine, paths
 from hfl_bench.config import RunConfig
 from hfl_bench.results import records
 
-from helpers import invoke_cli
+from helpers import REAL_RECORD, invoke_cli
 
-REPO = Path(__file__).resolve().parent.parent
-REAL = REPO / "leaderboards" / "archive" / "first-wave" / "digits" / "digits__crad__da48ac8fb4f0dad1__seed0.json"
+REAL = REAL_RECORD
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 RUN = ["run", "--method", "local", "--clients", "2", "--rounds", "1", "-q", "--json"]
 

@@ -22,10 +22,9 @@ from hfl_bench.results.records import final_figures
 from hfl_bench.results.validation import record_problems
 from hfl_bench.testing import QUICK
 
-from helpers import invoke_cli
+from helpers import REAL_RECORD, invoke_cli
 
-REPO = Path(__file__).resolve().parent.parent
-REAL = REPO / "leaderboards" / "archive" / "first-wave" / "digits" / "digits__crad__da48ac8fb4f0dad1__seed0.json"
+REAL = REAL_RECORD
 
 
 def oracle_round(val_by_round: list[np.ndarray], honest: list[int]) -> int | None:

@@ -20,8 +20,9 @@ from hfl_bench.config import config_hash
 from hfl_bench.results import records as record_writer
 from hfl_bench.results.validation import record_problems
 
-REPO = Path(__file__).resolve().parent.parent
-REAL = REPO / "leaderboards" / "archive" / "first-wave" / "digits" / "digits__crad__da48ac8fb4f0dad1__seed0.json"
+from helpers import REAL_RECORD
+
+REAL = REAL_RECORD
 
 
 @pytest.fixture(scope="module")

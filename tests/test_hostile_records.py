@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import invoke_cli
+from helpers import REAL_RECORD, invoke_cli
 
 REPO = Path(__file__).resolve().parent.parent
-REAL = REPO / "leaderboards" / "archive" / "first-wave" / "digits" / "digits__crad__da48ac8fb4f0dad1__seed0.json"
+REAL = REAL_RECORD
 FAULTY = REPO / "leaderboards" / "reproduced" / "robustness" / "digits__local__15cc72945c7fa83f__seed0.json"
 DEEP = "[" * 100_000 + "]" * 100_000  # past what Python's parser can nest
 DEEP_ENOUGH = '{"schema_version": "1.2", "x": ' + "[" * 500 + "]" * 500 + "}"  # parses, but no record nests so

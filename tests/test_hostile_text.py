@@ -22,10 +22,10 @@ from hfl_bench.results.loading import load_records
 from hfl_bench.results.render import COLUMNS, CSV_COLUMNS, UNMATCHED_COLUMNS, display_rows
 from hfl_bench.results.text import csv_cell, markdown_cell, mpl_text, terminal
 
-from helpers import invoke_cli
+from helpers import REAL_RECORD, invoke_cli
 
 REPO = Path(__file__).resolve().parent.parent
-REAL = REPO / "leaderboards" / "archive" / "first-wave" / "digits" / "digits__crad__da48ac8fb4f0dad1__seed0.json"
+REAL = REAL_RECORD
 PUBLISHED = next((REPO / "leaderboards" / "published").glob("fan2026crad__cifar10__crad__global_acc__*.json"))
 
 HOSTILE = {
