@@ -89,6 +89,7 @@ from torch import nn
 
 from hfl_bench.families.shared_predictor import (
     ENDPOINTS,
+    PAPER_BUDGET,
     PRIVATE,
     Q_STAGE,
     SharedPredictorClients,
@@ -260,7 +261,7 @@ class FedSocket(SharedPredictorClients, Method):
                  "Federated Learning, arXiv 2609.37582"),
         summary="Shared predictor Q on fixed features, Private <-> Q teaching, ownership-aware server averaging.",
         missing_modalities=True,
-        presets={"paper": {"local_epochs": 2, "warmup_epochs": 10, "private_lr": 5e-2}},
+        presets={"paper": PAPER_BUDGET},
         notes=(
             "[paper] only Q parameters plus sample and class counts are exchanged; frozen Q teaches Private "
             "(CE_ls + lambda_KD relKD + lambda_fus fusion CE), then Private teaches the local Q copy (CE_ls + "

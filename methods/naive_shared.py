@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from hfl_bench.families.shared_predictor import (
     ENDPOINTS,
+    PAPER_BUDGET,
     PRIVATE,
     Q_STAGE,
     SharedPredictorClients,
@@ -116,7 +117,7 @@ class NaiveShared(SharedPredictorClients, Method):
                  "Federated Learning, arXiv 2609.37582 (Naive Shared control, Sec. 5.3, 6.2, App. O)"),
         summary="FedSocket's Q, features and endpoints with plain CE training and plain FedAvg (the paper's control).",
         missing_modalities=True,
-        presets={"paper": {"local_epochs": 2, "warmup_epochs": 10, "private_lr": 5e-2}},
+        presets={"paper": PAPER_BUDGET},
         notes=(
             "[paper] FedSocket's shared-model control: matched parameter count, same partitions, private models, "
             "recipient interfaces, rounds and Joint selection rules; its training is not given in the summary",

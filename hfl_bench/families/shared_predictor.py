@@ -53,6 +53,9 @@ EPS = 1e-12
 # The seeded plan purposes of the three local stages: both methods of the family use them, so a
 # FedSocket run and its Naive Shared control see the same batch orders.
 WARMUP, PRIVATE, Q_STAGE = "fedsocket-warmup", "fedsocket-private", "fedsocket-q"
+# The FedSocket paper's own budget (version 1.0's defaults): the ``paper`` preset of fedsocket and
+# of its Naive Shared control, which trains as fedsocket does.
+PAPER_BUDGET = {"local_epochs": 2, "warmup_epochs": 10, "private_lr": 5e-2}
 EXTRACTOR_SEED, Q_SEED = "fedsocket-extractor", "fedsocket-q"
 CHUNK_ELEMENTS = 2**18  # input values per extractor call when a multimodal bank computes features
 
