@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from torch import nn
 
-from hfl_bench.pools import ArchPool, PoolMember, register_pool
+from hfl_bench.pools import ArchPool, PoolMember, TimmHead, register_pool
 
 MODEL = "htfl_fedavgcnn"
 POOL = "htfl-fedavgcnn"
 
 
-class FedAvgCNN(nn.Module):
+class FedAvgCNN(TimmHead, nn.Module):
+    """HtFLlib's base is everything up to the 512-wide ReLU; its head the last linear layer."""
+
     def __init__(self, num_classes: int = 10, in_chans: int = 1, img_size=(28, 28), **_):
         super().__init__()
         h, w = img_size
@@ -31,9 +33,10 @@ class FedAvgCNN(nn.Module):
         self.fc1 = nn.Sequential(nn.Linear(flat, 512), nn.ReLU(inplace=True))
         self.fc = nn.Linear(512, num_classes)
         self.num_classes = num_classes
+        self.num_features = 512
 
-    def forward(self, x):
-        return self.fc(self.fc1(self.features(x)))
+    def forward_features(self, x):
+        return self.fc1(self.features(x))
 
 
 def _register_timm() -> None:

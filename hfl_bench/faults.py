@@ -337,6 +337,7 @@ def corrupt(payload: Any, kind: Any, mode: str, seed_parts: tuple, method: str =
     COUNTS        multiplied by ``COUNT_FACTOR`` (10), both modes
     ACCURACIES    set to 1 (the maximum), both modes
     GENERATOR     random: N(mean, std) inputs of the same shape; sign-flip: negated
+    FEATURES      random: N(mean, std) vectors of the same shape; sign-flip: negated
     ============  ====================================================================
     """
     check_kind(payload, kind, method)
@@ -357,7 +358,7 @@ def corrupt(payload: Any, kind: Any, mode: str, seed_parts: tuple, method: str =
             return _accuracies(payload)
         if not isinstance(payload, torch.Tensor):
             raise TypeError(type(payload).__name__)
-        if kind in (Payload.LOGITS, Payload.GENERATOR):
+        if kind in (Payload.LOGITS, Payload.GENERATOR, Payload.FEATURES):
             return -payload if mode == "sign-flip" else random_like(payload, gen)
         if kind is Payload.PROBS:
             if mode == "sign-flip":

@@ -33,6 +33,7 @@ class Payload(str, Enum):
     COUNTS = "counts"  # statistics that count: per-class or sample counts
     ACCURACIES = "accuracies"  # statistics in [0, 1]: per-class accuracies
     GENERATOR = "generator"  # synthetic inputs made by a generator
+    FEATURES = "features"  # feature vectors in a model's feature space: class prototypes [..., d]
 
 
 Kind = Union[Payload, Mapping[str, "Kind"]]

@@ -46,7 +46,37 @@ def _conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:
     return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
 
 
-class PlainCNN(nn.Module):
+class TimmHead:
+    """timm's classifier interface for our own models (``forward_features``, ``forward_head(x,
+    pre_logits=True)``, ``num_features``, ``get_classifier``, ``reset_classifier``), so every pool
+    member splits into a feature extractor and a head the way timm's own models do (the methods
+    that exchange features, prototypes or heads build on it: ``hfl_bench.families.feature_head``).
+    ``forward`` is ``forward_head(forward_features(x))``: the same operations as before the split."""
+
+    num_features: int
+    classifier_attr = "fc"
+
+    def pool_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The features ``forward_features`` returns, pooled to ``[B, num_features]``."""
+        return x
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.pool_features(x)
+        return x if pre_logits else self.get_classifier()(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def get_classifier(self) -> nn.Module:
+        return getattr(self, self.classifier_attr)
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new linear classifier for ``num_classes`` (0: none, the model returns its pre-logit features)."""
+        head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        setattr(self, self.classifier_attr, head)
+
+
+class PlainCNN(TimmHead, nn.Module):
     """Conv-BN-ReLU stack without residuals, 2x2 max-pool after the listed layers, GAP, linear."""
 
     def __init__(self, channels, pool_after, num_classes, in_chans, img_size):
@@ -65,11 +95,14 @@ class PlainCNN(nn.Module):
         self.num_features = cin
         self.fc = nn.Linear(cin, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.features(x).mean(dim=(2, 3)))
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
+
+    def pool_features(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3))
 
 
-class MLP(nn.Module):
+class MLP(TimmHead, nn.Module):
     def __init__(self, hidden, num_classes, in_chans, img_size):
         super().__init__()
         dims = [in_chans * img_size[0] * img_size[1], *hidden]
@@ -78,9 +111,16 @@ class MLP(nn.Module):
             layers += [nn.Linear(a, b), nn.ReLU(inplace=True)]
         layers.append(nn.Linear(dims[-1], num_classes))
         self.net = nn.Sequential(*layers)
+        self.num_features = dims[-1]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net[:-1](x)
+
+    def get_classifier(self) -> nn.Module:
+        return self.net[-1]
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        self.net[-1] = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
 
 def _small_input_resnet(channels, layers, num_classes, in_chans, **kwargs) -> "ResNet":
@@ -127,7 +167,7 @@ def cnn_small(pretrained=False, num_classes=10, in_chans=1, img_size=(8, 8), **k
     return PlainCNN((16, 32, 64), {0, 1}, num_classes, in_chans, img_size)
 
 
-class TinyResNet(nn.Module):
+class TinyResNet(TimmHead, nn.Module):
     """A 16-channel 3x3 stem, then two stages of timm's ``BasicBlock`` (16 and 32 channels)."""
 
     def __init__(self, num_classes, in_chans, widths=(16, 32)):
@@ -147,8 +187,11 @@ class TinyResNet(nn.Module):
         self.num_features = cin
         self.fc = nn.Linear(cin, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.blocks(self.stem(x)).mean(dim=(2, 3)))
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.stem(x))
+
+    def pool_features(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3))
 
 
 def resnet_tiny(pretrained=False, num_classes=10, in_chans=1, img_size=None, **kwargs):
@@ -156,7 +199,7 @@ def resnet_tiny(pretrained=False, num_classes=10, in_chans=1, img_size=None, **k
     return TinyResNet(num_classes, in_chans)
 
 
-class LateFusionNet(nn.Module):
+class LateFusionNet(TimmHead, nn.Module):
     """Multimodal late fusion: one encoder per observed modality (any timm model, its classifier
     sized to ``dim``), the mean of the encodings of the modalities a sample has, ReLU, a linear head.
 
@@ -173,10 +216,13 @@ class LateFusionNet(nn.Module):
         self.encoders = nn.ModuleDict(encoders)
         self.layout = {name: layout[name] for name in encoders}
         self.modalities = tuple(encoders)
-        self.dim = dim
+        self.dim = self.num_features = dim
         self.head = nn.Linear(dim, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    classifier_attr = "head"
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The fused encoding (ReLU of the mean over the modalities a row has), ``[B, dim]``."""
         flat = x.reshape(len(x), -1)
         total = flat.new_zeros(len(x), self.dim)
         count = flat.new_zeros(len(x), 1)
@@ -191,7 +237,7 @@ class LateFusionNet(nn.Module):
                 rows = present.nonzero().squeeze(1)
                 total = total.index_add(0, rows, encoder(part[rows].reshape(-1, *shape)))
                 count = count + present.unsqueeze(1).to(count.dtype)
-        return self.head(torch.relu(total / count))  # 0/0 = NaN for a row with none of our modalities
+        return torch.relu(total / count)  # 0/0 = NaN for a row with none of our modalities
 
 
 def late_fusion(pretrained=False, num_classes=10, in_chans=1, img_size=None, encoders=(), dim=64,
