@@ -102,7 +102,8 @@ def _model() -> torch.nn.Module:
 def test_every_payload_kind_has_a_byzantine_corruption():
     samples = {Payload.MODEL: _model(), Payload.LOGITS: torch.randn(4, 5), Payload.PROBS: torch.rand(4, 5).softmax(-1),
                Payload.PARAMS: _model().state_dict(), Payload.COUNTS: torch.tensor([3.0, 0.0]),
-               Payload.ACCURACIES: torch.tensor([0.5, 0.2]), Payload.GENERATOR: torch.randn(2, 1, 8, 8)}
+               Payload.ACCURACIES: torch.tensor([0.5, 0.2]), Payload.GENERATOR: torch.randn(2, 1, 8, 8),
+               Payload.FEATURES: torch.rand(3, 16)}
     assert set(samples) == set(Payload)
     for mode in ("random", "sign-flip"):
         for kind, payload in samples.items():
