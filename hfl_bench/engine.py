@@ -18,7 +18,7 @@ import torch
 
 from hfl_bench import checkpoint as ckpt
 from hfl_bench import config as config_mod
-from hfl_bench.config import ConfigError, RunConfig
+from hfl_bench.config import FINAL_ROUNDS, ConfigError, RunConfig
 from hfl_bench.data import TaskData, TaskInfo, get_task
 from hfl_bench.evaluation import Evaluator, class_correct, evaluate_global, selection_score  # noqa: F401 (re-exported)
 from hfl_bench.faults import canonical_config, plan_for
@@ -326,6 +326,8 @@ class Simulation:
         self.sent.append(fed.channel.sent.copy())
         nbytes = int(fed.channel.sent.sum() + fed.channel.server_sent)
         entry = _history_entry(metrics, nbytes, seconds, scalars, fed.timer.pop(), self.groups)
+        if rnd > self.cfg.rounds - FINAL_ROUNDS:
+            entry.update(_client_entry(metrics))
         self.history.append(entry)
         # the selected round: ``evaluation.select_round`` round by round, on every client's validation
         score = selection_score(metrics.val_acc)
@@ -412,6 +414,17 @@ def _history_entry(m: RoundMetrics, nbytes: int, seconds: float, scalars: dict[s
     }
     entry.update({k: _round(float(v)) for k, v in scalars.items()})
     return entry
+
+
+def _client_entry(m: RoundMetrics) -> dict[str, Any]:
+    """Each client's global and local test accuracy in a round of the final window (None for a
+    client without the figure): the record's per-client final figures (``metrics.final.per_client``,
+    which a fault's drop pairs client by client) average them."""
+    if m.global_acc is None:
+        return {}
+    local = m.local_acc if m.local_acc is not None else np.full(len(m.global_acc), np.nan)
+    return {"client_global_acc": [_round(float(v)) for v in m.global_acc],
+            "client_local_acc": [_round(float(v)) for v in local]}
 
 
 def _test_entry(m: RoundMetrics, groups: dict[str, list[int]]) -> dict[str, Any]:

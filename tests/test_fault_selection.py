@@ -208,3 +208,23 @@ def test_records_selected_on_the_honest_clients_are_kept_apart(real, tmp_path):
     assert len(ranks["uniform-kd"]) == 2
     result, out, err = invoke_cli("leaderboard", "show", str(tmp_path))
     assert result.exit_code == 0 and "selection=honest-val" in out
+
+
+def test_the_final_window_drop_pairs_each_clients_final_figures(tmp_path):
+    """Real runs: each client's final-window mean (metrics.final.per_client, from the history's
+    per-client figures) averages to the final figure, and ``local`` (it sends nothing) under a
+    byzantine fault keeps the honest clients' final figures, so its final-window drop is exactly 0."""
+    records = []
+    for faults in ("", "byzantine:[0]"):
+        record, _ = _local_run(faults)
+        final = record["metrics"]["final"]
+        assert [c["cid"] for c in final["per_client"]] == [0, 1, 2, 3]
+        assert np.mean([c["global_acc"] for c in final["per_client"]]) == pytest.approx(final["global_acc"], abs=1e-3)
+        window = [h for h in record["history"] if h["round"] >= final["first_round"]]
+        assert final["per_client"][1]["global_acc"] == pytest.approx(
+            np.mean([h["client_global_acc"][1] for h in window]), abs=1e-3)
+        assert "client_global_acc" not in record["history"][0]  # round 0 is outside the window
+        assert record_problems(json.loads(json.dumps(record))) == []
+        records.append(record)
+    drop = next(g for g in board(tmp_path, *records)["groups"] if g["faults"] != "none")["drop"]
+    assert drop["n_final_paired"] == 1 and drop["final_mean"] == 0.0

@@ -65,8 +65,11 @@ def pinned_view(record: dict) -> dict:
     # pinned history: pinning them again would add nothing and would read as a numerics change.
     # The seen / unseen-class accuracy (schema 1.6) is the pinned per-class global figures of the same
     # models restricted to each client's classes: likewise left out, so adding it moved no pin.
+    # Each client's figures in the final window (schema 1.6) are the pinned selected-round kind of
+    # figure of the same models, per client: left out likewise.
     history = [{k: v for k, v in entry.items()
-                if k not in ("seconds", "phases", *GROUPS, *SEEN_UNSEEN_ROUND)}
+                if k not in ("seconds", "phases", "client_global_acc", "client_local_acc", *GROUPS,
+                             *SEEN_UNSEEN_ROUND)}
                for entry in record["history"]]
     metrics = None
     if record["metrics"]:

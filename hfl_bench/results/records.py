@@ -91,9 +91,26 @@ def final_figures(history: list[dict[str, Any]], group: str | None = None,
     if not last:
         return None
     local = [h["local_acc"] for h in last if h.get("local_acc") is not None]
-    return {"rounds": len(last), "first_round": last[0]["round"], "last_round": last[-1]["round"],
-            "global_acc": _pct(float(np.mean([h["global_acc"] for h in last]))),
-            "local_acc": _pct(float(np.mean(local))) if local else None}
+    out = {"rounds": len(last), "first_round": last[0]["round"], "last_round": last[-1]["round"],
+           "global_acc": _pct(float(np.mean([h["global_acc"] for h in last]))),
+           "local_acc": _pct(float(np.mean(local))) if local else None}
+    if group is None and all(isinstance(h.get("client_global_acc"), list) for h in last):
+        out["per_client"] = per_client_final(last)
+    return out
+
+
+def per_client_final(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each client's global and local accuracy averaged over the final window's rows (their
+    ``client_global_acc`` / ``client_local_acc``, schema 1.6); None where a client has no figure."""
+    def means(key: str) -> list[float | None]:
+        table = np.array([[np.nan if v is None else v for v in h.get(key) or []] for h in rows], dtype=float)
+        if table.ndim != 2 or not table.size:
+            return []
+        return [_pct(float(np.mean(col))) if np.isfinite(col).all() else None for col in table.T]
+
+    glob, local = means("client_global_acc"), means("client_local_acc")
+    return [{"cid": cid, "global_acc": g, "local_acc": local[cid] if cid < len(local) else None}
+            for cid, g in enumerate(glob)]
 
 
 def _final_rows(history: list[dict[str, Any]], group: str | None, n: int) -> list[dict[str, Any]]:

@@ -13,7 +13,9 @@ clients' mean global accuracy in the baseline, each run at its own selected roun
 under any message fault) drops exactly 0; a change of which clients are averaged is not a drop.
 A pair where either record lacks one of those clients' figures has no drop. The group's drop is
 the mean over the paired seeds (negative: accuracy lost), with how many seeds were paired. No
-pair: no drop (``-`` / null). Pairs are formed only between records of one selection rule
+pair: no drop (``-`` / null). The same drop is also taken on the final window's per-client
+figures (``metrics.final.per_client``, schema 1.6: ``final_mean``), where no round is selected.
+Pairs are formed only between records of one selection rule
 (``Loaded.selection_rule``: a record selected on the honest clients' validation, written before
 issue 30, has no drop against a baseline selected on every client's).
 
@@ -79,15 +81,23 @@ class Pair:
 
     @property
     def drop(self) -> Optional[float]:
-        with_faults, without = self.with_faults, self.without_faults
-        if with_faults is None or without is None:
-            return None
-        return round(with_faults - without, 4)
+        return _difference(self.with_faults, self.without_faults)
+
+    @property
+    def final_drop(self) -> Optional[float]:
+        """The same drop on the final window's figures (``metrics.final.per_client``, schema 1.6):
+        the end of the budget, where no selection is involved; None for older records."""
+        return _difference(same_clients_mean(self.faulty, self.clients, final=True),
+                           same_clients_mean(self.baseline, self.clients, final=True))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "drop": self.drop, "clients": self.clients,
+        return {"seed": self.seed, "drop": self.drop, "final_drop": self.final_drop, "clients": self.clients,
                 "honest_global_acc": self.with_faults, "baseline_global_acc": self.without_faults,
                 "record": str(self.faulty.path), "baseline_record": str(self.baseline.path)}
+
+
+def _difference(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if a is None or b is None else round(a - b, 4)
 
 
 def honest_clients(r: Loaded) -> list[int]:
@@ -96,10 +106,13 @@ def honest_clients(r: Loaded) -> list[int]:
     return [c for c in ids if isinstance(c, int) and not isinstance(c, bool)] if isinstance(ids, list) else []
 
 
-def per_client_figures(r: Loaded, metric: str = "global_acc") -> dict[int, float]:
-    """Each client's selected-round figure (``metrics.per_client``), by client id; a client
-    without a number is left out (types checked: text from a record is data)."""
+def per_client_figures(r: Loaded, metric: str = "global_acc", final: bool = False) -> dict[int, float]:
+    """Each client's selected-round figure (``metrics.per_client``; ``final``: its final-window
+    mean, ``metrics.final.per_client``), by client id; a client without a number is left out
+    (types checked: text from a record is data)."""
     metrics = r.record.get("metrics") if isinstance(r.record.get("metrics"), dict) else {}
+    if final:
+        metrics = metrics.get("final") if isinstance(metrics.get("final"), dict) else {}
     rows = metrics.get("per_client") if isinstance(metrics.get("per_client"), list) else []
     out: dict[int, float] = {}
     for row in rows:
@@ -112,9 +125,11 @@ def per_client_figures(r: Loaded, metric: str = "global_acc") -> dict[int, float
     return out
 
 
-def same_clients_mean(r: Loaded, clients: list[int], metric: str = "global_acc") -> Optional[float]:
-    """The mean of ``clients``' selected-round figures in ``r``; None when it lacks any of them."""
-    figures = per_client_figures(r, metric)
+def same_clients_mean(r: Loaded, clients: list[int], metric: str = "global_acc",
+                      final: bool = False) -> Optional[float]:
+    """The mean of ``clients``' selected-round (``final``: final-window) figures in ``r``; None
+    when it lacks any of them."""
+    figures = per_client_figures(r, metric, final)
     if not clients or any(c not in figures for c in clients):
         return None
     return statistics.fmean(figures[c] for c in clients)
@@ -141,15 +156,26 @@ class Drop:
         return round(statistics.fmean(self.values), 4) if self.values else None
 
     @property
+    def final_values(self) -> list[float]:
+        return [p.final_drop for p in self.pairs if p.final_drop is not None]
+
+    @property
+    def final_mean(self) -> Optional[float]:
+        """The mean final-window drop over the seeds that have one (None: records before schema 1.6)."""
+        return round(statistics.fmean(self.final_values), 4) if self.final_values else None
+
+    @property
     def seeds(self) -> list[Any]:
         return [p.seed for p in self.pairs if p.drop is not None]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"mean": self.mean, "n_paired": self.n_paired, "seeds": self.seeds,
+        return {"mean": self.mean, "final_mean": self.final_mean, "n_final_paired": len(self.final_values),
+                "n_paired": self.n_paired, "seeds": self.seeds,
                 "baseline_config_hash": self.baseline_config_hash, "baseline_group_ids": self.baseline_group_ids,
                 "pairs": [p.as_dict() for p in self.pairs if p.drop is not None],
                 "rule": "the honest clients' mean global accuracy with faults minus the same clients' in the "
-                        "fault-free run, each at its own selected round, paired by seed, mean over the paired seeds"}
+                        "fault-free run, each at its own selected round, paired by seed, mean over the paired seeds; "
+                        "final_mean: the same over the final window's per-client figures"}
 
 
 def _same_partition(a: Loaded, b: Loaded) -> bool:
