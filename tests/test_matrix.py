@@ -160,6 +160,20 @@ def test_matrix_dry_run_lists_the_fault_settings(tmp_path):
     assert rows[0]["record"] != rows[1]["record"]
 
 
+def test_seed_ranges_in_a_suite_and_on_the_command_line(tmp_path):
+    assert parse_suite({"methods": ["local"], "tasks": ["digits"], "seeds": "0-3"}).seeds == [0, 1, 2, 3]
+    for bad in ("3-1", "0-2,2", "x", "1-"):
+        with pytest.raises(ConfigError, match="seeds"):
+            parse_suite({"methods": ["local"], "tasks": ["digits"], "seeds": bad})
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({"methods": ["local"], "tasks": ["digits"], "seeds": [0], "out": str(tmp_path / "r")}))
+    result = CliRunner().invoke(app, ["matrix", str(path), "--seeds", "0-2,5", "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [r["seed"] for r in json.loads(result.stdout)["cells"]] == [0, 1, 2, 5]
+    result = CliRunner().invoke(app, ["matrix", str(path), "--seeds", "2-0", "--dry-run"])
+    assert result.exit_code == 2 and "seeds" in result.output and len(result.output.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("name", ["mini", "crad-table1", "digits", "cifar10-jpg", "robustness", "multimodal"])
 def test_shipped_suites_parse(name):
     suite = load_suite(REPO / "suites" / f"{name}.yaml")

@@ -3,6 +3,7 @@ print its summary, with a progress bar over cells (and over rounds for in-proces
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -33,6 +34,8 @@ def matrix(
     gpus_per_cell: Optional[float] = typer.Option(None, help="Ray: GPUs each cell asks for; default: 1 if the cell's "
                                                   "device is cuda, or auto on a cluster with GPUs, else 0."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Record folder; default: the suite's out."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Seeds instead of the suite's: a range 0-9 "
+                                        "(inclusive), a list 0,1,2, or both (0-4,7)."),
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="List the cells and what would happen (run, skip, fail); run nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
@@ -52,7 +55,7 @@ def matrix(
     # Imported here so that `hfl-bench --help` does not pay for the matrix runner.
     from hfl_bench.matrix.executors import EXECUTORS
     from hfl_bench.matrix.runner import count_statuses, dry_run_row, exit_code, run_matrix
-    from hfl_bench.matrix.suite import load_suite, suite_cells
+    from hfl_bench.matrix.suite import load_suite, parse_seeds, suite_cells
     from hfl_bench.paths import check_out_dir
 
     if executor not in EXECUTORS:
@@ -69,6 +72,8 @@ def matrix(
     cells: list[Cell] = []
     try:
         suite = load_suite(suite_file)
+        if seeds is not None:
+            suite = dataclasses.replace(suite, seeds=list(parse_seeds(seeds)))
         folder = out_dir if out_dir is not None else Path(suite.out)
         check_out_dir(folder, create=not dry_run)  # a file or an unwritable folder: refused before any cell
         cells = suite_cells(suite, out_dir)

@@ -4,6 +4,7 @@ each, so a cell's record path is known before it runs). The format is in the pac
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,9 +104,29 @@ def _names(data: dict[str, Any], key: str, where: str) -> list[str]:
     return names
 
 
+SEED_RANGE = re.compile(r"\s*(\d+)\s*-\s*(\d+)\s*")
+
+
+def parse_seeds(text: str, where: str = "--seeds") -> list[int]:
+    """Seeds written as a range ``0-9`` (inclusive), a comma list ``0,1,2``, or a mix ``0-4,7``."""
+    seeds: list[int] = []
+    for part in str(text).split(","):
+        if (m := SEED_RANGE.fullmatch(part)) and int(m.group(1)) <= int(m.group(2)):
+            seeds += range(int(m.group(1)), int(m.group(2)) + 1)
+        elif part.strip().isdigit():
+            seeds.append(int(part))
+        else:
+            raise ConfigError(f"{where}: seeds must be a range such as 0-9, a list such as 0,1,2 or both "
+                              f"(0-4,7), got {text!r}")
+    _no_duplicates(seeds, "seeds", where)
+    return seeds
+
+
 def _seeds(seeds: Any, where: str) -> list[Optional[int]]:
     if seeds is None:
         return [None]  # each task's default seed
+    if isinstance(seeds, str):  # a range: 0-9
+        return list(parse_seeds(seeds, f"{where}: seeds"))
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         seeds = [seeds]
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
