@@ -166,7 +166,8 @@ def test_seed_ranges_in_a_suite_and_on_the_command_line(tmp_path):
         with pytest.raises(ConfigError, match="seeds"):
             parse_suite({"methods": ["local"], "tasks": ["digits"], "seeds": bad})
     path = tmp_path / "suite.yaml"
-    path.write_text(yaml.safe_dump({"methods": ["local"], "tasks": ["digits"], "seeds": [0], "out": str(tmp_path / "r")}))
+    path.write_text(yaml.safe_dump({"methods": ["local"], "tasks": ["digits"], "seeds": [0],
+                                    "out": str(tmp_path / "r")}))
     result = CliRunner().invoke(app, ["matrix", str(path), "--seeds", "0-2,5", "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
     assert [r["seed"] for r in json.loads(result.stdout)["cells"]] == [0, 1, 2, 5]
