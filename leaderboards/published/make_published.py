@@ -9,8 +9,8 @@ in published_name), states the setting it was measured in (`setting`, null where
 say) and whether that setting is the one the suite reproduces (citation.setting_match, with the
 differences in citation.deviations). FedTGP's Table 1 (Zhang et al., AAAI 2024) is read from the
 table image in the authors' slides shipped in their repository (github.com/TsingZ0/FedTGP, file
-"[AAAI] FedTGP.pdf", slide 33): the paper's text could not be reached offline. The leaderboard puts them beside matching reproduced groups; it
-never averages them in.
+"[AAAI] FedTGP.pdf", slide 33): the paper's text could not be reached offline. The leaderboard puts
+them beside matching reproduced groups; it never averages them in.
 
 Left out on purpose (the schema cannot hold them honestly):
 - FedSocket's multimodal figures (MELD 68.24, UCF-51 86.83, CREMA-D 75.24 Joint accuracy of
