@@ -193,6 +193,8 @@ def sign_flip_p(d: list[float]) -> tuple[Optional[float], bool]:
     (None, True) for no differences."""
     if not d:
         return None, True
+    if len(d) == 1:  # both sign patterns are as far from zero as the observed one (scipy needs two)
+        return 1.0, True
     import numpy as np
     from scipy.stats import permutation_test
 
