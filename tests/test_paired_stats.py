@@ -248,6 +248,8 @@ def test_show_against_adds_a_column_and_json(real, tmp_path):
     assert g["vs"]["p_holm"] == pytest.approx(0.5)  # crad and fml against local: one family of two
     result, _, err = invoke_cli("leaderboard", "show", str(folder), "--against", "lokal")
     assert result.exit_code == 2 and "Did you mean 'local'?" in err
+    result, _, err = invoke_cli("leaderboard", "show", str(folder), "--against", "local", "--rank")
+    assert result.exit_code == 2 and "not to --rank" in err
 
 
 # ----------------------------------------------------------------------------- rank intervals

@@ -67,6 +67,9 @@ def show(
     fmt = "json" if as_json else fmt
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    if rank and against:
+        fail("--against adds a column to the groups, not to --rank (whose rank intervals come from the same "
+             "paired comparisons); use one or the other")
     try:
         loaded, not_records = load_records(_paths(paths))
     except ResultsError as e:
