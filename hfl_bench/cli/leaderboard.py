@@ -44,7 +44,10 @@ def show(
     fmt: str = typer.Option("table", "--format", "-f", help="table, csv, markdown or json."),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
     rank: bool = typer.Option(False, "--rank", help="Print the mean rank of each method across tasks instead "
-                              "(within each setting section)."),
+                              "(within each setting section), with its rank interval."),
+    against: Optional[str] = typer.Option(None, "--against", help="Add a column 'vs METHOD': each group's paired "
+                                          "difference to METHOD in its protocol [95% interval], * when resolved "
+                                          "(`leaderboard compare`)."),
 ):
     """Group reproduced records by setting (mean, sample sd, seeds; failed runs counted apart) and
     put the matching published figures beside each group with the delta reproduced - published.
@@ -55,7 +58,8 @@ def show(
     without faults (records selected on the honest clients' validation, written before issue 30,
     are kept apart: `selection=honest-val`).
     Only records that `leaderboard validate` accepts are read; each other file is listed on stderr
-    (skipped, with the reason) and never averaged in."""
+    (skipped, with the reason) and never averaged in. The rank interval of a method is the range of
+    ranks consistent with its resolved paired comparisons (docs: Paired comparisons)."""
     from hfl_bench.results.board import board_records, build_board
     from hfl_bench.results.loading import ResultsError, load_records
     from hfl_bench.results.ranking import rank_methods
@@ -63,6 +67,9 @@ def show(
     fmt = "json" if as_json else fmt
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    if rank and against:
+        fail("--against adds a column to the groups, not to --rank (whose rank intervals come from the same "
+             "paired comparisons); use one or the other")
     try:
         loaded, not_records = load_records(_paths(paths))
     except ResultsError as e:
@@ -73,15 +80,35 @@ def show(
         note("skipped:", line)
     board = build_board(records, task, method, pool, skipped)
     if rank:
-        _print_rank(rank_methods(board.groups), fmt)
+        from hfl_bench.results.rank_intervals import with_rank_intervals
+
+        _print_rank(with_rank_intervals(rank_methods(board.groups), board.groups), fmt)
     else:
-        _print_board(board, fmt)
+        _print_board(board, fmt, _vs(records, against))
 
 
-def _print_board(board: Board, fmt: str) -> None:
+def _vs(records: list, reference: Optional[str]) -> Optional[tuple[str, dict]]:
+    """``show --against``: every group's comparison with ``reference`` (from all groups, filters
+    aside, so a filter never changes a comparison's Holm family); None without --against."""
+    if reference is None:
+        return None
+    from hfl_bench.registry import unknown_message
+    from hfl_bench.results.board import build_groups
+    from hfl_bench.results.paired_view import vs_comparisons
+
+    groups = build_groups(records)
+    names = sorted({g.method for g in groups})
+    if reference not in names:
+        fail(f"--against: {unknown_message('method', reference, names)}")
+    return reference, vs_comparisons(groups, reference)
+
+
+def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None) -> None:
+    from hfl_bench.results import paired_view
     from hfl_bench.results.render import (
         COLUMNS,
         CSV_COLUMNS,
+        KIND,
         TABLE_COLUMNS,
         UNMATCHED_COLUMNS,
         board_json,
@@ -95,15 +122,28 @@ def _print_board(board: Board, fmt: str) -> None:
     )
 
     if fmt == "json":
-        sys.stdout.write(json.dumps(board_json(board), indent=1) + "\n")
+        data = board_json(board)
+        if vs:
+            data["vs"] = {"against": vs[0], "definitions": paired_view.DEFINITIONS}
+            for g in data["groups"]:
+                g["vs"] = paired_view.vs_json(g["group_id"], *vs)
+        sys.stdout.write(json.dumps(data, indent=1) + "\n")
         return
     if fmt == "csv":
-        sys.stdout.write(to_csv(csv_rows(board), CSV_COLUMNS))
+        rows = csv_rows(board)
+        columns = CSV_COLUMNS + (paired_view.VS_CSV if vs else ())
+        for r in rows if vs else ():
+            r.update(paired_view.vs_csv(r["group_id"], *vs) if r["row_type"] == "reproduced" else {})
+        sys.stdout.write(to_csv(rows, columns))
         return
     rows, unmatched = display_rows(board)
+    vs_columns: tuple[str, ...] = ()
+    if vs:
+        paired_view.add_vs_cells(rows, board, vs[0], vs[1], KIND)
+        vs_columns = (paired_view.vs_column(vs[0]),)
     title = "published figures with no reproduced group"
     if fmt == "markdown":
-        sys.stdout.write(sections_markdown(rows, COLUMNS))
+        sys.stdout.write(sections_markdown(rows, COLUMNS + vs_columns))
         if unmatched:
             sys.stdout.write(f"\n{title}:\n\n" + to_markdown(unmatched, UNMATCHED_COLUMNS))
         return
@@ -111,9 +151,10 @@ def _print_board(board: Board, fmt: str) -> None:
         title_groups = ("reproduced groups: mean ± sample sd over seeds ('-': one seed); delta = reproduced - published"
                         + ("; faults: accuracy (and final figures) over the honest clients, "
                            "drop = with faults - the same seeds and clients without"
-                           if any(g.has_faults for g in board.groups) else ""))
+                           if any(g.has_faults for g in board.groups) else "")
+                        + (f"; {paired_view.vs_title(vs[0])}" if vs else ""))
         for label, part in by_section(rows):  # one table per setting section: the rows that compete
-            wide_out().print(to_rich(part, TABLE_COLUMNS, f"setting: {label}; {title_groups}"))
+            wide_out().print(to_rich(part, TABLE_COLUMNS + vs_columns, f"setting: {label}; {title_groups}"))
     else:
         wide_out().print("no reproduced records match", highlight=False)
     if unmatched:
@@ -121,25 +162,101 @@ def _print_board(board: Board, fmt: str) -> None:
 
 
 def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
+    from hfl_bench.results.rank_intervals import DEFINITION
     from hfl_bench.results.render import by_section, rank_rows, sections_markdown, to_csv, to_rich
 
-    columns = ("#", "method", "mean rank", "protocols", "ranks")
+    columns = ("#", "method", "mean rank", "rank interval", "protocols", "ranks")
     if fmt == "json":
         sys.stdout.write(json.dumps({"ties": "average rank", "within": "one ranking per setting section",
-                                     "rank": ranked}, indent=1) + "\n")
+                                     "rank_interval": DEFINITION, "rank": ranked}, indent=1) + "\n")
     elif fmt == "csv":
         rows = [{"section": r["section"], "method": r["method"], "mean_rank": r["mean_rank"],
+                 "rank_best": r["rank_interval"][0], "rank_worst": r["rank_interval"][1],
                  "n_protocols": r["n_protocols"],
                  "ranks": "; ".join(f"{x['protocol']}: {x['rank']:g}" for x in r["ranks"])} for r in ranked]
-        sys.stdout.write(to_csv(rows, ("section", "method", "mean_rank", "n_protocols", "ranks")))
+        sys.stdout.write(to_csv(rows, ("section", "method", "mean_rank", "rank_best", "rank_worst", "n_protocols",
+                                       "ranks")))
     elif fmt == "markdown":
         sys.stdout.write(sections_markdown(rank_rows(ranked), columns))
     else:
-        title = "mean rank by global accuracy over protocols run by 2+ methods (ties: average rank)"
+        title = ("mean rank by global accuracy over protocols run by 2+ methods (ties: average rank); "
+                 f"rank interval: {DEFINITION}")
         if not ranked:
             wide_out().print("no protocol was run by two or more methods of one setting", highlight=False)
         for label, part in by_section(rank_rows(ranked)):  # ranked within each setting section only
             wide_out().print(to_rich(part, columns, f"setting: {label}; {title}"))
+
+
+@app.command(cls=BenchCommand)
+def compare(
+    paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
+    against: str = typer.Option(..., "--against", "-b", help="The reference method B: each comparison is A - B."),
+    method: list[str] = typer.Option([], "--method", "-m", help="The method A (repeatable); default: every other "
+                                     "method in a protocol the reference ran."),
+    task: list[str] = typer.Option([], "--task", "-t", help="Only this task (repeatable)."),
+    figure: Optional[str] = typer.Option(None, "--figure", help="selected (the selected round's global accuracy) "
+                                         "or final (the mean over the last rounds); default: the headline's."),
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Compare this extra endpoint of A (e.g. joint) "
+                                           "instead of its model."),
+    against_endpoint: Optional[str] = typer.Option(None, "--against-endpoint",
+                                                   help="Compare this extra endpoint of B instead of its model."),
+    digits: int = typer.Option(2, "--digits", min=0, max=4, help="Decimals of the differences and intervals "
+                               "printed (JSON: 4)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Paired comparisons A - B within each protocol both ran: records paired by seed (a pair must
+    share its partition hash; other seeds are dropped and counted, mixed hosts marked), the mean
+    difference with its 95% t-interval, the exact sign-flip p-value and its Holm adjustment over the
+    comparisons of one table; "resolved" when the interval excludes zero. Groups of two setting
+    sections are never compared."""
+    from hfl_bench.registry import unknown_message
+    from hfl_bench.results.board import board_records, build_groups
+    from hfl_bench.results.figures import FigureError, check_figure
+    from hfl_bench.results.loading import ResultsError, load_records
+    from hfl_bench.results.paired import against as compare_against
+    from hfl_bench.results.paired import why_not_comparable
+    from hfl_bench.results.paired_view import plain_lines, rich_tables, tables_json
+
+    try:
+        figure = check_figure(figure, endpoint or against_endpoint)
+        loaded, not_records = load_records(_paths(paths))
+    except (FigureError, ResultsError) as e:
+        fail(str(e))
+    records, excluded = board_records(loaded)
+    for s in not_records + excluded:
+        note("skipped:", s.line())
+    groups = [g for g in build_groups(records) if not task or g.task in task]
+    names = sorted({g.method for g in groups})
+    for name, flag in [(against, "--against"), *((m, "--method") for m in method)]:
+        if name not in names:
+            fail(f"{flag}: {unknown_message('method', name, names)}")
+    _check_endpoint(groups, set(method) or set(names) - {against}, endpoint, "--endpoint")
+    _check_endpoint(groups, {against}, against_endpoint, "--against-endpoint")
+    tables = compare_against(groups, against, method, figure, endpoint, against_endpoint)
+    compared = {c.a.group.method for t in tables for c in t.comparisons}
+    for m in method:
+        if m not in compared:
+            fail(why_not_comparable(groups, m, against))
+    if not tables:
+        fail(f"no other method ran a protocol {against} ran, so nothing can be paired")
+    if as_json:
+        sys.stdout.write(json.dumps(tables_json(tables, figure), indent=1) + "\n")
+    elif wide_out().is_terminal:
+        for table in rich_tables(tables, figure, digits):
+            wide_out().print(table)
+    else:
+        sys.stdout.write(plain_lines(tables, digits))
+
+
+def _check_endpoint(groups: list, methods: set, endpoint: Optional[str], flag: str) -> None:
+    """One line, exit 2, when no group of ``methods`` reports ``endpoint`` (with the closest name)."""
+    if endpoint is None:
+        return
+    from hfl_bench.registry import unknown_message
+
+    names = sorted({e for g in groups if g.method in methods for e in g.endpoints()})
+    if endpoint not in names:
+        fail(f"{flag}: {unknown_message('endpoint', endpoint, names)}")
 
 
 @app.command(cls=BenchCommand)

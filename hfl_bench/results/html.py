@@ -42,6 +42,8 @@ from hfl_bench.results.board import Board, board_records, build_board
 from hfl_bench.results.budget import mean_steps
 from hfl_bench.results.grouping import SeedGroup, group_seeds
 from hfl_bench.results.loading import HONEST_SELECTION, Loaded, ResultsError, Skipped, load_records
+from hfl_bench.results.paired_view import page_tables
+from hfl_bench.results.rank_intervals import with_rank_intervals
 from hfl_bench.results.ranking import protocol_label, protocol_labels, rank_methods
 from hfl_bench.results.render import (
     KIND,
@@ -361,7 +363,23 @@ def _modality_rows(g: SettingGroup) -> list[tuple[str, str]]:
     return rows
 
 
-def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], hrefs: dict[int, str]) -> dict[str, Any]:
+def _paired(g: SettingGroup, table: Optional[Any]) -> Optional[dict[str, Any]]:
+    """The group page's paired comparisons: every method of its protocol against the protocol's
+    reference (``paired_view.default_reference``), this group's row marked; None where there is no
+    other method to compare."""
+    from hfl_bench.results.paired_view import comparison_row
+
+    if table is None:
+        return None
+    why = ("no collaboration: the baseline every method must beat" if table.reference.group.method == "local"
+           else "the protocol's best group: local did not run here")
+    return {"reference": table.reference.label, "why": why, "notes": table.notes,
+            "rows": [comparison_row(c) | {"this": c.a.group is g, "resolved": c.resolved} for c in table.comparisons],
+            "this_is_reference": table.reference.group is g}
+
+
+def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], hrefs: dict[int, str],
+                table: Optional[Any] = None) -> dict[str, Any]:
     first = (sg.describing() if sg else g.ok[0]).record
     task = first.get("task") if isinstance(first.get("task"), dict) else {}
     cfg = first.get("config") if isinstance(first.get("config"), dict) else {}
@@ -386,6 +404,7 @@ def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], h
         "matches": [{"cells": p, "differences": m.differences} for p, m in zip(row["published"], g.published)],
         "per_class": _per_class(g), "per_arch": _per_arch(g), "seen_unseen": _seen_unseen(g),
         "endpoints": _endpoints(g),
+        "paired": _paired(g, table),
         "multimodal": g.is_multimodal,
         "members": _members(sg, g, hrefs),
         "citation": _values(g.ok, "method", "citation"),
@@ -511,7 +530,8 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
     rows = [row for s in ordered for row in s["rows"]]
     has_faults = any(row["faults"] != "none" for row in rows)
     has_modalities = any(row["group"].is_multimodal for row in rows)
-    ranked = rank_methods(board.groups)
+    ranked = with_rank_intervals(rank_methods(board.groups), board.groups)
+    paired_tables = page_tables(board.groups)
     _, unmatched = display_rows(board)
     reproduced = [r for r in records if r.kind == "reproduced"]
     published = [r for r in records if r.kind != "reproduced"]
@@ -538,7 +558,8 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
         page = out_dir / "groups" / row["page"]
         page.write_text(group_template.render(csp=csp(None), root="../", has_faults=has_faults,
                                               has_modalities=has_modalities,
-                                              **_group_page(g, sg, row, hrefs)), encoding="utf-8")
+                                              **_group_page(g, sg, row, hrefs, paired_tables.get(g.group_id))),
+                        encoding="utf-8")
         written.append(page)
     return Site(out_dir / "index.html", len(records), len(board.groups), written, skipped,
                 [out_dir / f["src"] for f in figures], plot_note)

@@ -37,7 +37,7 @@ def rank_methods(groups: list[SettingGroup]) -> list[dict[str, Any]]:
         key = g.protocol()
         labels[key] = distinct[key]
         sections[key] = (g.section_key(), g.section)
-        name = g.method if len(versions[g.method]) == 1 else f"{g.method}@{g.method_version or 'unversioned'}"
+        name = rank_name(g, versions)
         best[key][name] = max(mean, best[key].get(name, float("-inf")))
     ranks: dict[tuple, list[dict[str, Any]]] = defaultdict(list)  # (section, method) -> its protocols' ranks
     for key, scores in sorted(best.items(), key=lambda kv: labels[kv[0]]):
@@ -50,6 +50,12 @@ def rank_methods(groups: list[SettingGroup]) -> list[dict[str, Any]]:
              "n_protocols": len(rs), "ranks": rs, "_order": section[0]} for (section, m), rs in ranks.items()]
     rows.sort(key=lambda r: (r["_order"], r["mean_rank"], -r["n_protocols"], r["method"]))
     return [{k: v for k, v in r.items() if k != "_order"} for r in rows]
+
+
+def rank_name(g: SettingGroup, versions: dict[str, set]) -> str:
+    """The name ``g`` is ranked under: its method, with its version where ``versions`` (each
+    method's versions among the ranked groups) holds more than one."""
+    return g.method if len(versions[g.method]) == 1 else f"{g.method}@{g.method_version or 'unversioned'}"
 
 
 def average_ranks(scores: dict[str, float]) -> dict[str, float]:

@@ -378,10 +378,18 @@ def rank_rows(ranked: list[dict[str, Any]]) -> list[dict[str, str]]:
         place = 1 if r["section"] != section else place + 1
         section = r["section"]
         rows.append({"#": str(place), "method": r["method"], "mean rank": f"{r['mean_rank']:.2f}",
+                     "rank interval": rank_interval_label(r.get("rank_interval"), ".2f"),
                      "protocols": str(r["n_protocols"]),
-                     "ranks": "; ".join(f"{x['protocol']}: {x['rank']:g}/{x['n_methods']}" for x in r["ranks"]),
+                     "ranks": "; ".join(f"{x['protocol']}: {x['rank']:g}/{x['n_methods']}"
+                                        + (f" {rank_interval_label(x['rank_interval'], 'g')}" if "rank_interval" in x
+                                           else "") for x in r["ranks"]),
                      SECTION: r["section"]})
     return rows
+
+
+def rank_interval_label(interval: Optional[list[float]], spec: str) -> str:
+    """``[1, 3]``: the ranks consistent with the resolved paired comparisons (``rank_intervals``)."""
+    return "-" if not interval else f"[{interval[0]:{spec}}, {interval[1]:{spec}}]"
 
 
 def row_notes(rows: Iterable[dict[str, Any]]) -> list[str]:
@@ -429,7 +437,7 @@ def to_rich(rows: list[dict[str, str]], columns: Iterable[str], title: str) -> T
     columns = [c for c in columns if c not in WHEN_ANY or any(r.get(c) not in (None, "", "-") for r in rows)]
     for c in columns:
         right = c in ("seeds", "global acc", "drop", "local acc", "final global", "final local", STEPS, "delta",
-                      "mean rank", "protocols", "#")
+                      "mean rank", "rank interval", "protocols", "#")
         # fold, not ellipsis: a narrow terminal still shows every character
         t.add_column(NARROW_HEADERS.get(c, c), justify="right" if right else "left", overflow="fold")
     for r in rows:

@@ -1,0 +1,45 @@
+"""The one figure of a record that paired comparisons and rank intervals compare: the headline's
+global accuracy, at the selected round (``selected``, the papers' rule: ``metrics.global_acc``)
+or the mean over the last evaluated rounds (``final``: ``metrics.final.global_acc``), over the
+headline's clients (``setting.headline_of``: the honest clients under faults, the recipients of a
+multimodal run, all clients otherwise), of the model or of a named extra endpoint.
+
+``HEADLINE`` says which of the two is the headline; every comparison that is not given a figure
+reads it, so switching the headline is this one line.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from hfl_bench.results.setting import endpoint_figure, figure, final_figure
+
+FIGURES = ("selected", "final")
+HEADLINE = "selected"  # which of FIGURES the headline is
+
+
+class FigureError(ValueError):
+    """A figure that cannot be read as asked (an unknown name, an endpoint's final figure)."""
+
+
+def check_figure(name: Optional[str], endpoint: Optional[str] = None) -> str:
+    """``name`` (the headline's when None), checked: one of ``FIGURES``, and ``selected`` for an
+    extra endpoint (the records carry no final figures for endpoints)."""
+    name = HEADLINE if name is None else name
+    if name not in FIGURES:
+        raise FigureError(f"unknown figure {name!r}; choose one of: {', '.join(FIGURES)}")
+    if endpoint and name == "final":
+        raise FigureError(f"the records carry no final figure for the endpoint {endpoint!r}; use --figure selected")
+    return name
+
+
+def headline_value(record: dict[str, Any], which: Optional[str] = None,
+                   endpoint: Optional[str] = None) -> Optional[float]:
+    """The record's headline global accuracy (``which``: ``selected`` or ``final``, the headline's
+    by default), of the model or of ``endpoint``; None where the record has no such figure."""
+    which = check_figure(which, endpoint)
+    if endpoint:
+        return endpoint_figure(record, endpoint, "global_acc")
+    if which == "final":
+        return final_figure(record, "global_acc")
+    return figure(record, "global_acc")

@@ -1,0 +1,332 @@
+"""Paired comparisons: is the difference between two groups of one protocol real?
+
+Two groups are compared only within one protocol (``SettingGroup.protocol``: the same task and
+data, partition scheme, clients, rounds, setting section...), and their records are **paired by
+seed**: seed s of method A against seed s of method B, and only when both records drew the same
+partition (the same ``partition.hash``). A seed only one group ran, or whose two records drew
+different partitions or lack the figure, is dropped and counted (``Pairing``), never compared.
+Pairs whose records ran on different kinds of processor (``setting.processor``: CPU model and
+kernel set, or GPU) are kept but the comparison is marked ``mixed hosts``: two kinds of processor
+round differently, which adds noise the pairing does not remove.
+
+For the n paired differences d = A - B (the figure: ``figures.headline_value``, the headline's
+global accuracy, or a named extra endpoint's):
+
+- the mean difference and the two-sided 95% t-interval (``scipy.stats.ttest_rel``; n - 1 degrees
+  of freedom). The comparison is **resolved** when the interval excludes zero, **not resolved**
+  when it covers zero;
+- the two-sided sign-flip (paired permutation) p-value: under "no difference" each d is as likely
+  to have either sign, so p is the share of the 2^n sign patterns whose mean is at least as far
+  from zero as the observed one (``scipy.stats.permutation_test``, ``permutation_type="samples"``):
+  exact up to n = 20, a Monte Carlo estimate over ``MONTE_CARLO`` seeded patterns beyond. With three
+  seeds the smallest possible p is 2/8 = 0.25;
+- Holm's adjustment of those p-values over the comparisons of one table (one protocol), for the
+  family-wise error (``statsmodels.stats.multitest.multipletests``, ``method="holm"``).
+
+The reference group of a method in a protocol (when the method ran there more than once: several
+pools, versions or hyperparameters) is its group with the highest mean figure, as the rank takes it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from hfl_bench.results.figures import check_figure, headline_value
+from hfl_bench.results.ranking import protocol_labels
+from hfl_bench.results.setting import SettingGroup, processor
+
+CONFIDENCE = 0.95
+EXACT_UP_TO = 20  # seeds: every sign pattern enumerated up to here (2^20 patterns)
+MONTE_CARLO = 100_000  # sign patterns drawn beyond EXACT_UP_TO
+MONTE_CARLO_SEED = 0  # so the same records always give the same p-value
+
+
+class ComparisonError(ValueError):
+    """A comparison that cannot be made as asked (one line for the CLI)."""
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison: a group, read at its model's figure or at a named extra endpoint."""
+
+    group: SettingGroup
+    endpoint: Optional[str] = None
+    with_version: bool = False  # the label names the method version (two versions in one table)
+
+    @property
+    def label(self) -> str:
+        version = f"@{self.group.method_version or 'unversioned'}" if self.with_version else ""
+        return self.group.method + version + (f" [{self.endpoint}]" if self.endpoint else "")
+
+    def value(self, record: dict[str, Any], figure: str) -> Optional[float]:
+        return headline_value(record, figure, self.endpoint)
+
+
+@dataclass
+class Pairing:
+    """The seeds two groups share, paired, and the seeds left out and why."""
+
+    seeds: list[Any] = field(default_factory=list)
+    a: list[float] = field(default_factory=list)
+    b: list[float] = field(default_factory=list)
+    only_a: list[Any] = field(default_factory=list)  # seeds only A ran (ok)
+    only_b: list[Any] = field(default_factory=list)
+    partition_differs: list[Any] = field(default_factory=list)  # same seed, different (or unknown) partition
+    no_figure: list[Any] = field(default_factory=list)  # a record of the pair lacks the figure
+    processors: list[str] = field(default_factory=list)  # the distinct kinds the paired records ran on
+    unknown_processor: bool = False  # a paired record names none
+
+    @property
+    def mixed_hosts(self) -> bool:
+        return len(self.processors) > 1
+
+    @property
+    def n_dropped(self) -> int:
+        return len(self.only_a) + len(self.only_b) + len(self.partition_differs) + len(self.no_figure)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seeds": self.seeds, "only_a": self.only_a, "only_b": self.only_b,
+                "partition_differs": self.partition_differs, "no_figure": self.no_figure,
+                "processors": self.processors, "mixed_hosts": self.mixed_hosts,
+                "unknown_processor": self.unknown_processor}
+
+
+def pair(a: Side, b: Side, figure: str) -> Pairing:
+    """Pair ``a``'s and ``b``'s ok seeds (module doc)."""
+    out = Pairing()
+    b_by_seed = {r.seed: r for r in b.group.ok}
+    a_seeds = {r.seed for r in a.group.ok}
+    kinds: set[str] = set()
+    for ra in a.group.ok:
+        rb = b_by_seed.get(ra.seed)
+        if rb is None:
+            out.only_a.append(ra.seed)
+            continue
+        if ra.partition_hash is None or ra.partition_hash != rb.partition_hash:
+            out.partition_differs.append(ra.seed)
+            continue
+        va, vb = a.value(ra.record, figure), b.value(rb.record, figure)
+        if va is None or vb is None:
+            out.no_figure.append(ra.seed)
+            continue
+        out.seeds.append(ra.seed)
+        out.a.append(float(va))
+        out.b.append(float(vb))
+        for r in (ra, rb):
+            kind = processor(r.record)
+            out.unknown_processor |= kind is None
+            kinds |= {kind} if kind else set()
+    out.only_b = [r.seed for r in b.group.ok if r.seed not in a_seeds]
+    out.processors = sorted(kinds)
+    return out
+
+
+@dataclass
+class Comparison:
+    """A - B over the paired seeds (module doc); ``p_holm`` is set by ``holm_adjust`` over a table."""
+
+    a: Side
+    b: Side
+    figure: str
+    pairing: Pairing
+    mean: Optional[float] = None
+    sd: Optional[float] = None
+    low: Optional[float] = None
+    high: Optional[float] = None
+    p: Optional[float] = None
+    p_exact: bool = True
+    p_holm: Optional[float] = None
+
+    @property
+    def n(self) -> int:
+        return len(self.pairing.seeds)
+
+    @property
+    def resolved(self) -> bool:
+        """The 95% t-interval excludes zero."""
+        return self.low is not None and (self.low > 0 or self.high < 0)
+
+    @property
+    def verdict(self) -> str:
+        if self.low is None:
+            return "too few pairs"
+        return "resolved" if self.resolved else "not resolved"
+
+    def interval_label(self, nd: int = 2) -> str:
+        """``+5.03 [0.58, 9.48]``, or ``+1.00 (n=1)`` / ``-`` where there is no interval."""
+        if self.mean is None:
+            return "-"
+        if self.low is None:
+            return f"{self.mean:+.{nd}f} (n={self.n})"
+        return f"{self.mean:+.{nd}f} [{self.low:.{nd}f}, {self.high:.{nd}f}]"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"a": self.a.label, "b": self.b.label, "a_method": self.a.group.method,
+                "b_method": self.b.group.method, "a_version": self.a.group.method_version,
+                "b_version": self.b.group.method_version, "a_group_id": self.a.group.group_id,
+                "b_group_id": self.b.group.group_id, "a_endpoint": self.a.endpoint, "b_endpoint": self.b.endpoint,
+                "figure": self.figure, "n": self.n, "mean_difference": self.mean, "sd_difference": self.sd,
+                "ci95": None if self.low is None else [self.low, self.high], "p_sign_flip": self.p,
+                "p_exact": self.p_exact, "p_holm": self.p_holm, "resolved": self.resolved, "verdict": self.verdict,
+                "pairing": self.pairing.as_dict()}
+
+
+def t_interval(d: list[float]) -> Optional[tuple[float, float]]:
+    """The two-sided ``CONFIDENCE`` t-interval of the mean of ``d`` (None for fewer than two);
+    a zero-width one where every difference is the same."""
+    if len(d) < 2:
+        return None
+    if len(set(d)) == 1:
+        return d[0], d[0]
+    from scipy.stats import ttest_rel
+
+    ci = ttest_rel(d, [0.0] * len(d)).confidence_interval(CONFIDENCE)
+    return float(ci.low), float(ci.high)
+
+
+def sign_flip_p(d: list[float]) -> tuple[Optional[float], bool]:
+    """The two-sided sign-flip p-value of the mean of ``d`` and whether it is exact (module doc);
+    (None, True) for no differences."""
+    if not d:
+        return None, True
+    if len(d) == 1:  # both sign patterns are as far from zero as the observed one (scipy needs two)
+        return 1.0, True
+    import numpy as np
+    from scipy.stats import permutation_test
+
+    exact = len(d) <= EXACT_UP_TO
+    result = permutation_test((np.asarray(d),), lambda x, axis: np.mean(x, axis=axis), vectorized=True,
+                              permutation_type="samples", alternative="two-sided",
+                              n_resamples=2 ** len(d) if exact else MONTE_CARLO,
+                              rng=np.random.default_rng(MONTE_CARLO_SEED))
+    return min(1.0, float(result.pvalue)), exact
+
+
+def compare(a: Side, b: Side, figure: Optional[str] = None, with_p: bool = True) -> Comparison:
+    """A - B paired by seed (module doc); ``with_p=False`` leaves the p-value out (the rank
+    intervals need only the interval)."""
+    figure = check_figure(figure, a.endpoint or b.endpoint)
+    pairing = pair(a, b, figure)
+    d = [x - y for x, y in zip(pairing.a, pairing.b)]
+    c = Comparison(a, b, figure, pairing)
+    if d:
+        c.mean = round(statistics.fmean(d), 4)
+        c.sd = round(statistics.stdev(d), 4) if len(d) > 1 else None
+    if (ci := t_interval(d)) is not None:
+        c.low, c.high = round(ci[0], 4), round(ci[1], 4)
+    if with_p:
+        c.p, c.p_exact = sign_flip_p(d)
+    return c
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjustment of ``ps`` (statsmodels' ``multipletests``, ``method="holm"``)."""
+    if not ps:
+        return []
+    from statsmodels.stats.multitest import multipletests
+
+    return [float(p) for p in multipletests(ps, method="holm")[1]]
+
+
+def holm_adjust(comparisons: Iterable[Comparison]) -> None:
+    """Set ``p_holm`` on each comparison that has a p-value, adjusted over all of them (one family)."""
+    with_p = [c for c in comparisons if c.p is not None]
+    for c, adjusted in zip(with_p, holm([c.p for c in with_p])):
+        c.p_holm = round(adjusted, 6)
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+@dataclass
+class Table:
+    """The comparisons of one protocol against one reference group, Holm-adjusted together."""
+
+    section: str
+    protocol: str
+    task: str
+    reference: Side
+    comparisons: list[Comparison]
+    notes: list[str] = field(default_factory=list)
+    key: tuple = ()  # the protocol (``SettingGroup.protocol``)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"section": self.section, "protocol": self.protocol, "task": self.task,
+                "reference": self.reference.label, "reference_group_id": self.reference.group.group_id,
+                "notes": self.notes, "comparisons": [c.as_dict() for c in self.comparisons]}
+
+
+def group_mean(g: SettingGroup, figure: Optional[str] = None, endpoint: Optional[str] = None) -> float:
+    """The group's mean figure over its ok seeds (-inf where none has it): what picks a method's
+    reference group in a protocol."""
+    xs = [v for r in g.ok if (v := headline_value(r.record, figure, endpoint)) is not None]
+    return statistics.fmean(xs) if xs else -math.inf
+
+
+def by_protocol(groups: Iterable[SettingGroup]) -> dict[tuple, list[SettingGroup]]:
+    """The groups of each protocol, in the order given."""
+    out: dict[tuple, list[SettingGroup]] = defaultdict(list)
+    for g in groups:
+        out[g.protocol()].append(g)
+    return out
+
+
+def best_group(groups: Iterable[SettingGroup], method: str, figure: Optional[str] = None,
+               endpoint: Optional[str] = None) -> Optional[SettingGroup]:
+    """``method``'s group with the highest mean figure among ``groups`` (None where it has none)."""
+    mine = [g for g in groups if g.method == method]
+    return max(mine, key=lambda g: group_mean(g, figure, endpoint)) if mine else None
+
+
+def against(groups: list[SettingGroup], reference: str, methods: Iterable[str] = (), figure: Optional[str] = None,
+            endpoint: Optional[str] = None, reference_endpoint: Optional[str] = None,
+            with_p: bool = True) -> list[Table]:
+    """One table per protocol where ``reference`` ran: each group of ``methods`` (every other
+    method when empty) there against ``reference``'s group (its best, module doc), Holm-adjusted
+    within the table. ``endpoint`` / ``reference_endpoint``: read that extra endpoint instead of
+    the model's figure on the compared groups / the reference."""
+    methods = set(methods)
+    labels = protocol_labels(groups)
+    tables = []
+    for key, members in by_protocol(groups).items():
+        ref = best_group(members, reference, figure, reference_endpoint)
+        if ref is None:
+            continue
+        versions: dict[str, set] = defaultdict(set)
+        for g in members:
+            versions[g.method].add(g.method_version)
+        ref_side = Side(ref, reference_endpoint, len(versions[reference]) > 1)
+        compared = [g for g in members if (g.method in methods if methods else g.method != reference)
+                    and (g is not ref or endpoint != reference_endpoint)]
+        if not compared:
+            continue
+        comparisons = [compare(Side(g, endpoint, len(versions[g.method]) > 1), ref_side, figure, with_p)
+                       for g in compared]
+        holm_adjust(comparisons)
+        notes = []
+        if (others := sum(g.method == reference for g in members)) > 1:
+            notes.append(f"{reference} ran {others} groups here: the reference is the one with the highest mean")
+        tables.append(Table(ref.section, labels[key], ref.task, ref_side, comparisons, notes, key))
+    return tables
+
+
+def why_not_comparable(groups: list[SettingGroup], method: str, reference: str) -> str:
+    """Why ``method`` and ``reference`` share no protocol, in one line."""
+    tasks_a = {g.task: g for g in groups if g.method == method}
+    tasks_b = {g.task: g for g in groups if g.method == reference}
+    shared = sorted(set(tasks_a) & set(tasks_b))
+    if not shared:
+        return f"{method} and {reference} never ran on one task, so no seed can be paired"
+    task = shared[0]
+    sections_a = {g.section for g in groups if g.method == method and g.task == task}
+    sections_b = {g.section for g in groups if g.method == reference and g.task == task}
+    if not sections_a & sections_b:
+        return (f"{method} and {reference} are in different setting sections on {task} "
+                f"({'; '.join(sorted(sections_a))} vs {'; '.join(sorted(sections_b))}): "
+                "paired comparisons stay within one section")
+    return (f"{method} and {reference} never ran the same protocol on {task} (partition, clients, rounds, "
+            "faults or data differ), so no seed can be paired")

@@ -1,0 +1,156 @@
+"""Paired comparisons (``paired``) as rows: ``leaderboard compare``'s table, plain lines and
+json, the ``vs B`` column ``leaderboard show --against B`` adds, and the HTML group pages' table."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+from rich.table import Table as RichTable
+from rich.text import Text
+
+from hfl_bench.results.board import Board
+from hfl_bench.results.paired import CONFIDENCE, EXACT_UP_TO, MONTE_CARLO, Comparison, Table, against, by_protocol
+from hfl_bench.results.setting import SettingGroup
+from hfl_bench.results.text import terminal
+
+RESOLVED_MARK = "*"
+COLUMNS = ("A", "B", "n", "A - B [95% CI]", "p sign-flip", "p Holm", "verdict", "notes")
+NUMERIC = ("n", "A - B [95% CI]", "p sign-flip", "p Holm")
+DEFINITIONS = {
+    "pairing": "records paired by seed within one protocol; a pair must share its partition hash",
+    "difference": "mean of the paired differences A - B of the figure (global accuracy, points)",
+    "ci95": f"two-sided {CONFIDENCE:.0%} t-interval, n - 1 degrees of freedom (scipy.stats.ttest_rel)",
+    "p_sign_flip": (f"two-sided paired sign-flip test (scipy.stats.permutation_test), exact up to "
+                    f"{EXACT_UP_TO} pairs, {MONTE_CARLO} seeded random sign patterns beyond"),
+    "p_holm": "Holm-adjusted over the comparisons of one table (statsmodels multipletests, method=holm)",
+    "resolved": "the 95% interval excludes zero",
+}
+
+
+def _p(p: Optional[float], exact: bool = True) -> str:
+    return "-" if p is None else f"{p:.3f}" + ("" if exact else " (MC)")
+
+
+def notes(c: Comparison) -> str:
+    """What a reader must know beside the figures: seeds dropped and why, mixed hosts."""
+    pg, out = c.pairing, []
+    for seeds, why in ((pg.only_a, f"only {c.a.label} ran"), (pg.only_b, f"only {c.b.label} ran"),
+                       (pg.partition_differs, "partitions differ"), (pg.no_figure, "no figure")):
+        if seeds:
+            out.append(f"dropped seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: {why}")
+    if pg.mixed_hosts:
+        out.append(f"mixed hosts: {len(pg.processors)} processors")
+    return "; ".join(out)
+
+
+def comparison_row(c: Comparison, nd: int = 2) -> dict[str, str]:
+    return {"A": c.a.label, "B": c.b.label, "n": str(c.n), "A - B [95% CI]": c.interval_label(nd),
+            "p sign-flip": _p(c.p, c.p_exact), "p Holm": _p(c.p_holm), "verdict": c.verdict, "notes": notes(c)}
+
+
+def plain_lines(tables: Iterable[Table], nd: int = 2) -> str:
+    """One self-contained line per comparison (for pipes and grep); figures to ``nd`` decimals."""
+    lines = []
+    for t in tables:
+        for c in t.comparisons:
+            r = comparison_row(c, nd)
+            parts = [t.section, t.protocol, f"{r['A']} - {r['B']}", r["A - B [95% CI]"], f"n={r['n']}",
+                     f"p={r['p sign-flip']}", f"p_holm={r['p Holm']}", r["verdict"]]
+            parts += [r["notes"]] if r["notes"] else []
+            lines.append(terminal(" | ".join(parts)))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def rich_tables(tables: Iterable[Table], figure: str, nd: int = 2) -> list[RichTable]:
+    out = []
+    for t in tables:
+        title = f"setting: {t.section}; {t.protocol}; paired by seed, figure: {figure}" + "".join(
+            f"; {n}" for n in t.notes)
+        table = RichTable(title=Text(terminal(title)))
+        for col in COLUMNS:
+            table.add_column(col, justify="right" if col in NUMERIC else "left", overflow="fold")
+        for c in t.comparisons:
+            row = comparison_row(c, nd)
+            table.add_row(*[Text(terminal(row[col])) for col in COLUMNS], style="bold" if c.resolved else None)
+        out.append(table)
+    return out
+
+
+def tables_json(tables: list[Table], figure: str) -> dict[str, Any]:
+    return {"figure": figure, "definitions": DEFINITIONS, "tables": [t.as_dict() for t in tables]}
+
+
+# ----------------------------------------------------------------------------- show --against
+
+
+def vs_column(reference: str) -> str:
+    return f"vs {reference}"
+
+
+def vs_title(reference: str) -> str:
+    return (f"vs {reference}: paired difference - {reference} over the shared seeds [95% t-interval], "
+            f"{RESOLVED_MARK} resolved (the interval excludes 0)")
+
+
+def vs_comparisons(groups: list[SettingGroup], reference: str, figure: Optional[str] = None) -> dict[str, Comparison]:
+    """Each group's comparison against ``reference`` in its protocol, by group id (``groups``:
+    every group, so a filter never changes a comparison's Holm family)."""
+    return {c.a.group.group_id: c for t in against(groups, reference, figure=figure) for c in t.comparisons}
+
+
+def vs_cell(g: SettingGroup, reference: str, comparisons: dict[str, Comparison]) -> str:
+    c = comparisons.get(g.group_id)
+    if c is None:
+        return "reference" if g.method == reference else ""
+    return c.interval_label() + (f" {RESOLVED_MARK}" if c.resolved else "")
+
+
+def add_vs_cells(rows: list[dict[str, Any]], board: Board, reference: str, comparisons: dict[str, Comparison],
+                 kind_key: str) -> None:
+    """Fill the ``vs`` column of ``rows`` (``render.display_rows(board)``): one group row per group,
+    in the board's order."""
+    group_rows = [r for r in rows if r.get(kind_key) == "group"]
+    for row, g in zip(group_rows, board.groups, strict=True):
+        row[vs_column(reference)] = vs_cell(g, reference, comparisons)
+
+
+def vs_json(g_id: str, reference: str, comparisons: dict[str, Comparison]) -> Optional[dict[str, Any]]:
+    c = comparisons.get(g_id)
+    return None if c is None else {"against": reference, **c.as_dict()}
+
+
+VS_CSV = ("vs_against", "vs_n", "vs_mean", "vs_ci_low", "vs_ci_high", "vs_p", "vs_p_holm", "vs_resolved")
+
+
+def vs_csv(g_id: str, reference: str, comparisons: dict[str, Comparison]) -> dict[str, Any]:
+    c = comparisons.get(g_id)
+    if c is None:
+        return {k: "" for k in VS_CSV}
+    return {"vs_against": reference, "vs_n": c.n, "vs_mean": c.mean, "vs_ci_low": c.low, "vs_ci_high": c.high,
+            "vs_p": c.p, "vs_p_holm": c.p_holm, "vs_resolved": c.resolved}
+
+
+# ----------------------------------------------------------------------------- the HTML group pages
+
+
+def default_reference(members: list[SettingGroup]) -> str:
+    """The method a protocol's groups are compared against on the HTML pages: ``local`` (no
+    collaboration: what every method must beat) where it ran, else the method of the group with
+    the highest mean headline."""
+    methods = {g.method for g in members}
+    if "local" in methods:
+        return "local"
+    return max(members, key=lambda g: g.stat().mean if g.stat().mean is not None else float("-inf")).method
+
+
+def page_tables(groups: list[SettingGroup]) -> dict[str, Table]:
+    """Per group id: the table of its protocol, every method against the protocol's default
+    reference (``default_reference``)."""
+    protocols = by_protocol(groups)
+    refs = {key: default_reference(members) for key, members in protocols.items()}
+    out: dict[str, Table] = {}
+    for reference in sorted(set(refs.values())):
+        for t in against(groups, reference):
+            if refs[t.key] == reference:
+                out |= {g.group_id: t for g in protocols[t.key]}
+    return out

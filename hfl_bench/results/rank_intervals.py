@@ -1,0 +1,75 @@
+"""Rank intervals: the ranks a method could hold given what its paired comparisons resolve.
+
+In one protocol of k ranked methods (``ranking.rank_methods``: each method's best group there),
+every pair of methods is compared paired by seed (``paired.compare``: the 95% t-interval of the
+mean difference of the headline figure). A method's **rank interval** there is
+
+    [1 + (methods resolved better than it), k - (methods resolved worse than it)]
+
+("resolved better": the interval of their difference lies above zero): the ranks consistent with
+the resolved comparisons, where every unresolved pair could go either way. A method that no
+comparison resolves spans [1, k]; a fully resolved order gives each method a single rank. Across
+protocols the interval of the mean rank is the mean of the lower and of the upper ends. The
+intervals are not adjusted for multiplicity (the pairwise t-intervals are the unadjusted 95% ones).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from hfl_bench.results.paired import Side, by_protocol, compare, group_mean
+from hfl_bench.results.ranking import protocol_labels, rank_name
+from hfl_bench.results.setting import SettingGroup
+
+DEFINITION = ("the ranks consistent with the resolved paired comparisons (95% t-interval over seeds): "
+              "[1 + methods resolved better, k - methods resolved worse], averaged over the protocols")
+
+
+def protocol_rank_intervals(groups: list[SettingGroup]) -> dict[tuple[str, str], dict[str, tuple[int, int]]]:
+    """Per (setting section, protocol label) ranked by two or more methods: each ranked name's
+    rank interval (module doc)."""
+    versions: dict[str, set] = defaultdict(set)
+    for g in groups:
+        versions[g.method].add(g.method_version)
+    labels = protocol_labels(groups)
+    out = {}
+    for key, members in by_protocol(groups).items():
+        best: dict[str, SettingGroup] = {}
+        for g in members:
+            if g.stat().mean is None:  # as the rank: a group with no figure is not ranked
+                continue
+            name = rank_name(g, versions)
+            if name not in best or group_mean(g) > group_mean(best[name]):
+                best[name] = g
+        if len(best) < 2:
+            continue
+        better = dict.fromkeys(best, 0)  # how many methods are resolved better than each
+        worse = dict.fromkeys(best, 0)
+        names = sorted(best)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                c = compare(Side(best[a]), Side(best[b]), with_p=False)
+                if c.resolved and c.low > 0:
+                    better[b] += 1
+                    worse[a] += 1
+                elif c.resolved:
+                    better[a] += 1
+                    worse[b] += 1
+        k = len(best)
+        first = next(iter(best.values()))
+        out[(first.section, labels[key])] = {m: (1 + better[m], k - worse[m]) for m in best}
+    return out
+
+
+def with_rank_intervals(ranked: list[dict[str, Any]], groups: list[SettingGroup]) -> list[dict[str, Any]]:
+    """``ranked`` (``rank_methods(groups)``) with a ``rank_interval`` [best, worst] on each
+    protocol's rank and, the means of those, on each row."""
+    intervals = protocol_rank_intervals(groups)
+    for row in ranked:
+        for entry in row["ranks"]:
+            entry["rank_interval"] = list(intervals[(row["section"], entry["protocol"])][row["method"]])
+        row["rank_interval"] = [round(statistics.fmean(e["rank_interval"][i] for e in row["ranks"]), 4)
+                                for i in (0, 1)]
+    return ranked
