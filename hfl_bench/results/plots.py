@@ -37,12 +37,12 @@ from hfl_bench.config import NON_SEMANTIC
 from hfl_bench.paths import write_atomic
 from hfl_bench.results import robustness
 from hfl_bench.results.grouping import SeedGroup, data_identity, group_seeds
+from hfl_bench.results.headline import FALLBACK_MARK, FINAL, basis_of, headline_basis, headline_value
 from hfl_bench.results.loading import SIDECAR_SUFFIX, Loaded, ResultsError, Skipped, read_records, record_files
 from hfl_bench.results.setting import (
     PROTOCOL_BUDGET,
     Stat,
     budget_class,
-    figure,
     headline_of,
     section_label,
     section_order,
@@ -196,8 +196,8 @@ def _seen_unseen_missing(r: Loaded) -> Optional[str]:
 
 
 def _bytes_missing(r: Loaded) -> Optional[str]:
-    if figure(r.record, "global_acc") is None:
-        return f"no selected-round global accuracy of the headline ({headline_of(r.record)} clients)"
+    if headline_value(r.record) is None:
+        return f"no global accuracy of the headline ({headline_of(r.record)} clients)"
     if (r.record.get("cost") or {}).get("bytes_sent_per_client_per_round") is None:
         return "no cost.bytes_sent_per_client_per_round"
     return None
@@ -391,6 +391,14 @@ def draw_curves(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
     return {"y_axis": y}
 
 
+def headline_axis(records: Iterable[Loaded]) -> str:
+    """The y axis of a figure of headline figures (``headline``): the final figure, and where a
+    drawn record has none, that its selected round's stands in."""
+    basis = basis_of(headline_basis(r.record) for r in records)
+    fallback = "" if basis in (None, FINAL) else f" ({FALLBACK_MARK} selected round where a record has no final)"
+    return f"global accuracy (%), mean of the last rounds{fallback}"
+
+
 def _whose(groups: list[DrawnSetting]) -> str:
     """Whose accuracy a curves or bytes figure draws where some record's headline is a client
     group's (honest clients under faults, recipients in a multimodal run): said on the y axis."""
@@ -490,13 +498,13 @@ def draw_seen_unseen(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
 
 
 def draw_bytes(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
-    """Selected-round global accuracy against bytes sent per client per round (log x). A method
-    that sends nothing (local training) cannot sit on a log axis: it is a dashed reference line."""
+    """The headline global accuracy (``headline``) against bytes sent per client per round (log x).
+    A method that sends nothing (local training) cannot sit on a log axis: it is a dashed reference line."""
     any_point = False
     reference_lines = []
     for g in groups:
         xs, xlo, xhi = _stats([[r.record["cost"]["bytes_sent_per_client_per_round"]] for r in g.records])
-        ys, ylo, yhi = _stats([[figure(r.record, "global_acc")] for r in g.records])
+        ys, ylo, yhi = _stats([[headline_value(r.record)] for r in g.records])
         if xs[0] <= 0:
             ax.axhline(ys[0], color=colors[g.label], linestyle="--", linewidth=1, label=mpl_text(f"{g.label}, 0 bytes"))
             reference_lines.append(g.label)
@@ -509,7 +517,7 @@ def draw_bytes(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
     if not any_point:
         ax.set_xlim(1, 10)
     ax.set_xlabel("bytes sent per client per round (log scale)")
-    ax.set_ylabel(y := f"selected-round global accuracy (%){_whose(groups)}")
+    ax.set_ylabel(y := f"{headline_axis(r.record for g in groups for r in g.records)}{_whose(groups)}")
     ax.grid(True, which="both", alpha=0.2)
     return {"zero_bytes_reference_lines": reference_lines, "y_axis": y}
 
@@ -652,7 +660,8 @@ def make_plots(kind: str, inputs: list[Path], out_dir: Path, tasks: list[str] = 
 
 # ----------------------------------------------------------------------------- robustness
 
-ROBUSTNESS_NOTE = ("each point: mean ± sample sd over seeds of the selected round's global accuracy over the "
+ROBUSTNESS_NOTE = ("each point: mean ± sample sd over seeds of the headline global accuracy (the mean over the "
+                   "last evaluated rounds; the selected round's where a record has no final figure) over the "
                    "honest clients (all clients at x = 0, the run without faults)")
 
 
@@ -665,7 +674,7 @@ class Point:
     faults: str  # the canonical spec, "none" at the baseline
 
     def stat(self) -> Stat:
-        return Stat.of(figure(r.record, "global_acc") for r in self.group.records)
+        return Stat.of(headline_value(r.record) for r in self.group.records)
 
 
 @dataclass
@@ -699,7 +708,7 @@ def robustness_series(seed_groups: list[SeedGroup], task: str) -> tuple[dict[str
                 lacking.append(Skipped(str(r.path),
                                        "robustness: no fault kind, strength or fraction in the faults section",
                                        task=task))
-            elif figure(r.record, "global_acc", "honest") is None:
+            elif headline_value(r.record, clients="honest") is None:
                 lacking.append(Skipped(str(r.path), "robustness: no metrics.honest.global_acc (every client faulty?)",
                                        task=task))
             else:
@@ -796,7 +805,7 @@ def draw_robustness(fig, panels: dict[str, list[Series]]) -> dict[str, Any]:
         ax.legend(fontsize=7, loc="best")
         details.append({"fault_kind": kind, "x": robustness.X_LABELS.get(kind, "fraction of faulty clients"),
                         "series": drawn})
-    axes[0].set_ylabel("global accuracy, honest clients (%)")
+    axes[0].set_ylabel("global accuracy, honest clients (%), mean of the last rounds")
     return {"statistics": ROBUSTNESS_NOTE, "panels": details}
 
 

@@ -1,8 +1,9 @@
 """The rank: methods ranked within each protocol (task, partition, clients, active clients,
 rounds, local epochs, selection rule, data: fingerprint and class count, and the setting section: transfer data,
 single architecture or not, budget class, fault setting, modality setting) that at least two
-methods ran, by the mean global accuracy of the method's best group there (the headline: honest
-clients under faults, the recipients of a multimodal run; higher is better); tied means share the
+methods ran, by the mean headline global accuracy of the method's best group there (``headline``:
+the final figure; over the honest clients under faults, the recipients of a multimodal run; higher
+is better); tied means share the
 average of their ranks. A method's score is its mean rank over the protocols it ran in **within
 one setting section** (``SettingGroup.section``): the rank is one table per section, and a method
 that ran in two sections has a row in each, never one score across them. Versions of a method are
@@ -15,6 +16,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from hfl_bench.results.headline import headline_stat
 from hfl_bench.results.loading import selection_mark
 from hfl_bench.results.setting import SettingGroup, partition_label
 
@@ -31,7 +33,7 @@ def rank_methods(groups: list[SettingGroup]) -> list[dict[str, Any]]:
     for g in groups:
         versions[g.method].add(g.method_version)
     for g in groups:
-        mean = g.stat().mean
+        mean = headline_stat(g).mean
         if mean is None:
             continue
         key = g.protocol()
