@@ -26,11 +26,15 @@ Measures:
 (c) order changes: over the same pairs, how often the sign of the mean paired difference under a
     candidate differs from that under ``selected``;
 (d) tied selections: runs whose best mean validation accuracy is reached by more than one round
-    (the earliest wins).
+    (the earliest wins);
+(e) power: the paired seeds needed to resolve a difference d at a paired sd s with 80% power in a
+    two-sided paired t-test at 5% (exact, by the noncentral t distribution: the smallest n whose
+    power reaches 0.8), for the measured median paired sds and a grid.
 
 Rerun from the repository root (no training; seconds):
 
     python benchmarks/headline_study.py            # writes benchmarks/results/headline_study.json
+    python benchmarks/headline_study.py --power-table   # also prints (e) as the docs' markdown table
 
 The write-up is ``docs/studies/headline.md``.
 """
@@ -249,9 +253,47 @@ def tied_selections(records: list[Loaded]) -> dict[str, Any]:
     return {"runs": runs, "tied": ties}
 
 
+POWER, POWER_ALPHA = 0.8, 0.05
+POWER_D = (1.0, 2.0, 3.0, 5.0)
+POWER_SD = (1.0, 1.5, 2.0, 2.5, 3.0)
+
+
+def paired_t_power(n: int, d: float, sd: float, alpha: float = POWER_ALPHA) -> float:
+    """Power of a two-sided paired t-test over n pairs for a true mean difference d, pair sd sd."""
+    from scipy.stats import nct, t
+
+    df, nc = n - 1, d / sd * math.sqrt(n)
+    crit = t.ppf(1 - alpha / 2, df)
+    return float(nct.sf(crit, df, nc) + nct.cdf(-crit, df, nc))
+
+
+def seeds_needed(d: float, sd: float, power: float = POWER) -> int:
+    """The fewest paired seeds (n >= 2) whose paired t-test reaches ``power`` for difference d."""
+    n = 2
+    while paired_t_power(n, d, sd) < power:
+        n += 1
+    return n
+
+
+def power_table(measured: dict[str, float]) -> dict[str, Any]:
+    sds = {**{f"{s:g}": s for s in POWER_SD}, **measured}
+    return {"power": POWER, "alpha": POWER_ALPHA, "test": "two-sided paired t",
+            "sd": sds, "seeds": {f"{d:g}": {name: seeds_needed(d, s) for name, s in sds.items()} for d in POWER_D}}
+
+
+def power_markdown(table: dict[str, Any]) -> str:
+    names = list(table["sd"])
+    head = "| difference d (points) | " + " | ".join(f"sd {n}" if n[0].isdigit() else f"{n} ({table['sd'][n]:g})"
+                                                   for n in names) + " |"
+    lines = [head, "|" + "---|" * (len(names) + 1)]
+    lines += [f"| {d} | " + " | ".join(str(row[n]) for n in names) + " |" for d, row in table["seeds"].items()]
+    return "\n".join(lines)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--power-table", action="store_true", help="print the power table (e) as markdown")
     args = p.parse_args(argv)
     loaded, _ = load_records([ROOT / p for p in CROSS_HOST])
     result = {
@@ -263,12 +305,17 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                           and not folder_of(r).startswith("archive/")]),
                             "all": tied_selections(loaded)},
     }
+    rep = result["paired_seed"]["reproduced"]["headline"]["paired_sd_median"]
+    result["power"] = power_table({"final, measured": rep["final"], "selected, measured": rep["selected"]})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     tmp.replace(args.out)
-    json.dump(result, sys.stdout, indent=1)
-    print()
+    if args.power_table:
+        print(power_markdown(result["power"]))
+    else:
+        json.dump(result, sys.stdout, indent=1)
+        print()
     return 0
 
 
