@@ -102,7 +102,8 @@ def draw_cd(fig, table: CDTable, stats: dict[str, Any]) -> None:
 
     from hfl_bench.results.text import mpl_text
 
-    ax = fig.add_subplot(1, 1, 1)
+    # room on both sides: the diagram's labels are drawn outside the axes
+    ax = fig.add_axes((0.2, 0.05, 0.6, 0.62))
     names = {m: mpl_text(m) for m in table.methods}
     ranks = pd.Series({names[m]: r for m, r in stats["average_ranks"].items()})
     sig = pd.DataFrame([[stats["nemenyi_p"][a][b] for b in table.methods] for a in table.methods],
@@ -110,5 +111,6 @@ def draw_cd(fig, table: CDTable, stats: dict[str, Any]) -> None:
     scikit_posthocs.critical_difference_diagram(ranks, sig, alpha=ALPHA, ax=ax)
     f = stats["friedman"]
     ax.set_title(mpl_text(f"average rank over {len(table.blocks)} blocks (1 = best); Friedman chi2 = "
-                          f"{f['statistic']:.2f}, p = {f['p']:.3g}; Nemenyi CD = {stats['critical_difference']:.2f} "
-                          f"(alpha {ALPHA}); bars join methods not told apart"), fontsize=8)
+                          f"{f['statistic']:.2f}, p = {f['p']:.3g}\nNemenyi CD = {stats['critical_difference']:.2f} "
+                          f"(alpha {ALPHA}): a bar joins methods the test does not tell apart", one_line=False),
+                 fontsize=8)

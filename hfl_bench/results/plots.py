@@ -886,7 +886,7 @@ def plot_cd(records: list[Loaded], skipped: list[Skipped], out_dir: Path) -> tup
         stats = cd.cd_statistics(t)
         groups = [DrawnSetting(g.method, str(g.config_hash), g.group_id, list(g.ok)) for g in t.members]
         png = out_dir / f"cd__{_safe(t.section.replace(', ', '_').replace(' ', '-'))}.png"
-        fig = Figure(figsize=(8, 2.2 + 0.25 * len(t.methods)), layout="constrained")
+        fig = Figure(figsize=(9, 2.6 + 0.3 * len(t.methods)))
         FigureCanvasAgg(fig)
         cd.draw_cd(fig, t, stats)
         fig.suptitle(mpl_text(f"Critical difference: {len(t.methods)} methods over {len(t.blocks)} blocks\n"
