@@ -103,13 +103,14 @@ def test_the_final_figure_beside_a_group_headline_is_the_same_clients(folder):
 
     lines = show(str(folder), "--format", "markdown").splitlines()
     header = [c.strip() for c in next(line for line in lines if line.startswith("| method")).split("|")]
-    at = header.index("final global")
+    at = header.index("global acc")  # the headline: the final figure, the selected round's where there is none
 
     def final_of(start: str) -> str:
         return next(line for line in lines if line.startswith(f"| {start}")).split("|")[at].strip()
-    assert final_of("fedsocket").startswith("51.00") and final_of("local") == "-"
+    assert final_of("fedsocket") == "51.00 ± 1.41"
+    assert final_of("local") == "50.00 ± -\\*"  # no recipients' final in a 1.4 record: the selected round's, marked
     all_rows = [line.split("|")[at].strip() for line in lines if "↳ all clients" in line]
-    assert all_rows[0].startswith("61.00") and all_rows[1] != "-"  # the 1.4 record keeps its all-clients final
+    assert all_rows[0].startswith("61.00") and not all_rows[1].endswith("*")  # the 1.4 record has all clients' final
 
 
 def test_curves_draw_the_recipients_and_leave_out_a_record_without_them(folder, tmp_path):
@@ -125,7 +126,8 @@ def test_curves_draw_the_recipients_and_leave_out_a_record_without_them(folder, 
 
     written, _ = make_plots("bytes", [folder], tmp_path / "plots")
     details = json.loads(written[0].sources.read_text())["details"]
-    assert details["y_axis"] == "selected-round global accuracy (%), recipients clients (the headline)"
+    assert details["y_axis"] == ("global accuracy (%), mean of the last rounds (* selected round where a record has "
+                                 "no final), recipients clients (the headline)")
 
 
 def test_the_html_site_shows_each_groups_final_figure(folder, tmp_path):

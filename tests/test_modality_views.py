@@ -292,7 +292,7 @@ def test_endpoint_figures_per_client_group(folder):
 
 def test_table_and_markdown_say_whose_figure_the_headline_is(folder):
     table = show(str(folder))
-    assert "global and local acc and the final figures are over the recipients" in " ".join(table.split())
+    assert "global and local acc and the selected figures are over the recipients" in " ".join(table.split())
     assert "↳ donors" in table and "↳ [q] recipients" in table
     markdown = show(str(folder), "--format", "markdown")
     assert "Note: multimodal groups" in markdown and SIGNAL in markdown
@@ -308,11 +308,13 @@ def test_single_modality_output_is_unchanged(folder, tmp_path):
         if "modalities" not in json.loads(f.read_text()):
             (clean / f.name).write_text(f.read_text())
     board = json.loads(show(str(clean), "--format", "json"))
-    assert board["headline"].startswith("global_acc and local_acc are over the honest clients for a group run "
-                                        "with faults (metrics.honest), over all clients otherwise")
+    assert board["headline"].startswith("global_acc and local_acc are the headline statistic (final: the mean over "
+                                        "the last evaluated rounds;")
+    assert "over the honest clients for a group run with faults (metrics.honest), over all clients otherwise" in (
+        board["headline"])
     assert not [k for g in board["groups"] for k in ("modalities", "recipients", "donors") if k in g]
     markdown = show(str(clean), "--format", "markdown")
-    assert "Note:" not in markdown and "↳" not in markdown and "recipients" not in show(str(clean))
+    assert "Note: multimodal" not in markdown and "↳" not in markdown and "recipients" not in show(str(clean))
 
 
 def test_protocols_separate_modality_settings(folder):
@@ -361,9 +363,9 @@ def test_html_rows_and_group_pages_show_the_recipients(folder, real, tmp_path):
     pages = {p: p.read_text() for p in (out / "groups").glob("*.html")}
     page = next(t for t in pages.values() if "fedsocket on digits" in t and SIGNAL in t)
     assert "recipients (metrics.recipients): the clients that miss a modality" in page
-    assert "<th>global acc, recipients</th><td class=\"mono\">62.00 ± 2.83</td>" in page
-    assert "<th>global acc, donors</th><td class=\"mono\">80.00 ± 0.00</td>" in page
-    assert "<th>global acc, all clients</th><td class=\"mono\">71.00 ± 1.41</td>" in page
+    assert "<th>selected global acc, recipients</th><td class=\"mono\">62.00 ± 2.83</td>" in page
+    assert "<th>selected global acc, donors</th><td class=\"mono\">80.00 ± 0.00</td>" in page
+    assert "<th>selected global acc, all clients</th><td class=\"mono\">71.00 ± 1.41</td>" in page
     assert "seed 0: [0, 2, 4, 6, 8]; seed 1: [1, 3, 5, 7, 9]" in page
     assert "<td>q</td><td>donors</td><td class=\"num\">83.00 ± 1.41</td>" in page
     assert not [t for t in pages.values() if hostile in t]

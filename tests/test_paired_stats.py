@@ -34,16 +34,16 @@ def real() -> dict:
 
 def variant(base: dict, method: str, seed: int, acc: float, *, final: Optional[float] = None,
             partition: Optional[str] = None, cpu: Optional[str] = None, endpoints: Optional[dict] = None) -> dict:
-    """The real record as ``method``'s seed ``seed`` with headline ``acc``."""
+    """The real record as ``method``'s seed ``seed`` with global accuracy ``acc`` at the selected round
+    and, unless ``final`` says otherwise, in the final window (the headline)."""
     r = copy.deepcopy(base)
     r["method"]["name"] = r["config"]["method"] = method
     r["config"]["seed"] = seed
     r["seeds"] = {k: seed for k in r["seeds"]}
     r["metrics"]["global_acc"] = acc
     r["metrics"]["extra_endpoints"] = endpoints or {}
-    if final is not None:
-        r["metrics"]["final"] = {"rounds": 2, "first_round": 1, "last_round": 2, "global_acc": final,
-                                 "local_acc": 90.0}
+    r["metrics"]["final"] = {"rounds": 2, "first_round": 1, "last_round": 2,
+                             "global_acc": acc if final is None else final, "local_acc": 90.0}
     r["config_hash"] = f"digits-{method}"
     r["partition"]["hash"] = partition or f"part-seed{seed}"
     if cpu:
@@ -188,8 +188,10 @@ def test_figure_and_endpoints(real, tmp_path):
                    *[variant(real, "crad", s, 60.0 + s, final=70.0 + 2 * s, endpoints=joint(50.0 + s))
                      for s in range(3)],
                    *[variant(real, "local", s, 59.0, final=60.0 + s, endpoints=joint(49.0)) for s in range(3)])
-    selected = only(compare_json(str(folder), "-m", "crad", "--against", "local"))
+    selected = only(compare_json(str(folder), "-m", "crad", "--against", "local", "--figure", "selected"))
     final = only(compare_json(str(folder), "-m", "crad", "--against", "local", "--figure", "final"))
+    headline = only(compare_json(str(folder), "-m", "crad", "--against", "local"))
+    assert headline["figure"] == "final" and headline["mean_difference"] == final["mean_difference"]
     joint = only(compare_json(str(folder), "-m", "crad", "--endpoint", "joint", "--against", "local"))
     both = only(compare_json(str(folder), "-m", "crad", "--endpoint", "joint", "--against", "local",
                              "--against-endpoint", "joint"))

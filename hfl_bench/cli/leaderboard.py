@@ -53,7 +53,10 @@ def show(
     put the matching published figures beside each group with the delta reproduced - published.
     Groups are shown one setting section at a time (the transfer data the method reads, one
     architecture or a heterogeneous pool, the budget class, faults, modalities): only the rows of
-    one section compete, and --rank ranks within each section. Under faults the headline is the
+    one section compete, and --rank ranks within each section. The headline (global / local acc,
+    the rank) is each run's mean over its last 10 evaluated rounds (measured steadier than the
+    selected round's figure, which stays in the `selected` columns; published deltas use it; `*`
+    marks records with no final figure, whose selected round's stands in). Under faults the headline is the
     honest clients' accuracy and `drop` the mean change against the same seeds and the same clients
     without faults (records selected on the honest clients' validation, written before issue 30,
     are kept apart: `selection=honest-val`).
@@ -148,8 +151,10 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None) 
             sys.stdout.write(f"\n{title}:\n\n" + to_markdown(unmatched, UNMATCHED_COLUMNS))
         return
     if rows:
-        title_groups = ("reproduced groups: mean ± sample sd over seeds ('-': one seed); delta = reproduced - published"
-                        + ("; faults: accuracy (and final figures) over the honest clients, "
+        title_groups = ("reproduced groups: mean ± sample sd over seeds ('-': one seed); global / local acc: the "
+                        "headline, mean of the last 10 evaluated rounds; selected: at the selected round (the "
+                        "papers' rule); delta = reproduced (selected) - published"
+                        + ("; faults: accuracy (and selected figures) over the honest clients, "
                            "drop = with faults - the same seeds and clients without"
                            if any(g.has_faults for g in board.groups) else "")
                         + (f"; {paired_view.vs_title(vs[0])}" if vs else ""))
@@ -168,6 +173,7 @@ def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
     columns = ("#", "method", "mean rank", "rank interval", "protocols", "ranks")
     if fmt == "json":
         sys.stdout.write(json.dumps({"ties": "average rank", "within": "one ranking per setting section",
+                                     "by": "headline global accuracy (mean of the last evaluated rounds)",
                                      "rank_interval": DEFINITION, "rank": ranked}, indent=1) + "\n")
     elif fmt == "csv":
         rows = [{"section": r["section"], "method": r["method"], "mean_rank": r["mean_rank"],
@@ -179,7 +185,7 @@ def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
     elif fmt == "markdown":
         sys.stdout.write(sections_markdown(rank_rows(ranked), columns))
     else:
-        title = ("mean rank by global accuracy over protocols run by 2+ methods (ties: average rank); "
+        title = ("mean rank by headline global accuracy over protocols run by 2+ methods (ties: average rank); "
                  f"rank interval: {DEFINITION}")
         if not ranked:
             wide_out().print("no protocol was run by two or more methods of one setting", highlight=False)

@@ -11,8 +11,8 @@ from hfl_bench.cli.output import cell, emit_json, fail, out, plain
 
 
 def plot_command(
-    kind: str = typer.Argument(..., help="curves, per-class, per-arch, seen-unseen, bytes, robustness or all "
-                              "(all draws robustness only when some record ran with --faults)."),
+    kind: str = typer.Argument(..., help="curves, per-class, per-arch, seen-unseen, bytes, robustness, cd or all "
+                              "(all draws robustness only when some record ran with --faults, and never cd)."),
     inputs: list[Path] = typer.Argument(..., metavar="RECORDS...",
                                         help="Record files or folders (searched recursively for *.json)."),
     out_dir: Path = typer.Option(Path("plots"), "--out", help="Folder for the PNGs and their sidecars."),
@@ -23,7 +23,9 @@ def plot_command(
     """Draw figures from records: one PNG per kind and task, named KIND__TASK.png, each with a
     caption naming its records and a KIND__TASK.png.sources.json sidecar listing them.
     robustness: the honest clients' global accuracy (mean ± sd over seeds) against fault strength,
-    one panel per fault kind, the run without faults at 0."""
+    one panel per fault kind, the run without faults at 0. cd: a critical-difference diagram per
+    setting section across tasks (Friedman test, Nemenyi post-hoc; needs 2+ protocols and 3+
+    methods run in all of them, and the stats extra), named cd__SECTION.png."""
     from hfl_bench.paths import OutDirError, check_folder_target
     from hfl_bench.results.plots import PlotError, make_plots  # here: --help does not load numpy
 

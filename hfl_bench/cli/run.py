@@ -276,11 +276,35 @@ def _say_checkpoint(path: Path, resume: bool) -> None:
 
 
 def _headline(record: dict[str, Any]) -> dict[str, Any]:
+    """The run's figures for ``--json``: the headline (``results.headline``: its value, statistic and
+    clients), then the selected round's figures (``global_acc`` ..., the papers' rule) and the round."""
+    from hfl_bench.results.headline import headline_basis, headline_value
+    from hfl_bench.results.setting import headline_of
+
     m = record.get("metrics") or {}
     groups = {f"{who}_global_acc": m[who].get("global_acc") for who in ("recipients", "donors")
               if isinstance(m.get(who), dict)}
-    return {k: m.get(k) for k in ("global_acc", "local_acc", "mean_val_acc")} | groups | {
+    return {"headline_global_acc": headline_value(record), "headline_statistic": headline_basis(record),
+            "headline_clients": headline_of(record)} | {
+        k: m.get(k) for k in ("global_acc", "local_acc", "mean_val_acc")} | groups | {
         "selected_round": record["selection"]["round"]}
+
+
+def _headline_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
+    """A reproduced record's headline (``results.headline``, the figure every leaderboard view shows)
+    and what it is; a published record has only its paper's figure."""
+    from hfl_bench.results.headline import FINAL, headline_basis, headline_value
+    from hfl_bench.results.setting import headline_of
+
+    if _get(record, "source", "kind") != "reproduced":
+        return []
+    basis, who = headline_basis(record), headline_of(record)
+    what = (f"mean of rounds {_get(record, 'metrics', 'final', 'first_round')}-"
+            f"{_get(record, 'metrics', 'final', 'last_round')}" if basis == FINAL and who == "all"
+            else "mean of the last evaluated rounds" if basis == FINAL
+            else "selected round: the record has no final figure")
+    return [("headline global acc (%)", _number(headline_value(record))),
+            ("headline is", f"{who} clients, {what}")]
 
 
 class _progress:
@@ -365,11 +389,13 @@ def _print_summary(record: dict[str, Any]) -> None:
     t.add_column("field")
     t.add_column("value", justify="right")
     cost = _get(record, "cost") or {}
+    selected = ", selected round" if _get(record, "source", "kind") == "reproduced" else ""
     rows = [
         ("status", _get(record, "status")),
         ("fidelity", _get(record, "method", "fidelity")),
-        ("global acc (%)", _number(_get(m, "global_acc"))),
-        ("local acc (%)", _number(_get(m, "local_acc"))),
+        *_headline_rows(record),
+        (f"global acc{selected} (%)", _number(_get(m, "global_acc"))),
+        (f"local acc{selected} (%)", _number(_get(m, "local_acc"))),
         ("mean val acc (%)", _number(_get(m, "mean_val_acc"))),
         *[(f"global acc, {who} (%)", _number(_get(m, who, "global_acc")))  # a multimodal task's client groups
           for who in ("recipients", "donors") if isinstance(_get(m, who), dict)],

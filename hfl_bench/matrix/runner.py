@@ -12,8 +12,8 @@ from hfl_bench.matrix.cells import error_text, failed_record
 from hfl_bench.matrix.executors import run_in_process, run_process_pool, run_ray
 from hfl_bench.matrix.resume import existing_record
 from hfl_bench.matrix.suite import Cell
+from hfl_bench.results.headline import headline_value
 from hfl_bench.results.records import FINAL_STATUSES, save_record, write_conflict
-from hfl_bench.results.setting import figure
 
 
 def _record_path(cell: Cell) -> Optional[Path]:
@@ -26,8 +26,8 @@ def _record_path(cell: Cell) -> Optional[Path]:
 def summary_row(cell: Cell, record: Optional[dict[str, Any]], status: str, path: Optional[Path]) -> dict[str, Any]:
     """One line of the summary: ``status`` is ok, diverged, failed or skipped (a final record
     was already there); ``record_status`` is the status inside the record file; ``global_acc``
-    the headline (the honest clients' under faults, the recipients' of a multimodal run:
-    ``results.setting.figure``)."""
+    the headline (``results.headline.headline_value``: the mean over the last evaluated rounds, of
+    the honest clients under faults, the recipients of a multimodal run)."""
     record = record or {}
     error = record.get("error") or cell.error
     return {
@@ -37,7 +37,7 @@ def summary_row(cell: Cell, record: Optional[dict[str, Any]], status: str, path:
         "faults": cell.cfg.faults or "none",
         "status": status,
         "record_status": record.get("status"),
-        "global_acc": figure(record, "global_acc"),
+        "global_acc": headline_value(record),
         "wall_time_s": (record.get("cost") or {}).get("wall_time_total_s"),
         "record": str(path) if path else None,
         "error": error.splitlines()[0] if error else None,

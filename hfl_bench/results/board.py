@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from hfl_bench.results.grouping import group_seeds
+from hfl_bench.results.headline import headline_stat
 from hfl_bench.results.loading import Loaded, Skipped
 from hfl_bench.results.published import Published, match
 from hfl_bench.results.robustness import attach_drops
@@ -55,8 +56,8 @@ def build_groups(records: Iterable[Loaded]) -> list[SettingGroup]:
 
 def build_board(records: list[Loaded], tasks: Iterable[str] = (), methods: Iterable[str] = (),
                 pools: Iterable[str] = (), skipped: Optional[list[str]] = None) -> Board:
-    """Groups (filtered, sorted by setting section, task, then mean global accuracy) with published
-    figures beside."""
+    """Groups (filtered, sorted by setting section, task, then the mean headline global accuracy,
+    ``headline``) with published figures beside."""
     tasks, methods, pools = set(tasks), set(methods), set(pools)
 
     def keep(task, method, pool):
@@ -73,7 +74,8 @@ def build_board(records: list[Loaded], tasks: Iterable[str] = (), methods: Itera
                 g.published.append(m)
                 matched.add(i)
     # one setting section after another (``SettingGroup.section_key``), then by task and accuracy
-    groups.sort(key=lambda g: (g.section_key(), g.task, -(g.stat().mean if g.stat().mean is not None else -1e9),
+    means = {id(g): headline_stat(g).mean for g in groups}
+    groups.sort(key=lambda g: (g.section_key(), g.task, -(means[id(g)] if means[id(g)] is not None else -1e9),
                                g.method, g.group_id))
     unmatched = sorted((p for i, p in enumerate(published) if i not in matched),
                        key=lambda p: (p.task, p.method, p.citation.get("key", ""), p.citation.get("locator", "")))

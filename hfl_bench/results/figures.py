@@ -4,18 +4,24 @@ or the mean over the last evaluated rounds (``final``: ``metrics.final.global_ac
 headline's clients (``setting.headline_of``: the honest clients under faults, the recipients of a
 multimodal run, all clients otherwise), of the model or of a named extra endpoint.
 
-``HEADLINE`` says which of the two is the headline; every comparison that is not given a figure
-reads it, so switching the headline is this one line.
+``HEADLINE`` is the headline's statistic (``headline.HEADLINE_STATISTIC``, chosen by
+measurement: the final figure); every comparison that is not given a figure reads it. A
+comparison reads exactly the figure asked for: a record without it (no final figure before schema
+1.2) leaves its pair out, counted, rather than mixing two statistics in one difference.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
+from hfl_bench.results.headline import HEADLINE_STATISTIC
 from hfl_bench.results.setting import endpoint_figure, figure, final_figure
 
 FIGURES = ("selected", "final")
-HEADLINE = "selected"  # which of FIGURES the headline is
+HEADLINE = HEADLINE_STATISTIC  # which of FIGURES the headline is
+
+
+SELECTED_FOR_ENDPOINTS = "selected"
 
 
 class FigureError(ValueError):
@@ -23,9 +29,9 @@ class FigureError(ValueError):
 
 
 def check_figure(name: Optional[str], endpoint: Optional[str] = None) -> str:
-    """``name`` (the headline's when None), checked: one of ``FIGURES``, and ``selected`` for an
-    extra endpoint (the records carry no final figures for endpoints)."""
-    name = HEADLINE if name is None else name
+    """``name`` (the headline's when None; ``selected`` for an extra endpoint, which has no final
+    figure in the records), checked: one of ``FIGURES``, and ``selected`` for an endpoint."""
+    name = (SELECTED_FOR_ENDPOINTS if endpoint else HEADLINE) if name is None else name
     if name not in FIGURES:
         raise FigureError(f"unknown figure {name!r}; choose one of: {', '.join(FIGURES)}")
     if endpoint and name == "final":

@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from hfl_bench.config import SELECTION_RULE
+from hfl_bench.config import FINAL_ROUNDS, SELECTION_RULE
 from hfl_bench.results import seen_unseen
 from hfl_bench.results.board import Board, board_records, build_board
 from hfl_bench.results.budget import mean_steps
 from hfl_bench.results.grouping import SeedGroup, group_seeds
+from hfl_bench.results.headline import FALLBACK_MARK, FALLBACK_NOTE, FINAL, group_basis, headline_stat
 from hfl_bench.results.loading import HONEST_SELECTION, Loaded, ResultsError, Skipped, load_records
 from hfl_bench.results.paired_view import page_tables
 from hfl_bench.results.rank_intervals import with_rank_intervals
@@ -192,7 +193,7 @@ def _row(g: SettingGroup) -> dict[str, Any]:
     head = rows[0]
     clients = [r for r in rows[1:] if r[KIND] == "clients"]
     published = [r for r in rows[1:] if r[KIND] == "published"]
-    gl, lo, final = g.stat("global_acc"), g.stat("local_acc"), g.final_stat("global_acc")
+    gl, lo, selected = headline_stat(g, "global_acc"), headline_stat(g, "local_acc"), g.stat("global_acc")
     sent = Stat.of(_get(r.record, "cost", "bytes_sent_per_client_per_round") for r in g.ok)
     wall = Stat.of((t / 60 if isinstance(t, (int, float)) else None)
                    for t in (_get(r.record, "cost", "wall_time_total_s") for r in g.ok))
@@ -201,7 +202,8 @@ def _row(g: SettingGroup) -> dict[str, Any]:
         "setting": g.section,
         "fidelity": _values(g.ok, "method", "fidelity"), "version": head["version"],
         "faults": g.faults, "drop": drop_label(g) or "", "drop_v": g.drop.mean if g.drop is not None else None,
-        "global_v": gl.mean, "local_v": lo.mean, "final_v": final.mean, "seeds_v": len(g.ok), "bytes_v": sent.mean,
+        "global_v": gl.mean, "local_v": lo.mean, "selected_v": selected.mean, "seeds_v": len(g.ok),
+        "bytes_v": sent.mean,
         "minutes_v": wall.mean,
         "bytes": _bytes(sent.mean), "minutes": _num(wall.mean),
         "steps_v": mean_steps((r.record for r in g.ok), "private"),  # sorts by the private steps shown first
@@ -309,9 +311,9 @@ def _fault_rows(g: SettingGroup) -> list[tuple[str, str]]:
     every, honest = g.stat("global_acc", clients="all"), g.stat("global_acc", clients="honest")
     faulty = g.stat("global_acc", clients="faulty")
     rows = [("headline", "honest clients (metrics.honest)"),
-            ("global acc, honest clients", _pm(honest.mean, honest.sd)),
-            ("global acc, faulty clients", _pm(faulty.mean, faulty.sd)),
-            ("global acc, all clients", _pm(every.mean, every.sd))]
+            ("selected global acc, honest clients", _pm(honest.mean, honest.sd)),
+            ("selected global acc, faulty clients", _pm(faulty.mean, faulty.sd)),
+            ("selected global acc, all clients", _pm(every.mean, every.sd))]
     rows += _final_rows(g, (("honest", "honest clients"), ("faulty", "faulty clients"), ("all", "all clients")))
     drop = g.drop
     if g.selection_rule != SELECTION_RULE:
@@ -326,6 +328,14 @@ def _fault_rows(g: SettingGroup) -> list[tuple[str, str]]:
                                                "the honest clients against the same clients without faults; "
                                                f"baseline config hash {_text(drop.baseline_config_hash)}"))
     return rows
+
+
+def _headline_label(g: SettingGroup) -> str:
+    """What the group's headline figure is (``headline``), and whether its records fell back."""
+    basis = group_basis(g)
+    if basis == FINAL:
+        return f"final: each run's mean over its last {FINAL_ROUNDS} evaluated rounds (the selected round's beside it)"
+    return (f"{_text(basis)}: " + FALLBACK_NOTE.removeprefix(FALLBACK_MARK + " ")) if basis else "-"
 
 
 def _selection_label(g: SettingGroup) -> str:
@@ -356,7 +366,7 @@ def _modality_rows(g: SettingGroup) -> list[tuple[str, str]]:
     for metric, label in (("global_acc", "global acc"), ("local_acc", "local acc")):
         for clients, who in (("recipients", "recipients"), ("donors", "donors"), ("all", "all clients")):
             st = g.stat(metric, clients=clients)
-            rows.append((f"{label}, {who}", _pm(st.mean, st.sd)))
+            rows.append((f"selected {label}, {who}", _pm(st.mean, st.sd)))
     rows += _final_rows(g, (("recipients", "recipients"), ("donors", "donors"), ("all", "all clients")))
     drawn = "; ".join(f"seed {_text(seed)}: {_text(s.get('recipients'))}" for seed, s in sections)
     rows.append(("recipients by seed", drawn or "-"))
@@ -397,6 +407,7 @@ def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], h
         ("data", f"task version {_text(task.get('version'))}, train {_text(task.get('n_train'))}, "
                  f"test {_text(task.get('n_test'))}, fingerprint {_text(task.get('data_fingerprint'))}"),
         ("selection", _selection_label(g)),
+        ("headline statistic", _headline_label(g)),
     ]
     return {
         "title": f"{g.method} on {g.task} ({g.pool})", "row": row, "setting": setting,

@@ -9,6 +9,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from hfl_bench.results.board import Board
+from hfl_bench.results.headline import headline_stat
 from hfl_bench.results.paired import CONFIDENCE, EXACT_UP_TO, MONTE_CARLO, Comparison, Table, against, by_protocol
 from hfl_bench.results.setting import SettingGroup
 from hfl_bench.results.text import terminal
@@ -140,7 +141,8 @@ def default_reference(members: list[SettingGroup]) -> str:
     methods = {g.method for g in members}
     if "local" in methods:
         return "local"
-    return max(members, key=lambda g: g.stat().mean if g.stat().mean is not None else float("-inf")).method
+    return max(members, key=lambda g: headline_stat(g).mean if headline_stat(g).mean is not None
+               else float("-inf")).method
 
 
 def page_tables(groups: list[SettingGroup]) -> dict[str, Table]:

@@ -37,12 +37,12 @@ from hfl_bench.config import NON_SEMANTIC
 from hfl_bench.paths import write_atomic
 from hfl_bench.results import robustness
 from hfl_bench.results.grouping import SeedGroup, data_identity, group_seeds
+from hfl_bench.results.headline import FALLBACK_MARK, FINAL, basis_of, headline_basis, headline_value
 from hfl_bench.results.loading import SIDECAR_SUFFIX, Loaded, ResultsError, Skipped, read_records, record_files
 from hfl_bench.results.setting import (
     PROTOCOL_BUDGET,
     Stat,
     budget_class,
-    figure,
     headline_of,
     section_label,
     section_order,
@@ -52,8 +52,9 @@ from hfl_bench.results.setting import (
 from hfl_bench.results.text import mpl_text, terminal
 from hfl_bench.results.validation import valid_records
 
-KINDS = ("curves", "per-class", "per-arch", "seen-unseen", "bytes", "robustness")
+KINDS = ("curves", "per-class", "per-arch", "seen-unseen", "bytes", "robustness", "cd")
 FAULT_KINDS_ONLY = ("robustness",)  # drawn by ``all`` only when some record ran with faults
+ACROSS_TASKS = ("cd",)  # one figure per setting section across tasks (``cd``), never drawn by ``all``
 # Record ids shown in a figure's caption; the sidecar always lists them all.
 CAPTION_MAX_IDS = 8
 BAND_NOTE = "mean over seeds; bands / error bars span min to max over seeds"
@@ -196,8 +197,8 @@ def _seen_unseen_missing(r: Loaded) -> Optional[str]:
 
 
 def _bytes_missing(r: Loaded) -> Optional[str]:
-    if figure(r.record, "global_acc") is None:
-        return f"no selected-round global accuracy of the headline ({headline_of(r.record)} clients)"
+    if headline_value(r.record) is None:
+        return f"no global accuracy of the headline ({headline_of(r.record)} clients)"
     if (r.record.get("cost") or {}).get("bytes_sent_per_client_per_round") is None:
         return "no cost.bytes_sent_per_client_per_round"
     return None
@@ -391,6 +392,14 @@ def draw_curves(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
     return {"y_axis": y}
 
 
+def headline_axis(records: Iterable[Loaded]) -> str:
+    """The y axis of a figure of headline figures (``headline``): the final figure, and where a
+    drawn record has none, that its selected round's stands in."""
+    basis = basis_of(headline_basis(r.record) for r in records)
+    fallback = "" if basis in (None, FINAL) else f" ({FALLBACK_MARK} selected round where a record has no final)"
+    return f"global accuracy (%), mean of the last rounds{fallback}"
+
+
 def _whose(groups: list[DrawnSetting]) -> str:
     """Whose accuracy a curves or bytes figure draws where some record's headline is a client
     group's (honest clients under faults, recipients in a multimodal run): said on the y axis."""
@@ -490,13 +499,13 @@ def draw_seen_unseen(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
 
 
 def draw_bytes(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
-    """Selected-round global accuracy against bytes sent per client per round (log x). A method
-    that sends nothing (local training) cannot sit on a log axis: it is a dashed reference line."""
+    """The headline global accuracy (``headline``) against bytes sent per client per round (log x).
+    A method that sends nothing (local training) cannot sit on a log axis: it is a dashed reference line."""
     any_point = False
     reference_lines = []
     for g in groups:
         xs, xlo, xhi = _stats([[r.record["cost"]["bytes_sent_per_client_per_round"]] for r in g.records])
-        ys, ylo, yhi = _stats([[figure(r.record, "global_acc")] for r in g.records])
+        ys, ylo, yhi = _stats([[headline_value(r.record)] for r in g.records])
         if xs[0] <= 0:
             ax.axhline(ys[0], color=colors[g.label], linestyle="--", linewidth=1, label=mpl_text(f"{g.label}, 0 bytes"))
             reference_lines.append(g.label)
@@ -509,7 +518,7 @@ def draw_bytes(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
     if not any_point:
         ax.set_xlim(1, 10)
     ax.set_xlabel("bytes sent per client per round (log scale)")
-    ax.set_ylabel(y := f"selected-round global accuracy (%){_whose(groups)}")
+    ax.set_ylabel(y := f"{headline_axis(r for g in groups for r in g.records)}{_whose(groups)}")
     ax.grid(True, which="both", alpha=0.2)
     return {"zero_bytes_reference_lines": reference_lines, "y_axis": y}
 
@@ -602,7 +611,7 @@ def make_plots(kind: str, inputs: list[Path], out_dir: Path, tasks: list[str] = 
     draw."""
     if kind != "all" and kind not in KINDS:
         raise PlotError(f"unknown plot kind {kind!r}; choose one of: {', '.join(KINDS)}, all")
-    kinds = [k for k in KINDS if k not in FAULT_KINDS_ONLY] if kind == "all" else [kind]
+    kinds = [k for k in KINDS if k not in FAULT_KINDS_ONLY + ACROSS_TASKS] if kind == "all" else [kind]
     try:
         files = record_files(inputs)
     except ResultsError as e:
@@ -622,6 +631,8 @@ def make_plots(kind: str, inputs: list[Path], out_dir: Path, tasks: list[str] = 
         raise PlotError(f"none of the {len(found)} records match the filters"
                         f"{' --task ' + ','.join(tasks) if tasks else ''}"
                         f"{' --method ' + ','.join(methods) if methods else ''}")
+    if kind == "cd":
+        return plot_cd(selected, skipped, out_dir)
     faulty = any(robustness.faults_section(r) for r in selected)
     if kind == "all" and faulty:
         kinds.append("robustness")
@@ -652,7 +663,8 @@ def make_plots(kind: str, inputs: list[Path], out_dir: Path, tasks: list[str] = 
 
 # ----------------------------------------------------------------------------- robustness
 
-ROBUSTNESS_NOTE = ("each point: mean ± sample sd over seeds of the selected round's global accuracy over the "
+ROBUSTNESS_NOTE = ("each point: mean ± sample sd over seeds of the headline global accuracy (the mean over the "
+                   "last evaluated rounds; the selected round's where a record has no final figure) over the "
                    "honest clients (all clients at x = 0, the run without faults)")
 
 
@@ -665,7 +677,7 @@ class Point:
     faults: str  # the canonical spec, "none" at the baseline
 
     def stat(self) -> Stat:
-        return Stat.of(figure(r.record, "global_acc") for r in self.group.records)
+        return Stat.of(headline_value(r.record) for r in self.group.records)
 
 
 @dataclass
@@ -699,7 +711,7 @@ def robustness_series(seed_groups: list[SeedGroup], task: str) -> tuple[dict[str
                 lacking.append(Skipped(str(r.path),
                                        "robustness: no fault kind, strength or fraction in the faults section",
                                        task=task))
-            elif figure(r.record, "global_acc", "honest") is None:
+            elif headline_value(r.record, clients="honest") is None:
                 lacking.append(Skipped(str(r.path), "robustness: no metrics.honest.global_acc (every client faulty?)",
                                        task=task))
             else:
@@ -796,7 +808,7 @@ def draw_robustness(fig, panels: dict[str, list[Series]]) -> dict[str, Any]:
         ax.legend(fontsize=7, loc="best")
         details.append({"fault_kind": kind, "x": robustness.X_LABELS.get(kind, "fraction of faulty clients"),
                         "series": drawn})
-    axes[0].set_ylabel("global accuracy, honest clients (%)")
+    axes[0].set_ylabel("global accuracy, honest clients (%), mean of the last rounds")
     return {"statistics": ROBUSTNESS_NOTE, "panels": details}
 
 
@@ -844,3 +856,54 @@ def plot_robustness(task: str, seed_groups: list[SeedGroup], skipped: list[Skipp
         "details": details,
     }, indent=1, default=str) + "\n")
     return Written("robustness", task, png, sources, drawn, groups, section.label), lacking
+
+
+# ----------------------------------------------------------------------------- critical difference
+
+
+def plot_cd(records: list[Loaded], skipped: list[Skipped], out_dir: Path) -> tuple[list[Written], list[Skipped]]:
+    """One critical-difference diagram (``cd``) per setting section with 2+ blocks and 3+ methods run
+    in all of them, with its sidecar (average ranks, Friedman test, Nemenyi p-values, the blocks and
+    their scores). PlotError when no section has enough, or scikit-posthocs is missing."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from hfl_bench.results import cd
+    from hfl_bench.results.board import build_groups
+
+    tables = cd.cd_tables(build_groups(records))
+    drawable = [t for t in tables if t.drawable]
+    if not drawable:
+        shapes = "; ".join(f"{t.section}: {t.shape()}" for t in tables) or "no protocol with a figure"
+        raise PlotError(f"cd: a critical-difference diagram needs {cd.MIN_BLOCKS} or more blocks (protocols of one "
+                        f"setting) and {cd.MIN_METHODS} or more methods run in all of them; found {shapes}")
+    try:
+        import scikit_posthocs  # noqa: F401 - the drawing and the post-hoc test
+    except ImportError:
+        raise PlotError("cd: needs scikit-posthocs (pip install 'hfl-bench[stats]')") from None
+    written = []
+    for t in drawable:
+        stats = cd.cd_statistics(t)
+        groups = [DrawnSetting(g.method, str(g.config_hash), g.group_id, list(g.ok)) for g in t.members]
+        png = out_dir / f"cd__{_safe(t.section.replace(', ', '_').replace(' ', '-'))}.png"
+        fig = Figure(figsize=(9, 2.6 + 0.3 * len(t.methods)))
+        FigureCanvasAgg(fig)
+        cd.draw_cd(fig, t, stats)
+        fig.suptitle(mpl_text(f"Critical difference: {len(t.methods)} methods over {len(t.blocks)} blocks\n"
+                              f"setting: {t.section}", one_line=False), fontsize=10)
+        write_atomic(png, lambda f, fig=fig: fig.savefig(f, format="png", dpi=110))
+        drawn = [r for g in groups for r in g.records]
+        sources = png.with_name(png.name + SIDECAR_SUFFIX)
+        write_atomic(sources, json.dumps({
+            "png": png.name, "kind": "cd", "section": t.section, "n_records": len(drawn),
+            "records": [source_entry(r) for r in drawn],
+            "statistics": ("score: mean headline global accuracy of each method's best group in a block "
+                           "(a protocol of this setting); rank 1 = best; Friedman test over the blocks, "
+                           "Nemenyi post-hoc test (Demsar 2006)"),
+            "methods": t.methods, "left_out": t.left_out,
+            "blocks": [{"protocol": b, "scores": dict(zip(t.methods, row))} for b, row in zip(t.blocks, t.scores)],
+            **stats,
+        }, indent=1, default=str) + "\n")
+        written.append(Written("cd", "across tasks", png, sources, drawn, groups, t.section))
+    skipped += [Skipped(f"setting: {t.section}", f"cd: {t.shape()}") for t in tables if not t.drawable]
+    return written, skipped

@@ -19,6 +19,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from hfl_bench.results.headline import headline_stat
 from hfl_bench.results.paired import Side, by_protocol, compare, group_mean
 from hfl_bench.results.ranking import protocol_labels, rank_name
 from hfl_bench.results.setting import SettingGroup
@@ -38,7 +39,7 @@ def protocol_rank_intervals(groups: list[SettingGroup]) -> dict[tuple[str, str],
     for key, members in by_protocol(groups).items():
         best: dict[str, SettingGroup] = {}
         for g in members:
-            if g.stat().mean is None:  # as the rank: a group with no figure is not ranked
+            if headline_stat(g).mean is None:  # as the rank: a group with no figure is not ranked
                 continue
             name = rank_name(g, versions)
             if name not in best or group_mean(g) > group_mean(best[name]):

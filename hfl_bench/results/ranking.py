@@ -1,8 +1,9 @@
 """The rank: methods ranked within each protocol (task, partition, clients, active clients,
 rounds, local epochs, selection rule, data: fingerprint and class count, and the setting section: transfer data,
 single architecture or not, budget class, fault setting, modality setting) that at least two
-methods ran, by the mean global accuracy of the method's best group there (the headline: honest
-clients under faults, the recipients of a multimodal run; higher is better); tied means share the
+methods ran, by the mean headline global accuracy of the method's best group there (``headline``:
+the final figure; over the honest clients under faults, the recipients of a multimodal run; higher
+is better); tied means share the
 average of their ranks. A method's score is its mean rank over the protocols it ran in **within
 one setting section** (``SettingGroup.section``): the rank is one table per section, and a method
 that ran in two sections has a row in each, never one score across them. Versions of a method are
@@ -15,6 +16,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from hfl_bench.results.headline import headline_stat
 from hfl_bench.results.loading import selection_mark
 from hfl_bench.results.setting import SettingGroup, partition_label
 
@@ -23,7 +25,27 @@ def rank_methods(groups: list[SettingGroup]) -> list[dict[str, Any]]:
     """Mean rank of each method over the protocols that two or more methods ran, one ranking per
     setting section (see module doc): rows ordered by section (``SettingGroup.section_key``), then
     by mean rank; each row names its ``section``."""
+    ranks: dict[tuple, list[dict[str, Any]]] = defaultdict(list)  # (section, method) -> its protocols' ranks
+    for p in protocol_scores(groups):
+        scores = p["scores"]
+        if len(scores) < 2:
+            continue
+        for method, rank in average_ranks(scores).items():
+            ranks[(p["section"], method)].append({"protocol": p["protocol"], "task": p["task"], "rank": rank,
+                                                  "global_acc": scores[method], "n_methods": len(scores)})
+    rows = [{"section": section[1], "method": m, "mean_rank": round(statistics.fmean(r["rank"] for r in rs), 4),
+             "n_protocols": len(rs), "ranks": rs, "_order": section[0]} for (section, m), rs in ranks.items()]
+    rows.sort(key=lambda r: (r["_order"], r["mean_rank"], -r["n_protocols"], r["method"]))
+    return [{k: v for k, v in r.items() if k != "_order"} for r in rows]
+
+
+def protocol_scores(groups: list[SettingGroup]) -> list[dict[str, Any]]:
+    """Each protocol (``SettingGroup.protocol``) with a figure, ordered by label: its ``protocol``
+    label, ``task``, ``section`` (order, label) and ``scores``, the mean headline global accuracy
+    (``headline``) of each method's best group there (``groups``), versions apart where the groups
+    hold several (what the rank and the critical-difference plot rank)."""
     best: dict[tuple, dict[str, float]] = defaultdict(dict)
+    best_groups: dict[tuple, dict[str, SettingGroup]] = defaultdict(dict)
     labels: dict[tuple, str] = {}
     sections: dict[tuple, tuple[tuple, str]] = {}  # protocol -> (section order, section label)
     versions: dict[str, set] = defaultdict(set)
@@ -31,25 +53,18 @@ def rank_methods(groups: list[SettingGroup]) -> list[dict[str, Any]]:
     for g in groups:
         versions[g.method].add(g.method_version)
     for g in groups:
-        mean = g.stat().mean
+        mean = headline_stat(g).mean
         if mean is None:
             continue
         key = g.protocol()
         labels[key] = distinct[key]
         sections[key] = (g.section_key(), g.section)
         name = rank_name(g, versions)
-        best[key][name] = max(mean, best[key].get(name, float("-inf")))
-    ranks: dict[tuple, list[dict[str, Any]]] = defaultdict(list)  # (section, method) -> its protocols' ranks
-    for key, scores in sorted(best.items(), key=lambda kv: labels[kv[0]]):
-        if len(scores) < 2:
-            continue
-        for method, rank in average_ranks(scores).items():
-            ranks[(sections[key], method)].append({"protocol": labels[key], "task": key[0], "rank": rank,
-                                                   "global_acc": scores[method], "n_methods": len(scores)})
-    rows = [{"section": section[1], "method": m, "mean_rank": round(statistics.fmean(r["rank"] for r in rs), 4),
-             "n_protocols": len(rs), "ranks": rs, "_order": section[0]} for (section, m), rs in ranks.items()]
-    rows.sort(key=lambda r: (r["_order"], r["mean_rank"], -r["n_protocols"], r["method"]))
-    return [{k: v for k, v in r.items() if k != "_order"} for r in rows]
+        if mean > best[key].get(name, float("-inf")):
+            best[key][name], best_groups[key][name] = mean, g
+    return [{"protocol": labels[key], "task": key[0], "section": sections[key], "scores": scores,
+             "groups": best_groups[key]}
+            for key, scores in sorted(best.items(), key=lambda kv: labels[kv[0]])]
 
 
 def rank_name(g: SettingGroup, versions: dict[str, set]) -> str:

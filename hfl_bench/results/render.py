@@ -4,6 +4,9 @@ Every view shows one setting section at a time (``SettingGroup.section``: which 
 the table and markdown one table per section under its label (``by_section``), csv and json a
 ``section`` field on each group, the rank one ranking per section.
 
+Every view's headline (``global acc``, ``local acc``, ``global_*``, the rank) is ``headline``'s: the
+final figure, the papers' selected-round figure beside it (``selected global``, ``selected_*``).
+
 A multimodal group (``SettingGroup.is_multimodal``) shows its recipients' figures as the headline, and
 beside them the donors', all clients' and each extra endpoint's: as ``↳`` rows under the group in
 the table and markdown (whose note says whose the headline is), as columns and ``endpoint`` rows in
@@ -22,6 +25,7 @@ from rich.text import Text
 from hfl_bench.results import seen_unseen
 from hfl_bench.results.board import Board
 from hfl_bench.results.budget import CLIENT_KINDS, budget_of, group_steps, steps_label
+from hfl_bench.results.headline import FALLBACK_NOTE, HEADLINE_STATISTIC, group_basis, headline_stat, marked
 from hfl_bench.results.loading import selection_mark
 from hfl_bench.results.published import Match, Published
 from hfl_bench.results.ranking import protocol_label, protocol_labels
@@ -70,7 +74,7 @@ def drop_label(g: Any) -> str:
 # markdown carry once (whose figure a multimodal headline is).
 KIND, NOTE, SECTION = "_kind", "_note", "_section"
 MODALITY_NOTE = ("multimodal groups (setting missing=MODALITY recipients=FRACTION): global and local acc and the "
-                 "final figures are over the recipients, the clients that miss a modality (all clients where none "
+                 "selected figures are over the recipients, the clients that miss a modality (all clients where none "
                  "does); the ↳ rows give the donors', all clients' and each extra endpoint's figures")
 # The client groups a multimodal group shows besides its headline, and their labels.
 OTHER_CLIENTS = (("donors", "donors"), ("all", "all clients"))
@@ -84,7 +88,7 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
     labels = protocol_labels(board.groups)
     for g in board.groups:
         first = len(rows)
-        gl, lo = g.stat("global_acc"), g.stat("local_acc")
+        gl, lo = headline_stat(g, "global_acc"), headline_stat(g, "local_acc")
         setting = _setting_label(partition_label(g.partition_scheme, g.partition_params), g.n_clients,
                                  g.clients_per_round, g.rounds)
         if labels[g.protocol()] != protocol_label(g):  # one task's protocols differ only in their data
@@ -95,15 +99,18 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
             setting += f" selection={mark}"
         if g.method_params:
             setting += " " + _params_label(g.method_params)
-        fg, fl = g.final_stat("global_acc"), g.final_stat("local_acc")
+        sg, sl = g.stat("global_acc"), g.stat("local_acc")
+        basis = group_basis(g)
+        notes = tuple(n for n, on in ((MODALITY_NOTE, g.is_multimodal), (FALLBACK_NOTE, basis != HEADLINE_STATISTIC))
+                      if on)
         rows.append({
             "method": g.method, "version": version_label(g), "task": g.task, "pool": g.pool, "faults": g.faults,
-            "setting": setting, "seeds": str(len(g.ok)), "global acc": _pm(gl.mean, gl.sd), "drop": drop_label(g),
-            "local acc": _pm(lo.mean, lo.sd),
-            "final global": _pm(fg.mean, fg.sd), "final local": _pm(fl.mean, fl.sd),
+            "setting": setting, "seeds": str(len(g.ok)), "global acc": marked(_pm(gl.mean, gl.sd), basis),
+            "drop": drop_label(g), "local acc": marked(_pm(lo.mean, lo.sd), group_basis(g, "local_acc")),
+            "selected global": _pm(sg.mean, sg.sd), "selected local": _pm(sl.mean, sl.sd),
             STEPS: steps_label([r.record for r in g.ok]),
             "failed/diverged": f"{g.n_failed}/{g.n_diverged}", "source": "", "locator": "",
-            "match": "", "delta": "", KIND: "group", **({NOTE: MODALITY_NOTE} if g.is_multimodal else {}),
+            "match": "", "delta": "", KIND: "group", **({NOTE: notes} if notes else {}),
         })
         rows += clients_rows(g)
         rows += [_published_row(m.published, m) for m in g.published]
@@ -134,13 +141,17 @@ def clients_rows(g: SettingGroup) -> list[dict[str, str]]:
     wanted += [(e, who, label) for e in g.endpoints() for who, label in (("recipients", "recipients"), *OTHER_CLIENTS)]
     rows = []
     for endpoint, who, label in wanted:
-        gl, lo = g.stat("global_acc", endpoint, who), g.stat("local_acc", endpoint, who)
+        sg, sl = g.stat("global_acc", endpoint, who), g.stat("local_acc", endpoint, who)
         name = f"[{endpoint}] {label}" if endpoint else label
-        row = {**{c: "" for c in COLUMNS}, "method": f"  ↳ {name}", "seeds": str(gl.n),
-               "global acc": _pm(gl.mean, gl.sd), "local acc": _pm(lo.mean, lo.sd), KIND: "clients"}
-        if not endpoint:  # the model's final figures over the same clients (endpoints have none)
-            fg, fl = g.final_stat("global_acc", who), g.final_stat("local_acc", who)
-            row.update({"final global": _pm(fg.mean, fg.sd), "final local": _pm(fl.mean, fl.sd)})
+        row = {**{c: "" for c in COLUMNS}, "method": f"  ↳ {name}", "seeds": str(sg.n),
+               "selected global": _pm(sg.mean, sg.sd), "selected local": _pm(sl.mean, sl.sd), KIND: "clients"}
+        if endpoint:  # an endpoint has no final figure: its selected round's stands in, marked
+            row.update({"global acc": marked(row["selected global"], "selected"),
+                        "local acc": marked(row["selected local"], "selected"), NOTE: (FALLBACK_NOTE,)})
+        else:  # the model's headline over the same clients
+            gl, lo = headline_stat(g, "global_acc", who), headline_stat(g, "local_acc", who)
+            row.update({"global acc": marked(_pm(gl.mean, gl.sd), group_basis(g, "global_acc", who)),
+                        "local acc": marked(_pm(lo.mean, lo.sd), group_basis(g, "local_acc", who))})
         rows.append(row)
     return rows
 
@@ -153,7 +164,11 @@ def version_label(g: Any) -> str:
 
 
 def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
+    """A published figure's row: beside a group (``m``) under ``selected global`` / ``selected
+    local`` (a paper reports the figure at its selected or best round; the delta is against the
+    group's selected figure), in ``global acc`` / ``local acc`` in the table of unmatched figures."""
     value = _pm(p.value, p.sd)
+    column = "selected {}" if m else "{} acc"
     c = p.citation
     endpoint = f" [{p.endpoint}]" if p.endpoint else ""
     published_as = p.record["method"].get("published_name") or p.method
@@ -162,20 +177,21 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
         "method": f"  ↳ {published_as}{endpoint}" if m else f"{p.method}{endpoint}", "task": "" if m else p.task,
         "published as": published_as,
         "pool": p.pool or "(other)", "faults": "none", "setting": _published_setting(p), "seeds": str(p.n_seeds or "?"),
-        "global acc": value if p.metric == "global_acc" else "", "local acc": value if p.metric == "local_acc" else "",
+        column.format("global"): value if p.metric == "global_acc" else "",
+        column.format("local"): value if p.metric == "local_acc" else "",
         "failed/diverged": "", "source": str(c.get("key")), "locator": str(c.get("locator")),
         "match": m.setting_match if m else str(c.get("setting_match", "")),
         "delta": ("-" if m.delta is None else f"{m.delta:+.2f}") if m else "",
     }
 
 
-# The terminal table leaves out the locator (long) and the final local accuracy (width); markdown,
-# csv and json keep them. "global acc" and
-# "local acc" are at the selected round (the headline, the papers' rule; over the honest clients
-# for a group run with faults); "final" ones are the mean over the last evaluated rounds
-# (records.FINAL_ROUNDS), over the headline's clients ('-' for a group's records from before schema
-# 1.5, which have only all clients' final figures: the ↳ all clients row). "drop" is a faulty group's
-# drop against the same seeds without faults (``robustness``).
+# The terminal table leaves out the locator (long) and the selected local accuracy (width); markdown,
+# csv and json keep them. "global acc" and "local acc" are the headline (``headline``: the mean over
+# the last evaluated rounds, records.FINAL_ROUNDS, over the headline's clients: the honest ones for a
+# group run with faults; marked ``FALLBACK_MARK`` where a record has no such figure and its selected
+# round's stands in); "selected" ones are at the selected round (the papers' rule; a published figure
+# sits in that column, and its delta is against it). "drop" is a faulty group's drop against the same
+# seeds without faults (``robustness``: per client, at the selected round).
 # The seen / unseen-class accuracy is in csv and json only (the table is at its width: a further
 # column folds the cells of the others; the group pages of the HTML site and ``hfl-bench show``
 # give it).
@@ -184,8 +200,8 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
 # server's own steps per round ('-' for records before schema 1.6).
 STEPS = "steps / client / round"
 COLUMNS = ("method", "version", "task", "pool", "faults", "setting", "seeds", "global acc", "drop", "local acc",
-           "final global", "final local", STEPS, "failed/diverged", "source", "locator", "match", "delta")
-TABLE_COLUMNS = tuple(c for c in COLUMNS if c not in ("locator", "final local"))
+           "selected global", "selected local", STEPS, "failed/diverged", "source", "locator", "match", "delta")
+TABLE_COLUMNS = tuple(c for c in COLUMNS if c not in ("locator", "selected local"))
 UNMATCHED_COLUMNS = ("method", "published as", "task", "pool", "setting", "seeds", "global acc", "local acc",
                      "source", "locator", "match")
 
@@ -197,9 +213,11 @@ CSV_COLUMNS = (
     "row_type", "section", "transfer", "single_architecture", "budget", "group_id", "method", "method_version",
     "commits", "task", "pool", "partition_scheme",
     "partition_params", "n_clients", "clients_per_round", "rounds", "local_epochs", "method_params", "faults",
-    "modalities", "headline_clients", "seeds", "n_seeds", "global_mean", "global_sd", "local_mean", "local_sd",
+    "modalities", "headline_clients", "headline_statistic", "seeds", "n_seeds", "global_mean", "global_sd",
+    "local_mean", "local_sd",
     "all_global_mean", "all_global_sd", "all_local_mean", "all_local_sd", "donors_global_mean", "donors_global_sd",
     "donors_local_mean", "donors_local_sd", "drop_mean", "drop_n_paired", "drop_seeds",
+    "selected_global_mean", "selected_global_sd", "selected_local_mean", "selected_local_sd",
     "final_global_mean", "final_global_sd", "final_local_mean", "final_local_sd", "all_final_global_mean",
     "all_final_global_sd", *SEEN_UNSEEN_CSV, "private_steps_per_client_round", "public_steps_per_client_round",
     "synthetic_steps_per_client_round", "server_steps_per_round", "n_failed", "n_diverged", "n_duplicates",
@@ -212,11 +230,16 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
     """Flat rows: one per group (row_type reproduced), for a multimodal group one per extra
     endpoint (row_type endpoint, same group_id), one per published figure beside it (row_type
     published, same group_id), one per unmatched published figure (empty group_id).
-    global_* / local_* and final_* are the headline (honest clients under faults, the recipients of a
-    multimodal group: ``headline_clients``), all_* every client's, donors_* a multimodal group's donors'."""
+    global_* / local_* / selected_* / final_* are over the headline's clients (honest clients under
+    faults, the recipients of a multimodal group: ``headline_clients``), all_* every client's, donors_*
+    a multimodal group's donors'; global_* / local_* / all_* / donors_* are the headline statistic
+    (``headline``; ``headline_statistic``: final, or selected / mixed where records fell back; an
+    endpoint row's are at the selected round), selected_* at the selected round, final_* the final
+    figures where the records have them."""
     rows = []
     for g in board.groups:
         fg, fl, fa = g.final_stat("global_acc"), g.final_stat("local_acc"), g.final_stat("global_acc", "all")
+        sg, sl = g.stat("global_acc"), g.stat("local_acc")
         drop = g.drop
         rows.append({
             "row_type": "reproduced", **_section_fields(g), "group_id": g.group_id, "method": g.method,
@@ -225,10 +248,12 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
             "partition_scheme": g.partition_scheme, "partition_params": canonical(g.partition_params),
             "n_clients": g.n_clients, "clients_per_round": g.clients_per_round, "rounds": g.rounds,
             "local_epochs": g.local_epochs, "method_params": canonical(g.method_params), "faults": g.faults,
-            "modalities": g.modalities, "headline_clients": g.headline_clients,
+            "modalities": g.modalities, "headline_clients": g.headline_clients, "headline_statistic": group_basis(g),
             "seeds": " ".join(map(str, g.seeds)), **_csv_figures(g), "drop_mean": drop.mean if drop else None,
             "drop_n_paired": drop.n_paired if drop else None,
-            "drop_seeds": " ".join(map(str, drop.seeds)) if drop else None, "final_global_mean": fg.mean,
+            "drop_seeds": " ".join(map(str, drop.seeds)) if drop else None, "selected_global_mean": sg.mean,
+            "selected_global_sd": sg.sd, "selected_local_mean": sl.mean, "selected_local_sd": sl.sd,
+            "final_global_mean": fg.mean,
             "final_global_sd": fg.sd,
             "final_local_mean": fl.mean, "final_local_sd": fl.sd, "all_final_global_mean": fa.mean,
             "all_final_global_sd": fa.sd, **_csv_seen_unseen(g), **_csv_steps(g), "n_failed": g.n_failed,
@@ -239,6 +264,7 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
             rows += [{"row_type": "endpoint", **_section_fields(g), "group_id": g.group_id, "method": g.method,
                       "method_version": g.method_version, "task": g.task, "pool": g.pool, "faults": g.faults,
                       "modalities": g.modalities, "headline_clients": g.headline_clients, "endpoint": e,
+                      "headline_statistic": "selected",
                       "seeds": " ".join(map(str, g.seeds)), **_csv_figures(g, e)} for e in g.endpoints()]
         rows += [{**_published_csv(m.published, m, g.group_id), "section": g.section} for m in g.published]
     rows += [_published_csv(p, None, "") for p in board.unmatched]
@@ -254,13 +280,14 @@ def _section_fields(g: SettingGroup) -> dict[str, Any]:
 
 def _csv_figures(g: SettingGroup, endpoint: Optional[str] = None) -> dict[str, Any]:
     """The seed count and the headline, all clients' and (multimodal) donors' means and sds of the
-    model or of one extra endpoint."""
+    model (the headline statistic, ``headline``) or of one extra endpoint (at the selected round: an
+    endpoint has no final figure)."""
     out: dict[str, Any] = {}
     for prefix, clients in (("", "headline"), ("all_", "all"), ("donors_", "donors")):
         if clients == "donors" and not g.is_multimodal:
             continue
         for name, metric in (("global", "global_acc"), ("local", "local_acc")):
-            st = g.stat(metric, endpoint, clients)
+            st = g.stat(metric, endpoint, clients) if endpoint else headline_stat(g, metric, clients)
             out |= {f"{prefix}{name}_mean": st.mean, f"{prefix}{name}_sd": st.sd}
             if not prefix and name == "global":  # the group's ok seeds, as in JSON (every client faulty: no figure)
                 out["n_seeds"] = st.n if endpoint else len(g.ok)
@@ -314,13 +341,15 @@ def board_json(board: Board) -> dict[str, Any]:
             "clients_per_round": g.clients_per_round, "rounds": g.rounds, "local_epochs": g.local_epochs,
             "method_params": g.method_params, "faults": g.faults, "selection_rule": g.selection_rule,
             **_json_modalities(g),
-            "headline_clients": g.headline_clients, "seeds": g.seeds, "n_seeds": len(g.ok),
-            "global_acc": g.stat("global_acc").as_dict(), "local_acc": g.stat("local_acc").as_dict(),
-            "all_clients": {m: g.stat(m, clients="all").as_dict() for m in METRICS},
-            **({"honest": {m: g.stat(m, clients="honest").as_dict() for m in METRICS},
-                "faulty": {m: g.stat(m, clients="faulty").as_dict() for m in METRICS}} if g.has_faults else {}),
-            **({who: {m: g.stat(m, clients=who).as_dict() for m in METRICS} for who in ("recipients", "donors")}
-               if g.is_multimodal else {}),
+            "headline_clients": g.headline_clients, "headline_statistic": group_basis(g),
+            "seeds": g.seeds, "n_seeds": len(g.ok),
+            "global_acc": headline_stat(g, "global_acc").as_dict(),
+            "local_acc": headline_stat(g, "local_acc").as_dict(),
+            **{key: {m: headline_stat(g, m, who).as_dict() for m in METRICS} for key, who in _json_clients(g)},
+            # the papers' rule: the figures at the selected round, over the headline's clients and each client group
+            "selected": {m: g.stat(m).as_dict() for m in METRICS},
+            "selected_clients": {key: {m: g.stat(m, clients=who).as_dict() for m in METRICS}
+                                 for key, who in _json_clients(g)},
             "drop": g.drop.as_dict() if g.drop is not None else None,
             "final": {m: g.final_stat(m).as_dict() for m in METRICS},  # over the headline's clients
             "final_all_clients": {m: g.final_stat(m, "all").as_dict() for m in METRICS},
@@ -335,12 +364,22 @@ def board_json(board: Board) -> dict[str, Any]:
     multimodal = ("over the recipients (the clients that miss a modality: metrics.recipients; also each "
                   "endpoint's) for a multimodal group (modalities), "
                   if any(g.is_multimodal for g in board.groups) else "")
-    headline = ("global_acc and local_acc are over the honest clients for a group run with faults "
-                f"(metrics.honest), {multimodal}over all clients otherwise (all_clients)")
+    headline = (f"global_acc and local_acc are the headline statistic ({HEADLINE_STATISTIC}: the mean over the last "
+                "evaluated rounds; headline_statistic says where records fell back to the selected round), over "
+                f"the honest clients for a group run with faults (metrics.honest), {multimodal}over all clients "
+                "otherwise (all_clients); selected holds the figures at the selected round (the papers' rule), "
+                "which published deltas use; endpoints are at the selected round")
     sections = list(dict.fromkeys(g.section for g in board.groups))
     return {"sd": "sample standard deviation (ddof=1); null for a single seed", "headline": headline,
             "sections": sections, "groups": groups, "unmatched_published": [p.as_dict() for p in board.unmatched],
             "skipped": board.skipped}
+
+
+def _json_clients(g: SettingGroup) -> list[tuple[str, str]]:
+    """The client blocks of a group's JSON (key, clients): all clients'; the honest and faulty
+    clients' under faults; a multimodal group's recipients' and donors'."""
+    return ([("all_clients", "all")] + ([("honest", "honest"), ("faulty", "faulty")] if g.has_faults else [])
+            + ([("recipients", "recipients"), ("donors", "donors")] if g.is_multimodal else []))
 
 
 def _json_steps(g: SettingGroup) -> dict[str, Any]:
@@ -393,8 +432,10 @@ def rank_interval_label(interval: Optional[list[float]], spec: str) -> str:
 
 
 def row_notes(rows: Iterable[dict[str, Any]]) -> list[str]:
-    """The distinct notes the rows carry (``NOTE``), in order: what a table's title adds."""
-    return list(dict.fromkeys(r[NOTE] for r in rows if r.get(NOTE)))
+    """The distinct notes the rows carry (``NOTE``: a note or a tuple of them), in order: what a
+    table's title adds."""
+    notes = [n for r in rows if r.get(NOTE) for n in ((r[NOTE],) if isinstance(r[NOTE], str) else r[NOTE])]
+    return list(dict.fromkeys(notes))
 
 
 def to_markdown(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
@@ -436,7 +477,7 @@ def to_rich(rows: list[dict[str, str]], columns: Iterable[str], title: str) -> T
     t = Table(title=Text(terminal("; ".join([title, *row_notes(rows)]))))
     columns = [c for c in columns if c not in WHEN_ANY or any(r.get(c) not in (None, "", "-") for r in rows)]
     for c in columns:
-        right = c in ("seeds", "global acc", "drop", "local acc", "final global", "final local", STEPS, "delta",
+        right = c in ("seeds", "global acc", "drop", "local acc", "selected global", "selected local", STEPS, "delta",
                       "mean rank", "rank interval", "protocols", "#")
         # fold, not ellipsis: a narrow terminal still shows every character
         t.add_column(NARROW_HEADERS.get(c, c), justify="right" if right else "left", overflow="fold")
