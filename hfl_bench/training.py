@@ -168,12 +168,16 @@ class Batch:
         return self._labels(self.start, self.end)
 
 
-def make_plan(fed: "RoundView", cid: int, rnd: int, epochs: int | None = None, purpose: str = "train") -> EpochPlan:
-    """The seeded plan of client ``cid``'s local epochs in round ``rnd``."""
+def make_plan(fed: "RoundView", cid: int, rnd: int, epochs: int | None = None, purpose: str = "train", *,
+              hold_out: int = 0, held: bool = False) -> EpochPlan:
+    """The seeded plan of client ``cid``'s local epochs in round ``rnd``. ``hold_out`` sets that
+    many of the client's training samples apart (``held_out``: one seeded draw for the whole run,
+    e.g. FedL2G's quiz set): the plan walks the other samples, or only the held-out ones (``held``)."""
     epochs = fed.cfg.local_epochs if epochs is None else epochs
     client = engine_side(fed).clients[cid]  # its training indices
+    rows = client.train_idx if hold_out <= 0 else held_out(fed, cid, hold_out)[1 if held else 0]
     gen = torch.Generator().manual_seed(derive_seed(fed.cfg.seed, "plan", purpose, rnd, cid))
-    n = len(client.train_idx)
+    n = len(rows)
     orders, bounds = [], []
     for e in range(epochs):
         orders.append(torch.randperm(n, generator=gen))
@@ -183,7 +187,16 @@ def make_plan(fed: "RoundView", cid: int, rnd: int, epochs: int | None = None, p
     # Drawn on the CPU (seeded, device-independent), moved to the data's device once per epoch:
     # a small host-to-device copy per batch would make the host wait for the GPU at every step.
     aug = {k: v.to(order.device) for k, v in augment.draw(name, len(order), fed.info.input_shape, gen).items()}
-    return EpochPlan(cid, client.train_idx[order], bounds, aug, name)
+    return EpochPlan(cid, rows[order], bounds, aug, name)
+
+
+def held_out(fed: "RoundView", cid: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the rest, the held-out ``size``) of client ``cid``'s training indices: a seeded draw that
+    depends only on the run seed, the client and ``size`` (the same in every round)."""
+    idx = engine_side(fed).clients[cid].train_idx
+    gen = torch.Generator().manual_seed(derive_seed(fed.cfg.seed, "hold-out", cid, size))
+    perm = torch.randperm(len(idx), generator=gen).to(idx.device)
+    return idx[perm[size:]], idx[perm[:size]]
 
 
 @torch.no_grad()

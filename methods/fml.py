@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hfl_bench.families.shared_model import resolve_meme_arch, weighted_average
 from hfl_bench.method_api import (
     SERVER,
     ConfigError,
@@ -50,10 +51,6 @@ from hfl_bench.method_api import (
     param,
     register_method,
 )
-from hfl_bench.pools import ArchPool, PoolMember, build_model, n_params, timm_module
-
-if TYPE_CHECKING:
-    from hfl_bench.data import TaskInfo
 
 
 @dataclass
@@ -62,31 +59,6 @@ class FMLParams:
     beta: float = param(0.5, "Meme model's loss: beta * CE + (1 - beta) * KL(p_private || p_meme).")
     meme_arch: str = param("auto", "Meme architecture shared by all clients: a pool member's label or a timm "
                                    "model name; 'auto' = the pool's smallest member by parameter count.")
-
-
-def param_count(member: PoolMember, info: "TaskInfo") -> int:
-    """Parameters of ``member`` on this task, built on the meta device (no memory, no RNG draws)."""
-    with torch.device("meta"):
-        return n_params(build_model(member, info))
-
-
-def smallest_member(pool: ArchPool, info: "TaskInfo") -> PoolMember:
-    """The pool's smallest member by parameter count (the first one on a tie)."""
-    sizes = [param_count(m, info) for m in pool.members]
-    return pool.members[sizes.index(min(sizes))]
-
-
-def resolve_meme_arch(name: str, pool: ArchPool, info: "TaskInfo") -> PoolMember:
-    if name == "auto":
-        return smallest_member(pool, info)
-    for member in pool.members:  # a member keeps its kwargs
-        if name in (member.name, member.model):
-            return member
-    if not timm_module().is_model(name):  # timm imported here, not at start-up
-        known = ", ".join(m.name for m in pool.members)
-        raise ConfigError(f"fml: meme_arch {name!r} is neither a member of pool {pool.name!r} ({known}) "
-                          "nor a registered timm model; use 'auto' for the smallest member")
-    return PoolMember(name)
 
 
 def mutual_losses(private_logits: torch.Tensor, meme_logits: torch.Tensor, y: torch.Tensor,
@@ -98,19 +70,6 @@ def mutual_losses(private_logits: torch.Tensor, meme_logits: torch.Tensor, y: to
     l_private = alpha * F.cross_entropy(private_logits, y) + (1 - alpha) * kd_loss(private_logits, p_meme, 1.0)
     l_meme = beta * F.cross_entropy(meme_logits, y) + (1 - beta) * kd_loss(meme_logits, p_private, 1.0)
     return l_private, l_meme
-
-
-def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict[str, torch.Tensor]:
-    """Weighted mean of floating-point entries (in float64); other entries (e.g. BatchNorm's
-    num_batches_tracked) are taken from the first state."""
-    total = sum(weights)
-    avg = {}
-    for key, ref in states[0].items():
-        if ref.is_floating_point():
-            avg[key] = sum((w / total) * s[key].double() for w, s in zip(weights, states)).to(ref.dtype)
-        else:
-            avg[key] = ref.clone()
-    return avg
 
 
 @register_method

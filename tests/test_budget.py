@@ -32,6 +32,7 @@ from hfl_bench.config import RunConfig, config_hash
 from hfl_bench.metering import SERVER, Budget, Data
 from hfl_bench.methods.dfml import draw_aggregator
 from hfl_bench.methods.fedcc import private_epochs
+from hfl_bench.methods.fedl2g import warm_up_rounds
 from hfl_bench.results import records
 from hfl_bench.results.budget import steps_label
 from hfl_bench.results.validation import record_problems
@@ -157,12 +158,28 @@ def shared_predictor(plan: Plan) -> Plan:
     return plan.private(p.warmup_epochs, rounds=1).private(2 * stage)
 
 
+def fedl2g(plan: Plan) -> Plan:
+    """Per round after the warm-up: the run's local epochs over the shard less its quiz set. Every
+    round: the meta step's study batches (of the shard less the quiz set), and one server step on
+    the guides (no samples)."""
+    p, cfg = plan.p, plan.cfg
+    rest = [int(n) - min(p.meta_quiz_batches * cfg.batch_size, int(n) // 2) for n in plan.shards]
+    trained = ROUNDS - warm_up_rounds(p.warm_up, ROUNDS)
+    study = [batch_bounds(n, cfg.batch_size)[: p.meta_study_batches] for n in rest]
+    plan.steps["private"] += np.array([trained * cfg.local_epochs * plan.batches(n) + ROUNDS * len(b)
+                                       for n, b in zip(rest, study)])
+    plan.samples["private"] += np.array([trained * cfg.local_epochs * n + ROUNDS * sum(e - s for s, e in b)
+                                         for n, b in zip(rest, study)])
+    plan.server = [ROUNDS, 0]
+    return plan
+
+
 # The methods whose budget is not the protocol's (``plain``), each by design; every other
 # registered method is held to ``plain``. FML steps its private model and its meme on the same
 # batch: one step per batch (a step is one batch a client trains on), so it is plain.
 BY_DESIGN = {
     "dfml": dfml, "fedcc": fedcc, "fedmd": fedmd, "fedgd": fedgd, "msfkd": msfkd,
-    "fedsocket": shared_predictor, "naive-shared": shared_predictor,
+    "fedsocket": shared_predictor, "naive-shared": shared_predictor, "fedl2g": fedl2g,
 }
 
 
@@ -190,7 +207,8 @@ def test_private_budget_equals_locals(method, out):
     epochs (the same epochs as local, over another shard: compared with local's steps on that
     shard); fedsocket and naive-shared train two models per client, Private and the client's copy
     of the shared predictor Q, each for the protocol's local epochs in its own pass over the shard
-    (twice local's steps; FML steps its two models on the same batch: once)."""
+    (twice local's steps; FML steps its two models on the same batch: once); fedl2g trains on its
+    shard less a quiz set and adds a meta step each round (its plan, ``fedl2g`` above)."""
     record, sim = run_at_defaults(method, out)
     # local on the same partition: a public set is held out of the clients' shards
     local, _ = run_at_defaults("local", out, public_size=sim.cfg.public_size)
@@ -201,6 +219,8 @@ def test_private_budget_equals_locals(method, out):
         reference = [sum(reference[a] // ROUNDS for a in aggregators)] * CLIENTS  # local's round on each
     if method in ("fedsocket", "naive-shared"):
         reference = [2 * r for r in reference]
+    if method == "fedl2g":
+        reference = fedl2g(Plan(sim)).steps["private"].tolist()
     assert steps == reference
 
 
