@@ -174,12 +174,22 @@ def fedl2g(plan: Plan) -> Plan:
     return plan
 
 
+def fedtgp(plan: Plan) -> Plan:
+    """The protocol, plus the server's TGP training each round: server_epochs epochs over the
+    uploaded (prototype, class) pairs, one per class each client holds, at the run's batch size."""
+    pairs = sum(int((c.train_counts > 0).sum()) for c in plan.fed.clients)
+    epochs = plan.p.server_epochs
+    plan.server = [ROUNDS * epochs * plan.batches(pairs), ROUNDS * epochs * pairs]
+    return plain(plan)
+
+
 # The methods whose budget is not the protocol's (``plain``), each by design; every other
 # registered method is held to ``plain``. FML steps its private model and its meme on the same
 # batch: one step per batch (a step is one batch a client trains on), so it is plain.
 BY_DESIGN = {
     "dfml": dfml, "fedcc": fedcc, "fedmd": fedmd, "fedgd": fedgd, "msfkd": msfkd,
     "fedsocket": shared_predictor, "naive-shared": shared_predictor, "fedl2g": fedl2g,
+    "fedtgp": fedtgp,
 }
 
 
