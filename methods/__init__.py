@@ -7,3 +7,4 @@ from hfl_bench.methods import crad, dfml, fedavg, fedmkd, fedsocket, fml, local 
 from hfl_bench.methods import fedcc, msfkd  # noqa: F401
 from hfl_bench.methods import fedgd, fedmd  # noqa: F401
 from hfl_bench.methods import naive_shared  # noqa: F401
+from hfl_bench.methods import lg_fedavg  # noqa: F401
