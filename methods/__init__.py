@@ -8,3 +8,4 @@ from hfl_bench.methods import fedcc, msfkd  # noqa: F401
 from hfl_bench.methods import fedgd, fedmd  # noqa: F401
 from hfl_bench.methods import naive_shared  # noqa: F401
 from hfl_bench.methods import lg_fedavg  # noqa: F401
+from hfl_bench.methods import fedgh  # noqa: F401

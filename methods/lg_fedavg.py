@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from hfl_bench.families.feature_head import resolve_feature_dim, split_client_models
 from hfl_bench.families.shared_head import (
+    FEATURE_DIM_HELP,
     broadcast_head,
     sample_weighted_average,
     sample_weights,
@@ -40,8 +41,6 @@ from hfl_bench.method_api import (
     register_method,
     train_students,
 )
-
-FEATURE_DIM_HELP = "Common feature width d of the split; 0 = the pool's largest native feature size; HtFLlib uses 512."
 
 
 @dataclass

@@ -32,6 +32,8 @@ from hfl_bench.training import inference_chunk
 if TYPE_CHECKING:
     from hfl_bench.federation import RoundView
 
+FEATURE_DIM_HELP = "Common feature width d of the split; 0 = the pool's largest native feature size; HtFLlib uses 512."
+
 
 def client_head(fed: "RoundView", cid: int) -> nn.Module:
     """Client ``cid``'s head (its model is a ``FeatureHeadModel`` after the split)."""
