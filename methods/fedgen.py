@@ -172,8 +172,6 @@ class FedGen(Method):
         require_at_least("fedgen", p, ("g_steps",), 0)
         if p.lr_g <= 0:
             raise ConfigError(f"fedgen: lr_g must be > 0, got {p.lr_g}")
-        if fed.cfg.batch_size < 2:
-            raise ConfigError("fedgen: the generator's BatchNorm needs batches of at least 2 (--batch-size >= 2)")
         resolve_feature_dim(fed, p.feature_dim)  # refuses a pool without the split in one line
 
     def setup(self, fed: RoundView) -> None:
