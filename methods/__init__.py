@@ -9,3 +9,6 @@ from hfl_bench.methods import fedgd, fedmd  # noqa: F401
 from hfl_bench.methods import naive_shared  # noqa: F401
 from hfl_bench.methods import fedkd, fedmrl, fedl2g  # noqa: F401
 from hfl_bench.methods import fd, fedproto, fedtgp  # noqa: F401
+from hfl_bench.methods import lg_fedavg  # noqa: F401
+from hfl_bench.methods import fedgh  # noqa: F401
+from hfl_bench.methods import fedgen  # noqa: F401

@@ -183,13 +183,31 @@ def fedtgp(plan: Plan) -> Plan:
     return plain(plan)
 
 
+def fedgh(plan: Plan) -> Plan:
+    """The protocol's local epochs, then per round the server's server_epochs epochs over the
+    uploaded class means (one per class a client holds) in batches of the run's batch size."""
+    p, b = plan.p, plan.cfg.batch_size
+    pairs = sum(int((c.train_counts > 0).sum()) for c in plan.fed.clients)
+    plan.server = [ROUNDS * p.server_epochs * -(-pairs // b), ROUNDS * p.server_epochs * pairs]
+    return plain(plan)
+
+
+def fedgen(plan: Plan) -> Plan:
+    """The protocol's local epochs, each private step with one batch of generated features (counted
+    as synthetic samples, no steps of their own); per round the server's g_steps generator steps."""
+    p, b = plan.p, plan.cfg.batch_size
+    plan.samples["synthetic"] += ROUNDS * plan.cfg.local_epochs * b * np.array([plan.batches(n) for n in plan.shards])
+    plan.server = [ROUNDS * p.g_steps, ROUNDS * p.g_steps * b]
+    return plain(plan)
+
+
 # The methods whose budget is not the protocol's (``plain``), each by design; every other
 # registered method is held to ``plain``. FML steps its private model and its meme on the same
 # batch: one step per batch (a step is one batch a client trains on), so it is plain.
 BY_DESIGN = {
     "dfml": dfml, "fedcc": fedcc, "fedmd": fedmd, "fedgd": fedgd, "msfkd": msfkd,
     "fedsocket": shared_predictor, "naive-shared": shared_predictor, "fedl2g": fedl2g,
-    "fedtgp": fedtgp,
+    "fedtgp": fedtgp, "fedgh": fedgh, "fedgen": fedgen,
 }
 
 
