@@ -115,21 +115,22 @@ def hfl_bench_worker(args) -> None:
     sim = Simulation(cfg)
     setup_s = time.perf_counter() - t
 
-    def figures(rnd: int, seconds: float) -> dict:
+    def figures(rnd: int, seconds: float, cpu_s: float) -> dict:
         fed, ev = sim.fed, sim.evaluator
         models = sim.method.eval_models(fed)
         correct = [int((predict_logits(m, fed.data.test_x[lo:hi]).argmax(-1) == fed.data.test_y[lo:hi]).sum())
                    for m, lo, hi in zip(models, bounds[:-1], bounds[1:])]
-        return {"round": rnd, "seconds": round(seconds, 3),
+        return {"round": rnd, "seconds": round(seconds, 3), "cpu_s": round(cpu_s, 3),
                 "test_files": 100 * sum(correct) / sum(sizes), "correct": correct,
                 "local_test": 100 * float(ev.local_correct.sum()) / max(float(ev.local_total.sum()), 1),
                 "local_correct": [int(c) for c in ev.local_correct], "local_sizes": [int(n) for n in ev.local_total]}
 
     print(f"{ROUND_MARK} {json.dumps({'setup_s': round(setup_s, 2), 'test_sizes': sizes})}", flush=True)
-    print(f"{ROUND_MARK} {json.dumps(figures(0, 0.0))}", flush=True)
+    print(f"{ROUND_MARK} {json.dumps(figures(0, 0.0, 0.0))}", flush=True)
     for rnd in range(1, args.rounds + 1):
+        cpu = time.process_time()  # the round's CPU seconds (training and the engine's evaluation)
         entry = sim.step(rnd)
-        print(f"{ROUND_MARK} {json.dumps(figures(rnd, entry['seconds']))}", flush=True)
+        print(f"{ROUND_MARK} {json.dumps(figures(rnd, entry['seconds'], time.process_time() - cpu))}", flush=True)
 
 
 def run_hfl_bench(method: str, seed: int, args, log) -> dict:
@@ -149,12 +150,13 @@ def run_hfl_bench(method: str, seed: int, args, log) -> dict:
                 continue
             rounds.append(rec)
             print(f"  hfl-bench {method} seed {seed} round {rec['round']}: {rec['test_files']:.2f}% "
-                  f"(local halves {rec['local_test']:.2f}%) {rec['seconds']:.1f} s", flush=True)
+                  f"(local halves {rec['local_test']:.2f}%) {rec['seconds']:.1f} s (cpu {rec['cpu_s']:.1f})",
+                  flush=True)
     if proc.returncode != 0 or len(rounds) != args.rounds + 1:
         raise RuntimeError(f"hfl-bench {method} seed {seed} failed (exit {proc.returncode}); see {log.name}")
     return {"setup_s": head["setup_s"] if head else None, "test_sizes": head["test_sizes"] if head else None,
             "curve": [r["test_files"] for r in rounds], "curve_local_test": [r["local_test"] for r in rounds],
-            "seconds": [r["seconds"] for r in rounds], "rounds": rounds}
+            "seconds": [r["seconds"] for r in rounds], "cpu_s": [r["cpu_s"] for r in rounds], "rounds": rounds}
 
 
 # ----------------------------------------------------------------------------- HtFLlib's side
@@ -171,14 +173,15 @@ def run_htfllib(method: str, seed: int, args, system: Path, log_path: Path) -> d
         for rec in driver.rounds():
             rounds.append(rec)
             print(f"  HtFLlib {algo} seed {seed} round {rec['round']}: {100 * rec['acc']:.2f}% "
-                  f"{rec['seconds']:.1f} s", flush=True)
+                  f"{rec['seconds']:.1f} s (cpu {rec['cpu_s']:.1f})", flush=True)
     finally:
         driver.close()
     if len(rounds) != args.rounds + 1:
         raise RuntimeError(f"HtFLlib {algo} seed {seed}: {len(rounds)} rounds, expected {args.rounds + 1}")
     return {"algorithm": algo, "args": driver.setup.get("args"), "setup_s": driver.setup.get("setup_s"),
             "test_sizes": rounds[0]["test_sizes"], "curve": [100 * r["acc"] for r in rounds],
-            "seconds": [r["seconds"] for r in rounds], "training_s": [r["training_s"] for r in rounds],
+            "seconds": [r["seconds"] for r in rounds], "cpu_s": [r["cpu_s"] for r in rounds],
+            "training_s": [r["training_s"] for r in rounds],
             "evaluation_s": [r["evaluation_s"] for r in rounds],
             "correct": [r["correct"] for r in rounds]}
 
@@ -206,13 +209,18 @@ def summarize(runs: dict, methods: list[str], seeds: list[int]) -> dict:
             sides[side] = {"seeds": len(done), "mean_curve": [round(x, 3) for x in mean_curve],
                            "best_acc": round(statistics.mean(b for _, b in bests), 3),
                            "best_rounds": [r for r, _ in bests],
-                           "seconds_per_round": round(statistics.mean(x for r in done for x in r["seconds"][1:]), 2)}
+                           "seconds_per_round": round(statistics.mean(x for r in done for x in r["seconds"][1:]), 2),
+                           "cpu_s_per_round": _mean_or_none([x for r in done for x in r.get("cpu_s", [])[1:]])}
         if len(sides) == 2:
             a, b = sides["htfllib"]["mean_curve"], sides["hfl_bench"]["mean_curve"]
             sides["mean_abs_curve_diff"] = round(statistics.mean(abs(x - y) for x, y in zip(a, b)), 3)
             sides["best_diff"] = round(sides["hfl_bench"]["best_acc"] - sides["htfllib"]["best_acc"], 3)
         out[method] = sides
     return out
+
+
+def _mean_or_none(xs: list[float]) -> float | None:
+    return round(statistics.mean(xs), 2) if xs else None
 
 
 def key(method: str, side: str, seed: int) -> str:
@@ -303,8 +311,8 @@ def main() -> None:
         shutil.rmtree(system.parent, ignore_errors=True)
     for method, s in summarize(runs, args.methods, args.seeds).items():
         h, b = s.get("htfllib"), s.get("hfl_bench")
-        print(f"{method}: HtFLlib best {h and h['best_acc']} ({h and h['seconds_per_round']} s/round), hfl-bench "
-              f"best {b and b['best_acc']} ({b and b['seconds_per_round']} s/round), mean |curve diff| "
+        print(f"{method}: HtFLlib best {h and h['best_acc']} ({h and h['cpu_s_per_round']} CPU s/round), hfl-bench "
+              f"best {b and b['best_acc']} ({b and b['cpu_s_per_round']} CPU s/round), mean |curve diff| "
               f"{s.get('mean_abs_curve_diff')}")
     print(f"wrote {out}")
 
