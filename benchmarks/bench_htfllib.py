@@ -205,6 +205,7 @@ def live(args) -> None:
 
     from hfl_bench.config import EVAL_EVERY
     from hfl_bench.engine import Simulation
+    from hfl_bench.provenance import git_info
 
     system, commit = htfllib_run.export(Path(args.htfllib), Path(args.data), args.htfllib_commit)
     log = Path(tempfile.gettempdir()) / "htfllib-driver.log"  # HtFLlib's own output, kept for a failed run
@@ -235,7 +236,7 @@ def live(args) -> None:
     doc = {"what": __doc__.splitlines()[0], "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "command": "OMP_NUM_THREADS=1 python benchmarks/bench_htfllib.py --htfllib <HtFLlib checkout> "
                       f"--rounds {args.rounds} --tested-rounds {args.tested_rounds}",
-           "htfllib_commit": commit, "machine": machine(torch), "pairs": pairs,
+           "htfllib_commit": commit, "hfl_bench_code": git_info(), "machine": machine(torch), "pairs": pairs,
            "summary": summarize(pairs, tested_rounds_in(LIVE_RUN_ROUNDS, EVAL_EVERY))}
     out = HERE / "results" / "htfllib-fml-mnist20-live.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -271,6 +271,8 @@ def main() -> None:
     import htfllib_run
     import torch
 
+    from hfl_bench.provenance import git_info
+
     system, commit = htfllib_run.export(Path(args.htfllib), Path(args.data),
                                         args.htfllib_commit or htfllib_run.DEFAULT_COMMIT)
     out = Path(args.out)
@@ -286,7 +288,7 @@ def main() -> None:
             runs = {k: v for k, v in runs.items() if not k.startswith(f"{m}/hfl_bench/")}
     log = Path(tempfile.gettempdir()) / "htfllib-side-by-side.log"
     print(f"HtFLlib {commit[:10]} in {system}; logs in {log}", flush=True)
-    doc = {"what": __doc__.splitlines()[0], "settings": wanted, "notes": NOTES,
+    doc = {"what": __doc__.splitlines()[0], "settings": wanted, "notes": NOTES, "hfl_bench_code": git_info(),
            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
                        "threads": args.threads},
            "runs": runs}
