@@ -14,7 +14,9 @@ for each method and seed:
 - **hfl-bench**: the method of the same name through the engine (``Simulation``, the code path of
   ``hfl-bench run``; the engine API because the pool is a plugin registered by importing
   ``htfl_pool`` and because a record keeps per-client figures for the selected round only),
-  ``--eval-every 1``, SGD without momentum or weight decay as HtFLlib's clients, held-out
+  ``--eval-every`` (default 10: the engine's own figures do not enter the comparison, and a
+  run's training and selected round do not depend on it; ``1`` costs a global test of every
+  model every round), SGD without momentum or weight decay as HtFLlib's clients, held-out
   fraction ``--heldout-fraction``. Per round it computes, from the models the engine evaluates for
   each client (``Method.eval_models``):
 
@@ -22,8 +24,8 @@ for each method and seed:
     client's model on its own test file (client i's block of the global test set: the task joins
     the test files in client order), correct over total;
   - ``local_test``: the same metric on hfl-bench's own local test halves (10% of each client's
-    train file at the default held-out 0.2): the evaluator's per-client correct counts over the
-    halves' sizes (the figures the record's ``local_acc`` averages without weights).
+    train file at the default held-out 0.2), computed as the evaluator computes a client's local
+    test figure (the figures the record's ``local_acc`` averages without weights).
 
 Differences that stay (reported in the output's ``notes``): hfl-bench trains on the train files
 less the held-out fraction, HtFLlib on all of them; HtFLlib's loaders neither shuffle nor keep a
@@ -97,6 +99,7 @@ def hfl_bench_worker(args) -> None:
 
     from hfl_bench.config import RunConfig
     from hfl_bench.engine import Simulation, load_task
+    from hfl_bench.evaluation import channels_last
     from hfl_bench.tasks.pfl_npz import find_folder, read_config, read_split
     from hfl_bench.training import predict_logits
 
@@ -107,7 +110,8 @@ def hfl_bench_worker(args) -> None:
     cfg = load_task(RunConfig(method=args.worker, task="pfl-npz", data_dir=args.data, pool=htfl_pool.POOL,
                               batch_size=BATCH, local_epochs=EPOCHS, lr=LR, momentum=0.0, weight_decay=0.0,
                               heldout_fraction=args.heldout_fraction, rounds=args.rounds, seed=args.seed,
-                              eval_every=1, checkpoint_every=0, device="cpu", method_params=params))[1]
+                              eval_every=args.eval_every, checkpoint_every=0, device="cpu",
+                              method_params=params))[1]
     folder = find_folder(args.data)
     sizes = [len(y) for _, y in read_split(folder, "test", read_config(folder)["num_clients"])]
     bounds = np.cumsum([0, *sizes])
@@ -118,12 +122,15 @@ def hfl_bench_worker(args) -> None:
     def figures(rnd: int, seconds: float, cpu_s: float) -> dict:
         fed, ev = sim.fed, sim.evaluator
         models = sim.method.eval_models(fed)
-        correct = [int((predict_logits(m, fed.data.test_x[lo:hi]).argmax(-1) == fed.data.test_y[lo:hi]).sum())
-                   for m, lo, hi in zip(models, bounds[:-1], bounds[1:])]
+        with channels_last(models, ev.fast_layout):  # the evaluator's layout
+            correct = [int((predict_logits(m, ev._layout(fed.data.test_x[lo:hi])).argmax(-1)
+                            == fed.data.test_y[lo:hi]).sum()) for m, lo, hi in zip(models, bounds[:-1], bounds[1:])]
+            # the local halves here, not from the evaluator: it tests them only at its test rounds
+            local = [ev.local_test_correct(m, cid) for cid, m in enumerate(models)]
         return {"round": rnd, "seconds": round(seconds, 3), "cpu_s": round(cpu_s, 3),
                 "test_files": 100 * sum(correct) / sum(sizes), "correct": correct,
-                "local_test": 100 * float(ev.local_correct.sum()) / max(float(ev.local_total.sum()), 1),
-                "local_correct": [int(c) for c in ev.local_correct], "local_sizes": [int(n) for n in ev.local_total]}
+                "local_test": 100 * sum(local) / max(int(ev.local_total.sum()), 1),
+                "local_correct": local, "local_sizes": [int(n) for n in ev.local_total]}
 
     print(f"{ROUND_MARK} {json.dumps({'setup_s': round(setup_s, 2), 'test_sizes': sizes})}", flush=True)
     print(f"{ROUND_MARK} {json.dumps(figures(0, 0.0, 0.0))}", flush=True)
@@ -136,6 +143,7 @@ def hfl_bench_worker(args) -> None:
 def run_hfl_bench(method: str, seed: int, args, log) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", method, "--seed", str(seed),
            "--rounds", str(args.rounds), "--data", args.data, "--heldout-fraction", str(args.heldout_fraction),
+           "--eval-every", str(args.eval_every),
            "--threads", str(args.threads), *sum((["--set", kv] for kv in args.set_for(method)), [])]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     rounds, head = [], None
@@ -235,7 +243,8 @@ def write(path: Path, doc: dict) -> None:
 
 def settings(args, commit: str) -> dict:
     return {"rounds": args.rounds, "lr": LR, "batch_size": BATCH, "local_epochs": EPOCHS, "clients": CLIENTS,
-            "feature_dim": 512, "heldout_fraction": args.heldout_fraction, "htfllib_commit": commit,
+            "feature_dim": 512, "heldout_fraction": args.heldout_fraction, "eval_every": args.eval_every,
+            "htfllib_commit": commit,
             "hfl_bench_params": {m: args.set_for(m) for m in args.methods}}
 
 
@@ -249,6 +258,7 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--heldout-fraction", type=float, default=0.2, help="hfl-bench's held-out fraction")
+    ap.add_argument("--eval-every", type=int, default=10, help="hfl-bench's test rounds (its own figures only)")
     ap.add_argument("--set", action="append", default=[], metavar="METHOD:KEY=VALUE",
                     help="an hfl-bench hyperparameter of one method (repeatable), e.g. fedproto:lam=10")
     ap.add_argument("--sides", nargs="+", default=["htfllib", "hfl_bench"], choices=["htfllib", "hfl_bench"])
