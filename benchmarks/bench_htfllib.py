@@ -6,27 +6,35 @@ HtFLlib's ``FedAvgCNN`` (conv 32-64, fc 512; built here through the plugin pool 
 ``benchmarks/htfl_pool.py``), batch 64, one local epoch, lr 0.01, held-out fraction 0.2, CPU, one
 torch thread.
 
-HtFLlib cannot be installed here (no registry package); its side is the figures measured on this
-machine type when the issue was filed, stored below with where they come from. hfl-bench's side
-is measured now, in one process, for two evaluation policies:
+With ``--htfllib PATH`` (an HtFLlib checkout) both sides run now, in one session on one machine:
+HtFLlib's own FML (``system/`` exported at ``--htfllib-commit`` into a temporary folder and run by
+``benchmarks/htfllib_driver.py`` as a subprocess, its data linked to ``--data``) one gated round
+at a time, interleaved with hfl-bench's rounds in this process, so load drift hits both. It
+reports HtFLlib's seconds per round (its loop: evaluation of every model on its own client's test
+file, then training and aggregation) and hfl-bench's
 
-- ``every round`` (``--eval-every 1``): the global test set, the local test halves and the meme
-  endpoint after every round (the behaviour before the evaluation policy, with today's faster
-  evaluation code);
-- ``default`` (``--eval-every 10``): validation every round, the test figures every 10 rounds.
+- **tested round** (``--eval-every 1``: validation, the global test set, the local test halves and
+  the meme endpoint after every round),
+- **amortized round over a 300-round run** at the default evaluation policy (``--eval-every 10``):
+  ``(n_plain * plain + n_tested * tested) / 300``, where ``plain`` is the mean measured round
+  without a test (training + validation), ``tested`` the mean measured tested round and
+  ``n_tested`` = 39 the test rounds of such a run (every 10th and each of the last 10); the best
+  round's deferred figures, computed at most once per checkpoint, are not in it,
 
-For each policy it runs a full period of rounds (the budget is set far beyond them, so none of
-the measured rounds is in the final 10-round window every run tests at its end) and reports the
-mean seconds per round split into training (private + meme), evaluation and the rest. It also
-times one test round on its own, which is what each of the last 10 rounds of a run costs.
+and both ratios to HtFLlib's round, in wall seconds and in CPU seconds of each process (less
+sensitive to other jobs on the machine), with the load average around each pair of rounds.
+Writes ``benchmarks/results/htfllib-fml-mnist20-live.json``.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_htfllib.py [--data ../shared/data/mnist-htfl]
-        [--rounds 10] [--every-round-rounds 1] [--digits-crad] [--floor]
+Without ``--htfllib`` (history): HtFLlib's side is the figures stored when issue 18 was filed, and
+hfl-bench's side is measured for the two evaluation policies (``htfllib-fml-mnist20.json``).
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_htfllib.py --htfllib PATH [--data ../shared/data/mnist-htfl]
+        [--rounds 10] [--tested-rounds 2]
+    OMP_NUM_THREADS=1 python benchmarks/bench_htfllib.py [--rounds 10] [--every-round-rounds 1] [--digits-crad]
+        [--floor]
 
 ``--floor`` measures only the bare-torch training floor of the workload (``torch_floor``): what
 one round's training costs on this CPU with no framework at all.
-
-Writes ``benchmarks/results/htfllib-fml-mnist20.json``.
 """
 
 from __future__ import annotations
@@ -38,15 +46,16 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-# Measured when issue 18 was filed: HtFLlib's FML (system/main.py -algo FML, its FedAvgCNN, batch
-# 64, one local epoch, CPU, one thread) on the same data on one 2-core machine of this project,
-# beside hfl-bench's own run under the same load (the issue's table).
+# History (the path without --htfllib): measured when issue 18 was filed: HtFLlib's FML
+# (system/main.py -algo FML, its FedAvgCNN, batch 64, one local epoch, CPU, one thread) on the same
+# data on one 2-core machine of this project, beside hfl-bench's own run under the same load.
 HTFLLIB = {
     "source": "issue 18 (measured side by side on this project's 2-core machine type, same load)",
     "training_s_per_round": [71, 79],
@@ -169,10 +178,109 @@ def torch_floor(samples: int, batch: int = 64, repeats: int = 3) -> dict:
     return out
 
 
+LIVE_RUN_ROUNDS = 300  # the run length the amortized round is for
+
+
+def tested_rounds_in(run_rounds: int, eval_every: int) -> int:
+    """Test rounds of a ``run_rounds`` run (``Evaluator.is_test_round``, round 0 not counted)."""
+    from hfl_bench.config import FINAL_ROUNDS
+
+    return sum(r % eval_every == 0 or r > run_rounds - FINAL_ROUNDS for r in range(1, run_rounds + 1))
+
+
+def timed_step(sim, rnd: int) -> dict:
+    cpu = time.process_time()
+    e = sim.step(rnd)
+    return {"round": rnd, "s": round(e["seconds"], 3), "cpu_s": round(time.process_time() - cpu, 3),
+            "training_s": round(e["phases"].get("training", 0.0), 3),
+            "evaluation_s": round(e["phases"].get("evaluation", 0.0), 3), "tested": e["global_acc"] is not None}
+
+
+def live(args) -> None:
+    """Both sides now, HtFLlib's rounds interleaved with hfl-bench's (module docstring)."""
+    import shutil
+
+    import htfllib_run
+    import torch
+
+    from hfl_bench.config import EVAL_EVERY
+    from hfl_bench.engine import Simulation
+    from hfl_bench.provenance import git_info
+
+    system, commit = htfllib_run.export(Path(args.htfllib), Path(args.data), args.htfllib_commit)
+    log = Path(tempfile.gettempdir()) / "htfllib-driver.log"  # HtFLlib's own output, kept for a failed run
+    log.unlink(missing_ok=True)
+    n_htfl = args.rounds + args.tested_rounds
+    cmd = htfllib_run.driver_command("FML", n_htfl, 64, 1, 0.01, 20, ["-al", "0.5", "-bt", "0.5"], gate=True)
+    driver = htfllib_run.Driver(system, cmd, log)
+    pairs = []
+    try:
+        for policy, every, rounds in (("default", EVAL_EVERY, args.rounds), ("tested", 1, args.tested_rounds)):
+            sim = Simulation(config(args.data, every, budget=10_000))
+            for rnd in range(1, rounds + 1):
+                load0 = os.getloadavg()[0]
+                h = driver.round()
+                mine = timed_step(sim, rnd)
+                pair = {"policy": policy, "load_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
+                        "htfllib": {k: h[k] for k in ("round", "seconds", "cpu_s", "training_s", "evaluation_s")},
+                        "hfl_bench": mine}
+                pairs.append(pair)
+                print(f"{policy:7s} round {rnd}: HtFLlib {h['seconds']:.1f} s (cpu {h['cpu_s']:.1f}; training "
+                      f"{h['training_s']:.1f}, evaluation {h['evaluation_s']:.1f}) | hfl-bench {mine['s']:.1f} s "
+                      f"(cpu {mine['cpu_s']:.1f}; training {mine['training_s']:.1f}, evaluation "
+                      f"{mine['evaluation_s']:.1f}, tested {mine['tested']}) | load {pair['load_1min']}", flush=True)
+            del sim
+    finally:
+        driver.close()
+        shutil.rmtree(system.parent, ignore_errors=True)
+    doc = {"what": __doc__.splitlines()[0], "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "command": "OMP_NUM_THREADS=1 python benchmarks/bench_htfllib.py --htfllib <HtFLlib checkout> "
+                      f"--rounds {args.rounds} --tested-rounds {args.tested_rounds}",
+           "htfllib_commit": commit, "hfl_bench_code": git_info(), "machine": machine(torch), "pairs": pairs,
+           "summary": summarize(pairs, tested_rounds_in(LIVE_RUN_ROUNDS, EVAL_EVERY))}
+    out = HERE / "results" / "htfllib-fml-mnist20-live.json"
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    for unit, fig in doc["summary"].items():
+        if isinstance(fig, dict):
+            print(f"{unit}: HtFLlib {fig['htfllib_round']} s/round; hfl-bench tested round {fig['tested_round']} "
+                  f"({fig['tested_ratio']}x), amortized over {LIVE_RUN_ROUNDS} rounds {fig['amortized_round']} "
+                  f"({fig['amortized_ratio']}x)")
+    print(f"wrote {out}")
+
+
+def summarize(pairs: list[dict], n_tested: int) -> dict:
+    """Mean seconds per round of each side and the two ratios, in wall and in CPU seconds."""
+    out = {"run_rounds": LIVE_RUN_ROUNDS, "tested_rounds_in_run": n_tested,
+           "load_1min_mean": round(statistics.mean(x for p in pairs for x in p["load_1min"]), 2)}
+    for unit, key in (("wall", "s"), ("cpu", "cpu_s")):
+        htfl = statistics.mean(p["htfllib"]["seconds" if key == "s" else key] for p in pairs)
+        tested = [p["hfl_bench"][key] for p in pairs if p["hfl_bench"]["tested"]]
+        plain = [p["hfl_bench"][key] for p in pairs if not p["hfl_bench"]["tested"]]
+        if not tested or not plain:
+            out[unit] = "needs at least one tested and one untested hfl-bench round"
+            continue
+        amortized = ((LIVE_RUN_ROUNDS - n_tested) * statistics.mean(plain) + n_tested * statistics.mean(tested)) \
+            / LIVE_RUN_ROUNDS
+        out[unit] = {"htfllib_round": round(htfl, 2), "untested_round": round(statistics.mean(plain), 2),
+                     "tested_round": round(statistics.mean(tested), 2), "amortized_round": round(amortized, 2),
+                     "tested_ratio": round(statistics.mean(tested) / htfl, 3),
+                     "amortized_ratio": round(amortized / htfl, 3)}
+    return out
+
+
+def machine(torch) -> dict:
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "processor": platform.processor() or None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data" / "mnist-htfl"),
                     help="the PFLlib / HtFLlib MNIST folder (config.json, train/, test/)")
+    ap.add_argument("--htfllib", help="an HtFLlib checkout: run its FML now, interleaved (module docstring)")
+    ap.add_argument("--htfllib-commit", default=None, help="the HtFLlib commit to run (default: htfllib_run's)")
+    ap.add_argument("--tested-rounds", type=int, default=2, help="with --htfllib: hfl-bench rounds with a test "
+                    "every round")
     ap.add_argument("--rounds", type=int, default=10, help="rounds of the default policy (one full period)")
     ap.add_argument("--every-round-rounds", type=int, default=1, help="rounds with a test every round")
     ap.add_argument("--digits-crad", action="store_true", help="also: whole crad runs on digits at its defaults, "
@@ -186,6 +294,12 @@ def main() -> None:
     from hfl_bench.config import EVAL_EVERY
 
     torch.set_num_threads(1)
+    if args.htfllib:
+        import htfllib_run
+
+        args.htfllib_commit = args.htfllib_commit or htfllib_run.DEFAULT_COMMIT
+        live(args)
+        return
     if args.floor:
         path = HERE / "results" / "htfllib-fml-mnist20.json"
         doc = json.loads(path.read_text()) if path.exists() else {}

@@ -1,0 +1,333 @@
+"""HtFLlib's implementation of a method beside hfl-bench's, under HtFLlib's own metric (issue 31).
+
+On HtFLlib's MNIST split (``--data``, 20 clients, task ``pfl-npz``) with HtFLlib's FedAvgCNN on
+both sides (hfl-bench: the plugin pool in ``benchmarks/htfl_pool.py``), HtFLlib's learning rate,
+batch size and local epochs (``system/total.sh``: lr 0.01, batch 10, one epoch, feature dim 512),
+for each method and seed:
+
+- **HtFLlib**: its code at ``--htfllib-commit`` of the checkout ``--htfllib`` (exported to a
+  temporary folder, never copied here; default the commit before FD's target became the raw
+  logits, ``htfllib_run``), run by ``benchmarks/htfllib_driver.py`` with the method's
+  hyperparameters from total.sh (``METHODS``). Its per-round figure is its ``Averaged Test
+  Accuracy``: correct predictions over all clients' test files / their total size (each client's
+  model on its own test file), round 0 being the untrained models.
+- **hfl-bench**: the method of the same name through the engine (``Simulation``, the code path of
+  ``hfl-bench run``; the engine API because the pool is a plugin registered by importing
+  ``htfl_pool`` and because a record keeps per-client figures for the selected round only),
+  ``--eval-every`` (default 10: the engine's own figures do not enter the comparison, and a
+  run's training and selected round do not depend on it; ``1`` costs a global test of every
+  model every round), SGD without momentum or weight decay as HtFLlib's clients, held-out
+  fraction ``--heldout-fraction``. Per round it computes, from the models the engine evaluates for
+  each client (``Method.eval_models``):
+
+  - ``test_files`` (the compared figure): HtFLlib's metric on the very images HtFLlib uses, each
+    client's model on its own test file (client i's block of the global test set: the task joins
+    the test files in client order), correct over total;
+  - ``local_test``: the same metric on hfl-bench's own local test halves (10% of each client's
+    train file at the default held-out 0.2), computed as the evaluator computes a client's local
+    test figure (the figures the record's ``local_acc`` averages without weights).
+
+Differences that stay (reported in the output's ``notes``): hfl-bench trains on the train files
+less the held-out fraction, HtFLlib on all of them; HtFLlib's loaders neither shuffle nor keep a
+last partial batch, hfl-bench shuffles each epoch (seeded) and keeps it; HtFLlib's clients reseed
+torch with 0, so its seeds share the initial models; hfl-bench clips gradients at norm 10
+(HtFLlib's FML and a few others do too).
+
+Output (``--out``, default ``benchmarks/results/htfllib-side-by-side.json``, written atomically
+after each run): every run's curves and seconds per round, and per method the mean curves of
+both sides, their mean absolute difference over rounds 0..R, and the best round (each seed's
+maximum, averaged: HtFLlib's ``average_data``). ``--resume`` keeps the runs already in ``--out``
+that match the settings and runs only the rest.
+
+    OMP_NUM_THREADS=1 python benchmarks/htfllib_side_by_side.py --htfllib PATH \\
+        [--methods fedproto lg-fedavg fedgh fedtgp fd] [--seeds 0 1 2] [--rounds 30] [--resume]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+# hfl-bench name -> (HtFLlib's -algo, its hyperparameters in system/total.sh)
+METHODS = {
+    "local": ("Local", []),
+    "fml": ("FML", ["-al", "0.5", "-bt", "0.5"]),
+    "fedproto": ("FedProto", ["-lam", "10"]),
+    "lg-fedavg": ("LG-FedAvg", []),
+    "fedgh": ("FedGH", ["-slr", "0.01", "-se", "1"]),
+    "fedtgp": ("FedTGP", ["-lam", "10", "-se", "100", "-mart", "100"]),
+    "fd": ("FD", ["-lam", "1"]),
+    "fedkd": ("FedKD", ["-mlr", "0.01", "-Ts", "0.95", "-Te", "0.98"]),
+    "fedgen": ("FedGen", ["-nd", "32", "-glr", "0.1", "-hd", "512", "-se", "100"]),
+    "fedmrl": ("FedMRL", ["-sfd", "128"]),
+}
+DEFAULT_METHODS = ["fedproto", "lg-fedavg", "fedgh", "fedtgp", "fd"]
+LR, BATCH, EPOCHS, CLIENTS = 0.01, 10, 1, 20
+NOTES = [
+    "hfl-bench trains on each client's train file less the held-out fraction (validation and local test "
+    "halves); HtFLlib trains on the whole file",
+    "HtFLlib's loaders do not shuffle and drop the last partial batch; hfl-bench shuffles every epoch "
+    "(seeded) and keeps it",
+    "HtFLlib's clients reseed torch with 0 when built: its seeds share the initial models and differ only "
+    "in later draws",
+    "hfl-bench clips gradients at global norm 10 (its protocol); HtFLlib clips only in some methods (FML)",
+    "both sides use SGD without momentum or weight decay at lr 0.01, batch 10, one local epoch",
+]
+ROUND_MARK = "HFL_ROUND"
+
+
+# ----------------------------------------------------------------------------- hfl-bench's side
+
+
+def hfl_bench_worker(args) -> None:
+    """One hfl-bench run, one ``HFL_ROUND {json}`` line per round (rounds 0..R) on stdout."""
+    import time
+
+    import numpy as np
+    import torch
+
+    from hfl_bench.config import RunConfig
+    from hfl_bench.engine import Simulation, load_task
+    from hfl_bench.evaluation import channels_last
+    from hfl_bench.tasks.pfl_npz import find_folder, read_config, read_split
+    from hfl_bench.training import predict_logits
+
+    import htfl_pool
+
+    torch.set_num_threads(args.threads)
+    params = dict(kv.split("=", 1) for kv in args.set)
+    cfg = load_task(RunConfig(method=args.worker, task="pfl-npz", data_dir=args.data, pool=htfl_pool.POOL,
+                              batch_size=BATCH, local_epochs=EPOCHS, lr=LR, momentum=0.0, weight_decay=0.0,
+                              heldout_fraction=args.heldout_fraction, rounds=args.rounds, seed=args.seed,
+                              eval_every=args.eval_every, checkpoint_every=0, device="cpu",
+                              method_params=params))[1]
+    folder = find_folder(args.data)
+    sizes = [len(y) for _, y in read_split(folder, "test", read_config(folder)["num_clients"])]
+    bounds = np.cumsum([0, *sizes])
+    t = time.perf_counter()
+    sim = Simulation(cfg)
+    setup_s = time.perf_counter() - t
+
+    def figures(rnd: int, seconds: float, cpu_s: float) -> dict:
+        fed, ev = sim.fed, sim.evaluator
+        models = sim.method.eval_models(fed)
+        with channels_last(models, ev.fast_layout):  # the evaluator's layout
+            correct = [int((predict_logits(m, ev._layout(fed.data.test_x[lo:hi])).argmax(-1)
+                            == fed.data.test_y[lo:hi]).sum()) for m, lo, hi in zip(models, bounds[:-1], bounds[1:])]
+            # the local halves here, not from the evaluator: it tests them only at its test rounds
+            local = [ev.local_test_correct(m, cid) for cid, m in enumerate(models)]
+        return {"round": rnd, "seconds": round(seconds, 3), "cpu_s": round(cpu_s, 3),
+                "test_files": 100 * sum(correct) / sum(sizes), "correct": correct,
+                "local_test": 100 * sum(local) / max(int(ev.local_total.sum()), 1),
+                "local_correct": local, "local_sizes": [int(n) for n in ev.local_total]}
+
+    print(f"{ROUND_MARK} {json.dumps({'setup_s': round(setup_s, 2), 'test_sizes': sizes})}", flush=True)
+    print(f"{ROUND_MARK} {json.dumps(figures(0, 0.0, 0.0))}", flush=True)
+    for rnd in range(1, args.rounds + 1):
+        cpu = time.process_time()  # the round's CPU seconds (training and the engine's evaluation)
+        entry = sim.step(rnd)
+        print(f"{ROUND_MARK} {json.dumps(figures(rnd, entry['seconds'], time.process_time() - cpu))}", flush=True)
+
+
+def run_hfl_bench(method: str, seed: int, args, log) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", method, "--seed", str(seed),
+           "--rounds", str(args.rounds), "--data", args.data, "--heldout-fraction", str(args.heldout_fraction),
+           "--eval-every", str(args.eval_every),
+           "--threads", str(args.threads), *sum((["--set", kv] for kv in args.set_for(method)), [])]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    rounds, head = [], None
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=HERE.parent) as proc:
+        for line in proc.stdout:
+            mark, _, body = line.partition(" ")
+            if mark != ROUND_MARK:
+                continue
+            rec = json.loads(body)
+            if "round" not in rec:
+                head = rec
+                continue
+            rounds.append(rec)
+            print(f"  hfl-bench {method} seed {seed} round {rec['round']}: {rec['test_files']:.2f}% "
+                  f"(local halves {rec['local_test']:.2f}%) {rec['seconds']:.1f} s (cpu {rec['cpu_s']:.1f})",
+                  flush=True)
+    if proc.returncode != 0 or len(rounds) != args.rounds + 1:
+        raise RuntimeError(f"hfl-bench {method} seed {seed} failed (exit {proc.returncode}); see {log.name}")
+    return {"setup_s": head["setup_s"] if head else None, "test_sizes": head["test_sizes"] if head else None,
+            "curve": [r["test_files"] for r in rounds], "curve_local_test": [r["local_test"] for r in rounds],
+            "seconds": [r["seconds"] for r in rounds], "cpu_s": [r["cpu_s"] for r in rounds], "rounds": rounds}
+
+
+# ----------------------------------------------------------------------------- HtFLlib's side
+
+
+def run_htfllib(method: str, seed: int, args, system: Path, log_path: Path) -> dict:
+    import htfllib_run
+
+    algo, extra = METHODS[method]
+    cmd = htfllib_run.driver_command(algo, args.rounds, BATCH, EPOCHS, LR, CLIENTS, extra, seed=seed)
+    driver = htfllib_run.Driver(system, cmd, log_path, threads=args.threads)
+    rounds = []
+    try:
+        for rec in driver.rounds():
+            rounds.append(rec)
+            print(f"  HtFLlib {algo} seed {seed} round {rec['round']}: {100 * rec['acc']:.2f}% "
+                  f"{rec['seconds']:.1f} s (cpu {rec['cpu_s']:.1f})", flush=True)
+    finally:
+        driver.close()
+    if len(rounds) != args.rounds + 1:
+        raise RuntimeError(f"HtFLlib {algo} seed {seed}: {len(rounds)} rounds, expected {args.rounds + 1}")
+    return {"algorithm": algo, "args": driver.setup.get("args"), "setup_s": driver.setup.get("setup_s"),
+            "test_sizes": rounds[0]["test_sizes"], "curve": [100 * r["acc"] for r in rounds],
+            "seconds": [r["seconds"] for r in rounds], "cpu_s": [r["cpu_s"] for r in rounds],
+            "training_s": [r["training_s"] for r in rounds],
+            "evaluation_s": [r["evaluation_s"] for r in rounds],
+            "correct": [r["correct"] for r in rounds]}
+
+
+# ----------------------------------------------------------------------------- the comparison
+
+
+def best(curve: list[float]) -> tuple[int, float]:
+    """HtFLlib's best accuracy of a run (its maximum over the evaluated rounds) and its round."""
+    rnd = max(range(len(curve)), key=lambda r: curve[r])
+    return rnd, curve[rnd]
+
+
+def summarize(runs: dict, methods: list[str], seeds: list[int]) -> dict:
+    out = {}
+    for method in methods:
+        sides = {}
+        for side in ("htfllib", "hfl_bench"):
+            done = [runs[key(method, side, s)] for s in seeds if key(method, side, s) in runs]
+            if not done:
+                continue
+            curves = [r["curve"] for r in done]
+            mean_curve = [statistics.mean(c[i] for c in curves) for i in range(min(map(len, curves)))]
+            bests = [best(c) for c in curves]
+            sides[side] = {"seeds": len(done), "mean_curve": [round(x, 3) for x in mean_curve],
+                           "best_acc": round(statistics.mean(b for _, b in bests), 3),
+                           "best_rounds": [r for r, _ in bests],
+                           "seconds_per_round": round(statistics.mean(x for r in done for x in r["seconds"][1:]), 2),
+                           "cpu_s_per_round": _mean_or_none([x for r in done for x in r.get("cpu_s", [])[1:]])}
+        if len(sides) == 2:
+            a, b = sides["htfllib"]["mean_curve"], sides["hfl_bench"]["mean_curve"]
+            sides["mean_abs_curve_diff"] = round(statistics.mean(abs(x - y) for x, y in zip(a, b)), 3)
+            sides["best_diff"] = round(sides["hfl_bench"]["best_acc"] - sides["htfllib"]["best_acc"], 3)
+        out[method] = sides
+    return out
+
+
+def _mean_or_none(xs: list[float]) -> float | None:
+    return round(statistics.mean(xs), 2) if xs else None
+
+
+def key(method: str, side: str, seed: int) -> str:
+    return f"{method}/{side}/seed{seed}"
+
+
+def write(path: Path, doc: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def settings(args, commit: str) -> dict:
+    return {"rounds": args.rounds, "lr": LR, "batch_size": BATCH, "local_epochs": EPOCHS, "clients": CLIENTS,
+            "feature_dim": 512, "heldout_fraction": args.heldout_fraction, "eval_every": args.eval_every,
+            "htfllib_commit": commit,
+            "hfl_bench_params": {m: args.set_for(m) for m in args.methods}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--htfllib", help="an HtFLlib checkout (git), exported at --htfllib-commit")
+    ap.add_argument("--htfllib-commit", default=None, help="default: htfllib_run.DEFAULT_COMMIT (6e6f1ae)")
+    ap.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data" / "mnist-htfl"),
+                    help="the PFLlib / HtFLlib MNIST folder (config.json, train/, test/)")
+    ap.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help=f"of {', '.join(METHODS)}")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--heldout-fraction", type=float, default=0.2, help="hfl-bench's held-out fraction")
+    ap.add_argument("--eval-every", type=int, default=10, help="hfl-bench's test rounds (its own figures only)")
+    ap.add_argument("--set", action="append", default=[], metavar="METHOD:KEY=VALUE",
+                    help="an hfl-bench hyperparameter of one method (repeatable), e.g. fedproto:lam=10")
+    ap.add_argument("--sides", nargs="+", default=["htfllib", "hfl_bench"], choices=["htfllib", "hfl_bench"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=str(HERE / "results" / "htfllib-side-by-side.json"))
+    ap.add_argument("--resume", action="store_true", help="keep the matching runs already in --out")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one hfl-bench run (hfl_bench_worker)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        hfl_bench_worker(args)
+        return
+    unknown = [m for m in args.methods if m not in METHODS]
+    bad_set = [s for s in args.set if ":" not in s or "=" not in s.partition(":")[2]]
+    if unknown or bad_set or not args.htfllib:
+        ap.error(f"unknown methods {unknown} (known: {', '.join(METHODS)})" if unknown else
+                 f"--set takes METHOD:KEY=VALUE, got {bad_set}" if bad_set else "--htfllib PATH is required")
+    args.set_for = lambda m: [s.partition(":")[2] for s in args.set if s.partition(":")[0] == m]
+
+    import htfllib_run
+    import torch
+
+    from hfl_bench.provenance import git_info
+
+    system, commit = htfllib_run.export(Path(args.htfllib), Path(args.data),
+                                        args.htfllib_commit or htfllib_run.DEFAULT_COMMIT)
+    out = Path(args.out)
+    wanted = settings(args, commit)
+    doc = json.loads(out.read_text()) if args.resume and out.exists() else {}
+    runs = doc.get("runs", {}) if doc.get("settings", {}) | {"hfl_bench_params": None} == \
+        wanted | {"hfl_bench_params": None} else {}
+    if args.resume and doc and not runs:
+        print(f"{out}: settings differ from this command's; starting afresh", flush=True)
+    for m in args.methods:  # a method whose hfl-bench hyperparameters changed is rerun on that side
+        old = doc.get("settings", {}).get("hfl_bench_params", {}).get(m)
+        if old is not None and old != args.set_for(m):
+            runs = {k: v for k, v in runs.items() if not k.startswith(f"{m}/hfl_bench/")}
+    log = Path(tempfile.gettempdir()) / "htfllib-side-by-side.log"
+    print(f"HtFLlib {commit[:10]} in {system}; logs in {log}", flush=True)
+    doc = {"what": __doc__.splitlines()[0], "settings": wanted, "notes": NOTES, "hfl_bench_code": git_info(),
+           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+                       "threads": args.threads},
+           "runs": runs}
+    try:
+        with log.open("a") as log_file:
+            for method in args.methods:
+                for seed in args.seeds:
+                    for side in args.sides:
+                        k = key(method, side, seed)
+                        if k in runs:
+                            continue
+                        print(f"{k}", flush=True)
+                        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+                        runs[k] = (run_htfllib(method, seed, args, system, log) if side == "htfllib"
+                                   else run_hfl_bench(method, seed, args, log_file))
+                        runs[k].update(started=started, load_1min=round(os.getloadavg()[0], 2))
+                        doc["summary"] = summarize(runs, args.methods, args.seeds)
+                        write(out, doc)
+    finally:
+        import shutil
+
+        shutil.rmtree(system.parent, ignore_errors=True)
+    for method, s in summarize(runs, args.methods, args.seeds).items():
+        h, b = s.get("htfllib"), s.get("hfl_bench")
+        print(f"{method}: HtFLlib best {h and h['best_acc']} ({h and h['cpu_s_per_round']} CPU s/round), hfl-bench "
+              f"best {b and b['best_acc']} ({b and b['cpu_s_per_round']} CPU s/round), mean |curve diff| "
+              f"{s.get('mean_abs_curve_diff')}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The HtFLlib comparison scripts' own logic (benchmarks/): reading HtFLlib's options from its
+main.py, timing its server's rounds, and the side-by-side summary. HtFLlib itself is not needed:
+a main.py and a server of the same shape stand in for it."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import bench_htfllib  # noqa: E402
+import htfllib_driver  # noqa: E402
+import htfllib_side_by_side as sbs  # noqa: E402
+
+MAIN_PY = '''
+import argparse
+def run(args):
+    raise NotImplementedError
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument('-algo', "--algorithm", type=str, default="FedAvg")
+    parser.add_argument('-lbs', "--batch_size", type=int, default=10)
+    parser.add_argument('-ab', "--auto_break", type=bool, default=False)
+    parser.add_argument('-lam', "--lamda", type=float, default=1.0)
+    other.add_argument('--not-htfllib', default=1)
+    args = parser.parse_args()
+    run(args)
+'''
+
+
+def test_parser_has_exactly_main_py_options(tmp_path):
+    (tmp_path / "main.py").write_text(MAIN_PY)
+    parser = htfllib_driver.htfllib_parser(tmp_path / "main.py")
+    args = parser.parse_args(["-algo", "FedProto", "-lam", "10"])
+    assert (args.algorithm, args.batch_size, args.lamda, args.auto_break) == ("FedProto", 10, 10.0, False)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--not-htfllib", "2"])  # only the calls on `parser` are HtFLlib's options
+
+
+class FakeServer:
+    """HtFLlib's loop shape: each round starts with select_clients, evaluates through test_metrics."""
+
+    def __init__(self, rounds):
+        self.rounds = rounds
+
+    def select_clients(self):
+        return [0, 1]
+
+    def test_metrics(self):
+        return [0, 1], [10, 30], [5.0, 27.0], [0.0, 0.0]
+
+    def train(self):
+        for _ in range(self.rounds + 1):
+            self.select_clients()
+            self.test_metrics()
+
+
+def test_instrument_emits_one_record_per_round(capsys, monkeypatch):
+    server = FakeServer(rounds=2)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("go\ngo\ngo\n"))
+    htfllib_driver.instrument(server, gate=True)
+    server.train()
+    server._driver_close_round()
+    recs = [json.loads(line.split(" ", 1)[1]) for line in capsys.readouterr().out.splitlines()
+            if line.startswith(htfllib_driver.MARK)]
+    assert [r["round"] for r in recs] == [0, 1, 2]
+    assert all(r["acc"] == pytest.approx(32 / 40) and r["test_sizes"] == [10, 30] for r in recs)
+    assert all(r["seconds"] >= r["evaluation_s"] >= 0 for r in recs)
+
+
+def test_gate_stops_between_rounds_when_stdin_closes(monkeypatch):
+    server = FakeServer(rounds=5)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("go\n"))
+    htfllib_driver.instrument(server, gate=True)
+    with pytest.raises(SystemExit):
+        server.train()
+
+
+def test_side_by_side_summary():
+    runs = {sbs.key("fd", "htfllib", s): {"curve": c, "seconds": [0, 2, 2]}
+            for s, c in ((0, [10, 50, 60]), (1, [10, 70, 60]))}
+    runs |= {sbs.key("fd", "hfl_bench", s): {"curve": c, "seconds": [0, 1, 1]}
+             for s, c in ((0, [10, 40, 62]), (1, [12, 60, 64]))}
+    s = sbs.summarize(runs, ["fd"], [0, 1])["fd"]
+    assert s["htfllib"]["mean_curve"] == [10, 60, 60] and s["hfl_bench"]["mean_curve"] == [11, 50, 63]
+    assert s["htfllib"]["best_acc"] == 65 and s["htfllib"]["best_rounds"] == [2, 1]
+    assert s["hfl_bench"]["best_acc"] == 63 and s["best_diff"] == -2
+    assert s["mean_abs_curve_diff"] == pytest.approx((1 + 10 + 3) / 3, abs=1e-3)
+
+
+def test_tested_rounds_of_a_300_round_run():
+    assert bench_htfllib.tested_rounds_in(300, 10) == 39  # every 10th (29 before the window) and the last 10
+    assert bench_htfllib.tested_rounds_in(300, 1) == 300
+
+
+def test_live_summary_ratios():
+    pair = lambda tested, s: {"load_1min": [1, 1], "htfllib": {"seconds": 100, "cpu_s": 80},  # noqa: E731
+                              "hfl_bench": {"tested": tested, "s": s, "cpu_s": s * 0.8}}
+    out = bench_htfllib.summarize([pair(False, 40), pair(False, 40), pair(True, 140)], n_tested=39)
+    assert out["wall"]["tested_ratio"] == 1.4
+    assert out["wall"]["amortized_round"] == pytest.approx((261 * 40 + 39 * 140) / 300, abs=0.01)
+    assert out["cpu"]["amortized_ratio"] == out["wall"]["amortized_ratio"]
