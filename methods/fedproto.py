@@ -35,10 +35,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from hfl_bench.families.feature_head import NearestPrototype, split_client_models
-from hfl_bench.families.prototypes import broadcast, mean_over_clients, prototype_step, train_collecting, upload
+from hfl_bench.families.feature_head import split_client_models
+from hfl_bench.families.prototypes import (
+    NearestPrototypeEvaluation,
+    broadcast,
+    mean_over_clients,
+    prototype_step,
+    train_collecting,
+    upload,
+)
 from hfl_bench.method_api import (
     ConfigError,
     Method,
@@ -62,7 +68,7 @@ class FedProtoParams:
 
 
 @register_method
-class FedProto(Method):
+class FedProto(NearestPrototypeEvaluation, Method):
     card = MethodCard(
         name="fedproto", version="1.0", fidelity="paper", topology="server",
         citation="Tan, Long, Liu, Zhou, Lu, Jiang, Zhang, FedProto: Federated Prototype Learning across "
@@ -114,15 +120,3 @@ class FedProto(Method):
         step = prototype_step(client.model, self.prototypes, self.present, self.params.lam)
         return train_collecting(fed, cid, make_plan(fed, cid, rnd), client.model, client.optimizer, self.width, step,
                                 client.model.forward_features)
-
-    def changed_clients(self, fed: RoundView, active: list[int]) -> list[int]:
-        return list(range(fed.n_clients))  # new global prototypes change every client's predictor
-
-    def eval_models(self, fed: RoundView) -> list[nn.Module]:
-        if not bool(self.present.any()):
-            return [c.model for c in fed.clients]
-        # a new wrapper per evaluation over this round's tensors: a snapshot of a best round keeps them
-        return [NearestPrototype(c.model, self.prototypes, self.present) for c in fed.clients]
-
-    def endpoints(self, fed: RoundView) -> dict[str, list[nn.Module]]:
-        return {"head": [c.model for c in fed.clients]}

@@ -39,8 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hfl_bench.families.feature_head import NearestPrototype, split_client_models
+from hfl_bench.families.feature_head import split_client_models
 from hfl_bench.families.prototypes import (
+    NearestPrototypeEvaluation,
     Table,
     broadcast,
     eval_class_means,
@@ -127,7 +128,7 @@ def pairs(received: list[Table], device: torch.device) -> tuple[torch.Tensor, to
 
 
 @register_method
-class FedTGP(Method):
+class FedTGP(NearestPrototypeEvaluation, Method):
     card = MethodCard(
         name="fedtgp", version="1.0", fidelity="paper", topology="server",
         citation="Zhang, Liu, Hua, Cao, FedTGP: Trainable Global Prototypes with Adaptive-Margin-Enhanced "
@@ -203,14 +204,3 @@ class FedTGP(Method):
         tgp = self.tgp
         return fit(fed, plan, [Trainee(tgp, optimizer, "server TGP", SERVER)],
                    lambda b: [margin_loss(b.x, b.y, tgp(), margin)], clip=0.0)[0]
-
-    def changed_clients(self, fed: RoundView, active: list[int]) -> list[int]:
-        return list(range(fed.n_clients))  # new global prototypes change every client's predictor
-
-    def eval_models(self, fed: RoundView) -> list[nn.Module]:
-        if not bool(self.present.any()):
-            return [c.model for c in fed.clients]
-        return [NearestPrototype(c.model, self.prototypes, self.present) for c in fed.clients]
-
-    def endpoints(self, fed: RoundView) -> dict[str, list[nn.Module]]:
-        return {"head": [c.model for c in fed.clients]}

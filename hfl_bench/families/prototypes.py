@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hfl_bench.families.feature_head import ClassMeans
+from hfl_bench.families.feature_head import ClassMeans, NearestPrototype
 from hfl_bench.federation import engine_side
 from hfl_bench.metering import SERVER, Payload
 from hfl_bench.training import Batch, EpochPlan, Trainee, fit, free_riders, inference_chunk
@@ -150,3 +150,25 @@ def eval_class_means(fed: "RoundView", cid: int, model: nn.Module, outputs: Call
     finally:
         model.train(was_training)
     return acc.means()
+
+
+class NearestPrototypeEvaluation:
+    """The evaluation of the nearest-prototype methods (FedProto, FedTGP), for a ``Method`` holding
+    ``prototypes`` ``[C, d]`` and ``present`` ``[C]``: the headline classifies by the nearest global
+    prototype (the clients' heads before the first prototypes exist), the client's own head is the
+    extra endpoint ``head``, and new prototypes change every client's predictor."""
+
+    prototypes: torch.Tensor
+    present: torch.Tensor
+
+    def changed_clients(self, fed: "RoundView", active: list[int]) -> list[int]:
+        return list(range(fed.n_clients))  # new global prototypes change every client's predictor
+
+    def eval_models(self, fed: "RoundView") -> list[nn.Module]:
+        if not bool(self.present.any()):
+            return [c.model for c in fed.clients]
+        # a new wrapper per evaluation over this round's tensors: a snapshot of a best round keeps them
+        return [NearestPrototype(c.model, self.prototypes, self.present) for c in fed.clients]
+
+    def endpoints(self, fed: "RoundView") -> dict[str, list[nn.Module]]:
+        return {"head": [c.model for c in fed.clients]}

@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 from torch import nn
 
-from hfl_bench.families.feature_head import ClassMeans, FeatureHeadModel
-from hfl_bench.federation import engine_side
+from hfl_bench.families.feature_head import FeatureHeadModel
+from hfl_bench.families.prototypes import eval_class_means
 from hfl_bench.metering import SERVER, Payload
-from hfl_bench.training import inference_chunk
 
 if TYPE_CHECKING:
     from hfl_bench.federation import RoundView
@@ -86,19 +85,6 @@ def sample_weighted_average(states: Sequence[dict[str, torch.Tensor]],
 @torch.no_grad()
 def class_prototypes(fed: "RoundView", cid: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Client ``cid``'s per-class mean features ``([C, d], present [C])``: its model in eval mode
-    (restored afterwards) over its whole training shard, not augmented, in large chunks."""
+    over its whole training shard, not augmented (``prototypes.eval_class_means`` of its features)."""
     model = fed.clients[cid].model
-    whole = engine_side(fed)  # the client's training rows: a building block reads them for the method
-    rows = whole.clients[cid].train_idx
-    x_all, y_all = whole.data.train_x, whole.data.train_y
-    means = ClassMeans(fed.num_classes, model.num_features, fed.device)
-    was_training = model.training
-    model.eval()
-    try:
-        chunk = inference_chunk(x_all[rows[:1]])
-        for start in range(0, len(rows), chunk):
-            idx = rows[start : start + chunk]
-            means.add(model.forward_features(x_all[idx]).float(), y_all[idx])
-    finally:
-        model.train(was_training)
-    return means.means()
+    return eval_class_means(fed, cid, model, model.forward_features, model.num_features)
