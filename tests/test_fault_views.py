@@ -10,6 +10,7 @@ import copy
 import csv
 import io
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -147,8 +148,38 @@ def test_drop_is_paired_by_seed(folder):
     rows = {(r["method"], r["faults"]): r for r in csv.DictReader(io.StringIO(show(str(folder), "--format", "csv")))}
     assert rows[("crad", BYZ)]["drop_mean"] == "-7.5" and rows[("crad", BYZ)]["drop_seeds"] == "0 1"
     assert rows[("uniform-kd", BYZ)]["drop_mean"] == "" and rows[("crad", "none")]["drop_mean"] == ""
+    # these records have no final window (schema < 1.6): the selected rounds' drop stands in, marked,
+    # with its t-interval: -7.5 +- t(0.975, 1) * sd([-10, -5]) / sqrt(2) = -7.5 +- 12.706 * 2.5
+    assert drop["statistic"] == "selected" and drop["headline_mean"] == -7.5
+    assert drop["ci95"] == [-39.2655, 24.2655]
+    assert rows[("crad", BYZ)]["drop_statistic"] == "selected" and rows[("crad", BYZ)]["drop_ci_low"] == "-39.2655"
     markdown = show(str(folder), "--format", "markdown")
-    assert "-7.50 (n=2)" in markdown and "+0.00 (n=1)" in markdown
+    assert r"-7.50\* \[-39.27, +24.27\] (n=2)" in markdown and r"+0.00\* (n=1)" in markdown  # escaped
+
+
+def with_final(r: dict, shift: float) -> dict:
+    """``r`` with a final window: each client's final figure its selected one + ``shift``."""
+    rows = [dict(c, global_acc=c["global_acc"] + shift) for c in r["metrics"]["per_client"]]
+    r["metrics"]["final"] = {"rounds": 2, "first_round": 1, "last_round": 2, "local_acc": 80.0, "per_client": rows,
+                             "global_acc": statistics.fmean(c["global_acc"] for c in rows)}
+    return r
+
+
+def test_the_drop_shown_is_the_final_windows_like_the_headline(real, tmp_path):
+    """With every pair's final window, the drop shown is the final one (the headline's statistic):
+    final drops (70 + 1 - 80) = -9 and (77 + 3 - 82) = -2, mean -5.5; the selected rounds' -7.5
+    stays in JSON and csv."""
+    rs = [with_final(run_record(real, s, "crad", acc), 0.0) for s, acc in ((0, 80.0), (1, 82.0))]
+    rs += [with_final(run_record(real, s, "crad", 60.0, BYZ, honest=h, faulty_acc=5.0, kind="byzantine",
+                                 mode="random"), shift) for s, h, shift in ((0, 70.0, 1.0), (1, 77.0, 3.0))]
+    folder = write(tmp_path / "runs", *rs)
+    drop = groups(folder)[("crad", BYZ)]["drop"]
+    assert drop["statistic"] == "final" and drop["headline_mean"] == -5.5 and drop["final_mean"] == -5.5
+    assert drop["mean"] == -7.5 and [p["final_drop"] for p in drop["pairs"]] == [-9.0, -2.0]
+    assert drop["ci95"] == [-49.9717, 38.9717]  # -5.5 +- 12.7062 * 3.5
+    rows = {(r["method"], r["faults"]): r for r in csv.DictReader(io.StringIO(show(str(folder), "--format", "csv")))}
+    assert rows[("crad", BYZ)]["drop_mean"] == "-5.5" and rows[("crad", BYZ)]["drop_selected_mean"] == "-7.5"
+    assert r"-5.50 \[-49.97, +38.97\] (n=2)" in show(str(folder), "--format", "markdown")
 
 
 def test_the_drop_needs_the_same_data(real, tmp_path):
@@ -181,7 +212,7 @@ def test_html_rows_show_faults_and_drop(folder, tmp_path):
     assert result.exit_code == 0, result.output
     index = (out / "index.html").read_text()
     assert "<th class=\"num\" data-type=\"num\">drop</th>" in index
-    assert "-7.50 (n=2)" in index and 'data-v="-7.5"' in index and f'data-faults="{BYZ}"' in index
+    assert "-7.50* [-39.27, +24.27] (n=2)" in index and 'data-v="-7.5"' in index and f'data-faults="{BYZ}"' in index
     assert index.count('<section class="protocol"') == 3  # none, byzantine 0.2, byzantine 0.4
     pages = "".join(p.read_text() for p in (out / "groups").glob("*.html"))
     assert "drop against no faults" in pages and "seed 0: -10.00, seed 1: -5.00" in pages

@@ -201,7 +201,7 @@ def _row(g: SettingGroup) -> dict[str, Any]:
         "cells": head, "clients": clients, "published": published, "group": g, "modalities": g.modalities,
         "setting": g.section,
         "fidelity": _values(g.ok, "method", "fidelity"), "version": head["version"],
-        "faults": g.faults, "drop": drop_label(g) or "", "drop_v": g.drop.mean if g.drop is not None else None,
+        "faults": g.faults, "drop": drop_label(g) or "", "drop_v": g.drop.headline_mean if g.drop is not None else None,
         "global_v": gl.mean, "local_v": lo.mean, "selected_v": selected.mean, "seeds_v": len(g.ok),
         "bytes_v": sent.mean,
         "minutes_v": wall.mean,
@@ -323,8 +323,16 @@ def _fault_rows(g: SettingGroup) -> list[tuple[str, str]]:
         rows.append(("drop against no faults", "- (no fault-free record of the same config and seed with "
                                                "every honest client's figure)"))
     else:
-        pairs = ", ".join(f"seed {p.seed}: {p.drop:+.2f}" for p in drop.pairs if p.drop is not None)
-        rows.append(("drop against no faults", f"{drop.mean:+.2f} over {drop.n_paired} paired seeds ({pairs}), "
+        def seeds(attr: str) -> str:
+            return ", ".join(f"seed {p.seed}: {getattr(p, attr):+.2f}" for p in drop.pairs
+                             if getattr(p, attr) is not None)
+
+        ci = f" [{drop.interval[0]:+.2f}, {drop.interval[1]:+.2f}] (95% t-interval)" if drop.interval else ""
+        final = (f"final window {drop.final_mean:+.2f} ({seeds('final_drop')}); " if drop.final_mean is not None
+                 else "final window: - (records before schema 1.6); ")
+        interval = f"; interval of the {drop.statistic} drop{ci}" if ci else ""
+        rows.append(("drop against no faults", f"{drop_label(g)}: {final}selected rounds {drop.mean:+.2f} "
+                                               f"({seeds('drop')}){interval}, "
                                                "the honest clients against the same clients without faults; "
                                                f"baseline config hash {_text(drop.baseline_config_hash)}"))
     return rows

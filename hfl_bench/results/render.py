@@ -60,13 +60,17 @@ def _published_setting(p: Published) -> str:
 
 
 def drop_label(g: Any) -> str:
-    """A group's drop against the same seeds without faults: ``-2.10 (n=3)``, ``-`` when no seed
-    could be paired, empty for a group without faults."""
+    """A group's drop against the same seeds and clients without faults, as the headline reads it
+    (``robustness``: the final window's, marked when the selected rounds' stands in) with its 95%
+    t-interval over the paired seeds: ``-2.10 [-4.02, -0.18] (n=3)``; ``-`` when no seed could be
+    paired, empty for a group without faults."""
     if not g.has_faults:
         return ""
-    if g.drop is None or g.drop.mean is None:
+    drop = g.drop
+    if drop is None or drop.headline_mean is None:
         return "-"
-    return f"{g.drop.mean:+.2f} (n={g.drop.n_paired})"
+    ci = f" [{drop.interval[0]:+.2f}, {drop.interval[1]:+.2f}]" if drop.interval else ""
+    return marked(f"{drop.headline_mean:+.2f}", drop.statistic) + f"{ci} (n={drop.n_paired})"
 
 
 # Keys of a display row that are not columns: what the row is ("group", "clients": a multimodal
@@ -191,7 +195,8 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
 # group run with faults; marked ``FALLBACK_MARK`` where a record has no such figure and its selected
 # round's stands in); "selected" ones are at the selected round (the papers' rule; a published figure
 # sits in that column, and its delta is against it). "drop" is a faulty group's drop against the same
-# seeds without faults (``robustness``: per client, at the selected round).
+# seeds and clients without faults with its 95% t-interval (``robustness``: per client, on the final
+# window like the headline; marked where the selected rounds' drop stands in).
 # The seen / unseen-class accuracy is in csv and json only (the table is at its width: a further
 # column folds the cells of the others; the group pages of the HTML site and ``hfl-bench show``
 # give it).
@@ -216,7 +221,8 @@ CSV_COLUMNS = (
     "modalities", "headline_clients", "headline_statistic", "seeds", "n_seeds", "global_mean", "global_sd",
     "local_mean", "local_sd",
     "all_global_mean", "all_global_sd", "all_local_mean", "all_local_sd", "donors_global_mean", "donors_global_sd",
-    "donors_local_mean", "donors_local_sd", "drop_mean", "drop_n_paired", "drop_seeds",
+    "donors_local_mean", "donors_local_sd", "drop_mean", "drop_statistic", "drop_ci_low", "drop_ci_high",
+    "drop_selected_mean", "drop_n_paired", "drop_seeds",
     "selected_global_mean", "selected_global_sd", "selected_local_mean", "selected_local_sd",
     "final_global_mean", "final_global_sd", "final_local_mean", "final_local_sd", "all_final_global_mean",
     "all_final_global_sd", *SEEN_UNSEEN_CSV, "private_steps_per_client_round", "public_steps_per_client_round",
@@ -249,7 +255,11 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
             "n_clients": g.n_clients, "clients_per_round": g.clients_per_round, "rounds": g.rounds,
             "local_epochs": g.local_epochs, "method_params": canonical(g.method_params), "faults": g.faults,
             "modalities": g.modalities, "headline_clients": g.headline_clients, "headline_statistic": group_basis(g),
-            "seeds": " ".join(map(str, g.seeds)), **_csv_figures(g), "drop_mean": drop.mean if drop else None,
+            "seeds": " ".join(map(str, g.seeds)), **_csv_figures(g), "drop_mean": drop.headline_mean if drop else None,
+            "drop_statistic": drop.statistic if drop else None,
+            "drop_ci_low": drop.interval[0] if drop and drop.interval else None,
+            "drop_ci_high": drop.interval[1] if drop and drop.interval else None,
+            "drop_selected_mean": drop.mean if drop else None,
             "drop_n_paired": drop.n_paired if drop else None,
             "drop_seeds": " ".join(map(str, drop.seeds)) if drop else None, "selected_global_mean": sg.mean,
             "selected_global_sd": sg.sd, "selected_local_mean": sl.mean, "selected_local_sd": sl.sd,

@@ -15,6 +15,11 @@ A pair where either record lacks one of those clients' figures has no drop. The 
 the mean over the paired seeds (negative: accuracy lost), with how many seeds were paired. No
 pair: no drop (``-`` / null). The same drop is also taken on the final window's per-client
 figures (``metrics.final.per_client``, schema 1.6: ``final_mean``), where no round is selected.
+
+**The drop a view shows** follows the headline (``results.headline``): the final-window drop
+when every paired seed has one, else the selected-round drop (``statistic``: ``final`` or
+``selected``, which views mark as a fallback), with its 95% t-interval over the paired seeds
+(``paired.t_interval``; none for one seed).
 Pairs are formed only between records of one selection rule
 (``Loaded.selection_rule``: a record selected on the honest clients' validation, written before
 issue 30, has no drop against a baseline selected on every client's).
@@ -33,7 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hfl_bench.results.grouping import data_identity, recency
+from hfl_bench.results.headline import FINAL, SELECTED
 from hfl_bench.results.loading import Loaded, selection_mark
+from hfl_bench.results.paired import t_interval
 from hfl_bench.results.setting import SettingGroup
 
 STRENGTH_AXIS = ("label-noise", "straggler")  # x = strength; every other kind: x = fraction of faulty clients
@@ -165,17 +172,44 @@ class Drop:
         return round(statistics.fmean(self.final_values), 4) if self.final_values else None
 
     @property
+    def statistic(self) -> Optional[str]:
+        """``final`` when every paired seed has a final-window drop, ``selected`` when only the
+        selected rounds' pair, None without a pair (module doc: the drop a view shows)."""
+        if not self.values:
+            return None
+        return FINAL if len(self.final_values) == self.n_paired else SELECTED
+
+    @property
+    def headline_values(self) -> list[float]:
+        return self.final_values if self.statistic == FINAL else self.values
+
+    @property
+    def headline_mean(self) -> Optional[float]:
+        """The drop a view shows: the final-window mean, else the selected rounds' (``statistic``)."""
+        return self.final_mean if self.statistic == FINAL else self.mean
+
+    @property
+    def interval(self) -> Optional[tuple[float, float]]:
+        """The 95% t-interval of ``headline_mean`` over the paired seeds (None for fewer than two)."""
+        ci = t_interval(self.headline_values)
+        return None if ci is None else (round(ci[0], 4), round(ci[1], 4))
+
+    @property
     def seeds(self) -> list[Any]:
         return [p.seed for p in self.pairs if p.drop is not None]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"mean": self.mean, "final_mean": self.final_mean, "n_final_paired": len(self.final_values),
+        return {"statistic": self.statistic, "headline_mean": self.headline_mean,
+                "ci95": None if self.interval is None else list(self.interval),
+                "mean": self.mean, "final_mean": self.final_mean, "n_final_paired": len(self.final_values),
                 "n_paired": self.n_paired, "seeds": self.seeds,
                 "baseline_config_hash": self.baseline_config_hash, "baseline_group_ids": self.baseline_group_ids,
                 "pairs": [p.as_dict() for p in self.pairs if p.drop is not None],
                 "rule": "the honest clients' mean global accuracy with faults minus the same clients' in the "
                         "fault-free run, each at its own selected round, paired by seed, mean over the paired seeds; "
-                        "final_mean: the same over the final window's per-client figures"}
+                        "final_mean: the same over the final window's per-client figures; headline_mean: "
+                        "final_mean when every paired seed has one (statistic final), else mean (selected); "
+                        "ci95: its 95% t-interval over the paired seeds"}
 
 
 def _same_partition(a: Loaded, b: Loaded) -> bool:
