@@ -327,12 +327,11 @@ def _fault_rows(g: SettingGroup) -> list[tuple[str, str]]:
             return ", ".join(f"seed {p.seed}: {getattr(p, attr):+.2f}" for p in drop.pairs
                              if getattr(p, attr) is not None)
 
-        ci = f" [{drop.interval[0]:+.2f}, {drop.interval[1]:+.2f}] (95% t-interval)" if drop.interval else ""
         final = (f"final window {drop.final_mean:+.2f} ({seeds('final_drop')}); " if drop.final_mean is not None
                  else "final window: - (records before schema 1.6); ")
-        interval = f"; interval of the {drop.statistic} drop{ci}" if ci else ""
-        rows.append(("drop against no faults", f"{drop_label(g)}: {final}selected rounds {drop.mean:+.2f} "
-                                               f"({seeds('drop')}){interval}, "
+        rows.append(("drop against no faults", f"{drop_label(g)} (the {drop.statistic} drop, 95% t-interval over "
+                                               f"the paired seeds): {final}selected rounds {drop.mean:+.2f} "
+                                               f"({seeds('drop')}), "
                                                "the honest clients against the same clients without faults; "
                                                f"baseline config hash {_text(drop.baseline_config_hash)}"))
     return rows

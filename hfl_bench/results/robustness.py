@@ -16,13 +16,14 @@ the mean over the paired seeds (negative: accuracy lost), with how many seeds we
 pair: no drop (``-`` / null). The same drop is also taken on the final window's per-client
 figures (``metrics.final.per_client``, schema 1.6: ``final_mean``), where no round is selected.
 
+Pairs are formed only between records of one selection rule
+(``Loaded.selection_rule``: a record selected on the honest clients' validation, written before
+issue 30, has no drop against a baseline selected on every client's).
+
 **The drop a view shows** follows the headline (``results.headline``): the final-window drop
 when every paired seed has one, else the selected-round drop (``statistic``: ``final`` or
 ``selected``, which views mark as a fallback), with its 95% t-interval over the paired seeds
 (``paired.t_interval``; none for one seed).
-Pairs are formed only between records of one selection rule
-(``Loaded.selection_rule``: a record selected on the honest clients' validation, written before
-issue 30, has no drop against a baseline selected on every client's).
 
 **The x axis** of ``hfl-bench plot robustness``: ``label-noise`` and ``straggler`` have a strength
 (share of labels flipped, probability of missing a round), which is x; ``byzantine`` and
