@@ -215,7 +215,25 @@ def test_compare_prints_plain_lines_when_piped(real, tmp_path):
     assert "+3.0 [0.5, 5.5]" in out1
 
 
+def test_compare_markdown_is_one_escaped_table_per_protocol(real, tmp_path):
+    folder = write(tmp_path / "runs", *runs(real, "crad", [62.0, 65.5, 61.25]),
+                   *runs(real, "fml", [61.0, 61.5, 58.25]), *runs(real, "local", [60.0, 62.5, 57.25]))
+    result, out, _ = invoke_cli("leaderboard", "compare", str(folder), "--against", "local", "--format", "markdown")
+    assert result.exit_code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("**Setting: data-free") and "paired by seed, figure: final" in lines[0]
+    assert lines[2] == "| A | B | n | A - B \\[95% CI\\] | p sign-flip | p Holm | verdict | notes |"
+    rows = [line for line in lines[4:] if line.startswith("| ")]
+    # crad - local: 2, 3, 4 (as in test_compare_prints_plain_lines_when_piped); fml - local: 1, -1, 1, whose 8
+    # sign patterns all have |sum| >= 1: p = 1; Holm: crad 2 x 0.25 = 0.5, fml max(0.5, 1 x 1) = 1
+    assert rows == ["| crad | local | 3 | +3.00 \\[0.52, 5.48\\] | 0.250 | 0.500 | resolved |  |",
+                    "| fml | local | 3 | +0.33 \\[-2.54, 3.20\\] | 1.000 | 1.000 | not resolved |  |"]
+    _, as_json, _ = invoke_cli("leaderboard", "compare", str(folder), "--against", "local", "-f", "json")
+    assert json.loads(as_json)["tables"][0]["comparisons"][0]["a"] == "crad"
+
+
 @pytest.mark.parametrize("args, message", [
+    (("--against", "local", "--format", "csv"), "unknown --format 'csv'; choose one of: table, markdown, json"),
     (("--against", "lokal"), "unknown method 'lokal'. Did you mean 'local'?"),
     (("--against", "local", "-m", "krad"), "unknown method 'krad'. Did you mean 'crad'?"),
     (("--against", "local", "-m", "fedmd"), "different setting sections on digits"),

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DIRS = (REPO / "leaderboards" / "reproduced", REPO / "leaderboards" / "published")
 FORMATS = ("table", "csv", "markdown", "json")
+COMPARE_FORMATS = ("table", "markdown", "json")
 PATHS_HELP = ("Record files or folders (searched recursively). "
               "\\[default: leaderboards/reproduced and leaderboards/published]")
 
@@ -208,7 +209,8 @@ def compare(
                                                    help="Compare this extra endpoint of B instead of its model."),
     digits: int = typer.Option(2, "--digits", min=0, max=4, help="Decimals of the differences and intervals "
                                "printed (JSON: 4)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (plain lines when piped), markdown or json."),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
 ):
     """Paired comparisons A - B within each protocol both ran: records paired by seed (a pair must
     share its partition hash; other seeds are dropped and counted, mixed hosts marked), the mean
@@ -221,8 +223,11 @@ def compare(
     from hfl_bench.results.loading import ResultsError, load_records
     from hfl_bench.results.paired import against as compare_against
     from hfl_bench.results.paired import why_not_comparable
-    from hfl_bench.results.paired_view import plain_lines, rich_tables, tables_json
+    from hfl_bench.results.paired_view import markdown_tables, plain_lines, rich_tables, tables_json
 
+    fmt = "json" if as_json else fmt
+    if fmt not in COMPARE_FORMATS:
+        fail(f"unknown --format {fmt!r}; choose one of: {', '.join(COMPARE_FORMATS)}")
     try:
         figure = check_figure(figure, endpoint or against_endpoint)
         loaded, not_records = load_records(_paths(paths))
@@ -245,8 +250,10 @@ def compare(
             fail(why_not_comparable(groups, m, against))
     if not tables:
         fail(f"no other method ran a protocol {against} ran, so nothing can be paired")
-    if as_json:
+    if fmt == "json":
         sys.stdout.write(json.dumps(tables_json(tables, figure), indent=1) + "\n")
+    elif fmt == "markdown":
+        sys.stdout.write(markdown_tables(tables, figure, digits))
     elif wide_out().is_terminal:
         for table in rich_tables(tables, figure, digits):
             wide_out().print(table)

@@ -11,8 +11,9 @@ from rich.text import Text
 from hfl_bench.results.board import Board
 from hfl_bench.results.headline import headline_stat
 from hfl_bench.results.paired import CONFIDENCE, EXACT_UP_TO, MONTE_CARLO, Comparison, Table, against, by_protocol
+from hfl_bench.results.render import to_markdown
 from hfl_bench.results.setting import SettingGroup
-from hfl_bench.results.text import terminal
+from hfl_bench.results.text import markdown_cell, terminal
 
 RESOLVED_MARK = "*"
 COLUMNS = ("A", "B", "n", "A - B [95% CI]", "p sign-flip", "p Holm", "verdict", "notes")
@@ -62,11 +63,21 @@ def plain_lines(tables: Iterable[Table], nd: int = 2) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+def table_title(t: Table, figure: str) -> str:
+    return f"{t.protocol}; paired by seed, figure: {figure}" + "".join(f"; {n}" for n in t.notes)
+
+
+def markdown_tables(tables: Iterable[Table], figure: str, nd: int = 2) -> str:
+    """One markdown table per protocol, under its setting section's label in bold (as ``leaderboard
+    show --format markdown``) and its protocol; every cell escaped (``render.to_markdown``)."""
+    return "\n".join(f"**Setting: {markdown_cell(t.section)}**; {markdown_cell(table_title(t, figure))}\n\n"
+                     + to_markdown([comparison_row(c, nd) for c in t.comparisons], COLUMNS) for t in tables)
+
+
 def rich_tables(tables: Iterable[Table], figure: str, nd: int = 2) -> list[RichTable]:
     out = []
     for t in tables:
-        title = f"setting: {t.section}; {t.protocol}; paired by seed, figure: {figure}" + "".join(
-            f"; {n}" for n in t.notes)
+        title = f"setting: {t.section}; {table_title(t, figure)}"
         table = RichTable(title=Text(terminal(title)))
         for col in COLUMNS:
             table.add_column(col, justify="right" if col in NUMERIC else "left", overflow="fold")
