@@ -152,6 +152,23 @@ def test_markdown_rows_stay_rows(folder):
     assert "\\[/x\\]" in stdout and "&lt;img src=x onerror=alert(1)&gt;" in stdout
 
 
+def test_compare_markdown_escapes_the_setting_and_protocol_lines(folder):
+    """Hostile task names reach ``compare --format markdown`` through each table's protocol line
+    (crad against local on every hostile task): each line stays one line, each table keeps its
+    columns, and no markup survives."""
+    result, stdout, stderr = _invoke("leaderboard", "compare", str(folder), "--against", "local", "--format",
+                                     "markdown")
+    _assert_clean(result, stdout, stderr)
+    heads = [line for line in stdout.split("\n") if line.startswith("**Setting: ")]
+    assert len(heads) == len(HOSTILE)  # one table per hostile task, no value added a line
+    for line in stdout.split("\n"):
+        if line.startswith("|"):
+            assert len(re.findall(r"(?<!\\)\|", line)) == 9  # the 8 columns: no value added one
+    assert "<" not in stdout and ">" not in stdout.replace("->", "")  # no raw HTML
+    assert not re.search(r"(?<!\\)`", stdout)  # no code span
+    assert not re.search(r"(?<!\\)\[click\]", stdout)  # no link
+
+
 def test_csv_parses_and_defuses_formulas(folder):
     result, stdout, stderr = _invoke("leaderboard", "show", str(folder), "--format", "csv")
     _assert_clean(result, stdout, stderr)
