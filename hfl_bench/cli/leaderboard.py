@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from hfl_bench.cli.options import BenchCommand, BenchGroup
-from hfl_bench.cli.output import err, fail, note, plain, wide_out
+from hfl_bench.cli.output import err, fail, note, output_format, plain, wide_out
 
 # The results layer (and numpy under it) is imported inside each command, so that `hfl-bench
 # --help` and `list` do not pay for it.
@@ -68,9 +68,7 @@ def show(
     from hfl_bench.results.loading import ResultsError, load_records
     from hfl_bench.results.ranking import rank_methods
 
-    fmt = "json" if as_json else fmt
-    if fmt not in FORMATS:
-        fail(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    fmt = output_format(fmt, as_json, FORMATS)
     if rank and against:
         fail("--against adds a column to the groups, not to --rank (whose rank intervals come from the same "
              "paired comparisons); use one or the other")
@@ -225,9 +223,7 @@ def compare(
     from hfl_bench.results.paired import why_not_comparable
     from hfl_bench.results.paired_view import markdown_tables, plain_lines, rich_tables, tables_json
 
-    fmt = "json" if as_json else fmt
-    if fmt not in COMPARE_FORMATS:
-        fail(f"unknown --format {fmt!r}; choose one of: {', '.join(COMPARE_FORMATS)}")
+    fmt = output_format(fmt, as_json, COMPARE_FORMATS)
     try:
         figure = check_figure(figure, endpoint or against_endpoint)
         loaded, not_records = load_records(_paths(paths))

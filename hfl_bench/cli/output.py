@@ -51,6 +51,14 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def output_format(fmt: str, as_json: bool, formats: tuple[str, ...]) -> str:
+    """The output format a command was asked for (``--json`` wins), or one line and exit 2."""
+    fmt = "json" if as_json else fmt
+    if fmt not in formats:
+        fail(f"unknown --format {fmt!r}; choose one of: {', '.join(formats)}")
+    return fmt
+
+
 def note(label: str, message: Any, style: str = "yellow") -> None:
     """One line on stderr: a styled label, then the message as plain text."""
     err.print(line(label, style, message), highlight=False, soft_wrap=True)

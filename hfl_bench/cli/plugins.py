@@ -8,7 +8,7 @@ from __future__ import annotations
 import typer
 
 from hfl_bench.cli import catalog
-from hfl_bench.cli.output import USER_ERRORS, emit_json, fail, out
+from hfl_bench.cli.output import USER_ERRORS, emit_json, fail, out, output_format
 from hfl_bench.registry import REGISTRIES, unknown_message
 
 FORMATS = ("table", "markdown", "json")
@@ -26,9 +26,7 @@ def list_(
     package changes); HFL_BENCH_NO_INDEX=1 imports the plugins instead."""
     if kind not in REGISTRIES:
         fail(unknown_message("kind", kind, list(REGISTRIES)))
-    fmt = "json" if as_json else fmt
-    if fmt not in FORMATS:
-        fail(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    fmt = output_format(fmt, as_json, FORMATS)
     try:
         entry = catalog.answer(lambda c: c.list_entry(kind, task))
     except USER_ERRORS as e:
