@@ -42,6 +42,7 @@ that match the settings and runs only the rest.
 
     OMP_NUM_THREADS=1 python benchmarks/htfllib_side_by_side.py --htfllib PATH \\
         [--methods fedproto lg-fedavg fedgh fedtgp fd] [--seeds 0 1 2] [--rounds 30] [--resume]
+    python benchmarks/htfllib_side_by_side.py --report [--out FILE]   # the comparison as markdown
 """
 
 from __future__ import annotations
@@ -230,6 +231,45 @@ def summarize(runs: dict, methods: list[str], seeds: list[int]) -> dict:
     return out
 
 
+EARLY = range(1, 6)  # MNIST saturates near 99% within a few rounds: the early rounds carry the check
+SHOWN_ROUNDS = (0, 1, 2, 3, 5, 10, 20, 30)
+
+
+def report(doc: dict) -> str:
+    """The comparison as markdown: a summary row per method, then both mean curves at a few rounds.
+
+    Best round: each seed's maximum over rounds 0..R, averaged over seeds (HtFLlib's ``average_data``);
+    the curve differences compare the two sides' mean curves round by round."""
+    settings, lines = doc["settings"], []
+    lines += [f"{settings['rounds']} rounds, lr {settings['lr']}, batch {settings['batch_size']}, "
+              f"{settings['local_epochs']} local epoch, {settings['clients']} clients, HtFLlib "
+              f"{settings['htfllib_commit'][:7]}; accuracy in % (HtFLlib's metric: correct over total on the "
+              "clients' test files).", "",
+              "| method | seeds (HtFLlib / hfl-bench) | HtFLlib best | hfl-bench best | difference "
+              "| mean abs. curve difference | rounds 1-5 | largest (round) |",
+              "|---|---|---|---|---|---|---|---|"]
+    shown = []
+    for method, s in doc.get("summary", {}).items():
+        h, b = s.get("htfllib"), s.get("hfl_bench")
+        if not (h and b):
+            continue
+        diffs = [y - x for x, y in zip(h["mean_curve"], b["mean_curve"])]
+        early = [abs(diffs[r]) for r in EARLY if r < len(diffs)]
+        worst = max(range(len(diffs)), key=lambda r: abs(diffs[r]))
+        lines.append(f"| {method} | {h['seeds']} / {b['seeds']} | {h['best_acc']:.2f} | {b['best_acc']:.2f} "
+                     f"| {s['best_diff']:+.2f} | {s['mean_abs_curve_diff']:.2f} "
+                     f"| {statistics.mean(early) if early else float('nan'):.2f} | {diffs[worst]:+.2f} ({worst}) |")
+        shown.append((method, h["mean_curve"], b["mean_curve"]))
+    rounds = [r for r in SHOWN_ROUNDS if r <= settings["rounds"]]
+    lines += ["", "Mean curves (HtFLlib / hfl-bench) at rounds " + ", ".join(map(str, rounds)) + ":", "",
+              "| method | " + " | ".join(f"round {r}" for r in rounds) + " |",
+              "|---|" + "---|" * len(rounds)]
+    for method, a, b in shown:
+        lines.append(f"| {method} | " + " | ".join(f"{a[r]:.2f} / {b[r]:.2f}" for r in rounds
+                                                    if r < min(len(a), len(b))) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _mean_or_none(xs: list[float]) -> float | None:
     return round(statistics.mean(xs), 2) if xs else None
 
@@ -269,11 +309,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(HERE / "results" / "htfllib-side-by-side.json"))
     ap.add_argument("--resume", action="store_true", help="keep the matching runs already in --out")
+    ap.add_argument("--report", action="store_true", help="print --out's comparison as markdown and exit")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one hfl-bench run (hfl_bench_worker)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         hfl_bench_worker(args)
+        return
+    if args.report:
+        sys.stdout.write(report(json.loads(Path(args.out).read_text())))
         return
     unknown = [m for m in args.methods if m not in METHODS]
     bad_set = [s for s in args.set if ":" not in s or "=" not in s.partition(":")[2]]

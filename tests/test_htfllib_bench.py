@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -106,3 +107,20 @@ def test_live_summary_ratios():
     assert out["wall"]["tested_ratio"] == 1.4
     assert out["wall"]["amortized_round"] == pytest.approx((261 * 40 + 39 * 140) / 300, abs=0.01)
     assert out["cpu"]["amortized_ratio"] == out["wall"]["amortized_ratio"]
+
+
+def test_side_by_side_report_rows_come_from_the_summary(tmp_path):
+    runs = {sbs.key("fd", side, s): {"curve": c, "seconds": [0, 1, 1, 1]}
+            for side, curves in (("htfllib", ([10, 50, 60, 70], [10, 70, 60, 72])),
+                                 ("hfl_bench", ([10, 40, 62, 71], [12, 60, 64, 69])))
+            for s, c in enumerate(curves)}
+    doc = {"settings": {"rounds": 3, "lr": 0.01, "batch_size": 10, "local_epochs": 1, "clients": 20,
+                        "htfllib_commit": "6e6f1aef"}, "summary": sbs.summarize(runs, ["fd"], [0, 1])}
+    out = tmp_path / "sbs.json"
+    out.write_text(json.dumps(doc))
+    proc = subprocess.run([sys.executable, str(BENCH / "htfllib_side_by_side.py"), "--report", "--out", str(out)],
+                          capture_output=True, text=True, check=True)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| fd |")]
+    # best: (70 + 72) / 2 = 71 vs (71 + 69) / 2 = 70; curves [10, 60, 60, 71] vs [11, 50, 63, 70]
+    assert rows[0] == "| fd | 2 / 2 | 71.00 | 70.00 | -1.00 | 3.75 | 4.67 | -10.00 (1) |"
+    assert rows[1] == "| fd | 10.00 / 11.00 | 60.00 / 50.00 | 60.00 / 63.00 | 71.00 / 70.00 |"
