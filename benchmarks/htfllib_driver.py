@@ -13,7 +13,8 @@ What it does, and why:
   one-channel 28x28 images. The driver reads ``main.py``'s own ``parser.add_argument`` calls (so
   every option and default is HtFLlib's), parses the command line with them, sets
   ``args.models`` to HtFLlib's ``FedAvgCNN(in_features=1, num_classes, dim=1024)`` (its MNIST
-  default) and builds the algorithm's server class as ``main.py`` does.
+  default; ``--in-features 3 --dim 1600`` for 3x32x32 images, its CIFAR-10 one) and builds the
+  algorithm's server class as ``main.py`` does.
 - It times each round of the server's own ``train`` loop without changing it: every HtFLlib
   server starts a round by calling ``select_clients`` and evaluates through ``test_metrics``; the
   driver wraps both on the server object. A round ``i`` here is one pass of that loop: evaluation
@@ -50,7 +51,8 @@ SERVERS = {
     "FedKD": ("serverkd", "FedKD"), "FedGH": ("servergh", "FedGH"), "FedTGP": ("servertgp", "FedTGP"),
     "FedMRL": ("servermrl", "FedMRL"),
 }
-MODEL = "FedAvgCNN(in_features=1, num_classes=args.num_classes, dim=1024)"  # HtFLlib's MNIST FedAvgCNN
+# HtFLlib's FedAvgCNN as its main.py builds it: MNIST (1 channel, flattened 1024); CIFAR-10 (3, 1600)
+MODEL = "FedAvgCNN(in_features={in_features}, num_classes=args.num_classes, dim={dim})"
 
 
 def htfllib_parser(main_py: Path) -> argparse.ArgumentParser:
@@ -112,6 +114,8 @@ def main() -> None:
     own.add_argument("--gate", action="store_true")
     own.add_argument("--seed", type=int, default=0)
     own.add_argument("--threads", type=int, default=1)
+    own.add_argument("--in-features", type=int, default=1, help="image channels: 1 (MNIST) or 3 (CIFAR-10)")
+    own.add_argument("--dim", type=int, default=1024, help="FedAvgCNN's flattened size: 1024 (28x28), 1600 (32x32)")
     mine, rest = own.parse_known_args()
     # HtFLlib keeps every model as a whole pickled module that it writes and reads back in its own
     # temporary folder each round; torch >= 2.6 loads weights only by default, which refuses them.
@@ -123,7 +127,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(mine.threads)
-    args.models = [MODEL]
+    args.models = [MODEL.format(in_features=mine.in_features, dim=mine.dim)]
     if args.device == "cuda" and not torch.cuda.is_available():
         args.device = "cpu"
     random.seed(mine.seed)

@@ -63,11 +63,18 @@ def export(checkout: Path, data: Path, commit: str | None = DEFAULT_COMMIT) -> t
     return root / "system", used
 
 
+# HtFLlib's FedAvgCNN for an image shape: (in_features, flattened size), as its main.py builds it
+FEDAVGCNN = {(1, 28, 28): (1, 1024), (3, 32, 32): (3, 1600)}
+
+
 def driver_command(algo: str, rounds: int, batch: int, epochs: int, lr: float, clients: int,
-                   extra: list[str], seed: int = 0, gate: bool = False) -> list[str]:
+                   extra: list[str], seed: int = 0, gate: bool = False,
+                   image_shape: tuple[int, ...] = (1, 28, 28)) -> list[str]:
+    in_features, dim = FEDAVGCNN[tuple(image_shape)]
     cmd = [sys.executable, str(DRIVER), "-dev", "cpu", "-algo", algo, "-data", DATASET, "-ncl", "10",
            "-nc", str(clients), "-lbs", str(batch), "-ls", str(epochs), "-lr", str(lr), "-gr", str(rounds),
-           "-fd", "512", "-jr", "1", "-eg", "1", "--seed", str(seed), *extra]
+           "-fd", "512", "-jr", "1", "-eg", "1", "--seed", str(seed), "--in-features", str(in_features),
+           "--dim", str(dim), *extra]
     return cmd + (["--gate"] if gate else [])
 
 

@@ -1,6 +1,8 @@
 """HtFLlib's implementation of a method beside hfl-bench's, under HtFLlib's own metric (issue 31).
 
-On HtFLlib's MNIST split (``--data``, 20 clients, task ``pfl-npz``) with HtFLlib's FedAvgCNN on
+On HtFLlib's MNIST split (``--data``, 20 clients, task ``pfl-npz``), or on the harder CIFAR-10
+subsample ``benchmarks/pfl_cifar10.py`` writes in the same layout (task ``pfl-npz-cifar10``,
+HtFLlib's CIFAR-10 FedAvgCNN; the folder's image shape decides), with HtFLlib's FedAvgCNN on
 both sides (hfl-bench: the plugin pool in ``benchmarks/htfl_pool.py``), HtFLlib's learning rate,
 batch size and local epochs (``system/total.sh``: lr 0.01, batch 10, one epoch, feature dim 512),
 for each method and seed:
@@ -41,7 +43,8 @@ maximum, averaged: HtFLlib's ``average_data``). ``--resume`` keeps the runs alre
 that match the settings and runs only the rest.
 
     OMP_NUM_THREADS=1 python benchmarks/htfllib_side_by_side.py --htfllib PATH \\
-        [--methods fedproto lg-fedavg fedgh fedtgp fd] [--seeds 0 1 2] [--rounds 30] [--resume]
+        [--data FOLDER] [--methods local fedproto lg-fedavg fedgh fedtgp fd] [--seeds 0 1 2]
+        [--rounds 30] [--resume]
     python benchmarks/htfllib_side_by_side.py --report [--out FILE]   # the comparison as markdown
 """
 
@@ -74,7 +77,9 @@ METHODS = {
     "fedgen": ("FedGen", ["-nd", "32", "-glr", "0.1", "-hd", "512", "-se", "100"]),
     "fedmrl": ("FedMRL", ["-sfd", "128"]),
 }
-DEFAULT_METHODS = ["fedproto", "lg-fedavg", "fedgh", "fedtgp", "fd"]
+# `local` first: the control. Its two sides differ only by the protocols (NOTES), so a method's
+# difference beyond local's is the method's own.
+DEFAULT_METHODS = ["local", "fedproto", "lg-fedavg", "fedgh", "fedtgp", "fd"]
 LR, BATCH, EPOCHS, CLIENTS = 0.01, 10, 1, 20
 NOTES = [
     "hfl-bench trains on each client's train file less the held-out fraction (validation and local test "
@@ -84,9 +89,26 @@ NOTES = [
     "HtFLlib's clients reseed torch with 0 when built: its seeds share the initial models and differ only "
     "in later draws",
     "hfl-bench clips gradients at global norm 10 (its protocol); HtFLlib clips only in some methods (FML)",
+    "hfl-bench standardizes each channel with its training statistics (its protocol); HtFLlib feeds the "
+    "files' [-1, 1] values as they are",
     "both sides use SGD without momentum or weight decay at lr 0.01, batch 10, one local epoch",
 ]
 ROUND_MARK = "HFL_ROUND"
+
+
+# ----------------------------------------------------------------------------- the data
+
+
+def image_shape(data: str) -> tuple[int, ...]:
+    """The image shape of the folder's first train file: MNIST's 1x28x28 or CIFAR-10's 3x32x32."""
+    from hfl_bench.tasks.pfl_npz import read_client_file
+
+    return tuple(read_client_file(Path(data) / "train" / "0.npz")[0].shape[1:])
+
+
+def task_of(data: str) -> str:
+    """hfl-bench's task for the folder: ``pfl-npz`` (1x28x28) or ``pfl-npz-cifar10`` (3x32x32)."""
+    return {(1, 28, 28): "pfl-npz", (3, 32, 32): "pfl-npz-cifar10"}[image_shape(data)]
 
 
 # ----------------------------------------------------------------------------- hfl-bench's side
@@ -109,12 +131,12 @@ def hfl_bench_worker(args) -> None:
 
     torch.set_num_threads(args.threads)
     params = dict(kv.split("=", 1) for kv in args.set)
-    cfg = load_task(RunConfig(method=args.worker, task="pfl-npz", data_dir=args.data, pool=htfl_pool.POOL,
+    cfg = load_task(RunConfig(method=args.worker, task=task_of(args.data), data_dir=args.data, pool=htfl_pool.POOL,
                               batch_size=BATCH, local_epochs=EPOCHS, lr=LR, momentum=0.0, weight_decay=0.0,
                               heldout_fraction=args.heldout_fraction, rounds=args.rounds, seed=args.seed,
                               eval_every=max(args.eval_every, 1), checkpoint_every=0, device="cpu",
                               method_params=params))[1]
-    folder = find_folder(args.data)
+    folder = find_folder(args.data, task_of(args.data))
     sizes = [len(y) for _, y in read_split(folder, "test", read_config(folder)["num_clients"])]
     bounds = np.cumsum([0, *sizes])
     t = time.perf_counter()
@@ -178,7 +200,8 @@ def run_htfllib(method: str, seed: int, args, system: Path, log_path: Path) -> d
     import htfllib_run
 
     algo, extra = METHODS[method]
-    cmd = htfllib_run.driver_command(algo, args.rounds, BATCH, EPOCHS, LR, CLIENTS, extra, seed=seed)
+    cmd = htfllib_run.driver_command(algo, args.rounds, BATCH, EPOCHS, LR, CLIENTS, extra, seed=seed,
+                                     image_shape=image_shape(args.data))
     driver = htfllib_run.Driver(system, cmd, log_path, threads=args.threads)
     rounds = []
     try:
@@ -285,10 +308,18 @@ def write(path: Path, doc: dict) -> None:
 
 
 def settings(args, commit: str) -> dict:
-    return {"rounds": args.rounds, "lr": LR, "batch_size": BATCH, "local_epochs": EPOCHS, "clients": CLIENTS,
+    return {"task": task_of(args.data), "data": data_identity(args.data), "rounds": args.rounds, "lr": LR,
+            "batch_size": BATCH, "local_epochs": EPOCHS, "clients": CLIENTS,
             "feature_dim": 512, "heldout_fraction": args.heldout_fraction, "eval_every": args.eval_every,
             "htfllib_commit": commit,
             "hfl_bench_params": {m: args.set_for(m) for m in args.methods}}
+
+
+def data_identity(data: str) -> str:
+    """The folder's fingerprint (hfl-bench's hash of config.json and every client file)."""
+    from hfl_bench.data import get_task
+
+    return get_task(task_of(data)).fingerprint(Path(data))
 
 
 def main() -> None:

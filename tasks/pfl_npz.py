@@ -34,8 +34,10 @@ Choices where the layout or the protocol leaves a gap:
   a method that trains with validation statistics (CRAD's reliability weights) would have seen
   global-test labels. Local accuracy is measured on the held-out test half of the train file, not
   on the client's PFLlib test file, so it is not PFLlib's own per-client test accuracy.
-- Metadata is static (registered with the shipped example's kind: 10 classes, 1x28x28); ``load``
-  checks the folder against it (num_classes, image shape, label range) with a clear error. The
+- Metadata is static: ``pfl-npz`` is registered with the shipped example's kind (10 classes,
+  1x28x28) and ``pfl-npz-cifar10`` with CIFAR-10's (10 classes, 3x32x32; its default folder is
+  ``<data dir>/pfl-npz-cifar10``); ``load`` checks the folder against its task's kind (num_classes,
+  image shape, label range) with a clear error that names the other task when its shape fits. The
   number of clients comes from ``config.json`` (``folder_defaults``); a ``--clients`` that
   disagrees with the number of client files is an error. When ``config.json`` lists per-client
   label counts, the files must match them (train + test).
@@ -93,17 +95,17 @@ class SafeUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("refused a persistent id")
 
 
-def find_folder(data_dir: Path | str | None) -> Path:
-    """``data_dir`` itself when it holds a config.json, else ``<data_dir>/pfl-npz``."""
+def find_folder(data_dir: Path | str | None, name: str = NAME) -> Path:
+    """``data_dir`` itself when it holds a config.json, else ``<data_dir>/<name>`` (the task's name)."""
     root = resolve_data_dir(data_dir)
-    for folder in (root, root / NAME):
+    for folder in (root, root / name):
         try:
             if (folder / "config.json").is_file():
                 return folder
         except OSError as e:  # e.g. a folder we may not read
             raise DatasetError(f"{NAME}: cannot read {folder} ({type(e).__name__}: {e})") from None
     raise DatasetError(
-        f"{NAME}: no PFLlib/HtFLlib folder at {root} or {root / NAME} (no config.json in either). Point "
+        f"{NAME}: no PFLlib/HtFLlib folder at {root} or {root / name} (no config.json in either). Point "
         "--data-dir at the folder that holds config.json, train/<cid>.npz and test/<cid>.npz."
     )
 
@@ -278,7 +280,7 @@ class PflNpz(Task):
         unreadable or disagrees with the number of train files (``load`` then says what is wrong).
         Reads config.json and lists train/ only: cheap, and it never raises."""
         try:
-            folder = find_folder(data_dir)
+            folder = find_folder(data_dir, self.info.name)
             n = read_config(folder)["num_clients"]
             if n != sum(1 for _ in (folder / "train").glob("*.npz")):
                 return {}
@@ -288,17 +290,17 @@ class PflNpz(Task):
 
     def data_files(self, data_dir: Path) -> list[Path]:
         """config.json and every client file, train then test, checked as ``load`` checks them."""
-        folder = find_folder(data_dir)
+        folder = find_folder(data_dir, self.info.name)
         n = read_config(folder)["num_clients"]
         return [folder / "config.json", *client_files(folder, "train", n), *client_files(folder, "test", n)]
 
     def load_arrays(self, data_dir: Path, download: bool):
-        folder = find_folder(data_dir)
+        folder = find_folder(data_dir, self.info.name)
         config = read_config(folder)
         n = config["num_clients"]
         if config.get("num_classes", self.info.num_classes) != self.info.num_classes:
             raise DatasetError(f"{NAME}: {folder}/config.json has num_classes {config['num_classes']}, "
-                               f"but this task is registered for {self.info.num_classes}")
+                               f"but task {self.info.name} is registered for {self.info.num_classes}")
         train, test = read_split(folder, "train", n), read_split(folder, "test", n)
         check_label_counts(config, [np.concatenate([a[1], b[1]]) for a, b in zip(train, test)], folder)
         bounds = np.cumsum([0] + [len(y) for _, y in train])
@@ -308,8 +310,10 @@ class PflNpz(Task):
     def _join(self, parts: list[tuple[np.ndarray, np.ndarray]], where: Path) -> tuple[np.ndarray, np.ndarray]:
         for cid, (x, _) in enumerate(parts):
             if tuple(x.shape[1:]) != self.info.input_shape:
+                other = [t.info.name for t in FOLDER_TASKS if t.info.input_shape == tuple(x.shape[1:])]
                 raise DatasetError(f"{NAME}: {where / f'{cid}.npz'} holds images of shape {tuple(x.shape[1:])}, "
-                                   f"but this task is registered for {self.info.input_shape}")
+                                   f"but task {self.info.name} is registered for {self.info.input_shape}"
+                                   + (f"; use --task {other[0]}" if other else ""))
         # float32 per file: a float64 copy of 70k MNIST images would take ~440 MB
         x = np.concatenate([x.astype(np.float32, copy=False) for x, _ in parts])
         return x, np.concatenate([y for _, y in parts])
@@ -321,3 +325,23 @@ class PflNpz(Task):
 
     def class_names(self) -> list[str]:
         return [str(i) for i in range(self.info.num_classes)]
+
+
+@register_task(NAME + "-cifar10")
+class PflNpzCifar10(PflNpz):
+    """The same layout with CIFAR-10's kind of images (10 classes, 3x32x32), e.g. the subsample
+    ``benchmarks/pfl_cifar10.py`` writes from the shipped JPEGs for the HtFLlib side-by-side."""
+
+    info = dataclasses.replace(
+        PflNpz.info,
+        name=NAME + "-cifar10",
+        input_shape=(3, 32, 32),
+        source="A PFLlib / HtFLlib folder (config.json, train/<cid>.npz, test/<cid>.npz) of 32x32 RGB images "
+               "in 10 classes from --data-dir; e.g. benchmarks/pfl_cifar10.py's CIFAR-10 subsample",
+        citation="Zhang et al., PFLlib, JMLR 26(50), 2025 (arXiv 2312.04992); Zhang et al., HtFLlib, KDD 2025 "
+                 "(arXiv 2506.03954); data: Krizhevsky, Learning Multiple Layers of Features from Tiny Images, 2009",
+        license="CIFAR-10: no explicit license; see https://www.cs.toronto.edu/~kriz/cifar.html",
+    )
+
+
+FOLDER_TASKS = (PflNpz, PflNpzCifar10)  # the registered kinds of this layout, for the shape hint

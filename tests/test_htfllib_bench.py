@@ -124,3 +124,37 @@ def test_side_by_side_report_rows_come_from_the_summary(tmp_path):
     # best: (70 + 72) / 2 = 71 vs (71 + 69) / 2 = 70; curves [10, 60, 60, 71] vs [11, 50, 63, 70]
     assert rows[0] == "| fd | 2 / 2 | 71.00 | 70.00 | -1.00 | 3.75 | 4.67 | -10.00 (1) |"
     assert rows[1] == "| fd | 10.00 / 11.00 | 60.00 / 50.00 | 60.00 / 63.00 | 71.00 / 70.00 |"
+
+
+def test_cifar10_folder_is_pfllib_layout_that_the_task_reads(tmp_path):
+    import numpy as np
+    import pfl_cifar10
+
+    from hfl_bench.data import get_task
+
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(10), 60)
+    x = rng.uniform(0, 1, size=(len(y), 3, 32, 32)).astype(np.float32)
+    config = pfl_cifar10.write_folder(x, y, tmp_path / "f", seed=3, clients=5)
+    data = get_task("pfl-npz-cifar10").load(tmp_path / "f")  # checks the label counts against config.json
+    sizes = [len(i) for i in data.client_indices]
+    totals = [sum(k for _, k in c) for c in config["Size of samples for labels in clients"]]
+    assert sum(totals) == len(y) and min(totals) >= pfl_cifar10.LEAST_SAMPLES
+    assert all(abs(n - 0.75 * t) <= 0.5 for n, t in zip(sizes, totals))  # 75 / 25 per client
+    assert len(data.test_y) == len(y) - sum(sizes)
+    again = pfl_cifar10.client_splits(y, seed=3, clients=5)
+    assert [len(tr) for tr, _ in again] == sizes  # seeded: the same split again
+
+
+def test_driver_builds_htfllib_fedavgcnn_for_the_image_shape():
+    import htfllib_run
+
+    def flag(cmd, name):
+        return cmd[cmd.index(name) + 1]
+
+    mnist = htfllib_run.driver_command("FD", 3, 10, 1, 0.01, 20, [])
+    cifar = htfllib_run.driver_command("FD", 3, 10, 1, 0.01, 20, [], image_shape=(3, 32, 32))
+    assert (flag(mnist, "--in-features"), flag(mnist, "--dim")) == ("1", "1024")
+    assert (flag(cifar, "--in-features"), flag(cifar, "--dim")) == ("3", "1600")
+    assert htfllib_driver.MODEL.format(in_features=3, dim=1600) == \
+        "FedAvgCNN(in_features=3, num_classes=args.num_classes, dim=1600)"

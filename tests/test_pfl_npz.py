@@ -39,7 +39,7 @@ def save_like_pfllib(path: Path, x: np.ndarray, y: np.ndarray, compressed: bool 
         (np.savez_compressed if compressed else np.savez)(f, data={"x": x, "y": y})
 
 
-def make_folder(root: Path, seed: int = 0) -> dict[str, list]:
+def make_folder(root: Path, seed: int = 0, shape: tuple[int, ...] = (1, 28, 28)) -> dict[str, list]:
     """A small folder in the real layout; returns the arrays it wrote, per split, in cid order."""
     rng = np.random.default_rng(seed)
     written: dict[str, list] = {"train": [], "test": []}
@@ -47,7 +47,7 @@ def make_folder(root: Path, seed: int = 0) -> dict[str, list]:
     for cid, classes in enumerate(CLASSES):
         ys = []
         for split, n in (("train", TRAIN_SIZES[cid]), ("test", TEST_SIZES[cid])):
-            x = rng.uniform(-1, 1, size=(n, 1, 28, 28)).astype(np.float32)
+            x = rng.uniform(-1, 1, size=(n, *shape)).astype(np.float32)
             y = rng.choice(classes, size=n).astype(np.int64)
             save_like_pfllib(root / split / f"{cid}.npz", x, y, compressed=cid != 1)  # client 1 uncompressed
             written[split].append((x, y))
@@ -262,6 +262,17 @@ def test_other_class_count_or_shape_is_refused(folder):
     x, y = written["test"][1]
     save_like_pfllib(root / "test" / "1.npz", np.zeros((len(y), 3, 32, 32), np.float32), y)
     with pytest.raises(DatasetError, match=r"1\.npz holds images of shape \(3, 32, 32\)"):
+        get_task("pfl-npz").load(root)
+
+
+def test_cifar10_kind_reads_the_same_layout_with_rgb_images(tmp_path):
+    root = tmp_path / "pfl-npz-cifar10"  # the task's default folder under --data-dir
+    written = make_folder(root, shape=(3, 32, 32))
+    data = get_task("pfl-npz-cifar10").load(tmp_path)
+    assert tuple(data.train_x.shape) == (sum(TRAIN_SIZES), 3, 32, 32)
+    assert [len(i) for i in data.client_indices] == list(TRAIN_SIZES)
+    assert torch.equal(data.test_y, torch.from_numpy(np.concatenate([y for _, y in written["test"]])))
+    with pytest.raises(DatasetError, match=r"registered for \(1, 28, 28\); use --task pfl-npz-cifar10"):
         get_task("pfl-npz").load(root)
 
 
