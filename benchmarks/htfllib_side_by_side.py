@@ -46,6 +46,7 @@ that match the settings and runs only the rest.
         [--data FOLDER] [--methods local fedproto lg-fedavg fedgh fedtgp fd] [--seeds 0 1 2]
         [--rounds 30] [--resume]
     python benchmarks/htfllib_side_by_side.py --report [--out FILE]   # the comparison as markdown
+    python benchmarks/htfllib_side_by_side.py --merge A.json B.json --out FILE   # one file from two processes
 """
 
 from __future__ import annotations
@@ -293,6 +294,28 @@ def report(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merge(docs: list[dict]) -> dict:
+    """One results document from several made with the same settings: their runs joined (a run in
+    two files must be the same run), the union of the methods' hfl-bench parameters, a fresh summary."""
+    first = docs[0]
+    plain = lambda d: {k: v for k, v in d["settings"].items() if k != "hfl_bench_params"}  # noqa: E731
+    params: dict = {}
+    runs: dict = {}
+    for d in docs:
+        if plain(d) != plain(first):
+            raise ValueError("the files were made with different settings; only runs of one setting can be joined")
+        for m, p in d["settings"].get("hfl_bench_params", {}).items():
+            if params.setdefault(m, p) != p:
+                raise ValueError(f"{m}'s hfl-bench parameters differ between the files")
+        for k, run in d["runs"].items():
+            if runs.setdefault(k, run) is not run and runs[k] != run:
+                raise ValueError(f"run {k} differs between the files")
+    methods = list(dict.fromkeys(k.split("/")[0] for k in runs))
+    seeds = sorted({int(k.rsplit("seed", 1)[1]) for k in runs})
+    return {**first, "settings": {**first["settings"], "hfl_bench_params": params}, "runs": runs,
+            "merged_from": len(docs), "summary": summarize(runs, methods, seeds)}
+
+
 def _mean_or_none(xs: list[float]) -> float | None:
     return round(statistics.mean(xs), 2) if xs else None
 
@@ -341,6 +364,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "results" / "htfllib-side-by-side.json"))
     ap.add_argument("--resume", action="store_true", help="keep the matching runs already in --out")
     ap.add_argument("--report", action="store_true", help="print --out's comparison as markdown and exit")
+    ap.add_argument("--merge", nargs="+", metavar="FILE", help="join the runs of results files made with the same "
+                    "settings (e.g. two processes, one per core, on different methods) into --out and exit")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one hfl-bench run (hfl_bench_worker)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -349,6 +374,14 @@ def main() -> None:
         return
     if args.report:
         sys.stdout.write(report(json.loads(Path(args.out).read_text())))
+        return
+    if args.merge:
+        try:
+            doc = merge([json.loads(Path(f).read_text()) for f in args.merge])
+        except ValueError as e:
+            ap.error(str(e))
+        write(Path(args.out), doc)
+        print(f"wrote {args.out}: {len(doc['runs'])} runs")
         return
     unknown = [m for m in args.methods if m not in METHODS]
     bad_set = [s for s in args.set if ":" not in s or "=" not in s.partition(":")[2]]

@@ -158,3 +158,17 @@ def test_driver_builds_htfllib_fedavgcnn_for_the_image_shape():
     assert (flag(cifar, "--in-features"), flag(cifar, "--dim")) == ("3", "1600")
     assert htfllib_driver.MODEL.format(in_features=3, dim=1600) == \
         "FedAvgCNN(in_features=3, num_classes=args.num_classes, dim=1600)"
+
+
+def test_merge_joins_runs_of_one_setting_and_refuses_others():
+    def doc(method, curve, **settings):
+        runs = {sbs.key(method, side, 0): {"curve": curve, "seconds": [0, 1]} for side in ("htfllib", "hfl_bench")}
+        return {"settings": {"rounds": 1, "data": "abc", **settings, "hfl_bench_params": {method: []}}, "runs": runs}
+
+    merged = sbs.merge([doc("fd", [10, 50]), doc("local", [10, 60])])
+    assert sorted(merged["summary"]) == ["fd", "local"] and len(merged["runs"]) == 4
+    assert merged["settings"]["hfl_bench_params"] == {"fd": [], "local": []}
+    with pytest.raises(ValueError, match="different settings"):
+        sbs.merge([doc("fd", [10, 50]), doc("local", [10, 60], data="other")])
+    with pytest.raises(ValueError, match="run fd/htfllib/seed0 differs"):
+        sbs.merge([doc("fd", [10, 50]), doc("fd", [10, 51])])
