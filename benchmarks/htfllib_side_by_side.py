@@ -33,8 +33,10 @@ for each method and seed:
 Differences that stay (reported in the output's ``notes``): hfl-bench trains on the train files
 less the held-out fraction, HtFLlib on all of them; HtFLlib's loaders neither shuffle nor keep a
 last partial batch, hfl-bench shuffles each epoch (seeded) and keeps it; HtFLlib's clients reseed
-torch with 0, so its seeds share the initial models; hfl-bench clips gradients at norm 10
-(HtFLlib's FML and a few others do too).
+torch with 0, so its seeds share the initial models; hfl-bench standardizes each channel with its
+training statistics, HtFLlib feeds the files' [-1, 1] values as they are. Gradients are clipped as
+HtFLlib's clients clip them: at global norm 10 in FML, FedKD and FedMRL (``CLIPPED``), not at all
+otherwise (hfl-bench's protocol clips every method at 10; the harness sets ``grad_clip`` per method).
 
 Output (``--out``, default ``benchmarks/results/htfllib-side-by-side.json``, written atomically
 after each run): every run's curves and seconds per round, and per method the mean curves of
@@ -80,6 +82,7 @@ METHODS = {
 }
 # `local` first: the control. Its two sides differ only by the protocols (NOTES), so a method's
 # difference beyond local's is the method's own.
+CLIPPED = {"fml", "fedkd", "fedmrl"}  # HtFLlib's clients that clip gradients (at norm 10)
 DEFAULT_METHODS = ["local", "fedproto", "lg-fedavg", "fedgh", "fedtgp", "fd"]
 LR, BATCH, EPOCHS, CLIENTS = 0.01, 10, 1, 20
 NOTES = [
@@ -89,7 +92,8 @@ NOTES = [
     "(seeded) and keeps it",
     "HtFLlib's clients reseed torch with 0 when built: its seeds share the initial models and differ only "
     "in later draws",
-    "hfl-bench clips gradients at global norm 10 (its protocol); HtFLlib clips only in some methods (FML)",
+    "gradients clipped as HtFLlib's clients clip them: at norm 10 in FML, FedKD and FedMRL, not otherwise "
+    "(hfl-bench's own protocol clips every method at 10)",
     "hfl-bench standardizes each channel with its training statistics (its protocol); HtFLlib feeds the "
     "files' [-1, 1] values as they are",
     "both sides use SGD without momentum or weight decay at lr 0.01, batch 10, one local epoch",
@@ -134,6 +138,7 @@ def hfl_bench_worker(args) -> None:
     params = dict(kv.split("=", 1) for kv in args.set)
     cfg = load_task(RunConfig(method=args.worker, task=task_of(args.data), data_dir=args.data, pool=htfl_pool.POOL,
                               batch_size=BATCH, local_epochs=EPOCHS, lr=LR, momentum=0.0, weight_decay=0.0,
+                              grad_clip=10.0 if args.worker in CLIPPED else 0.0,
                               heldout_fraction=args.heldout_fraction, rounds=args.rounds, seed=args.seed,
                               eval_every=max(args.eval_every, 1), checkpoint_every=0, device="cpu",
                               method_params=params))[1]
@@ -333,7 +338,8 @@ def write(path: Path, doc: dict) -> None:
 def settings(args, commit: str) -> dict:
     return {"task": task_of(args.data), "data": data_identity(args.data), "rounds": args.rounds, "lr": LR,
             "batch_size": BATCH, "local_epochs": EPOCHS, "clients": CLIENTS,
-            "feature_dim": 512, "heldout_fraction": args.heldout_fraction, "eval_every": args.eval_every,
+            "feature_dim": 512, "grad_clip_10": sorted(CLIPPED), "heldout_fraction": args.heldout_fraction,
+            "eval_every": args.eval_every,
             "htfllib_commit": commit,
             "hfl_bench_params": {m: args.set_for(m) for m in args.methods}}
 
