@@ -34,7 +34,8 @@ Differences that stay (reported in the output's ``notes``): hfl-bench trains on 
 less the held-out fraction, HtFLlib on all of them; HtFLlib's loaders neither shuffle nor keep a
 last partial batch, hfl-bench shuffles each epoch (seeded) and keeps it; HtFLlib's clients reseed
 torch with 0, so its seeds share the initial models; hfl-bench standardizes each channel with its
-training statistics, HtFLlib feeds the files' [-1, 1] values as they are. Gradients are clipped as
+training statistics (its tasks' rule) only with ``--standardize``: by default it feeds the files'
+[-1, 1] values as they are, as HtFLlib does. Gradients are clipped as
 HtFLlib's clients clip them: at global norm 10 in FML, FedKD and FedMRL (``CLIPPED``), not at all
 otherwise (hfl-bench's protocol clips every method at 10; the harness sets ``grad_clip`` per method).
 
@@ -94,8 +95,8 @@ NOTES = [
     "in later draws",
     "gradients clipped as HtFLlib's clients clip them: at norm 10 in FML, FedKD and FedMRL, not otherwise "
     "(hfl-bench's own protocol clips every method at 10)",
-    "hfl-bench standardizes each channel with its training statistics (its protocol); HtFLlib feeds the "
-    "files' [-1, 1] values as they are",
+    "both sides feed the files' [-1, 1] values as they are (hfl-bench's tasks standardize each channel; "
+    "--standardize restores that)",
     "both sides use SGD without momentum or weight decay at lr 0.01, batch 10, one local epoch",
 ]
 ROUND_MARK = "HFL_ROUND"
@@ -132,6 +133,10 @@ def hfl_bench_worker(args) -> None:
     from hfl_bench.tasks.pfl_npz import find_folder, read_config, read_split
     from hfl_bench.training import predict_logits
 
+    if not args.standardize:  # the files' [-1, 1] values as they are, as HtFLlib feeds them (module docstring)
+        import hfl_bench.data
+
+        hfl_bench.data.channel_stats = lambda x: (torch.zeros(x.shape[1]), torch.ones(x.shape[1]))
     import htfl_pool
 
     torch.set_num_threads(args.threads)
@@ -175,6 +180,7 @@ def hfl_bench_worker(args) -> None:
 def run_hfl_bench(method: str, seed: int, args, log) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", method, "--seed", str(seed),
            "--rounds", str(args.rounds), "--data", args.data, "--heldout-fraction", str(args.heldout_fraction),
+           *(["--standardize"] if args.standardize else []),
            "--eval-every", str(args.eval_every),
            "--threads", str(args.threads), *sum((["--set", kv] for kv in args.set_for(method)), [])]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -340,6 +346,7 @@ def settings(args, commit: str) -> dict:
             "batch_size": BATCH, "local_epochs": EPOCHS, "clients": CLIENTS,
             "feature_dim": 512, "grad_clip_10": sorted(CLIPPED), "heldout_fraction": args.heldout_fraction,
             "eval_every": args.eval_every,
+            "hfl_bench_inputs": "standardized" if args.standardize else "as in the files",
             "htfllib_commit": commit,
             "hfl_bench_params": {m: args.set_for(m) for m in args.methods}}
 
@@ -361,6 +368,8 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--heldout-fraction", type=float, default=0.2, help="hfl-bench's held-out fraction")
+    ap.add_argument("--standardize", action="store_true", help="hfl-bench standardizes each channel with its "
+                    "training statistics, as its tasks do (default: the files' values as they are, as HtFLlib)")
     ap.add_argument("--eval-every", type=int, default=0, help="hfl-bench's own test rounds (figures not compared): "
                     "0 = the last round only")
     ap.add_argument("--set", action="append", default=[], metavar="METHOD:KEY=VALUE",
