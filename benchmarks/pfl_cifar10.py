@@ -10,7 +10,9 @@ builds one (our own code, its recipe):
 - **Partition**: Dirichlet alpha 0.1 over 20 clients (hfl-bench's ``dirichlet`` partitioner,
   seed ``--seed``), at least 40 images a client (PFLlib's ``least_samples``: batch 10 over a 25%
   test share).
-- **Per client**: a seeded 75 / 25 train / test split (PFLlib's ``train_ratio``), written as
+- **Per client**: a seeded 75 / 25 train / test split (PFLlib's ``train_ratio``), each file in a
+  seeded random order as PFLlib's ``train_test_split(shuffle=True)`` leaves it (HtFLlib's loaders
+  do not shuffle, so a class-sorted file would train on one class at a time), written as
   ``train/<cid>.npz`` and ``test/<cid>.npz``: ``np.savez_compressed(file, data={'x': float32
   [n, 3, 32, 32], 'y': int64 [n]})``, and ``config.json`` with PFLlib's fields and per-client
   label counts.
@@ -47,7 +49,7 @@ def client_splits(labels: np.ndarray, seed: int, clients: int = CLIENTS, alpha: 
     for shard in dirichlet(labels, clients, rng, alpha=alpha, min_size=LEAST_SAMPLES):
         shard = rng.permutation(shard)
         cut = int(round(TRAIN_RATIO * len(shard)))
-        out.append((np.sort(shard[:cut]), np.sort(shard[cut:])))
+        out.append((shard[:cut], shard[cut:]))  # in the permuted order: HtFLlib's loaders do not shuffle
     return out
 
 

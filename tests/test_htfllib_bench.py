@@ -142,6 +142,8 @@ def test_cifar10_folder_is_pfllib_layout_that_the_task_reads(tmp_path):
     assert sum(totals) == len(y) and min(totals) >= pfl_cifar10.LEAST_SAMPLES
     assert all(abs(n - 0.75 * t) <= 0.5 for n, t in zip(sizes, totals))  # 75 / 25 per client
     assert len(data.test_y) == len(y) - sum(sizes)
+    first = data.train_y[data.client_indices[0]].numpy()
+    assert (np.diff(first) < 0).any()  # files in random order, not by class (HtFLlib's loaders do not shuffle)
     again = pfl_cifar10.client_splits(y, seed=3, clients=5)
     assert [len(tr) for tr, _ in again] == sizes  # seeded: the same split again
 
