@@ -48,7 +48,7 @@ that match the settings and runs only the rest.
     OMP_NUM_THREADS=1 python benchmarks/htfllib_side_by_side.py --htfllib PATH \\
         [--data FOLDER] [--methods local fedproto lg-fedavg fedgh fedtgp fd] [--seeds 0 1 2]
         [--rounds 30] [--resume]
-    python benchmarks/htfllib_side_by_side.py --report [--out FILE]   # the comparison as markdown
+    python benchmarks/htfllib_side_by_side.py --report [--plot PNG] [--out FILE]   # as markdown (and a figure)
     python benchmarks/htfllib_side_by_side.py --merge A.json B.json --out FILE   # one file from two processes
 """
 
@@ -305,6 +305,36 @@ def report(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(doc: dict, png: Path) -> None:
+    """Both sides' mean curves, one panel per method, written atomically to ``png``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    shown = [(m, s) for m, s in doc.get("summary", {}).items() if s.get("htfllib") and s.get("hfl_bench")]
+    if not shown:
+        raise ValueError("no method has runs on both sides yet")
+    cols = min(3, len(shown))
+    rows = -(-len(shown) // cols)
+    fig = Figure(figsize=(max(6, 4 * cols), 3 * rows + 0.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True).ravel()
+    for ax, (method, s) in zip(axes, shown):
+        for side, label, style in (("htfllib", "HtFLlib", "-"), ("hfl_bench", "hfl-bench", "--")):
+            curve = s[side]["mean_curve"]
+            ax.plot(range(len(curve)), curve, style, label=f"{label} ({s[side]['seeds']} seeds)")
+        ax.set_title(f"{method}: mean |difference| {s['mean_abs_curve_diff']:.2f}", fontsize=9)
+        ax.grid(True, alpha=0.2)
+        ax.legend(fontsize=7, loc="lower right")
+    for ax in axes[len(shown):]:
+        ax.set_visible(False)
+    st = doc["settings"]
+    fig.supxlabel("round", fontsize=8)
+    fig.supylabel("accuracy on the clients' test files (%)", fontsize=8)
+    fig.suptitle(f"HtFLlib (at {st['htfllib_commit'][:7]}) and hfl-bench, mean curves\n"
+                 f"{st.get('task', 'pfl-npz')}, {st['clients']} clients, {st['rounds']} rounds", fontsize=10)
+    write(png, lambda f: fig.savefig(f, format="png", dpi=100))
+
+
 def merge(docs: list[dict]) -> dict:
     """One results document from several made with the same settings: their runs joined (a run in
     two files must be the same run), the union of the methods' hfl-bench parameters, a fresh summary."""
@@ -335,9 +365,14 @@ def key(method: str, side: str, seed: int) -> str:
     return f"{method}/{side}/seed{seed}"
 
 
-def write(path: Path, doc: dict) -> None:
+def write(path: Path, doc) -> None:
+    """``doc`` as JSON, or what a callable writes to a binary file, atomically."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    if callable(doc):
+        with tmp.open("wb") as f:
+            doc(f)
+    else:
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, path)
 
 
@@ -379,6 +414,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "results" / "htfllib-side-by-side.json"))
     ap.add_argument("--resume", action="store_true", help="keep the matching runs already in --out")
     ap.add_argument("--report", action="store_true", help="print --out's comparison as markdown and exit")
+    ap.add_argument("--plot", metavar="PNG", help="draw --out's mean curves, one panel per method, and exit")
     ap.add_argument("--merge", nargs="+", metavar="FILE", help="join the runs of results files made with the same "
                     "settings (e.g. two processes, one per core, on different methods) into --out and exit")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one hfl-bench run (hfl_bench_worker)
@@ -387,8 +423,12 @@ def main() -> None:
     if args.worker:
         hfl_bench_worker(args)
         return
-    if args.report:
-        sys.stdout.write(report(json.loads(Path(args.out).read_text())))
+    if args.report or args.plot:
+        doc = json.loads(Path(args.out).read_text())
+        if args.plot:
+            plot(doc, Path(args.plot))
+        if args.report:
+            sys.stdout.write(report(doc))
         return
     if args.merge:
         try:

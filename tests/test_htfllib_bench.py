@@ -174,3 +174,15 @@ def test_merge_joins_runs_of_one_setting_and_refuses_others():
         sbs.merge([doc("fd", [10, 50]), doc("local", [10, 60], data="other")])
     with pytest.raises(ValueError, match="run fd/htfllib/seed0 differs"):
         sbs.merge([doc("fd", [10, 50]), doc("fd", [10, 51])])
+
+
+def test_plot_draws_methods_with_both_sides_and_refuses_none(tmp_path):
+    runs = {sbs.key(m, side, 0): {"curve": [10, 50, 60], "seconds": [0, 1, 1]}
+            for m in ("fd", "local") for side in ("htfllib", "hfl_bench")}
+    runs[sbs.key("fedgh", "htfllib", 0)] = {"curve": [10, 40, 50], "seconds": [0, 1, 1]}  # one side only
+    settings = {"rounds": 2, "clients": 20, "htfllib_commit": "6e6f1aef", "task": "pfl-npz"}
+    doc = {"settings": settings, "summary": sbs.summarize(runs, ["fd", "local", "fedgh"], [0])}
+    sbs.plot(doc, tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no method has runs on both sides"):
+        sbs.plot({"settings": settings, "summary": {}}, tmp_path / "none.png")
