@@ -389,6 +389,23 @@ def settings(args, commit: str) -> dict:
             "hfl_bench_params": {m: args.set_for(m) for m in args.methods}}
 
 
+# The settings HtFLlib's runs depend on: a change to any other (hfl-bench's side) keeps them.
+HTFLLIB_SETTINGS = ("task", "data", "rounds", "lr", "batch_size", "local_epochs", "clients", "feature_dim",
+                    "htfllib_commit")
+
+
+def resumable(doc: dict, wanted: dict) -> dict:
+    """The runs of an earlier results file that this command's settings can keep: all of them when
+    the settings match (hfl-bench's per-method parameters are checked per method by the caller),
+    HtFLlib's alone when only hfl-bench's side changed, none otherwise."""
+    old, runs = doc.get("settings", {}), doc.get("runs", {})
+    if old | {"hfl_bench_params": None} == wanted | {"hfl_bench_params": None}:
+        return dict(runs)
+    if all(old.get(k) == wanted.get(k) for k in HTFLLIB_SETTINGS):
+        return {k: v for k, v in runs.items() if k.split("/")[1] == "htfllib"}
+    return {}
+
+
 def data_identity(data: str) -> str:
     """The folder's fingerprint (hfl-bench's hash of config.json and every client file)."""
     from hfl_bench.data import get_task
@@ -458,10 +475,10 @@ def main() -> None:
     out = Path(args.out)
     wanted = settings(args, commit)
     doc = json.loads(out.read_text()) if args.resume and out.exists() else {}
-    runs = doc.get("runs", {}) if doc.get("settings", {}) | {"hfl_bench_params": None} == \
-        wanted | {"hfl_bench_params": None} else {}
-    if args.resume and doc and not runs:
-        print(f"{out}: settings differ from this command's; starting afresh", flush=True)
+    runs = resumable(doc, wanted)
+    if args.resume and doc and len(runs) < len(doc.get("runs", {})):
+        print(f"{out}: settings differ from this command's; kept {len(runs)} of its {len(doc['runs'])} runs",
+              flush=True)
     for m in args.methods:  # a method whose hfl-bench hyperparameters changed is rerun on that side
         old = doc.get("settings", {}).get("hfl_bench_params", {}).get(m)
         if old is not None and old != args.set_for(m):
