@@ -501,7 +501,8 @@ def main() -> None:
                         started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
                         runs[k] = (run_htfllib(method, seed, args, system, log) if side == "htfllib"
                                    else run_hfl_bench(method, seed, args, log_file))
-                        runs[k].update(started=started, load_1min=round(os.getloadavg()[0], 2))
+                        runs[k].update(started=started, load_1min=round(os.getloadavg()[0], 2),
+                                       harness_commit=doc["hfl_bench_code"].get("git_sha"))
                         doc["summary"] = summarize(runs, args.methods, args.seeds)
                         write(out, doc)
     finally:
