@@ -23,8 +23,10 @@ What it does, and why:
 - With ``--gate`` each round waits for a line on stdin before it starts, so a parent can
   interleave HtFLlib's rounds with its own (load drift hits both); the wait is not timed.
 - ``--seed`` seeds python, numpy and torch before the server is built. HtFLlib's clients reseed
-  torch with 0 when they are built, so every seed starts from the same initial models; the seed
-  changes only what is drawn afterwards.
+  torch with 0 when they are built (``torch.manual_seed(0)`` in every client constructor), so every
+  seed would start from the same initial models and a method without other randomness would repeat
+  one run; the driver gives that call the run's seed instead (clients still share one initial
+  model, as in HtFLlib; ``--seed 0`` is HtFLlib's run unchanged).
 
 Each round prints one line ``HTFL_ROUND {json}`` with the seconds of the round, of its evaluation
 and of the rest (training and aggregation), the process's CPU seconds, the sample-weighted test accuracy (HtFLlib's
@@ -133,6 +135,12 @@ def main() -> None:
     random.seed(mine.seed)
     np.random.seed(mine.seed)
     torch.manual_seed(mine.seed)
+    # Every HtFLlib client constructor calls torch.manual_seed(0) (its only seeding): all clients,
+    # and every run whatever its seed, start from the same initial model, and a method with no other
+    # randomness (its loaders do not shuffle) repeats the same run. The run's seed takes that 0's
+    # place: clients still share one initial model, as in HtFLlib; seed 0 is HtFLlib's run unchanged.
+    reseed = torch.manual_seed
+    torch.manual_seed = lambda s: reseed(mine.seed if s == 0 else s)
     module, cls = SERVERS[args.algorithm]
     server_cls = getattr(importlib.import_module(f"flcore.servers.{module}"), cls)
     t = time.perf_counter()

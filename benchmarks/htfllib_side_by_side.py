@@ -35,11 +35,13 @@ less the held-out fraction (``HELDOUT``, 0.05: the smallest share at which every
 folders keeps a validation and a local test sample, which the engine requires; its tasks' usual
 0.2 cost hfl-bench's ``local`` about 3 points on the CIFAR-10 folder), HtFLlib on all of them;
 HtFLlib's loaders neither shuffle nor keep a last partial batch, hfl-bench shuffles each epoch
-(seeded) and keeps it; HtFLlib's clients reseed torch with 0, so its seeds share the initial
-models. Both sides feed the files' [-1, 1] values as they are (``--standardize`` gives hfl-bench its
-tasks' rule, each channel standardized with the training statistics). Gradients are clipped as
-HtFLlib's clients clip them: at global norm 10 in FML, FedKD and FedMRL (``CLIPPED``), not at all
-otherwise (hfl-bench's protocol clips every method at 10; the harness sets ``grad_clip`` per method).
+(seeded) and keeps it; HtFLlib's clients share one initial model (each of its client
+constructors reseeds torch with 0, which the driver turns into the run's seed so that HtFLlib's
+seeds differ at all), hfl-bench's clients each draw their own. Both sides feed the files' [-1, 1]
+values as they are (``--standardize`` gives hfl-bench its tasks' rule, each channel standardized
+with the training statistics). Gradients are clipped as HtFLlib's clients clip them: at global
+norm 10 in FML, FedKD and FedMRL (``CLIPPED``), not at all otherwise (hfl-bench's protocol clips
+every method at 10; the harness sets ``grad_clip`` per method).
 
 Output (``--out``, default ``benchmarks/results/htfllib-side-by-side.json``, written atomically
 after each run): every run's curves and seconds per round, and per method the mean curves of
@@ -94,8 +96,8 @@ NOTES = [
     "halves, 5% by default); HtFLlib trains on the whole file",
     "HtFLlib's loaders do not shuffle and drop the last partial batch; hfl-bench shuffles every epoch "
     "(seeded) and keeps it",
-    "HtFLlib's clients reseed torch with 0 when built: its seeds share the initial models and differ only "
-    "in later draws",
+    "HtFLlib's clients share one initial model (each client constructor reseeds torch; the driver gives it the "
+    "run's seed instead of 0, seed 0 being HtFLlib's run unchanged); hfl-bench's clients each draw their own",
     "gradients clipped as HtFLlib's clients clip them: at norm 10 in FML, FedKD and FedMRL, not otherwise "
     "(hfl-bench's own protocol clips every method at 10)",
     "both sides feed the files' [-1, 1] values as they are (hfl-bench's tasks standardize each channel; "
