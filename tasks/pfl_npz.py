@@ -64,8 +64,13 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from hfl_bench.data import DatasetError, Task, TaskData, TaskInfo, register_task, resolve_data_dir
+from hfl_bench.tasks.cifar import CITATION as CIFAR_CITATION
+from hfl_bench.tasks.cifar import LICENSE as CIFAR_LICENSE
 
 NAME = "pfl-npz"
+LAYOUT = "A PFLlib / HtFLlib folder (config.json, train/<cid>.npz, test/<cid>.npz)"
+SUITES_CITATION = ("Zhang et al., PFLlib, JMLR 26(50), 2025 (arXiv 2312.04992); Zhang et al., HtFLlib, KDD 2025 "
+                   "(arXiv 2506.03954)")
 MEMBER = "data.npy"
 # PFLlib's config.json is a few KB per hundred clients; anything far larger is not one.
 MAX_CONFIG_BYTES = 64 << 20
@@ -261,10 +266,8 @@ class PflNpz(Task):
         version="1.0",
         num_classes=10,
         input_shape=(1, 28, 28),
-        source="A PFLlib / HtFLlib folder (config.json, train/<cid>.npz, test/<cid>.npz) from --data-dir; "
-               "shipped example: MNIST over 20 clients, Dirichlet 0.1",
-        citation="Zhang et al., PFLlib, JMLR 26(50), 2025 (arXiv 2312.04992); Zhang et al., HtFLlib, KDD 2025 "
-                 "(arXiv 2506.03954); data: LeCun, Cortes & Burges, MNIST, 1998",
+        source=f"{LAYOUT} from --data-dir; shipped example: MNIST over 20 clients, Dirichlet 0.1",
+        citation=f"{SUITES_CITATION}; data: LeCun, Cortes & Burges, MNIST, 1998",
         license="MNIST: CC BY-SA 3.0",
         description="The folder's own client partition (one client per file); each client's train file is "
                     "split 80/10/10 into train/val/test; the union of the test files is the global test set.",
@@ -336,11 +339,10 @@ class PflNpzCifar10(PflNpz):
         PflNpz.info,
         name=NAME + "-cifar10",
         input_shape=(3, 32, 32),
-        source="A PFLlib / HtFLlib folder (config.json, train/<cid>.npz, test/<cid>.npz) of 32x32 RGB images "
-               "in 10 classes from --data-dir; e.g. benchmarks/pfl_cifar10.py's CIFAR-10 subsample",
-        citation="Zhang et al., PFLlib, JMLR 26(50), 2025 (arXiv 2312.04992); Zhang et al., HtFLlib, KDD 2025 "
-                 "(arXiv 2506.03954); data: Krizhevsky, Learning Multiple Layers of Features from Tiny Images, 2009",
-        license="CIFAR-10: no explicit license; see https://www.cs.toronto.edu/~kriz/cifar.html",
+        source=f"{LAYOUT} of 32x32 RGB images in 10 classes from --data-dir; e.g. benchmarks/pfl_cifar10.py's "
+               "CIFAR-10 subsample",
+        citation=f"{SUITES_CITATION}; data: {CIFAR_CITATION}",
+        license=f"CIFAR-10: {CIFAR_LICENSE}",
     )
 
 
