@@ -85,9 +85,9 @@ METHODS = {
     "fedgen": ("FedGen", ["-nd", "32", "-glr", "0.1", "-hd", "512", "-se", "100"]),
     "fedmrl": ("FedMRL", ["-sfd", "128"]),
 }
-# `local` first: the control. Its two sides differ only by the protocols (NOTES), so a method's
-# difference beyond local's is the method's own.
 CLIPPED = {"fml", "fedkd", "fedmrl"}  # HtFLlib's clients that clip gradients (at norm 10)
+# `local` first: the control. Its two sides differ only by the differences that stay (NOTES), so a
+# method's difference beyond local's is the method's own.
 DEFAULT_METHODS = ["local", "fedproto", "lg-fedavg", "fedgh", "fedtgp", "fd"]
 LR, BATCH, EPOCHS, CLIENTS = 0.01, 10, 1, 20
 HELDOUT = 0.05  # hfl-bench's held-out share: the smallest at which every client keeps a val and a test sample
@@ -118,8 +118,11 @@ def image_shape(data: str) -> tuple[int, ...]:
 
 
 def task_of(data: str) -> str:
-    """hfl-bench's task for the folder: ``pfl-npz`` (1x28x28) or ``pfl-npz-cifar10`` (3x32x32)."""
-    return {(1, 28, 28): "pfl-npz", (3, 32, 32): "pfl-npz-cifar10"}[image_shape(data)]
+    """hfl-bench's task for the folder: the registered kind of the layout with its image shape
+    (``pfl-npz`` 1x28x28, ``pfl-npz-cifar10`` 3x32x32)."""
+    from hfl_bench.tasks.pfl_npz import FOLDER_TASKS
+
+    return {t.info.input_shape: t.info.name for t in FOLDER_TASKS}[image_shape(data)]
 
 
 # ----------------------------------------------------------------------------- hfl-bench's side
@@ -146,13 +149,14 @@ def hfl_bench_worker(args) -> None:
 
     torch.set_num_threads(args.threads)
     params = dict(kv.split("=", 1) for kv in args.set)
-    cfg = load_task(RunConfig(method=args.worker, task=task_of(args.data), data_dir=args.data, pool=htfl_pool.POOL,
+    task = task_of(args.data)
+    cfg = load_task(RunConfig(method=args.worker, task=task, data_dir=args.data, pool=htfl_pool.POOL,
                               batch_size=BATCH, local_epochs=EPOCHS, lr=LR, momentum=0.0, weight_decay=0.0,
                               grad_clip=10.0 if args.worker in CLIPPED else 0.0,
                               heldout_fraction=args.heldout_fraction, rounds=args.rounds, seed=args.seed,
                               eval_every=max(args.eval_every, 1), checkpoint_every=0, device="cpu",
                               method_params=params))[1]
-    folder = find_folder(args.data, task_of(args.data))
+    folder = find_folder(args.data, task)
     sizes = [len(y) for _, y in read_split(folder, "test", read_config(folder)["num_clients"])]
     bounds = np.cumsum([0, *sizes])
     t = time.perf_counter()
@@ -344,11 +348,10 @@ def merge(docs: list[dict]) -> dict:
     """One results document from several made with the same settings: their runs joined (a run in
     two files must be the same run), the union of the methods' hfl-bench parameters, a fresh summary."""
     first = docs[0]
-    plain = lambda d: {k: v for k, v in d["settings"].items() if k != "hfl_bench_params"}  # noqa: E731
     params: dict = {}
     runs: dict = {}
     for d in docs:
-        if plain(d) != plain(first):
+        if not same_setting(d["settings"], first["settings"]):
             raise ValueError("the files were made with different settings; only runs of one setting can be joined")
         for m, p in d["settings"].get("hfl_bench_params", {}).items():
             if params.setdefault(m, p) != p:
@@ -391,6 +394,11 @@ def settings(args, commit: str) -> dict:
             "hfl_bench_params": {m: args.set_for(m) for m in args.methods}}
 
 
+def same_setting(a: dict, b: dict) -> bool:
+    """Two results files' settings agree, hfl-bench's per-method parameters aside (checked per method)."""
+    return a | {"hfl_bench_params": None} == b | {"hfl_bench_params": None}
+
+
 # The settings HtFLlib's runs depend on: a change to any other (hfl-bench's side) keeps them.
 HTFLLIB_SETTINGS = ("task", "data", "rounds", "lr", "batch_size", "local_epochs", "clients", "feature_dim",
                     "htfllib_commit")
@@ -401,7 +409,7 @@ def resumable(doc: dict, wanted: dict) -> dict:
     the settings match (hfl-bench's per-method parameters are checked per method by the caller),
     HtFLlib's alone when only hfl-bench's side changed, none otherwise."""
     old, runs = doc.get("settings", {}), doc.get("runs", {})
-    if old | {"hfl_bench_params": None} == wanted | {"hfl_bench_params": None}:
+    if same_setting(old, wanted):
         return dict(runs)
     if all(old.get(k) == wanted.get(k) for k in HTFLLIB_SETTINGS):
         return {k: v for k, v in runs.items() if k.split("/")[1] == "htfllib"}
