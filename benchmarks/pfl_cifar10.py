@@ -20,8 +20,8 @@ builds one (our own code, its recipe):
 hfl-bench reads the folder as task ``pfl-npz-cifar10``, HtFLlib as its ``-data`` with
 ``FedAvgCNN(in_features=3, dim=1600)`` (its CIFAR-10 model):
 
-    python benchmarks/pfl_cifar10.py --data-dir ~/.cache/hfl-bench/data --out /tmp/cifar10-htfl
-    python benchmarks/htfllib_side_by_side.py --htfllib PATH --data /tmp/cifar10-htfl \\
+    python benchmarks/pfl_cifar10.py [--data-dir DIR] --out FOLDER
+    python benchmarks/htfllib_side_by_side.py --htfllib PATH --data FOLDER \\
         --out benchmarks/results/htfllib-side-by-side-cifar10.json
 """
 
