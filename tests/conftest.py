@@ -1,11 +1,14 @@
+import atexit
 import os
+import shutil
 import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HFL_BENCH_DATA", os.path.join(os.path.dirname(__file__), ".data-unused"))
 # Caches the CLI writes (the metadata index, unsaved records) go to a folder of this test session,
-# never the user's ~/.cache; subprocesses inherit it.
+# never the user's ~/.cache; subprocesses inherit it. Removed when the session (or xdist worker) exits.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="hfl-bench-tests-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 # pytest-xdist's workers get COLUMNS=80 / LINES=24; the CLI honours COLUMNS (a piped table is
 # otherwise 200 wide), so tests see what a plain piped process sees whether xdist runs them or not.
 for _name in ("COLUMNS", "LINES"):
