@@ -428,7 +428,8 @@ def main() -> None:
     ap.add_argument("--htfllib", help="an HtFLlib checkout (git), exported at --htfllib-commit")
     ap.add_argument("--htfllib-commit", default=None, help="default: htfllib_run.DEFAULT_COMMIT (6e6f1ae)")
     ap.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data" / "mnist-htfl"),
-                    help="the PFLlib / HtFLlib MNIST folder (config.json, train/, test/)")
+                    help="a folder in the PFLlib / HtFLlib layout (config.json, train/, test/): HtFLlib's MNIST "
+                         "split, or the CIFAR-10 subsample of benchmarks/pfl_cifar10.py")
     ap.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help=f"of {', '.join(METHODS)}")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--rounds", type=int, default=30)
