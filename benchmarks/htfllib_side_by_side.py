@@ -290,19 +290,20 @@ def report(doc: dict) -> str:
               f"{settings['htfllib_commit'][:7]}; accuracy in % (HtFLlib's metric: correct over total on the "
               "clients' test files).", "",
               "| method | seeds (HtFLlib / hfl-bench) | HtFLlib best | hfl-bench best | difference "
-              "| mean abs. curve difference | rounds 1-5 | largest (round) |",
-              "|---|---|---|---|---|---|---|---|"]
+              f"| mean abs. curve difference | rounds 1-{settings['rounds']} | rounds 1-5 | largest (round) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     shown = []
     for method, s in doc.get("summary", {}).items():
         h, b = s.get("htfllib"), s.get("hfl_bench")
         if not (h and b):
             continue
         diffs = [y - x for x, y in zip(h["mean_curve"], b["mean_curve"])]
-        early = [abs(diffs[r]) for r in EARLY if r < len(diffs)]
+        trained = [abs(d) for d in diffs[1:]]  # round 0 aside: untrained models, and 0% for HtFLlib's
+        early = [abs(diffs[r]) for r in EARLY if r < len(diffs)]  # prototype methods (no global prototypes yet)
         worst = max(range(len(diffs)), key=lambda r: abs(diffs[r]))
         lines.append(f"| {method} | {h['seeds']} / {b['seeds']} | {h['best_acc']:.2f} | {b['best_acc']:.2f} "
-                     f"| {s['best_diff']:+.2f} | {s['mean_abs_curve_diff']:.2f} "
-                     f"| {statistics.mean(early) if early else float('nan'):.2f} | {diffs[worst]:+.2f} ({worst}) |")
+                     f"| {s['best_diff']:+.2f} | {s['mean_abs_curve_diff']:.2f} | {_mean_or_nan(trained):.2f} "
+                     f"| {_mean_or_nan(early):.2f} | {diffs[worst]:+.2f} ({worst}) |")
         shown.append((method, h["mean_curve"], b["mean_curve"]))
     rounds = [r for r in SHOWN_ROUNDS if r <= settings["rounds"]]
     lines += ["", "Mean curves (HtFLlib / hfl-bench) at rounds " + ", ".join(map(str, rounds)) + ":", "",
@@ -363,6 +364,10 @@ def merge(docs: list[dict]) -> dict:
     seeds = sorted({int(k.rsplit("seed", 1)[1]) for k in runs})
     return {**first, "settings": {**first["settings"], "hfl_bench_params": params}, "runs": runs,
             "merged_from": len(docs), "summary": summarize(runs, methods, seeds)}
+
+
+def _mean_or_nan(xs: list[float]) -> float:
+    return statistics.mean(xs) if xs else float("nan")
 
 
 def _mean_or_none(xs: list[float]) -> float | None:

@@ -121,8 +121,10 @@ def test_side_by_side_report_rows_come_from_the_summary(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / "htfllib_side_by_side.py"), "--report", "--out", str(out)],
                           capture_output=True, text=True, check=True)
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| fd |")]
-    # best: (70 + 72) / 2 = 71 vs (71 + 69) / 2 = 70; curves [10, 60, 60, 71] vs [11, 50, 63, 70]
-    assert rows[0] == "| fd | 2 / 2 | 71.00 | 70.00 | -1.00 | 3.75 | 4.67 | -10.00 (1) |"
+    assert "| mean abs. curve difference | rounds 1-3 | rounds 1-5 | largest (round) |" in proc.stdout
+    # best: (70 + 72) / 2 = 71 vs (71 + 69) / 2 = 70; curves [10, 60, 60, 71] vs [11, 50, 63, 70]:
+    # |differences| 1, 10, 3, 1, so 15 / 4 over rounds 0-3 and 14 / 3 over rounds 1-3 (and 1-5)
+    assert rows[0] == "| fd | 2 / 2 | 71.00 | 70.00 | -1.00 | 3.75 | 4.67 | 4.67 | -10.00 (1) |"
     assert rows[1] == "| fd | 10.00 / 11.00 | 60.00 / 50.00 | 60.00 / 63.00 | 71.00 / 70.00 |"
 
 
