@@ -139,6 +139,19 @@ def test_bytes_draws_silent_method_as_reference_line(plotted):
     assert sources["details"]["zero_bytes_reference_lines"] == ["local (n=1)"]
 
 
+def test_bytes_of_ten_equal_seeds_draw(records, tmp_path):
+    """Ten seeds sending the same bytes: the float mean of ten copies of 12305901.6 is 1.9e-9 below
+    them, which once made a negative error bar that matplotlib refused (plot all failed)."""
+    (tmp_path / "in").mkdir()
+    for seed in range(10):
+        _variant(records["ok"][0], tmp_path / "in" / f"crad{seed}.json", config__seed=seed, record_id=f"{seed:016x}",
+                 cost__bytes_sent_per_client_per_round=12305901.6)
+    result = CliRunner().invoke(app, ["plot", "bytes", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--json"])
+    assert result.exit_code == 0, result.output
+    _assert_valid_png(tmp_path / "out" / "bytes__digits.png")
+    assert json.loads((tmp_path / "out" / "bytes__digits.png.sources.json").read_text())["n_records"] == 10
+
+
 def test_single_kind_with_method_filter_and_human_output(records, tmp_path):
     result = CliRunner().invoke(app, ["plot", "per-arch", str(records["root"]), "--method", "crad",
                                       "--out", str(tmp_path)])

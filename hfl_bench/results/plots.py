@@ -365,7 +365,9 @@ def _colors(groups: list[DrawnSetting]) -> dict[str, Any]:
 
 def _stats(rows: list[list[float]]):
     """Mean, min and max over seeds (rows), ignoring NaN; an all-NaN column (an architecture a
-    method's pool lacks) stays NaN, which matplotlib leaves out, without a warning."""
+    method's pool lacks) stays NaN, which matplotlib leaves out, without a warning. The mean is
+    clamped into [min, max]: the float mean of equal values can fall a rounding error outside them
+    (ten copies of 12305901.6 average 1.9e-9 below it), and a negative error bar is refused."""
     import warnings
 
     import numpy as np
@@ -373,7 +375,8 @@ def _stats(rows: list[list[float]]):
     a = np.asarray(rows, dtype=float)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmean(a, axis=0), np.nanmin(a, axis=0), np.nanmax(a, axis=0)
+        lo, hi = np.nanmin(a, axis=0), np.nanmax(a, axis=0)
+        return np.clip(np.nanmean(a, axis=0), lo, hi), lo, hi
 
 
 def draw_curves(ax, groups: list[DrawnSetting], colors) -> dict[str, Any]:
