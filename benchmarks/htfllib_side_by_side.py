@@ -37,7 +37,8 @@ folders keeps a validation and a local test sample, which the engine requires; i
 HtFLlib's loaders neither shuffle nor keep a last partial batch, hfl-bench shuffles each epoch
 (seeded) and keeps it; HtFLlib's clients share one initial model (each of its client
 constructors reseeds torch with 0, which the driver turns into the run's seed so that HtFLlib's
-seeds differ at all), hfl-bench's clients each draw their own. Both sides feed the files' [-1, 1]
+seeds differ at all), hfl-bench's clients each draw their own (``--shared-init`` copies client 0's
+initial model into every client, as HtFLlib). Both sides feed the files' [-1, 1]
 values as they are (``--standardize`` gives hfl-bench its tasks' rule, each channel standardized
 with the training statistics). Gradients are clipped as HtFLlib's clients clip them: at global
 norm 10 in FML, FedKD and FedMRL (``CLIPPED``), not at all otherwise (hfl-bench's protocol clips
@@ -97,7 +98,8 @@ NOTES = [
     "HtFLlib's loaders do not shuffle and drop the last partial batch; hfl-bench shuffles every epoch "
     "(seeded) and keeps it",
     "HtFLlib's clients share one initial model (each client constructor reseeds torch; the driver gives it the "
-    "run's seed instead of 0, seed 0 being HtFLlib's run unchanged); hfl-bench's clients each draw their own",
+    "run's seed instead of 0, seed 0 being HtFLlib's run unchanged); hfl-bench's clients each draw their own "
+    "unless --shared-init (settings: hfl_bench_init) copies client 0's into every client",
     "gradients clipped as HtFLlib's clients clip them: at norm 10 in FML, FedKD and FedMRL, not otherwise "
     "(hfl-bench's own protocol clips every method at 10)",
     "both sides feed the files' [-1, 1] values as they are (hfl-bench's tasks standardize each channel; "
@@ -128,18 +130,13 @@ def task_of(data: str) -> str:
 # ----------------------------------------------------------------------------- hfl-bench's side
 
 
-def hfl_bench_worker(args) -> None:
-    """One hfl-bench run, one ``HFL_ROUND {json}`` line per round (rounds 0..R) on stdout."""
-    import time
-
-    import numpy as np
+def simulation(args, task: str):
+    """hfl-bench's run of ``args.worker`` on ``task`` at the harness's settings: the engine's
+    ``Simulation`` with its setup done (round 0 not yet reported)."""
     import torch
 
     from hfl_bench.config import RunConfig
     from hfl_bench.engine import Simulation, load_task
-    from hfl_bench.evaluation import channels_last
-    from hfl_bench.tasks.pfl_npz import find_folder, read_config, read_split
-    from hfl_bench.training import predict_logits
 
     if not args.standardize:  # the files' [-1, 1] values as they are, as HtFLlib feeds them (module docstring)
         import hfl_bench.data
@@ -147,23 +144,42 @@ def hfl_bench_worker(args) -> None:
         hfl_bench.data.channel_stats = lambda x: (torch.zeros(x.shape[1]), torch.ones(x.shape[1]))
     import htfl_pool
 
-    torch.set_num_threads(args.threads)
     params = dict(kv.split("=", 1) for kv in args.set)
-    task = task_of(args.data)
     cfg = load_task(RunConfig(method=args.worker, task=task, data_dir=args.data, pool=htfl_pool.POOL,
                               batch_size=BATCH, local_epochs=EPOCHS, lr=LR, momentum=0.0, weight_decay=0.0,
                               grad_clip=10.0 if args.worker in CLIPPED else 0.0,
                               heldout_fraction=args.heldout_fraction, rounds=args.rounds, seed=args.seed,
                               eval_every=max(args.eval_every, 1), checkpoint_every=0, device="cpu",
                               method_params=params))[1]
+    sim = Simulation(cfg)
+    if args.shared_init:  # every client starts from client 0's initial model, as HtFLlib's clients do
+        first = sim.fed.clients[0].model.state_dict()
+        for client in sim.fed.clients[1:]:
+            client.model.load_state_dict(first)
+    if args.eval_every == 0:  # the engine's global test only at the last round (module docstring)
+        sim.evaluator.is_test_round = lambda rnd, last=False: last
+    return sim
+
+
+def hfl_bench_worker(args) -> None:
+    """One hfl-bench run, one ``HFL_ROUND {json}`` line per round (rounds 0..R) on stdout."""
+    import time
+
+    import numpy as np
+    import torch
+
+    from hfl_bench.evaluation import channels_last
+    from hfl_bench.tasks.pfl_npz import find_folder, read_config, read_split
+    from hfl_bench.training import predict_logits
+
+    torch.set_num_threads(args.threads)
+    task = task_of(args.data)
     folder = find_folder(args.data, task)
     sizes = [len(y) for _, y in read_split(folder, "test", read_config(folder)["num_clients"])]
     bounds = np.cumsum([0, *sizes])
     t = time.perf_counter()
-    sim = Simulation(cfg)
+    sim = simulation(args, task)
     setup_s = time.perf_counter() - t
-    if args.eval_every == 0:  # the engine's global test only at the last round (module docstring)
-        sim.evaluator.is_test_round = lambda rnd, last=False: last
 
     def figures(rnd: int, seconds: float, cpu_s: float) -> dict:
         fed, ev = sim.fed, sim.evaluator
@@ -189,7 +205,7 @@ def hfl_bench_worker(args) -> None:
 def run_hfl_bench(method: str, seed: int, args, log) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", method, "--seed", str(seed),
            "--rounds", str(args.rounds), "--data", args.data, "--heldout-fraction", str(args.heldout_fraction),
-           *(["--standardize"] if args.standardize else []),
+           *(["--standardize"] if args.standardize else []), *(["--shared-init"] if args.shared_init else []),
            "--eval-every", str(args.eval_every),
            "--threads", str(args.threads), *sum((["--set", kv] for kv in args.set_for(method)), [])]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -395,13 +411,18 @@ def settings(args, commit: str) -> dict:
             "feature_dim": 512, "grad_clip_10": sorted(CLIPPED), "heldout_fraction": args.heldout_fraction,
             "eval_every": args.eval_every,
             "hfl_bench_inputs": "standardized" if args.standardize else "as in the files",
+            "hfl_bench_init": "shared" if args.shared_init else "own",
             "htfllib_commit": commit,
             "hfl_bench_params": {m: args.set_for(m) for m in args.methods}}
 
 
+# Settings added after results files were first written, with the value those files had.
+SETTING_DEFAULTS = {"hfl_bench_init": "own"}
+
+
 def same_setting(a: dict, b: dict) -> bool:
     """Two results files' settings agree, hfl-bench's per-method parameters aside (checked per method)."""
-    return a | {"hfl_bench_params": None} == b | {"hfl_bench_params": None}
+    return SETTING_DEFAULTS | a | {"hfl_bench_params": None} == SETTING_DEFAULTS | b | {"hfl_bench_params": None}
 
 
 # The settings HtFLlib's runs depend on: a change to any other (hfl-bench's side) keeps them.
@@ -441,6 +462,9 @@ def main() -> None:
     ap.add_argument("--heldout-fraction", type=float, default=HELDOUT, help="hfl-bench's held-out fraction")
     ap.add_argument("--standardize", action="store_true", help="hfl-bench standardizes each channel with its "
                     "training statistics, as its tasks do (default: the files' values as they are, as HtFLlib)")
+    ap.add_argument("--shared-init", action="store_true",
+                    help="hfl-bench's clients all start from client 0's initial model, as HtFLlib's clients "
+                         "share one (default: each client draws its own, as hfl-bench's protocol does)")
     ap.add_argument("--eval-every", type=int, default=0, help="hfl-bench's own test rounds (figures not compared): "
                     "0 = the last round only")
     ap.add_argument("--set", action="append", default=[], metavar="METHOD:KEY=VALUE",

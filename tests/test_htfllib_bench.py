@@ -197,3 +197,31 @@ def test_resume_keeps_htfllib_runs_when_only_hfl_bench_settings_change():
     assert sbs.resumable(doc, settings | {"hfl_bench_params": {"fd": ["lam=2"]}}) == runs  # checked per method later
     assert list(sbs.resumable(doc, settings | {"heldout_fraction": 0.05})) == ["fd/htfllib/seed0"]
     assert sbs.resumable(doc, settings | {"rounds": 2}) == {}
+    # a setting added later (hfl_bench_init) reads as its old value in files written before it
+    assert sbs.resumable(doc, settings | {"hfl_bench_init": "own"}) == runs
+    assert list(sbs.resumable(doc, settings | {"hfl_bench_init": "shared"})) == ["fd/htfllib/seed0"]
+
+
+def test_shared_init_starts_every_client_from_client_0s_model(tmp_path):
+    """``--shared-init``: hfl-bench's clients start from one model, as HtFLlib's do; by default each
+    client draws its own. Through the engine, on a small folder in the PFLlib layout."""
+    import argparse
+
+    import numpy as np
+    import pfl_cifar10
+    import torch
+
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(10), 30)
+    pfl_cifar10.write_folder(rng.uniform(-1, 1, size=(len(y), 3, 32, 32)).astype(np.float32), y,
+                             tmp_path / "f", seed=0, clients=3)
+    states = {}
+    for shared in (False, True):
+        args = argparse.Namespace(worker="fedproto", data=str(tmp_path / "f"), set=[], standardize=False,
+                                  shared_init=shared, heldout_fraction=0.3, rounds=1, seed=0, eval_every=0)
+        sim = sbs.simulation(args, "pfl-npz-cifar10")
+        states[shared] = [c.model.state_dict() for c in sim.fed.clients]
+    same = lambda a, b: all(torch.equal(a[k], b[k]) for k in a)  # noqa: E731
+    assert all(same(states[True][0], s) for s in states[True][1:])
+    assert not any(same(states[False][0], s) for s in states[False][1:])
+    assert same(states[True][0], states[False][0])  # client 0's own draw is the one shared
