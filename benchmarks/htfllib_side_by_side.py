@@ -152,7 +152,9 @@ def simulation(args, task: str):
                               eval_every=max(args.eval_every, 1), checkpoint_every=0, device="cpu",
                               method_params=params))[1]
     sim = Simulation(cfg)
-    if args.shared_init:  # every client starts from client 0's initial model, as HtFLlib's clients do
+    # Every client starts from client 0's initial model, as HtFLlib's clients do (the model each client
+    # is evaluated with; a method's extra per-client models, FML's meme say, stay as the method drew them).
+    if args.shared_init:
         first = sim.fed.clients[0].model.state_dict()
         for client in sim.fed.clients[1:]:
             client.model.load_state_dict(first)
