@@ -202,7 +202,7 @@ def test_resume_keeps_htfllib_runs_when_only_hfl_bench_settings_change():
     assert list(sbs.resumable(doc, settings | {"hfl_bench_init": "shared"})) == ["fd/htfllib/seed0"]
 
 
-def test_shared_init_starts_every_client_from_client_0s_model(tmp_path):
+def test_shared_init_starts_every_client_from_client_0s_model(tmp_path, monkeypatch):
     """``--shared-init``: hfl-bench's clients start from one model, as HtFLlib's do; by default each
     client draws its own. Through the engine, on a small folder in the PFLlib layout."""
     import argparse
@@ -210,6 +210,12 @@ def test_shared_init_starts_every_client_from_client_0s_model(tmp_path):
     import numpy as np
     import pfl_cifar10
     import torch
+
+    import hfl_bench.data
+
+    # simulation() replaces the data module's channel standardization for its (one-run) worker
+    # process; restored after this test so that no later test in this process sees it.
+    monkeypatch.setattr(hfl_bench.data, "channel_stats", hfl_bench.data.channel_stats)
 
     rng = np.random.default_rng(0)
     y = np.repeat(np.arange(10), 30)
