@@ -202,32 +202,36 @@ def test_resume_keeps_htfllib_runs_when_only_hfl_bench_settings_change():
     assert list(sbs.resumable(doc, settings | {"hfl_bench_init": "shared"})) == ["fd/htfllib/seed0"]
 
 
-def test_shared_init_starts_every_client_from_client_0s_model(tmp_path, monkeypatch):
-    """``--shared-init``: hfl-bench's clients start from one model, as HtFLlib's do; by default each
-    client draws its own. Through the engine, on a small folder in the PFLlib layout."""
-    import argparse
+SHARED_INIT_PROBE = """
+import argparse, json, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+import htfllib_side_by_side as sbs
+states = {}
+for shared in (False, True):
+    args = argparse.Namespace(worker="fedproto", data=sys.argv[2], set=[], standardize=False, shared_init=shared,
+                              heldout_fraction=0.3, rounds=1, seed=0, eval_every=0)
+    states[shared] = [c.model.state_dict() for c in sbs.simulation(args, "pfl-npz-cifar10").fed.clients]
+same = lambda a, b: all(torch.equal(a[k], b[k]) for k in a)
+print(json.dumps({"shared": [same(states[True][0], s) for s in states[True][1:]],
+                  "own": [same(states[False][0], s) for s in states[False][1:]],
+                  "first_is_own_draw": same(states[True][0], states[False][0])}))
+"""
 
+
+def test_shared_init_starts_every_client_from_client_0s_model(tmp_path):
+    """``--shared-init``: hfl-bench's clients start from one model, as HtFLlib's do; by default each
+    client draws its own. Through the engine, on a small folder in the PFLlib layout, in a process
+    of its own as the harness's worker runs (it replaces the data module's standardization and
+    registers the benchmark's pool, which no later test may see)."""
     import numpy as np
     import pfl_cifar10
-    import torch
-
-    import hfl_bench.data
-
-    # simulation() replaces the data module's channel standardization for its (one-run) worker
-    # process; restored after this test so that no later test in this process sees it.
-    monkeypatch.setattr(hfl_bench.data, "channel_stats", hfl_bench.data.channel_stats)
 
     rng = np.random.default_rng(0)
     y = np.repeat(np.arange(10), 30)
     pfl_cifar10.write_folder(rng.uniform(-1, 1, size=(len(y), 3, 32, 32)).astype(np.float32), y,
                              tmp_path / "f", seed=0, clients=3)
-    states = {}
-    for shared in (False, True):
-        args = argparse.Namespace(worker="fedproto", data=str(tmp_path / "f"), set=[], standardize=False,
-                                  shared_init=shared, heldout_fraction=0.3, rounds=1, seed=0, eval_every=0)
-        sim = sbs.simulation(args, "pfl-npz-cifar10")
-        states[shared] = [c.model.state_dict() for c in sim.fed.clients]
-    same = lambda a, b: all(torch.equal(a[k], b[k]) for k in a)  # noqa: E731
-    assert all(same(states[True][0], s) for s in states[True][1:])
-    assert not any(same(states[False][0], s) for s in states[False][1:])
-    assert same(states[True][0], states[False][0])  # client 0's own draw is the one shared
+    proc = subprocess.run([sys.executable, "-c", SHARED_INIT_PROBE, str(BENCH), str(tmp_path / "f")],
+                          capture_output=True, text=True, check=True)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"shared": [True, True], "own": [False, False], "first_is_own_draw": True}
