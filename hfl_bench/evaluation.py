@@ -10,8 +10,8 @@ The policy (``Evaluator``):
   endpoints) are computed at the *test rounds*: round 0, every ``eval_every`` rounds, and each of
   the last ``FINAL_ROUNDS`` rounds (the window the record's final figures average over).
 - A round that becomes the best so far by mean validation accuracy but is not a test round is
-  **snapshotted** (the state of every model and predictor the evaluation would run, copied in
-  memory), and its test figures are computed only if it is still the best when the run ends or
+  **snapshotted** (the state of every model and predictor the evaluation would run and of every
+  client's model, copied in memory), and its test figures are computed only if it is still the best when the run ends or
   a checkpoint is written. So the selected round always has exact figures, computed once, and a
   run does not pay a full test for every round that is briefly the best.
 
@@ -289,9 +289,11 @@ class Evaluator:
                 self.global_stale.clear()
                 return self._metrics(rnd, val, models, endpoints, self.local_correct, self.global_correct)
             if improves:
+                # The clients' own models too: a predictor may hold them outside its own state (FedCC's
+                # wrappers keep theirs in a plain list), and its snapshot would then keep nothing.
+                kept = [*models, *(p for ps in endpoints.values() for p in ps), *(c.model for c in fed.clients)]
                 self.pending = Snapshot(rnd, val, list(models), dict(endpoints), set(self.global_stale),
-                                        self.local_correct.copy(), self.global_correct.copy(),
-                                        _module_states([*models, *(p for ps in endpoints.values() for p in ps)]))
+                                        self.local_correct.copy(), self.global_correct.copy(), _module_states(kept))
         return RoundMetrics(rnd, val, None, None, None, {})
 
     def resolve(self) -> RoundMetrics | None:
