@@ -11,9 +11,10 @@ The policy (``Evaluator``):
   the last ``FINAL_ROUNDS`` rounds (the window the record's final figures average over).
 - A round that becomes the best so far by mean validation accuracy but is not a test round is
   **snapshotted** (the state of every model and predictor the evaluation would run and of every
-  client's model, copied in memory), and its test figures are computed only if it is still the best when the run ends or
-  a checkpoint is written. So the selected round always has exact figures, computed once, and a
-  run does not pay a full test for every round that is briefly the best.
+  client's model, copied in memory), and its test figures are computed only if it is still the
+  best when the run ends or a checkpoint is written. So the selected round always has exact
+  figures, computed once, and a run does not pay a full test for every round that is briefly the
+  best.
 
 Whatever the policy, a model is evaluated only when it may have changed since its last
 evaluation (``changed``), models and predictors with identical parameters (FML's memes after a

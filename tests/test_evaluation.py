@@ -65,22 +65,11 @@ def test_a_best_round_between_test_rounds_is_evaluated_from_its_snapshot(short_f
     assert record["history"][best]["global_acc"] == record["metrics"]["global_acc"]
 
 
-class ListHeld(torch.nn.Module):
-    """A predictor that holds its model outside its own state (in a plain list, as FedCC's
-    ``KnownClasses`` does): its ``state_dict`` is empty."""
-
-    def __init__(self, model):
-        super().__init__()
-        self._model = [model]
-
-    def forward(self, x):
-        return predict_logits(self._model[0], x)
-
-
 def test_a_deferred_best_round_is_tested_as_it_was_through_a_predictor_without_state():
     fed = tiny_federation(rounds=50)  # round 1 is no test round
     evaluator = evaluation.Evaluator(fed, fed.timer, eval_every=100)
-    wrapped = [ListHeld(c.model) for c in fed.clients]
+    # CountingMean holds its model in a plain list, as FedCC's KnownClasses does: no state of its own
+    wrapped = [CountingMean([c.model]) for c in fed.clients]
     everyone = list(range(fed.n_clients))
     evaluator(0, wrapped, everyone)
     assert evaluator(1, wrapped, everyone).global_acc is None and evaluator.pending is not None
