@@ -22,6 +22,11 @@ What it does, and why:
   ``i + 1``'s training and aggregation (the loop's order).
 - With ``--gate`` each round waits for a line on stdin before it starts, so a parent can
   interleave HtFLlib's rounds with its own (load drift hits both); the wait is not timed.
+- ``--loader shuffled`` (a diagnostic, never the study's default) replaces HtFLlib's training
+  loader (``Client.load_train_data``: fixed order, last partial batch dropped) by one that
+  shuffles every epoch and keeps the last partial batch, as hfl-bench's training does, so a
+  difference between the two sides can be put to the loader or not. ``as-is`` (default) changes
+  nothing.
 - ``--seed`` seeds python, numpy and torch before the server is built. HtFLlib's clients reseed
   torch with 0 when they are built (``torch.manual_seed(0)`` in every client constructor), so every
   seed would start from the same initial models and a method without other randomness would repeat
@@ -111,6 +116,22 @@ def instrument(server, gate: bool) -> None:
     server._driver_close_round = close_round
 
 
+def shuffle_training_loader() -> None:
+    """HtFLlib's clients read their training data through ``Client.load_train_data`` (every
+    algorithm's client inherits it): the same DataLoader, shuffled each epoch (torch's global
+    generator, seeded above) and keeping the last partial batch."""
+    from torch.utils.data import DataLoader
+    from flcore.clients import clientbase
+
+    own = clientbase.Client.load_train_data
+
+    def shuffled(self, batch_size=None):
+        fixed = own(self, batch_size)
+        return DataLoader(fixed.dataset, fixed.batch_size, drop_last=False, shuffle=True)
+
+    clientbase.Client.load_train_data = shuffled
+
+
 def main() -> None:
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--gate", action="store_true")
@@ -118,6 +139,7 @@ def main() -> None:
     own.add_argument("--threads", type=int, default=1)
     own.add_argument("--in-features", type=int, default=1, help="image channels: 1 (MNIST) or 3 (CIFAR-10)")
     own.add_argument("--dim", type=int, default=1024, help="FedAvgCNN's flattened size: 1024 (28x28), 1600 (32x32)")
+    own.add_argument("--loader", choices=("as-is", "shuffled"), default="as-is")
     mine, rest = own.parse_known_args()
     # HtFLlib keeps every model as a whole pickled module that it writes and reads back in its own
     # temporary folder each round; torch >= 2.6 loads weights only by default, which refuses them.
@@ -141,6 +163,8 @@ def main() -> None:
     # place: clients still share one initial model, as in HtFLlib; seed 0 is HtFLlib's run unchanged.
     reseed = torch.manual_seed
     torch.manual_seed = lambda s: reseed(mine.seed if s == 0 else s)
+    if mine.loader == "shuffled":
+        shuffle_training_loader()
     module, cls = SERVERS[args.algorithm]
     server_cls = getattr(importlib.import_module(f"flcore.servers.{module}"), cls)
     t = time.perf_counter()

@@ -239,6 +239,7 @@ def run_htfllib(method: str, seed: int, args, system: Path, log_path: Path) -> d
     import htfllib_run
 
     algo, extra = METHODS[method]
+    extra = [*extra, "--loader", args.htfllib_loader]
     cmd = htfllib_run.driver_command(algo, args.rounds, BATCH, EPOCHS, LR, CLIENTS, extra, seed=seed,
                                      image_shape=image_shape(args.data))
     driver = htfllib_run.Driver(system, cmd, log_path, threads=args.threads)
@@ -414,12 +415,12 @@ def settings(args, commit: str) -> dict:
             "eval_every": args.eval_every,
             "hfl_bench_inputs": "standardized" if args.standardize else "as in the files",
             "hfl_bench_init": "shared" if args.shared_init else "own",
-            "htfllib_commit": commit,
+            "htfllib_commit": commit, "htfllib_loader": args.htfllib_loader,
             "hfl_bench_params": {m: args.set_for(m) for m in args.methods}}
 
 
 # Settings added after results files were first written, with the value those files had.
-SETTING_DEFAULTS = {"hfl_bench_init": "own"}
+SETTING_DEFAULTS = {"hfl_bench_init": "own", "htfllib_loader": "as-is"}
 
 
 def same_setting(a: dict, b: dict) -> bool:
@@ -429,17 +430,17 @@ def same_setting(a: dict, b: dict) -> bool:
 
 # The settings HtFLlib's runs depend on: a change to any other (hfl-bench's side) keeps them.
 HTFLLIB_SETTINGS = ("task", "data", "rounds", "lr", "batch_size", "local_epochs", "clients", "feature_dim",
-                    "htfllib_commit")
+                    "htfllib_commit", "htfllib_loader")
 
 
 def resumable(doc: dict, wanted: dict) -> dict:
     """The runs of an earlier results file that this command's settings can keep: all of them when
     the settings match (hfl-bench's per-method parameters are checked per method by the caller),
     HtFLlib's alone when only hfl-bench's side changed, none otherwise."""
-    old, runs = doc.get("settings", {}), doc.get("runs", {})
+    old, runs = SETTING_DEFAULTS | doc.get("settings", {}), doc.get("runs", {})
     if same_setting(old, wanted):
         return dict(runs)
-    if all(old.get(k) == wanted.get(k) for k in HTFLLIB_SETTINGS):
+    if all(old.get(k) == (SETTING_DEFAULTS | wanted).get(k) for k in HTFLLIB_SETTINGS):
         return {k: v for k, v in runs.items() if k.split("/")[1] == "htfllib"}
     return {}
 
@@ -471,6 +472,10 @@ def main() -> None:
                     "0 = the last round only")
     ap.add_argument("--set", action="append", default=[], metavar="METHOD:KEY=VALUE",
                     help="an hfl-bench hyperparameter of one method (repeatable), e.g. fedproto:lam=10")
+    ap.add_argument("--htfllib-loader", choices=("as-is", "shuffled"), default="as-is",
+                    help="a diagnostic: 'shuffled' gives HtFLlib's clients a training loader that shuffles every "
+                         "epoch and keeps the last partial batch, as hfl-bench's training does (default: HtFLlib's "
+                         "own, fixed order, last partial batch dropped)")
     ap.add_argument("--sides", nargs="+", default=["htfllib", "hfl_bench"], choices=["htfllib", "hfl_bench"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(HERE / "results" / "htfllib-side-by-side.json"))

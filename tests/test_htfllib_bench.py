@@ -192,7 +192,7 @@ def test_plot_draws_methods_with_both_sides_and_refuses_none(tmp_path):
 
 def test_resume_keeps_htfllib_runs_when_only_hfl_bench_settings_change():
     runs = {sbs.key("fd", side, 0): {"curve": [1]} for side in ("htfllib", "hfl_bench")}
-    settings = {k: 1 for k in sbs.HTFLLIB_SETTINGS} | {"heldout_fraction": 0.2, "hfl_bench_params": {"fd": []}}
+    settings = {k: 1 for k in sbs.HTFLLIB_SETTINGS if k not in sbs.SETTING_DEFAULTS} | {"heldout_fraction": 0.2, "hfl_bench_params": {"fd": []}}
     doc = {"settings": settings, "runs": runs}
     assert sbs.resumable(doc, settings | {"hfl_bench_params": {"fd": ["lam=2"]}}) == runs  # checked per method later
     assert list(sbs.resumable(doc, settings | {"heldout_fraction": 0.05})) == ["fd/htfllib/seed0"]
@@ -200,6 +200,41 @@ def test_resume_keeps_htfllib_runs_when_only_hfl_bench_settings_change():
     # a setting added later (hfl_bench_init) reads as its old value in files written before it
     assert sbs.resumable(doc, settings | {"hfl_bench_init": "own"}) == runs
     assert list(sbs.resumable(doc, settings | {"hfl_bench_init": "shared"})) == ["fd/htfllib/seed0"]
+    # HtFLlib's loader (added later too): its own reads as the old files; the diagnostic one keeps nothing
+    assert sbs.resumable(doc, settings | {"htfllib_loader": "as-is"}) == runs
+    assert sbs.resumable(doc, settings | {"htfllib_loader": "shuffled"}) == {}
+
+
+CLIENTBASE = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+class Client:
+    batch_size = 10
+    def load_train_data(self, batch_size=None):
+        data = TensorDataset(torch.arange(25))
+        return DataLoader(data, batch_size or self.batch_size, drop_last=True, shuffle=False)
+"""
+
+
+def test_driver_shuffled_loader_reshuffles_every_epoch_and_keeps_the_last_batch(tmp_path, monkeypatch):
+    """``--loader shuffled`` (a diagnostic) replaces the training loader every HtFLlib client
+    inherits, on a stand-in ``flcore.clients.clientbase`` of HtFLlib's shape."""
+    import torch
+
+    (tmp_path / "flcore" / "clients").mkdir(parents=True)
+    (tmp_path / "flcore" / "clients" / "clientbase.py").write_text(CLIENTBASE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("flcore", "flcore.clients", "flcore.clients.clientbase"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    from flcore.clients import clientbase
+
+    epoch = lambda: [int(v) for (b,) in clientbase.Client().load_train_data() for v in b]  # noqa: E731
+    assert epoch() == list(range(20))  # HtFLlib's own: fixed order, the last 5 dropped
+    monkeypatch.setattr(clientbase.Client, "load_train_data", clientbase.Client.load_train_data)  # undone after
+    htfllib_driver.shuffle_training_loader()
+    torch.manual_seed(0)
+    first, second = epoch(), epoch()
+    assert sorted(first) == sorted(second) == list(range(25)) and first != second != list(range(25))
 
 
 SHARED_INIT_PROBE = """
