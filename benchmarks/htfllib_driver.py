@@ -27,6 +27,12 @@ What it does, and why:
   shuffles every epoch and keeps the last partial batch, as hfl-bench's training does, so a
   difference between the two sides can be put to the loader or not. ``as-is`` (default) changes
   nothing.
+- ``--tgp-protos after-training`` (a diagnostic too) makes HtFLlib's FedTGP clients upload the
+  prototypes of the model they have just trained, as the paper and hfl-bench's ``fedtgp`` do:
+  ``clientTGP.train`` calls ``collect_protos`` before it saves the trained model, and
+  ``collect_protos`` reads the model back from disk, so HtFLlib's uploads are of the model saved
+  at the start of the round (one round behind; in round 1 the untrained models'). The driver runs
+  ``train`` with ``collect_protos`` held back and calls it once the trained model is saved.
 - ``--seed`` seeds python, numpy and torch before the server is built. HtFLlib's clients reseed
   torch with 0 when they are built (``torch.manual_seed(0)`` in every client constructor), so every
   seed would start from the same initial models and a method without other randomness would repeat
@@ -132,6 +138,23 @@ def shuffle_training_loader() -> None:
     clientbase.Client.load_train_data = shuffled
 
 
+def tgp_protos_after_training() -> None:
+    """FedTGP's clients collect their prototypes from the model they save at the end of ``train``."""
+    from flcore.clients.clienttgp import clientTGP
+
+    train, collect = clientTGP.train, clientTGP.collect_protos
+
+    def train_then_collect(self):
+        self.collect_protos = lambda: None  # held back: train would read the start-of-round model
+        try:
+            train(self)
+        finally:
+            del self.collect_protos
+        collect(self)  # reads the model train has just saved
+
+    clientTGP.train = train_then_collect
+
+
 def main() -> None:
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--gate", action="store_true")
@@ -140,6 +163,7 @@ def main() -> None:
     own.add_argument("--in-features", type=int, default=1, help="image channels: 1 (MNIST) or 3 (CIFAR-10)")
     own.add_argument("--dim", type=int, default=1024, help="FedAvgCNN's flattened size: 1024 (28x28), 1600 (32x32)")
     own.add_argument("--loader", choices=("as-is", "shuffled"), default="as-is")
+    own.add_argument("--tgp-protos", choices=("as-is", "after-training"), default="as-is")
     mine, rest = own.parse_known_args()
     # HtFLlib keeps every model as a whole pickled module that it writes and reads back in its own
     # temporary folder each round; torch >= 2.6 loads weights only by default, which refuses them.
@@ -165,6 +189,8 @@ def main() -> None:
     torch.manual_seed = lambda s: reseed(mine.seed if s == 0 else s)
     if mine.loader == "shuffled":
         shuffle_training_loader()
+    if mine.tgp_protos == "after-training":
+        tgp_protos_after_training()
     module, cls = SERVERS[args.algorithm]
     server_cls = getattr(importlib.import_module(f"flcore.servers.{module}"), cls)
     t = time.perf_counter()

@@ -239,7 +239,7 @@ def run_htfllib(method: str, seed: int, args, system: Path, log_path: Path) -> d
     import htfllib_run
 
     algo, extra = METHODS[method]
-    extra = [*extra, "--loader", args.htfllib_loader]
+    extra = [*extra, "--loader", args.htfllib_loader, "--tgp-protos", args.htfllib_tgp_protos]
     cmd = htfllib_run.driver_command(algo, args.rounds, BATCH, EPOCHS, LR, CLIENTS, extra, seed=seed,
                                      image_shape=image_shape(args.data))
     driver = htfllib_run.Driver(system, cmd, log_path, threads=args.threads)
@@ -416,11 +416,12 @@ def settings(args, commit: str) -> dict:
             "hfl_bench_inputs": "standardized" if args.standardize else "as in the files",
             "hfl_bench_init": "shared" if args.shared_init else "own",
             "htfllib_commit": commit, "htfllib_loader": args.htfllib_loader,
+            "htfllib_tgp_protos": args.htfllib_tgp_protos,
             "hfl_bench_params": {m: args.set_for(m) for m in args.methods}}
 
 
 # Settings added after results files were first written, with the value those files had.
-SETTING_DEFAULTS = {"hfl_bench_init": "own", "htfllib_loader": "as-is"}
+SETTING_DEFAULTS = {"hfl_bench_init": "own", "htfllib_loader": "as-is", "htfllib_tgp_protos": "as-is"}
 
 
 def same_setting(a: dict, b: dict) -> bool:
@@ -430,7 +431,7 @@ def same_setting(a: dict, b: dict) -> bool:
 
 # The settings HtFLlib's runs depend on: a change to any other (hfl-bench's side) keeps them.
 HTFLLIB_SETTINGS = ("task", "data", "rounds", "lr", "batch_size", "local_epochs", "clients", "feature_dim",
-                    "htfllib_commit", "htfllib_loader")
+                    "htfllib_commit", "htfllib_loader", "htfllib_tgp_protos")
 
 
 def resumable(doc: dict, wanted: dict) -> dict:
@@ -476,6 +477,10 @@ def main() -> None:
                     help="a diagnostic: 'shuffled' gives HtFLlib's clients a training loader that shuffles every "
                          "epoch and keeps the last partial batch, as hfl-bench's training does (default: HtFLlib's "
                          "own, fixed order, last partial batch dropped)")
+    ap.add_argument("--htfllib-tgp-protos", choices=("as-is", "after-training"), default="as-is",
+                    help="a diagnostic: 'after-training' makes HtFLlib's FedTGP clients upload the prototypes of "
+                         "the model they have just trained, as the paper and hfl-bench's fedtgp do (default: "
+                         "HtFLlib's own, those of the model saved at the start of the round)")
     ap.add_argument("--sides", nargs="+", default=["htfllib", "hfl_bench"], choices=["htfllib", "hfl_bench"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(HERE / "results" / "htfllib-side-by-side.json"))

@@ -203,6 +203,8 @@ def test_resume_keeps_htfllib_runs_when_only_hfl_bench_settings_change():
     # HtFLlib's loader (added later too): its own reads as the old files; the diagnostic one keeps nothing
     assert sbs.resumable(doc, settings | {"htfllib_loader": "as-is"}) == runs
     assert sbs.resumable(doc, settings | {"htfllib_loader": "shuffled"}) == {}
+    assert sbs.resumable(doc, settings | {"htfllib_tgp_protos": "as-is"}) == runs
+    assert sbs.resumable(doc, settings | {"htfllib_tgp_protos": "after-training"}) == {}
 
 
 CLIENTBASE = """
@@ -270,3 +272,35 @@ def test_shared_init_starts_every_client_from_client_0s_model(tmp_path):
                           capture_output=True, text=True, check=True)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {"shared": [True, True], "own": [False, False], "first_is_own_draw": True}
+
+
+CLIENTTGP = """
+class clientTGP:
+    saved = "initial model"
+    def train(self):
+        trained = "trained model"
+        self.collect_protos()  # HtFLlib's order: before the trained model is saved
+        self.saved = trained
+    def collect_protos(self):
+        self.uploaded = "prototypes of the " + self.saved  # HtFLlib reads the model back from disk
+"""
+
+
+def test_driver_tgp_protos_after_training_uploads_the_trained_models_prototypes(tmp_path, monkeypatch):
+    """``--tgp-protos after-training`` (a diagnostic) moves FedTGP's ``collect_protos`` after the
+    trained model is saved, on a stand-in ``flcore.clients.clienttgp`` of HtFLlib's order."""
+    (tmp_path / "flcore" / "clients").mkdir(parents=True)
+    (tmp_path / "flcore" / "clients" / "clienttgp.py").write_text(CLIENTTGP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("flcore", "flcore.clients", "flcore.clients.clienttgp"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    from flcore.clients.clienttgp import clientTGP
+
+    client = clientTGP()
+    client.train()
+    assert client.uploaded == "prototypes of the initial model"  # HtFLlib's own: one round behind
+    monkeypatch.setattr(clientTGP, "train", clientTGP.train)  # undone after
+    htfllib_driver.tgp_protos_after_training()
+    client = clientTGP()
+    client.train()
+    assert client.uploaded == "prototypes of the trained model" and "collect_protos" not in vars(client)
