@@ -298,6 +298,13 @@ EARLY = range(1, 6)  # MNIST saturates near 99% within a few rounds: the early r
 SHOWN_ROUNDS = (0, 1, 2, 3, 5, 10, 20, 30)
 
 
+def diagnostics(settings: dict) -> str:
+    """``" (diagnostics: ...)"`` naming the HtFLlib diagnostics a file was made with; empty for none."""
+    on = [f"{k.removeprefix('htfllib_').replace('_', ' ')} {settings[k]}" for k in HTFLLIB_DIAGNOSTICS
+          if settings.get(k, SETTING_DEFAULTS[k]) != SETTING_DEFAULTS[k]]
+    return f" (diagnostics: {', '.join(on)})" if on else ""
+
+
 def report(doc: dict) -> str:
     """The comparison as markdown: a summary row per method, then both mean curves at a few rounds.
 
@@ -306,8 +313,8 @@ def report(doc: dict) -> str:
     settings, lines = doc["settings"], []
     lines += [f"{settings['rounds']} rounds, lr {settings['lr']}, batch {settings['batch_size']}, "
               f"{settings['local_epochs']} local epoch, {settings['clients']} clients, HtFLlib "
-              f"{settings['htfllib_commit'][:7]}; accuracy in % (HtFLlib's metric: correct over total on the "
-              "clients' test files).", "",
+              f"{settings['htfllib_commit'][:7]}{diagnostics(settings)}; accuracy in % (HtFLlib's metric: correct "
+              "over total on the clients' test files).", "",
               "| method | seeds (HtFLlib / hfl-bench) | HtFLlib best | hfl-bench best | difference "
               f"| mean abs. curve difference | rounds 1-{settings['rounds']} | rounds 1-5 | largest (round) |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -383,6 +390,33 @@ def merge(docs: list[dict]) -> dict:
     seeds = sorted({int(k.rsplit("seed", 1)[1]) for k in runs})
     return {**first, "settings": {**first["settings"], "hfl_bench_params": params}, "runs": runs,
             "merged_from": len(docs), "summary": summarize(runs, methods, seeds)}
+
+
+# Settings of HtFLlib's side alone that only the diagnostics change: hfl-bench's runs do not depend on them.
+HTFLLIB_DIAGNOSTICS = ("htfllib_loader", "htfllib_tgp_protos")
+
+
+def borrow_hfl_bench(doc: dict, others: list[dict]) -> dict:
+    """``doc`` (a diagnostic run of HtFLlib's side) with hfl-bench's runs of its methods taken from
+    ``others``: results files whose settings agree but for HtFLlib's diagnostics (hfl-bench's side
+    is the same run there), with the same hfl-bench parameters per method; a fresh summary."""
+    blind = lambda settings: SETTING_DEFAULTS | settings | dict.fromkeys(HTFLLIB_DIAGNOSTICS)  # noqa: E731
+    runs = dict(doc["runs"])
+    methods = list(dict.fromkeys(k.split("/")[0] for k in runs))
+    seeds = sorted({int(k.rsplit("seed", 1)[1]) for k in runs})
+    for other in others:
+        if not same_setting(blind(other["settings"]), blind(doc["settings"])):
+            raise ValueError("a file to borrow from was made with other settings than HtFLlib's diagnostics")
+        for k, run in other["runs"].items():
+            method, side, _ = k.split("/")
+            if side != "hfl_bench" or method not in methods or int(k.rsplit("seed", 1)[1]) not in seeds:
+                continue
+            mine, theirs = (d["settings"].get("hfl_bench_params", {}).get(method, []) for d in (doc, other))
+            if mine != theirs:
+                raise ValueError(f"{method}'s hfl-bench parameters differ between the files")
+            if runs.setdefault(k, run) != run:
+                raise ValueError(f"run {k} differs between the files")
+    return {**doc, "runs": runs, "hfl_bench_runs_from": len(others), "summary": summarize(runs, methods, seeds)}
 
 
 def _mean_or_nan(xs: list[float]) -> float:
@@ -487,6 +521,9 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="keep the matching runs already in --out")
     ap.add_argument("--report", action="store_true", help="print --out's comparison as markdown and exit")
     ap.add_argument("--plot", metavar="PNG", help="draw --out's mean curves, one panel per method, and exit")
+    ap.add_argument("--hfl-bench-from", nargs="+", metavar="FILE", help="with --report / --plot of a diagnostic run of "
+                    "HtFLlib's side alone: hfl-bench's runs of its methods and seeds from these results files (made "
+                    "with the same settings but HtFLlib's diagnostics)")
     ap.add_argument("--merge", nargs="+", metavar="FILE", help="join the runs of results files made with the same "
                     "settings (e.g. two processes, one per core, on different methods) into --out and exit")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one hfl-bench run (hfl_bench_worker)
@@ -497,6 +534,11 @@ def main() -> None:
         return
     if args.report or args.plot:
         doc = json.loads(Path(args.out).read_text())
+        if args.hfl_bench_from:
+            try:
+                doc = borrow_hfl_bench(doc, [json.loads(Path(f).read_text()) for f in args.hfl_bench_from])
+            except ValueError as e:
+                ap.error(str(e))
         if args.plot:
             plot(doc, Path(args.plot))
         if args.report:

@@ -304,3 +304,25 @@ def test_driver_tgp_protos_after_training_uploads_the_trained_models_prototypes(
     client = clientTGP()
     client.train()
     assert client.uploaded == "prototypes of the trained model" and "collect_protos" not in vars(client)
+
+
+def test_a_diagnostic_file_borrows_hfl_bench_runs_from_files_of_the_same_settings():
+    """``--hfl-bench-from``: a diagnostic run of HtFLlib's side alone is compared with hfl-bench's runs
+    of a file whose settings differ only in HtFLlib's diagnostics; other settings are refused."""
+    settings = {"rounds": 2, "lr": 0.01, "batch_size": 10, "local_epochs": 1, "clients": 20,
+                "htfllib_commit": "6e6f1aef", "hfl_bench_params": {"fedproto": []}}
+    probe = {"settings": settings | {"htfllib_loader": "shuffled"},
+             "runs": {sbs.key("fedproto", "htfllib", 0): {"curve": [0, 50, 60], "seconds": [0, 1, 1]}}}
+    lanes = {"settings": settings | {"hfl_bench_params": {"fedproto": [], "fd": []}},
+             "runs": {sbs.key(m, side, s): {"curve": [10, 40, 70], "seconds": [0, 1, 1]}
+                      for m in ("fedproto", "fd") for side in ("htfllib", "hfl_bench") for s in (0, 1)}}
+    doc = sbs.borrow_hfl_bench(probe, [lanes])
+    assert sorted(doc["runs"]) == ["fedproto/hfl_bench/seed0", "fedproto/htfllib/seed0"]  # its methods and seeds
+    assert doc["runs"]["fedproto/htfllib/seed0"]["curve"] == [0, 50, 60]  # its own HtFLlib run, not the lanes'
+    assert doc["summary"]["fedproto"]["best_diff"] == 10
+    assert "(diagnostics: loader shuffled)" in sbs.report(doc)
+    assert "diagnostics" not in sbs.report(lanes | {"summary": sbs.summarize(lanes["runs"], ["fd"], [0])})
+    with pytest.raises(ValueError, match="other settings"):
+        sbs.borrow_hfl_bench(probe, [lanes | {"settings": lanes["settings"] | {"rounds": 3}}])
+    with pytest.raises(ValueError, match="parameters differ"):
+        sbs.borrow_hfl_bench(probe, [lanes | {"settings": settings | {"hfl_bench_params": {"fedproto": ["lam=1"]}}}])
