@@ -126,8 +126,8 @@ def shuffle_training_loader() -> None:
     """HtFLlib's clients read their training data through ``Client.load_train_data`` (every
     algorithm's client inherits it): the same DataLoader, shuffled each epoch (torch's global
     generator, seeded above) and keeping the last partial batch."""
-    from torch.utils.data import DataLoader
     from flcore.clients import clientbase
+    from torch.utils.data import DataLoader
 
     own = clientbase.Client.load_train_data
 

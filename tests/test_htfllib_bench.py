@@ -192,7 +192,8 @@ def test_plot_draws_methods_with_both_sides_and_refuses_none(tmp_path):
 
 def test_resume_keeps_htfllib_runs_when_only_hfl_bench_settings_change():
     runs = {sbs.key("fd", side, 0): {"curve": [1]} for side in ("htfllib", "hfl_bench")}
-    settings = {k: 1 for k in sbs.HTFLLIB_SETTINGS if k not in sbs.SETTING_DEFAULTS} | {"heldout_fraction": 0.2, "hfl_bench_params": {"fd": []}}
+    settings = {k: 1 for k in sbs.HTFLLIB_SETTINGS if k not in sbs.SETTING_DEFAULTS}
+    settings |= {"heldout_fraction": 0.2, "hfl_bench_params": {"fd": []}}
     doc = {"settings": settings, "runs": runs}
     assert sbs.resumable(doc, settings | {"hfl_bench_params": {"fd": ["lam=2"]}}) == runs  # checked per method later
     assert list(sbs.resumable(doc, settings | {"heldout_fraction": 0.05})) == ["fd/htfllib/seed0"]
