@@ -270,6 +270,16 @@ def best(curve: list[float]) -> tuple[int, float]:
     return rnd, curve[rnd]
 
 
+STEADY_FROM = 5  # the round-to-round change is taken after the first rounds' climb
+
+
+def round_to_round(curve: list[float]) -> float | None:
+    """The mean absolute change of a run's accuracy from one round to the next after round
+    ``STEADY_FROM`` (how much its curve jitters); None for a run that short."""
+    steps = [abs(curve[r] - curve[r - 1]) for r in range(STEADY_FROM + 1, len(curve))]
+    return statistics.mean(steps) if steps else None
+
+
 def summarize(runs: dict, methods: list[str], seeds: list[int]) -> dict:
     out = {}
     for method in methods:
@@ -284,6 +294,7 @@ def summarize(runs: dict, methods: list[str], seeds: list[int]) -> dict:
             sides[side] = {"seeds": len(done), "mean_curve": [round(x, 3) for x in mean_curve],
                            "best_acc": round(statistics.mean(b for _, b in bests), 3),
                            "best_rounds": [r for r, _ in bests],
+                           "round_to_round": _mean_or_none([j for j in map(round_to_round, curves) if j is not None]),
                            "seconds_per_round": round(statistics.mean(x for r in done for x in r["seconds"][1:]), 2),
                            "cpu_s_per_round": _mean_or_none([x for r in done for x in r.get("cpu_s", [])[1:]])}
         if len(sides) == 2:
@@ -316,8 +327,9 @@ def report(doc: dict) -> str:
               f"{settings['htfllib_commit'][:7]}{diagnostics(settings)}; accuracy in % (HtFLlib's metric: correct "
               "over total on the clients' test files).", "",
               "| method | seeds (HtFLlib / hfl-bench) | HtFLlib best | hfl-bench best | difference "
-              f"| mean abs. curve difference | rounds 1-{settings['rounds']} | rounds 1-5 | largest (round) |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              f"| mean abs. curve difference | rounds 1-{settings['rounds']} | rounds 1-5 | largest (round) "
+              f"| round-to-round change after round {STEADY_FROM} (HtFLlib / hfl-bench) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     shown = []
     for method, s in doc.get("summary", {}).items():
         h, b = s.get("htfllib"), s.get("hfl_bench")
@@ -329,7 +341,8 @@ def report(doc: dict) -> str:
         worst = max(range(len(diffs)), key=lambda r: abs(diffs[r]))
         lines.append(f"| {method} | {h['seeds']} / {b['seeds']} | {h['best_acc']:.2f} | {b['best_acc']:.2f} "
                      f"| {s['best_diff']:+.2f} | {s['mean_abs_curve_diff']:.2f} | {_mean_or_nan(trained):.2f} "
-                     f"| {_mean_or_nan(early):.2f} | {diffs[worst]:+.2f} ({worst}) |")
+                     f"| {_mean_or_nan(early):.2f} | {diffs[worst]:+.2f} ({worst}) "
+                     f"| {_or_dash(h.get('round_to_round'))} / {_or_dash(b.get('round_to_round'))} |")
         shown.append((method, h["mean_curve"], b["mean_curve"]))
     rounds = [r for r in SHOWN_ROUNDS if r <= settings["rounds"]]
     lines += ["", "Mean curves (HtFLlib / hfl-bench) at rounds " + ", ".join(map(str, rounds)) + ":", "",
@@ -371,6 +384,15 @@ def plot(doc: dict, png: Path) -> None:
     write(png, lambda f: fig.savefig(f, format="png", dpi=100))
 
 
+def methods_and_seeds(runs: dict) -> tuple[list[str], list[int]]:
+    return list(dict.fromkeys(k.split("/")[0] for k in runs)), sorted({int(k.rsplit("seed", 1)[1]) for k in runs})
+
+
+def summary_of(runs: dict) -> dict:
+    """The summary of every method and seed in ``runs``."""
+    return summarize(runs, *methods_and_seeds(runs))
+
+
 def merge(docs: list[dict]) -> dict:
     """One results document from several made with the same settings: their runs joined (a run in
     two files must be the same run), the union of the methods' hfl-bench parameters, a fresh summary."""
@@ -386,10 +408,8 @@ def merge(docs: list[dict]) -> dict:
         for k, run in d["runs"].items():
             if runs.setdefault(k, run) is not run and runs[k] != run:
                 raise ValueError(f"run {k} differs between the files")
-    methods = list(dict.fromkeys(k.split("/")[0] for k in runs))
-    seeds = sorted({int(k.rsplit("seed", 1)[1]) for k in runs})
     return {**first, "settings": {**first["settings"], "hfl_bench_params": params}, "runs": runs,
-            "merged_from": len(docs), "summary": summarize(runs, methods, seeds)}
+            "merged_from": len(docs), "summary": summary_of(runs)}
 
 
 # Settings of HtFLlib's side alone that only the diagnostics change: hfl-bench's runs do not depend on them.
@@ -402,8 +422,7 @@ def borrow_hfl_bench(doc: dict, others: list[dict]) -> dict:
     is the same run there), with the same hfl-bench parameters per method; a fresh summary."""
     blind = lambda settings: SETTING_DEFAULTS | settings | dict.fromkeys(HTFLLIB_DIAGNOSTICS)  # noqa: E731
     runs = dict(doc["runs"])
-    methods = list(dict.fromkeys(k.split("/")[0] for k in runs))
-    seeds = sorted({int(k.rsplit("seed", 1)[1]) for k in runs})
+    methods, seeds = methods_and_seeds(runs)
     for other in others:
         if not same_setting(blind(other["settings"]), blind(doc["settings"])):
             raise ValueError("a file to borrow from was made with other settings than HtFLlib's diagnostics")
@@ -416,7 +435,11 @@ def borrow_hfl_bench(doc: dict, others: list[dict]) -> dict:
                 raise ValueError(f"{method}'s hfl-bench parameters differ between the files")
             if runs.setdefault(k, run) != run:
                 raise ValueError(f"run {k} differs between the files")
-    return {**doc, "runs": runs, "hfl_bench_runs_from": len(others), "summary": summarize(runs, methods, seeds)}
+    return {**doc, "runs": runs, "hfl_bench_runs_from": len(others), "summary": summary_of(runs)}
+
+
+def _or_dash(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def _mean_or_nan(xs: list[float]) -> float:
@@ -534,6 +557,8 @@ def main() -> None:
         return
     if args.report or args.plot:
         doc = json.loads(Path(args.out).read_text())
+        if doc.get("runs"):  # summarized anew: a file written by an earlier harness gets today's figures
+            doc["summary"] = summary_of(doc["runs"])
         if args.hfl_bench_from:
             try:
                 doc = borrow_hfl_bench(doc, [json.loads(Path(f).read_text()) for f in args.hfl_bench_from])

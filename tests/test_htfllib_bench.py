@@ -95,6 +95,14 @@ def test_side_by_side_summary():
     assert s["mean_abs_curve_diff"] == pytest.approx((1 + 10 + 3) / 3, abs=1e-3)
 
 
+def test_round_to_round_change_is_taken_after_the_climb():
+    curve = [0, 30, 50, 60, 65, 70, 72, 70, 74]  # rounds 6-8 change by 2, 2 and 4 after round 5
+    assert sbs.round_to_round(curve) == pytest.approx(8 / 3)
+    assert sbs.round_to_round(curve[:6]) is None
+    runs = {sbs.key("fd", "htfllib", s): {"curve": c, "seconds": [1] * 9} for s, c in enumerate((curve, curve[:6]))}
+    assert sbs.summarize(runs, ["fd"], [0, 1])["fd"]["htfllib"]["round_to_round"] == pytest.approx(2.67)
+
+
 def test_tested_rounds_of_a_300_round_run():
     assert bench_htfllib.tested_rounds_in(300, 10) == 39  # every 10th (29 before the window) and the last 10
     assert bench_htfllib.tested_rounds_in(300, 1) == 300
@@ -121,11 +129,17 @@ def test_side_by_side_report_rows_come_from_the_summary(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / "htfllib_side_by_side.py"), "--report", "--out", str(out)],
                           capture_output=True, text=True, check=True)
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| fd |")]
-    assert "| mean abs. curve difference | rounds 1-3 | rounds 1-5 | largest (round) |" in proc.stdout
+    assert ("| mean abs. curve difference | rounds 1-3 | rounds 1-5 | largest (round) | round-to-round change after "
+            "round 5 (HtFLlib / hfl-bench) |") in proc.stdout
     # best: (70 + 72) / 2 = 71 vs (71 + 69) / 2 = 70; curves [10, 60, 60, 71] vs [11, 50, 63, 70]:
     # |differences| 1, 10, 3, 1, so 15 / 4 over rounds 0-3 and 14 / 3 over rounds 1-3 (and 1-5)
-    assert rows[0] == "| fd | 2 / 2 | 71.00 | 70.00 | -1.00 | 3.75 | 4.67 | 4.67 | -10.00 (1) |"
+    assert rows[0] == "| fd | 2 / 2 | 71.00 | 70.00 | -1.00 | 3.75 | 4.67 | 4.67 | -10.00 (1) | - / - |"  # 3 rounds
     assert rows[1] == "| fd | 10.00 / 11.00 | 60.00 / 50.00 | 60.00 / 63.00 | 71.00 / 70.00 |"
+    # a file's runs are summarized anew (a file written by an earlier harness has an older summary)
+    out.write_text(json.dumps(doc | {"runs": runs, "summary": {}}))
+    proc = subprocess.run([sys.executable, str(BENCH / "htfllib_side_by_side.py"), "--report", "--out", str(out)],
+                          capture_output=True, text=True, check=True)
+    assert [line for line in proc.stdout.splitlines() if line.startswith("| fd |")] == rows
 
 
 def test_cifar10_folder_is_pfllib_layout_that_the_task_reads(tmp_path):
