@@ -420,7 +420,7 @@ def borrow_hfl_bench(doc: dict, others: list[dict]) -> dict:
     """``doc`` (a diagnostic run of HtFLlib's side) with hfl-bench's runs of its methods taken from
     ``others``: results files whose settings agree but for HtFLlib's diagnostics (hfl-bench's side
     is the same run there), with the same hfl-bench parameters per method; a fresh summary."""
-    blind = lambda settings: SETTING_DEFAULTS | settings | dict.fromkeys(HTFLLIB_DIAGNOSTICS)  # noqa: E731
+    blind = lambda settings: settings | dict.fromkeys(HTFLLIB_DIAGNOSTICS)  # same_setting fills the rest  # noqa: E731
     runs = dict(doc["runs"])
     methods, seeds = methods_and_seeds(runs)
     for other in others:
@@ -495,10 +495,10 @@ def resumable(doc: dict, wanted: dict) -> dict:
     """The runs of an earlier results file that this command's settings can keep: all of them when
     the settings match (hfl-bench's per-method parameters are checked per method by the caller),
     HtFLlib's alone when only hfl-bench's side changed, none otherwise."""
-    old, runs = SETTING_DEFAULTS | doc.get("settings", {}), doc.get("runs", {})
-    if same_setting(old, wanted):
+    old, new, runs = SETTING_DEFAULTS | doc.get("settings", {}), SETTING_DEFAULTS | wanted, doc.get("runs", {})
+    if same_setting(old, new):
         return dict(runs)
-    if all(old.get(k) == (SETTING_DEFAULTS | wanted).get(k) for k in HTFLLIB_SETTINGS):
+    if all(old.get(k) == new.get(k) for k in HTFLLIB_SETTINGS):
         return {k: v for k, v in runs.items() if k.split("/")[1] == "htfllib"}
     return {}
 
@@ -557,13 +557,13 @@ def main() -> None:
         return
     if args.report or args.plot:
         doc = json.loads(Path(args.out).read_text())
-        if doc.get("runs"):  # summarized anew: a file written by an earlier harness gets today's figures
-            doc["summary"] = summary_of(doc["runs"])
-        if args.hfl_bench_from:
+        if args.hfl_bench_from:  # summarizes the joined runs
             try:
                 doc = borrow_hfl_bench(doc, [json.loads(Path(f).read_text()) for f in args.hfl_bench_from])
             except ValueError as e:
                 ap.error(str(e))
+        elif doc.get("runs"):  # summarized anew: a file written by an earlier harness gets today's figures
+            doc["summary"] = summary_of(doc["runs"])
         if args.plot:
             plot(doc, Path(args.plot))
         if args.report:
