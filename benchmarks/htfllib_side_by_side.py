@@ -48,7 +48,9 @@ Output (``--out``, default ``benchmarks/results/htfllib-side-by-side.json``, wri
 after each run): every run's curves and seconds per round, and per method the mean curves of
 both sides, their mean absolute difference over rounds 0..R, and the best round (each seed's
 maximum, averaged: HtFLlib's ``average_data``). ``--resume`` keeps the runs already in ``--out``
-that match the settings and runs only the rest.
+that match the settings and runs only the rest. ``--report`` adds, for two seeds or more a side,
+each round's difference with Welch's 95% interval and the rounds it resolves, unadjusted and after
+Holm's adjustment over the rounds (``interval_lines``).
 
     OMP_NUM_THREADS=1 python benchmarks/htfllib_side_by_side.py --htfllib PATH \\
         [--data FOLDER] [--methods local fedproto lg-fedavg fedgh fedtgp fd] [--seeds 0 1 2]
@@ -68,6 +70,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -351,7 +354,77 @@ def report(doc: dict) -> str:
     for method, a, b in shown:
         lines.append(f"| {method} | " + " | ".join(f"{a[r]:.2f} / {b[r]:.2f}" for r in rounds
                                                     if r < min(len(a), len(b))) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + interval_lines(doc, [m for m, _, _ in shown])) + "\n"
+
+
+def round_intervals(doc: dict, method: str) -> list[tuple[float, float, float, float]] | None:
+    """Per round 0..R: hfl-bench's mean accuracy minus HtFLlib's over seeds, Welch's 95% interval and
+    p-value (the two sides' runs are independent draws, not paired); None under two seeds a side."""
+    from scipy import stats
+
+    curves = {side: [run["curve"] for k, run in doc.get("runs", {}).items()
+                  if k.startswith(f"{method}/{side}/")]
+              for side in ("htfllib", "hfl_bench")}
+    if min(len(c) for c in curves.values()) < 2:
+        return None
+    out = []
+    for r in range(min(len(c) for side in curves.values() for c in side)):
+        a, b = ([c[r] for c in curves[side]] for side in ("hfl_bench", "htfllib"))
+        with warnings.catch_warnings():  # a side without spread (HtFLlib's 0% at round 0): nan, said so
+            warnings.simplefilter("ignore", RuntimeWarning)
+            test = stats.ttest_ind(a, b, equal_var=False)
+        ci = test.confidence_interval(0.95)
+        out.append((statistics.mean(a) - statistics.mean(b), float(ci.low), float(ci.high), float(test.pvalue)))
+    return out
+
+
+def interval_lines(doc: dict, methods: list[str]) -> list[str]:
+    """The report's per-round intervals: rounds 1-5 in full, the rounds whose interval is clear of 0,
+    the same after Holm's adjustment over rounds 1-R (R tests: some clear 0 by chance alone), and the
+    largest difference after round 5."""
+    from hfl_bench.results.paired import holm
+
+    rows = [(m, iv) for m in methods if (iv := round_intervals(doc, m))]
+    if not rows:
+        return []
+    shown = [r for r in EARLY if r < min(len(iv) for _, iv in rows)]
+    last = min(len(iv) for _, iv in rows) - 1
+    lines = ["", "Per-round difference, hfl-bench minus HtFLlib, with Welch's 95% interval over seeds (the "
+             "sides' runs are independent, not paired). The rounds whose interval is clear of 0 are listed "
+             f"as they are and after Holm's adjustment over rounds 1-{last} (with {last} tests, some "
+             "intervals clear 0 by chance alone):", "",
+             "| method | " + " | ".join(f"round {r}" for r in shown) + " | hfl-bench above (rounds) "
+             f"| HtFLlib above (rounds) | after Holm: hfl-bench above | after Holm: HtFLlib above "
+             f"| largest after round {STEADY_FROM} (round) |",
+             "|---|" + "---|" * (len(shown) + 5)]
+    for method, iv in rows:
+        trained = range(1, len(iv))
+        p_holm = dict(zip(trained, holm([1.0 if iv[r][3] != iv[r][3] else iv[r][3] for r in trained])))
+        above = [r for r in trained if iv[r][1] > 0]
+        below = [r for r in trained if iv[r][2] < 0]
+        late = range(STEADY_FROM + 1, len(iv))
+        worst = max(late, key=lambda r: abs(iv[r][0])) if late else None
+        lines.append(f"| {method} | " + " | ".join(_interval(*iv[r][:3]) for r in shown)
+                     + f" | {_spans(above)} | {_spans(below)} "
+                     + f"| {_spans([r for r in above if p_holm[r] < 0.05])} "
+                     + f"| {_spans([r for r in below if p_holm[r] < 0.05])} | "
+                     + ("-" if worst is None else f"{_interval(*iv[worst][:3])} ({worst})") + " |")
+    return lines
+
+
+def _interval(mean: float, low: float, high: float) -> str:
+    return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]" if low == low else f"{mean:+.2f} [-]"  # nan: no spread
+
+
+def _spans(rounds: list[int]) -> str:
+    """``[1, 2, 3, 7]`` as ``"1-3, 7"``; ``"none"`` for no round."""
+    spans: list[list[int]] = []
+    for r in rounds:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) or "none"
 
 
 def plot(doc: dict, png: Path) -> None:

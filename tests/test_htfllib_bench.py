@@ -139,7 +139,8 @@ def test_side_by_side_report_rows_come_from_the_summary(tmp_path):
     out.write_text(json.dumps(doc | {"runs": runs, "summary": {}}))
     proc = subprocess.run([sys.executable, str(BENCH / "htfllib_side_by_side.py"), "--report", "--out", str(out)],
                           capture_output=True, text=True, check=True)
-    assert [line for line in proc.stdout.splitlines() if line.startswith("| fd |")] == rows
+    again = [line for line in proc.stdout.splitlines() if line.startswith("| fd |")]
+    assert again[:2] == rows and again[2].startswith("| fd | -10.00 [-70.85, +50.85] |")  # and, from the runs, round 1's interval
 
 
 def test_cifar10_folder_is_pfllib_layout_that_the_task_reads(tmp_path):
@@ -341,3 +342,29 @@ def test_a_diagnostic_file_borrows_hfl_bench_runs_from_files_of_the_same_setting
         sbs.borrow_hfl_bench(probe, [lanes | {"settings": lanes["settings"] | {"rounds": 3}}])
     with pytest.raises(ValueError, match="parameters differ"):
         sbs.borrow_hfl_bench(probe, [lanes | {"settings": settings | {"hfl_bench_params": {"fedproto": ["lam=1"]}}}])
+
+
+def test_report_gives_each_round_welchs_interval_and_the_rounds_it_resolves_before_and_after_holm():
+    """``--report``'s interval table: hfl-bench minus HtFLlib per round with Welch's 95% interval over
+    the two sides' seeds (scipy's, checked by hand at one round), the rounds clear of 0 listed per
+    side, unadjusted and after Holm's adjustment; no table under two seeds a side."""
+    from scipy import stats
+
+    htfllib = [[0, 10, 60, 70, 80, 81, 80], [0, 12, 61, 71, 80, 79, 81], [0, 11, 62, 69, 80, 80, 80]]
+    hfl_bench = [[10, 50, 60, 71, 81, 80, 70], [10, 52, 62, 70, 79, 81, 71], [10, 51, 61, 72, 80, 79, 69]]
+    runs = {sbs.key("fedtgp", side, s): {"curve": c, "seconds": [1] * 7}
+            for side, curves in (("htfllib", htfllib), ("hfl_bench", hfl_bench)) for s, c in enumerate(curves)}
+    doc = {"settings": {"rounds": 6, "lr": 0.01, "batch_size": 10, "local_epochs": 1, "clients": 20,
+                        "htfllib_commit": "6e6f1aef"}, "runs": runs}
+    doc["summary"] = sbs.summary_of(runs)
+    iv = sbs.round_intervals(doc, "fedtgp")
+    ci = stats.ttest_ind([50, 52, 51], [10, 12, 11], equal_var=False).confidence_interval(0.95)
+    assert iv[1][:3] == pytest.approx((40.0, ci.low, ci.high))
+    row = next(line for line in sbs.report(doc).splitlines() if line.startswith("| fedtgp | +40.00 ["))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # rounds 1-5, then: hfl-bench above, HtFLlib above, the two after Holm, the largest after round 5
+    assert cells[6:10] == ["1", "6", "1", "6"] and cells[10].startswith("-10.33 [") and cells[10].endswith("(6)")
+    assert sbs._spans([1, 2, 3, 7, 9, 10]) == "1-3, 7, 9-10" and sbs._spans([]) == "none"
+    one_seed = {"settings": doc["settings"], "runs": {k: v for k, v in runs.items() if k.endswith("seed0")}}
+    assert sbs.round_intervals(one_seed, "fedtgp") is None
+    assert "Welch" not in sbs.report(one_seed | {"summary": sbs.summary_of(one_seed["runs"])})
