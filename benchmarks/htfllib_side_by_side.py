@@ -57,6 +57,7 @@ Holm's adjustment over the rounds (``interval_lines``).
         [--rounds 30] [--resume]
     python benchmarks/htfllib_side_by_side.py --report [--plot PNG] [--out FILE]   # as markdown (and a figure)
     python benchmarks/htfllib_side_by_side.py --merge A.json B.json --out FILE   # one file from two processes
+    python benchmarks/htfllib_side_by_side.py --overview A.json B.json   # one table over the folders' files
 """
 
 from __future__ import annotations
@@ -357,6 +358,28 @@ def report(doc: dict) -> str:
     return "\n".join(lines + interval_lines(doc, [m for m, _, _ in shown])) + "\n"
 
 
+def overview(docs: list[dict]) -> str:
+    """One markdown table over several results files (the study's folders): per file and method the
+    two best rounds, their difference, the mean curves' mean absolute difference over rounds 1..R
+    and the rounds whose Welch interval is clear of 0 after Holm's adjustment (``interval_lines``)."""
+    lines = ["| task | method | seeds (HtFLlib / hfl-bench) | HtFLlib best | hfl-bench best | difference "
+             "| mean abs. curve difference, rounds 1-R | after Holm: hfl-bench above (rounds) "
+             "| after Holm: HtFLlib above (rounds) |", "|---|---|---|---|---|---|---|---|---|"]
+    for doc in docs:
+        task = f"{doc['settings'].get('task', 'pfl-npz')}{diagnostics(doc['settings'])}"
+        for method, s in summary_of(doc.get("runs", {})).items():
+            h, b = s.get("htfllib"), s.get("hfl_bench")
+            if not (h and b):
+                continue
+            trained = [abs(y - x) for x, y in zip(h["mean_curve"][1:], b["mean_curve"][1:])]
+            iv = round_intervals(doc, method)
+            above, below = map(_spans, resolved_rounds(iv)[2:]) if iv else ("-", "-")  # "-": under two seeds
+            lines.append(f"| {task} | {method} | {h['seeds']} / {b['seeds']} | {h['best_acc']:.2f} "
+                         f"| {b['best_acc']:.2f} | {s['best_diff']:+.2f} | {_mean_or_nan(trained):.2f} "
+                         f"| {above} | {below} |")
+    return "\n".join(lines) + "\n"
+
+
 def round_intervals(doc: dict, method: str) -> list[tuple[float, float, float, float]] | None:
     """Per round 0..R: hfl-bench's mean accuracy minus HtFLlib's over seeds, Welch's 95% interval and
     p-value (the two sides' runs are independent draws, not paired); None under two seeds a side."""
@@ -382,8 +405,6 @@ def interval_lines(doc: dict, methods: list[str]) -> list[str]:
     """The report's per-round intervals: rounds 1-5 in full, the rounds whose interval is clear of 0,
     the same after Holm's adjustment over rounds 1-R (R tests: some clear 0 by chance alone), and the
     largest difference after round 5."""
-    from hfl_bench.results.paired import holm
-
     rows = [(m, iv) for m in methods if (iv := round_intervals(doc, m))]
     if not rows:
         return []
@@ -398,18 +419,25 @@ def interval_lines(doc: dict, methods: list[str]) -> list[str]:
              f"| largest after round {STEADY_FROM} (round) |",
              "|---|" + "---|" * (len(shown) + 5)]
     for method, iv in rows:
-        trained = range(1, len(iv))
-        p_holm = dict(zip(trained, holm([1.0 if iv[r][3] != iv[r][3] else iv[r][3] for r in trained])))
-        above = [r for r in trained if iv[r][1] > 0]
-        below = [r for r in trained if iv[r][2] < 0]
         late = range(STEADY_FROM + 1, len(iv))
         worst = max(late, key=lambda r: abs(iv[r][0])) if late else None
-        lines.append(f"| {method} | " + " | ".join(_interval(*iv[r][:3]) for r in shown)
-                     + f" | {_spans(above)} | {_spans(below)} "
-                     + f"| {_spans([r for r in above if p_holm[r] < 0.05])} "
-                     + f"| {_spans([r for r in below if p_holm[r] < 0.05])} | "
+        lines.append(f"| {method} | " + " | ".join(_interval(*iv[r][:3]) for r in shown) + " | "
+                     + " | ".join(map(_spans, resolved_rounds(iv))) + " | "
                      + ("-" if worst is None else f"{_interval(*iv[worst][:3])} ({worst})") + " |")
     return lines
+
+
+def resolved_rounds(iv: list[tuple[float, float, float, float]]) -> tuple[list[int], ...]:
+    """Of rounds 1..R (``round_intervals``): those whose interval is above 0 (hfl-bench's side above),
+    below 0 (HtFLlib's above), and the same two after Holm's adjustment over the R rounds (a round
+    without spread on either side counts as p = 1)."""
+    from hfl_bench.results.paired import holm
+
+    trained = range(1, len(iv))
+    p_holm = dict(zip(trained, holm([1.0 if iv[r][3] != iv[r][3] else iv[r][3] for r in trained])))
+    above = [r for r in trained if iv[r][1] > 0]
+    below = [r for r in trained if iv[r][2] < 0]
+    return above, below, [r for r in above if p_holm[r] < 0.05], [r for r in below if p_holm[r] < 0.05]
 
 
 def _interval(mean: float, low: float, high: float) -> str:
@@ -620,6 +648,9 @@ def main() -> None:
     ap.add_argument("--hfl-bench-from", nargs="+", metavar="FILE", help="with --report / --plot of a diagnostic run of "
                     "HtFLlib's side alone: hfl-bench's runs of its methods and seeds from these results files (made "
                     "with the same settings but HtFLlib's diagnostics)")
+    ap.add_argument("--overview", nargs="+", metavar="FILE", help="print one markdown table over results files "
+                    "(the study's folders): per method the best rounds, their difference, the curves' mean "
+                    "absolute difference and the rounds resolved after Holm's adjustment, and exit")
     ap.add_argument("--merge", nargs="+", metavar="FILE", help="join the runs of results files made with the same "
                     "settings (e.g. two processes, one per core, on different methods) into --out and exit")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one hfl-bench run (hfl_bench_worker)
@@ -627,6 +658,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         hfl_bench_worker(args)
+        return
+    if args.overview:
+        sys.stdout.write(overview([json.loads(Path(f).read_text()) for f in args.overview]))
         return
     if args.report or args.plot:
         doc = json.loads(Path(args.out).read_text())

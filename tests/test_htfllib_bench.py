@@ -140,7 +140,7 @@ def test_side_by_side_report_rows_come_from_the_summary(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / "htfllib_side_by_side.py"), "--report", "--out", str(out)],
                           capture_output=True, text=True, check=True)
     again = [line for line in proc.stdout.splitlines() if line.startswith("| fd |")]
-    assert again[:2] == rows and again[2].startswith("| fd | -10.00 [-70.85, +50.85] |")  # and, from the runs, round 1's interval
+    assert again[:2] == rows and again[2].startswith("| fd | -10.00 [-70.85, +50.85] |")  # + round 1's interval
 
 
 def test_cifar10_folder_is_pfllib_layout_that_the_task_reads(tmp_path):
@@ -344,7 +344,7 @@ def test_a_diagnostic_file_borrows_hfl_bench_runs_from_files_of_the_same_setting
         sbs.borrow_hfl_bench(probe, [lanes | {"settings": settings | {"hfl_bench_params": {"fedproto": ["lam=1"]}}}])
 
 
-def test_report_gives_each_round_welchs_interval_and_the_rounds_it_resolves_before_and_after_holm():
+def test_report_gives_each_round_welchs_interval_and_the_rounds_it_resolves_before_and_after_holm(tmp_path):
     """``--report``'s interval table: hfl-bench minus HtFLlib per round with Welch's 95% interval over
     the two sides' seeds (scipy's, checked by hand at one round), the rounds clear of 0 listed per
     side, unadjusted and after Holm's adjustment; no table under two seeds a side."""
@@ -368,3 +368,13 @@ def test_report_gives_each_round_welchs_interval_and_the_rounds_it_resolves_befo
     one_seed = {"settings": doc["settings"], "runs": {k: v for k, v in runs.items() if k.endswith("seed0")}}
     assert sbs.round_intervals(one_seed, "fedtgp") is None
     assert "Welch" not in sbs.report(one_seed | {"summary": sbs.summary_of(one_seed["runs"])})
+    # --overview: one table over files, a row per file and method, Holm's rounds from the same intervals
+    for name, d in (("three.json", doc), ("one.json", one_seed | {"settings": doc["settings"] | {"task": "pfl-npz"}})):
+        (tmp_path / name).write_text(json.dumps(d))
+    proc = subprocess.run([sys.executable, str(BENCH / "htfllib_side_by_side.py"), "--overview",
+                           str(tmp_path / "three.json"), str(tmp_path / "one.json")],
+                          capture_output=True, text=True, check=True)
+    rows = [line for line in proc.stdout.splitlines() if "| fedtgp |" in line]
+    # mean curves' |differences| over rounds 1-6: 40, 0, 1, 0, 0, 10.33 (seed 0 alone: 40, 0, 1, 1, 1, 10)
+    assert rows == ["| pfl-npz | fedtgp | 3 / 3 | 80.67 | 80.67 | +0.00 | 8.56 | 1 | 6 |",
+                    "| pfl-npz | fedtgp | 1 / 1 | 81.00 | 81.00 | +0.00 | 8.83 | - | - |"]
