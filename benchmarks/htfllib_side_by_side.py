@@ -504,11 +504,9 @@ def merge(docs: list[dict]) -> dict:
         if not same_setting(d["settings"], first["settings"]):
             raise ValueError("the files were made with different settings; only runs of one setting can be joined")
         for m, p in d["settings"].get("hfl_bench_params", {}).items():
-            if params.setdefault(m, p) != p:
-                raise ValueError(f"{m}'s hfl-bench parameters differ between the files")
+            join(params, m, p, f"{m}'s hfl-bench parameters differ between the files")
         for k, run in d["runs"].items():
-            if runs.setdefault(k, run) is not run and runs[k] != run:
-                raise ValueError(f"run {k} differs between the files")
+            join(runs, k, run, f"run {k} differs between the files")
     return {**first, "settings": {**first["settings"], "hfl_bench_params": params}, "runs": runs,
             "merged_from": len(docs), "summary": summary_of(runs)}
 
@@ -534,9 +532,14 @@ def borrow_hfl_bench(doc: dict, others: list[dict]) -> dict:
             mine, theirs = (d["settings"].get("hfl_bench_params", {}).get(method, []) for d in (doc, other))
             if mine != theirs:
                 raise ValueError(f"{method}'s hfl-bench parameters differ between the files")
-            if runs.setdefault(k, run) != run:
-                raise ValueError(f"run {k} differs between the files")
+            join(runs, k, run, f"run {k} differs between the files")
     return {**doc, "runs": runs, "hfl_bench_runs_from": len(others), "summary": summary_of(runs)}
+
+
+def join(into: dict, k: str, value, message: str) -> None:
+    """``into[k] = value`` unless ``into`` holds another value there: then ValueError(message)."""
+    if into.setdefault(k, value) != value:
+        raise ValueError(message)
 
 
 def _or_dash(x: float | None) -> str:

@@ -191,6 +191,10 @@ def test_merge_joins_runs_of_one_setting_and_refuses_others():
         sbs.merge([doc("fd", [10, 50]), doc("local", [10, 60], data="other")])
     with pytest.raises(ValueError, match="run fd/htfllib/seed0 differs"):
         sbs.merge([doc("fd", [10, 50]), doc("fd", [10, 51])])
+    other_params = doc("fd", [10, 50])
+    other_params["settings"]["hfl_bench_params"] = {"fd": ["temperature=2"]}
+    with pytest.raises(ValueError, match="fd's hfl-bench parameters differ"):
+        sbs.merge([doc("fd", [10, 50]), other_params])
 
 
 def test_plot_draws_methods_with_both_sides_and_refuses_none(tmp_path):
