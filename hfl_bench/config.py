@@ -105,6 +105,8 @@ class RunConfig:
     vmap: str = setting("auto", "Stacked (vmapped) teacher inference per architecture: on, off or auto (= off).")
     lockstep: str = setting("auto", "Train same-architecture students together (vmapped SGD steps): on, off or "
                                     "auto (= off).")
+    cuda_graphs: str = setting("auto", "Student SGD steps captured once per model and batch shape and replayed as CUDA "
+                                       "graphs: on, off or auto (= on on CUDA; a CPU run never uses them).")
     data_dir: str | None = setting(None, "Dataset folder; default: $HFL_BENCH_DATA or ~/.cache/hfl-bench/data.",
                                    path=True)
     download: bool = setting(False, "Download the dataset if it is missing.")
@@ -127,7 +129,7 @@ DEVICE_NAME = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 # ``preset`` is hashed through the hyperparameters it sets (``method_params`` once resolved), so
 # ``--preset paper`` and the same values by ``--set`` are one run with one hash.
 NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "vmap", "lockstep",
-                "checkpoint_every", "preset")
+                "cuda_graphs", "checkpoint_every", "preset")
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 # Fields added after the first records: left out of the hash at their default, so a config that
 # does not use them keeps the hash it always had (older records stay comparable).
@@ -212,6 +214,7 @@ def validate(cfg: RunConfig) -> None:
         (cfg.exec in ("auto", "reference", "fast"), f"--exec must be auto, reference or fast, got {cfg.exec!r}"),
         (cfg.vmap in ("auto", "on", "off"), f"--vmap must be auto, on or off, got {cfg.vmap!r}"),
         (cfg.lockstep in ("auto", "on", "off"), f"--lockstep must be auto, on or off, got {cfg.lockstep!r}"),
+        (cfg.cuda_graphs in ("auto", "on", "off"), f"--cuda-graphs must be auto, on or off, got {cfg.cuda_graphs!r}"),
         (DEVICE_NAME.fullmatch(cfg.device) is not None, f"unknown device {cfg.device!r}: --device must be {DEVICES}"),
         (cfg.clients_per_round is None or cfg.clients_per_round >= 1,
          f"--clients-per-round must be >= 1, got {cfg.clients_per_round}"),

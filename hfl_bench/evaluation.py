@@ -100,33 +100,58 @@ def channels_last(modules: list[nn.Module], enabled: bool) -> Iterator[None]:
             t.data = data
 
 
-def _fingerprint(module: nn.Module) -> tuple | None:
-    """A cheap key under which modules with equal parameters collide (None: never shared)."""
-    tensors = _tensors(module)
-    if not any(True for _ in module.parameters()):
-        return None  # a parameter-free wrapper may compute anything: evaluate it on its own
-    sample = tuple(float(t.detach().reshape(-1)[:: max(1, t.numel() // 8)].double().sum()) for t in tensors)
-    return (type(module), tuple(tuple(t.shape) for t in tensors), sample)
+def _fingerprints(modules: list[nn.Module]) -> list[tuple | None]:
+    """Cheap keys under which modules with equal parameters collide (None: never shared), read from
+    the device in one copy: a host read per tensor is a wait on the GPU per tensor, which costs
+    little alone but a scheduling slice each when several runs share a GPU."""
+    sums: list[torch.Tensor] = []
+    spans: list[tuple[int, int] | None] = []
+    for module in modules:
+        if not any(True for _ in module.parameters()):
+            spans.append(None)  # a parameter-free wrapper may compute anything: evaluate it on its own
+            continue
+        tensors = _tensors(module)
+        spans.append((len(sums), len(sums) + len(tensors)))
+        sums += [t.detach().reshape(-1)[:: max(1, t.numel() // 8)].double().sum() for t in tensors]
+    values = torch.stack([v.to(sums[0].device) for v in sums]).tolist() if sums else []
+    keys: list[tuple | None] = []
+    for module, span in zip(modules, spans):
+        if span is None:
+            keys.append(None)
+            continue
+        keys.append((type(module), tuple(tuple(t.shape) for t in _tensors(module)), tuple(values[span[0]:span[1]])))
+    return keys
+
+
+def _equal(a: nn.Module, b: nn.Module) -> bool:
+    """Every parameter and buffer of ``a`` and ``b`` equal (as torch.equal), read in one host copy."""
+    ta, tb = _tensors(a), _tensors(b)
+    if len(ta) != len(tb) or any(x.shape != y.shape or x.dtype != y.dtype or x.device != y.device
+                                 for x, y in zip(ta, tb)):
+        return False
+    return not ta or bool(torch.stack([(x == y).all() for x, y in zip(ta, tb)]).all())
 
 
 def distinct(modules: list[nn.Module]) -> tuple[list[nn.Module], list[int]]:
     """The distinct modules of ``modules`` and, for each input, the index of its representative.
     Two modules are the same when they are the same object (a predictor shared by every client,
     with or without parameters of its own), or of the same class with every parameter and buffer
-    equal (torch.equal): they compute the same function, so one evaluation serves both."""
+    equal: they compute the same function, so one evaluation serves both."""
     reps: list[nn.Module] = []
     by_key: dict[tuple, list[int]] = {}
     by_id: dict[int, int] = {}
     index = []
+    unique = list({id(m): m for m in modules}.values())
+    keys = dict(zip(map(id, unique), _fingerprints(unique)))
     for module in modules:
         found = by_id.get(id(module))
         if found is not None:
             index.append(found)
             continue
-        key = _fingerprint(module)
+        key = keys[id(module)]
         if key is not None:
             for r in by_key.get(key, []):
-                if all(torch.equal(a, b) for a, b in zip(_tensors(reps[r]), _tensors(module))):
+                if _equal(reps[r], module):
                     found = r
                     break
         if found is None:
@@ -245,18 +270,25 @@ class Evaluator:
         return class_correct(predict_logits(model, x), y, self.fed.num_classes)
 
     def local_test_correct(self, model: nn.Module, cid: int) -> int:
-        x, y = self._test[cid]
-        return int((predict_logits(model, x).argmax(-1) == y).sum()) if len(y) else 0
+        return int(self.local_test_hits(model, cid))
 
-    def global_class_correct(self, model: nn.Module, cid: int) -> np.ndarray:
-        """Per-class correct counts of ``model`` on the global test set as client ``cid`` sees it."""
+    def local_test_hits(self, model: nn.Module, cid: int) -> torch.Tensor:
+        """Correct predictions of ``model`` on client ``cid``'s local test half, on the device."""
+        x, y = self._test[cid]
+        if not len(y):
+            return torch.zeros((), dtype=torch.long, device=self.fed.device)
+        return (predict_logits(model, x).argmax(-1) == y).sum()
+
+    def global_class_correct(self, model: nn.Module, cid: int) -> torch.Tensor:
+        """Per-class correct counts of ``model`` on the global test set as client ``cid`` sees it
+        (on the device: callers read many at once)."""
         logits = predict_logits(model, self._global_inputs[self._input_key[cid]])
-        return class_correct(logits, self.fed.data.test_y, self.fed.num_classes).cpu().numpy()
+        return class_correct(logits, self.fed.data.test_y, self.fed.num_classes)
 
     def global_counts(self, models: list[nn.Module], cids: list[int]) -> list[np.ndarray]:
         """``global_class_correct`` of ``models[i]`` for client ``cids[i]``, computed once per distinct
-        model among the clients that see the same test inputs."""
-        out: list[np.ndarray] = [np.zeros(0)] * len(cids)
+        model among the clients that see the same test inputs, read from the device in one copy."""
+        out: list = [None] * len(cids)
         by_input: dict[tuple[str, ...], list[int]] = {}
         for i, cid in enumerate(cids):
             by_input.setdefault(self._input_key[cid], []).append(i)
@@ -265,7 +297,7 @@ class Evaluator:
             per_rep = [self.global_class_correct(m, cids[positions[0]]) for m in reps]
             for i, r in zip(positions, index):
                 out[i] = per_rep[r]
-        return out
+        return list(torch.stack(out).cpu().numpy()) if out else []
 
     # -- one round
 
@@ -319,9 +351,10 @@ class Evaluator:
         """Fill the local and global correct counts of the ``stale`` clients (in place)."""
         cids = sorted(stale)
         with channels_last([models[c] for c in cids], self.fast_layout):
-            for cid in cids:
-                local_correct[cid] = self.local_test_correct(models[cid], cid)
+            hits = [self.local_test_hits(models[cid], cid) for cid in cids]
             counts = self.global_counts([models[c] for c in cids], cids)
+        for cid, hit in zip(cids, torch.stack(hits).tolist() if hits else []):
+            local_correct[cid] = hit
         for cid, count in zip(cids, counts):
             global_correct[cid] = count
 
@@ -342,8 +375,10 @@ class Evaluator:
         cids = list(range(len(predictors)))
         with channels_last(predictors, self.fast_layout):
             g = np.array([float(c.sum()) / total * 100 for c in self.global_counts(predictors, cids)])
-            local = np.array([self.local_test_correct(p, cid) / self.local_total[cid] * 100 if self.local_total[cid]
-                              else np.nan for cid, p in enumerate(predictors)])
+            hits = [self.local_test_hits(p, cid) for cid, p in enumerate(predictors)]
+            hits = torch.stack(hits).tolist() if hits else []
+            local = np.array([hits[cid] / self.local_total[cid] * 100 if self.local_total[cid] else np.nan
+                              for cid in cids])
         return {"global_acc": g, "local_acc": local}
 
 

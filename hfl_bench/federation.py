@@ -196,6 +196,8 @@ class Federation:
     # The work meter (optimizer steps and samples per client and kind of data), fed by the
     # training building blocks; built with the clients (``engine.build_federation``).
     budget: "Budget" = None  # type: ignore[assignment]
+    # The run's captured student steps (an hfl_bench.graphs.StepGraphs, made on first use on CUDA).
+    step_graphs: Any = None
 
     @property
     def public_x(self) -> torch.Tensor:
@@ -259,6 +261,12 @@ class Federation:
         """Same-architecture students train together (``hfl_bench.lockstep``, ``--lockstep``): on
         only when asked for; ``auto`` is off."""
         return self.cfg.lockstep == "on"
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        """Student steps replayed as CUDA graphs (``hfl_bench.graphs``, ``--cuda-graphs``): on CUDA
+        unless turned off; never on a CPU."""
+        return self.device.type == "cuda" and self.cfg.cuda_graphs != "off"
 
 
 def engine_side(fed: RoundView) -> Federation:

@@ -30,7 +30,8 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from hfl_bench.federation import engine_side
-from hfl_bench.training import EpochPlan, Targets, count_work, finite_mean, free_riders, student_loss, train_on_plan
+from hfl_bench.graphs import train_students as train_one_by_one
+from hfl_bench.training import EpochPlan, Targets, count_work, finite_mean, free_riders, student_loss
 
 if TYPE_CHECKING:
     from hfl_bench.federation import RoundView
@@ -51,10 +52,8 @@ def train_students(
     stackable = [i for i in cids if isinstance(targets.get(i, torch.zeros(0)), torch.Tensor) and i not in riders]
     for group in lockstep_groups(fed, stackable, with_targets=set(targets)) if engine_side(fed).use_lockstep else []:
         losses.update(train_lockstep(fed, group, plans, targets, lam, temperature))
-    for i in cids:
-        if i not in losses:
-            losses[i] = train_on_plan(fed, fed.clients[i], plans[i], targets=targets.get(i), lam=lam,
-                                      temperature=temperature)
+    rest = [i for i in cids if i not in losses]
+    losses.update(zip(rest, train_one_by_one(fed, rest, plans, targets=targets, lam=lam, temperature=temperature)))
     return [losses[i] for i in cids]
 
 
@@ -199,7 +198,8 @@ def train_lockstep(
         for positions in by_size.values():
             ids = [group[g] for g in positions]
             members = stack.index(positions)
-            x = torch.stack([batch(i, t, views) for i in ids])
+            # contiguous: vmapped BatchNorm cannot query a channels-last layout (the CUDA default)
+            x = torch.stack([batch(i, t, views) for i in ids]).contiguous()
             y = torch.stack([batch(i, t, labels) for i in ids])
             q = torch.stack([batch(i, t, targets) for i in ids]) if use_targets else None
             losses = _step(stack, members, forward, loss_of, x, y, q, lr, momentum, weight_decay, fed.cfg.grad_clip)
