@@ -308,8 +308,10 @@ def test_interrupted_cell_continues_from_its_checkpoint(tmp_path, validator):
     for rnd in (1, 2):
         sim.step(rnd)
     sim.save_checkpoint(checkpoint_path(cfg))
-    result, _ = _invoke(str(suite), "-q")
+    result, stdout = _invoke(str(suite), "--json")
     assert result.exit_code == 0, result.output
+    summary = json.loads(stdout)  # throughput counts only the rounds after the checkpoint
+    assert summary["cells"][0]["rounds_now"] == 2 and summary["cell_rounds"] == 2
     record = json.loads(next((tmp_path / "cut").glob("*.json")).read_text())
     assert record["federation"]["resumed_from_rounds"] == [2]
     assert not checkpoint_path(cfg).exists()
@@ -337,6 +339,12 @@ def test_process_pool_executor(tmp_path, validator):
     assert all(_schema_errors(validator, r) == [] for r in records)
     assert {r["environment"]["torch_threads"] for r in records} == {1}  # --threads, set in the worker
     assert sorted(p.name for p in out.glob("*.json")) == sorted(Path(r["record"]).name for r in summary["cells"])
+    # no GPU here: the cells run on the device their config names (--cells-per-gpu is for CUDA cells)
+    assert {r["config"]["device"] for r in records} == {"auto"}
+    # throughput: the rounds the cells ran now over the matrix's wall time
+    assert [r["rounds_now"] for r in summary["cells"]] == [2, 2] and summary["cell_rounds"] == 4
+    assert summary["wall_time_s"] > 0
+    assert summary["cell_rounds_per_min"] == pytest.approx(4 / (summary["wall_time_s"] / 60), abs=0.01)
 
 
 def test_bad_flags_exit_2(tmp_path):

@@ -33,6 +33,13 @@ def matrix(
     cpus_per_cell: float = typer.Option(1, help="Ray: CPUs each cell asks for."),
     gpus_per_cell: Optional[float] = typer.Option(None, help="Ray: GPUs each cell asks for; default: 1 if the cell's "
                                                   "device is cuda, or auto on a cluster with GPUs, else 0."),
+    cells_per_gpu: Optional[str] = typer.Option(
+        None, "--cells-per-gpu", metavar="<int|auto>",
+        help="Local pool (--jobs > 1): most cells at once on each visible GPU, for cells whose device is cuda, "
+             "cuda:N or auto (when there is a GPU); each such cell runs on the GPU with the fewest cells running "
+             "(a cell set to cuda:N keeps it). auto: one per GPU until a cell reports its peak CUDA memory after "
+             "its first round, then floor(0.8 x the GPU's memory / the largest peak so far), 1 to 8. --jobs caps "
+             "all cells. \\[default: auto]"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Record folder; default: the suite's out."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Seeds instead of the suite's: a range 0-9 "
                                         "(inclusive), a list 0,1,2, or both (0-4,7)."),
@@ -53,8 +60,10 @@ def matrix(
     for a bad suite, flag or --out; 130 when interrupted.
     """
     # Imported here so that `hfl-bench --help` does not pay for the matrix runner.
+    from hfl_bench.config import ConfigError
     from hfl_bench.matrix.executors import EXECUTORS
-    from hfl_bench.matrix.runner import count_statuses, dry_run_row, exit_code, run_matrix
+    from hfl_bench.matrix.gpus import parse_cells_per_gpu
+    from hfl_bench.matrix.runner import count_statuses, dry_run_row, exit_code, run_matrix, throughput
     from hfl_bench.matrix.suite import load_suite, parse_seeds, suite_cells
     from hfl_bench.paths import check_out_dir
 
@@ -68,6 +77,13 @@ def matrix(
         fail("--cpus-per-cell must be > 0 and --gpus-per-cell >= 0")
     if executor == "local" and (address or gpus_per_cell is not None):
         fail("--address and --gpus-per-cell are for --executor ray")
+    if executor == "ray" and cells_per_gpu is not None:
+        fail("--cells-per-gpu is for --executor local; on Ray, --gpus-per-cell sets each cell's share of a GPU "
+             "(0.5: two cells per GPU)")
+    try:
+        per_gpu = parse_cells_per_gpu(cells_per_gpu)
+    except ConfigError as e:
+        fail(str(e))
     finished: list[dict[str, Any]] = []
     cells: list[Cell] = []
     try:
@@ -87,7 +103,7 @@ def matrix(
                     bar.cell_done(row)
 
                 rows = run_matrix(cells, executor, jobs, threads, address, cpus_per_cell, gpus_per_cell,
-                                  on_cell=on_cell, round_progress=bar.rounds)
+                                  on_cell=on_cell, round_progress=bar.rounds, cells_per_gpu=per_gpu)
             elapsed = time.perf_counter() - t0
     except USER_ERRORS as e:
         fail(str(e))
@@ -97,11 +113,12 @@ def matrix(
         interrupted(what, command_line())
     code = exit_code(rows)
     folder = str(out_dir if out_dir is not None else suite.out)
+    speed = throughput(rows, None if dry_run else elapsed)
     if as_json:
         emit_json({"suite": suite.name, "out": folder, "dry_run": dry_run, "counts": count_statuses(rows),
-                   "exit_code": code, "cells": rows})
+                   "exit_code": code, **speed, "cells": rows})
     else:
-        _print_table(suite, folder, rows, None if dry_run else elapsed)
+        _print_table(suite, folder, rows, speed)
     raise typer.Exit(code)
 
 
@@ -109,7 +126,7 @@ STATUS_STYLE = {"ok": "green", "diverged": "yellow", "failed": "bold red", "skip
                 "would run": "cyan", "would skip": "dim", "would fail": "bold red"}
 
 
-def _print_table(suite: Suite, folder: str, rows: list[dict[str, Any]], elapsed: Optional[float]) -> None:
+def _print_table(suite: Suite, folder: str, rows: list[dict[str, Any]], speed: dict[str, Any]) -> None:
     from hfl_bench.matrix.runner import count_statuses
 
     title = f"suite {suite.name}: {len(rows)} cells -> {folder}"
@@ -127,7 +144,9 @@ def _print_table(suite: Suite, folder: str, rows: list[dict[str, Any]], elapsed:
                   cell(r["global_acc"]), cell(r["wall_time_s"], 1), plain(record))
     out.print(t)
     counts = ", ".join(f"{n} {s}" for s, n in count_statuses(rows).items())
-    took = f" in {elapsed:.1f} s" if elapsed is not None else ""
+    took = f" in {speed['wall_time_s']:.1f} s" if speed["wall_time_s"] is not None else ""
+    if speed["cell_rounds"]:
+        took += f"; {speed['cell_rounds']} cell-rounds, {speed['cell_rounds_per_min']:.1f} per minute"
     out.print(plain(f"{counts}{took}"), highlight=False)
     for r in rows:
         if r["error"] and r["status"] in ("failed", "would fail"):

@@ -1,7 +1,8 @@
 """Executors: in-process (``--jobs 1``), local worker processes, one per cell (forkserver, not
 fork: torch is imported), or Ray tasks on a local or existing cluster. Workers and Ray tasks
 return the record and the driver writes it (``done``), so records land in the driver's folder
-even on a multi-machine cluster; a worker that dies costs only its own cell.
+even on a multi-machine cluster; a worker that dies costs only its own cell. Local workers of
+CUDA cells share out the visible GPUs (``--cells-per-gpu``, ``hfl_bench.matrix.gpus``).
 
 Workers die with their driver (``die_with``), however it ends, and leave Ctrl-C to it: the
 driver then ends them at once (``stop_workers``). A local Ray started by the driver is shut down
@@ -10,6 +11,7 @@ with it; on Ctrl-C the cells in flight are cancelled.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional
 
 from hfl_bench.config import ConfigError, RunConfig
@@ -90,59 +92,104 @@ def run_in_process(cells: list[Cell], done: Done, threads: Optional[int] = None,
         done(cell, run_cell(cell.cfg, threads, progress))
 
 
-def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1) -> None:
+def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
+                     cells_per_gpu: Optional[int] = None, gpus: Optional[int] = None,
+                     worker: Optional[Callable] = None) -> None:
     """Up to ``jobs`` cells at once, each in a worker process of its own that sends its record back
     to this process. A worker that dies (killed by the out-of-memory killer, SIGKILL, a crash in
     native code) costs only its own cell, written as failed with the signal or exit code; the
-    other running and pending cells go on (a shared pool breaks as a whole when one worker dies)."""
+    other running and pending cells go on (a shared pool breaks as a whole when one worker dies).
+
+    CUDA cells also share out the ``gpus`` visible GPUs (default: ``gpus.visible_gpus``): each
+    starts on the GPU with the fewest cells running, at most ``cells_per_gpu`` per GPU (None:
+    auto, from the peak memory the workers report; ``hfl_bench.matrix.gpus``). A pending cell that
+    does not fit yet waits, and the cells after it that fit start first. ``worker`` is what each
+    worker process runs (default ``_cell_worker``; tests put a stand-in there)."""
     import multiprocessing
     import os
     from multiprocessing.connection import wait
+
+    from hfl_bench.matrix.gpus import GpuPlan, MemoryReport, take_slots, visible_gpus
 
     # forkserver, not fork (fork is unsafe once torch has started threads): the server imports
     # the engine once and every worker forks from it, instead of each worker importing torch.
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["hfl_bench.engine", "hfl_bench.results.records",
                                     "hfl_bench.matrix.cells", "hfl_bench.methods", "hfl_bench.tasks"])
+    if gpus is None:  # a CPU-only suite never asks
+        gpus = visible_gpus() if any(_may_use_cuda(cell.cfg.device) for cell in cells) else 0
+    plan = GpuPlan(gpus, cells_per_gpu)
+    worker = worker or _cell_worker
     pending = list(cells)
-    running: dict[Any, tuple[Any, Cell, Any]] = {}  # receiving end -> (process, cell, receiving end)
+    # receiving end -> (process, cell, receiving end, its GPU or None)
+    running: dict[Any, tuple[Any, Cell, Any, Optional[int]]] = {}
     try:
         while pending or running:
-            while pending and len(running) < jobs:
-                cell = pending.pop(0)
+            starts = take_slots([cell.cfg.device for cell in pending], plan, jobs - len(running), idle=not running)
+            for i, gpu in starts:
+                cell = pending[i]
                 receive, send = context.Pipe(duplex=False)
-                process = context.Process(target=_cell_worker, args=(cell.cfg, threads, os.getpid(), send),
+                # the worker's own copy names its GPU; ``device`` is not in the config hash, so the
+                # record path and the claim on it are the cell's as planned
+                cfg = cell.cfg if gpu is None else dataclasses.replace(cell.cfg, device=f"cuda:{gpu}")
+                process = context.Process(target=worker, args=(cfg, threads, os.getpid(), send),
                                           name=f"hfl-bench cell {cell.label}", daemon=True)
                 process.start()
                 send.close()  # this process keeps only the receiving end: EOF once the worker is gone
-                running[receive] = (process, cell, receive)
+                running[receive] = (process, cell, receive, gpu)
+            taken = {i for i, _ in starts}
+            pending = [cell for i, cell in enumerate(pending) if i not in taken]
             for receive in wait(list(running)):
-                process, cell, _ = running.pop(receive)
-                done(cell, _worker_result(process, cell, receive))
+                process, cell, _, gpu = running[receive]
+                message = _receive(receive)
+                if isinstance(message, MemoryReport):  # the cell runs on; its peak resizes the plan
+                    plan.observe(gpu, message.peak_bytes, message.total_bytes)
+                    continue
+                del running[receive]
+                plan.finish(gpu)
+                record = _worker_result(process, cell, receive, message)
+                plan.observe(gpu, _record_cuda_peak(record))
+                done(cell, record)
     except BaseException:  # Ctrl-C: end the running cells (their checkpoints stay for the rerun)
-        stop_workers([process for process, _, _ in running.values()])
+        stop_workers([process for process, _, _, _ in running.values()])
         raise
 
 
+def _may_use_cuda(device: str) -> bool:
+    """Whether a cell of this device would run on a GPU were there one (``gpus.is_cuda_cell``)."""
+    return device == "auto" or device.startswith("cuda")
+
+
 def _cell_worker(cfg: RunConfig, threads: int, driver_pid: int, send) -> None:
-    """One cell in its own worker process: set up as a pool worker, run, send the record back."""
+    """One cell in its own worker process: set up as a pool worker, run, send the record back (the
+    last message; a CUDA cell sends its peak memory once before it, ``gpus.memory_reporter``)."""
+    from hfl_bench.matrix.gpus import memory_reporter
+
     _pool_init(threads, driver_pid)
-    send.send(run_cell(cfg, threads))
+    send.send(run_cell(cfg, threads, memory_reporter(cfg.device, send.send)))
     send.close()
 
 
-def _worker_result(process, cell: Cell, receive) -> dict[str, Any]:
-    """The record a finished worker sent, or a failed record saying how the worker died."""
+def _receive(receive) -> Any:
+    """The next message a worker sent, or None once it is gone without one."""
     try:
-        record = receive.recv()
+        return receive.recv()
     except (EOFError, OSError):
-        record = None
-    finally:
-        receive.close()
+        return None
+
+
+def _worker_result(process, cell: Cell, receive, record: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The record a finished worker sent, or a failed record saying how the worker died."""
+    receive.close()
     process.join()
     if record is not None:
         return record
     return failed_record(cell.cfg, f"WorkerDied: {death(process.exitcode)}; the other cells went on")
+
+
+def _record_cuda_peak(record: dict[str, Any]) -> Optional[int]:
+    """A finished cell's peak CUDA memory over all its rounds (later rounds can top the first)."""
+    return ((record.get("cost") or {}).get("peak_memory") or {}).get("cuda_bytes")
 
 
 def death(exitcode: Optional[int]) -> str:

@@ -39,9 +39,34 @@ def summary_row(cell: Cell, record: Optional[dict[str, Any]], status: str, path:
         "record_status": record.get("status"),
         "global_acc": headline_value(record),
         "wall_time_s": (record.get("cost") or {}).get("wall_time_total_s"),
+        "rounds_now": rounds_now(record) if status in RAN else 0,
         "record": str(path) if path else None,
         "error": error.splitlines()[0] if error else None,
     }
+
+
+RAN = ("ok", "diverged", "failed")  # the statuses of a cell that ran in this invocation (or tried to)
+
+
+def rounds_now(record: dict[str, Any]) -> int:
+    """The rounds a cell's record says were run in this invocation: all it ran, less those of the
+    checkpoint it continued from (``federation.resumed_from_rounds``, its last entry); 0 for a
+    failed record (no federation section)."""
+    federation = record.get("federation") or {}
+    resumed = federation.get("resumed_from_rounds") or [0]
+    return max(0, int(federation.get("rounds_run") or 0) - int(resumed[-1]))
+
+
+def throughput(rows: list[dict[str, Any]], wall_time_s: Optional[float]) -> dict[str, Any]:
+    """The matrix's wall time and the cell-rounds it ran per minute of it (``rounds_now`` summed:
+    skipped cells count nothing, a resumed cell only the rounds after its checkpoint); None for
+    each when nothing ran (a dry run, ``wall_time_s`` None)."""
+    if wall_time_s is None:
+        return {"wall_time_s": None, "cell_rounds": None, "cell_rounds_per_min": None}
+    cell_rounds = sum(r.get("rounds_now") or 0 for r in rows)
+    per_min = cell_rounds / (wall_time_s / 60) if wall_time_s > 0 else 0.0
+    return {"wall_time_s": round(wall_time_s, 3), "cell_rounds": cell_rounds,
+            "cell_rounds_per_min": round(per_min, 2)}
 
 
 def failed_row(cell: Cell, error: str, path: Optional[Path] = None) -> dict[str, Any]:
@@ -98,10 +123,12 @@ def dry_run_row(cell: Cell) -> dict[str, Any]:
 def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] = None,
                threads: Optional[int] = None, address: Optional[str] = None, cpus_per_cell: float = 1,
                gpus_per_cell: Optional[float] = None, on_cell: Optional[Callable[[dict], None]] = None,
-               round_progress: Optional[Callable[[Cell], Callable]] = None) -> list[dict[str, Any]]:
+               round_progress: Optional[Callable[[Cell], Callable]] = None,
+               cells_per_gpu: Optional[int] = None) -> list[dict[str, Any]]:
     """Run every cell not already done; returns the summary rows in cell order. Nothing one cell
     raises, while running or while its record is built or written, stops the others: that cell
-    is failed and the matrix goes on (Ctrl-C, a KeyboardInterrupt, does stop it)."""
+    is failed and the matrix goes on (Ctrl-C, a KeyboardInterrupt, does stop it).
+    ``cells_per_gpu`` is the local pool's most cells per GPU (None: auto; ``run_process_pool``)."""
     rows: dict[int, dict[str, Any]] = {}
     index = {id(cell): i for i, cell in enumerate(cells)}
 
@@ -140,7 +167,7 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
             if executor == "ray":
                 run_ray(todo, done, address, cpus_per_cell, gpus_per_cell, jobs, threads)
             elif (jobs or 1) > 1:
-                run_process_pool(todo, done, jobs, threads or 1)
+                run_process_pool(todo, done, jobs, threads or 1, cells_per_gpu)
             else:
                 run_in_process(todo, done, threads, round_progress)
     finally:
