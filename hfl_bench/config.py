@@ -106,7 +106,8 @@ class RunConfig:
     lockstep: str = setting("auto", "Train same-architecture students together (vmapped SGD steps): on, off or "
                                     "auto (= off).")
     cuda_graphs: str = setting("auto", "Student SGD steps captured once per model and batch shape and replayed as CUDA "
-                                       "graphs: on, off or auto (= on on CUDA; a CPU run never uses them).")
+                                       "graphs: on, off or auto (= off until measured on a GPU; a CPU run never "
+                                       "uses them).")
     data_dir: str | None = setting(None, "Dataset folder; default: $HFL_BENCH_DATA or ~/.cache/hfl-bench/data.",
                                    path=True)
     download: bool = setting(False, "Download the dataset if it is missing.")

@@ -265,8 +265,9 @@ class Federation:
     @property
     def use_cuda_graphs(self) -> bool:
         """Student steps replayed as CUDA graphs (``hfl_bench.graphs``, ``--cuda-graphs``): on CUDA
-        unless turned off; never on a CPU."""
-        return self.device.type == "cuda" and self.cfg.cuda_graphs != "off"
+        only when asked for; ``auto`` is the eager loop until a GPU measurement shows the replayed
+        steps agree with it and are faster (docs/studies/performance.md). Never on a CPU."""
+        return self.device.type == "cuda" and self.cfg.cuda_graphs == "on"
 
 
 def engine_side(fed: RoundView) -> Federation:

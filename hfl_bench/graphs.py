@@ -1,4 +1,9 @@
-"""Student steps replayed as CUDA graphs (``--cuda-graphs``, on by default on CUDA).
+"""Student steps replayed as CUDA graphs (``--cuda-graphs on``).
+
+Not the default yet: ``auto`` stays on the eager loop until ``benchmarks/gpu_check.sh`` has shown on
+a GPU that a run with replayed steps agrees with the eager run within the GPU's own run-to-run
+spread and is faster (docs/studies/performance.md). On the CPU the replayed path's bookkeeping is
+tested against the eager loop bit for bit (tests/test_graphs.py, through ``EagerRecorder``).
 
 Why: on a GPU a student's SGD step at the protocol's batch size (64) is launch-bound. The
 kernels of one ResNet-18 step take a fraction of the time the host needs to launch them one by
@@ -22,7 +27,7 @@ batch) runs eagerly. A graph is valid while everything it baked in is unchanged 
 the optimizer object and its settings, which tensors hold the parameters, buffers and momentum,
 the loss settings and the input shapes and layouts); a change starts the student's warm-up again.
 
-Who: a student on CUDA with ``--cuda-graphs`` on or auto, trained by the protocol's optimizer (one
+Who: a student on CUDA with ``--cuda-graphs on``, trained by the protocol's optimizer (one
 group of plain ``torch.optim.SGD``), without stochastic layers (dropout would draw its masks from
 the graph's own generator state), not a free-rider (it never steps), with whole-epoch targets or
 none (a per-batch target function, the reference path, runs Python per batch). Everyone else, and
@@ -276,7 +281,7 @@ class StepGraphs:
 
 def step_graphs(fed: "RoundView") -> StepGraphs | None:
     """The run's captured steps, made on first use; None where steps are not replayed (a CPU run,
-    ``--cuda-graphs off``)."""
+    ``--cuda-graphs`` off or auto: ``Federation.use_cuda_graphs``)."""
     side = engine_side(fed)
     if not side.use_cuda_graphs:
         return None

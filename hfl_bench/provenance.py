@@ -73,7 +73,9 @@ def environment(device) -> dict[str, Any]:
     import timm
     import torch
 
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    # Only a process that used CUDA asks: a matrix driver writing a dead worker's failed record
+    # would otherwise create a CUDA context (memory held on the GPU for the whole matrix).
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" and torch.cuda.is_initialized() else None
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
