@@ -9,8 +9,7 @@ Run on demand (never as a timed test):
 
 Each (task, N) setting runs in its own subprocess, so its peak memory is its own; the two paths
 of one setting run in the same process, one after the other, so their ratio is measured under the
-same conditions. A path ``fast+vmap`` or ``fast+lockstep`` is the fast path with ``--vmap on`` or
-``--lockstep on``. Times are medians over the rounds after the first (warm-up) round.
+same conditions. Times are medians over the rounds after the first (warm-up) round.
 """
 
 from __future__ import annotations
@@ -30,18 +29,15 @@ PRESETS = {
     # digits with the CPU pool and a small CIFAR-shaped synthetic set with the paper pool
     "cpu": [
         dict(task="digits", pool="cpu", clients=[10, 20, 50, 100], rounds=6, paths=["reference", "fast"]),
-        dict(task="digits", pool="cpu", clients=[10], rounds=6, paths=["fast", "fast+vmap", "fast+lockstep"]),
-        dict(task="synthetic-cifar10", pool="paper", clients=[10], rounds=2,
-             paths=["reference", "fast", "fast+lockstep"], train_size=400, test_size=100),
+        dict(task="synthetic-cifar10", pool="paper", clients=[10], rounds=2, paths=["reference", "fast"],
+             train_size=400, test_size=100),
         # memory of 100 paper-pool clients (10 active); the data is kept small so a round is quick
         dict(task="synthetic-cifar10", pool="paper", clients=[100], rounds=2, paths=["fast"],
              train_size=2000, test_size=100, flops=False),
     ],
     "gpu": [
         # the most informative rows first: a lent machine's time may run out
-        dict(task="synthetic-cifar10", pool="paper", clients=[10], rounds=3, paths=["fast", "fast+lockstep"]),
-        dict(task="synthetic-cifar10", pool="paper", clients=[100, 20, 50], rounds=3, paths=["fast"]),
-        dict(task="synthetic-cifar10", pool="paper", clients=[10], rounds=3, paths=["fast+vmap"]),
+        dict(task="synthetic-cifar10", pool="paper", clients=[10, 100, 20, 50], rounds=3, paths=["fast"]),
         dict(task="synthetic-cifar10", pool="paper", clients=[10], rounds=2, paths=["reference"]),
     ],
 }
@@ -103,12 +99,10 @@ def measure_path(spec: dict, path: str, task) -> dict:
     from hfl_bench.config import RunConfig, resolve
     from hfl_bench.engine import Simulation
 
-    exec_path, *options = path.split("+")  # "fast+lockstep": the fast path with --lockstep on
     cfg = resolve(RunConfig(
         method=spec["method"], task=spec["task"], pool=spec["pool"], clients=spec["clients"],
-        clients_per_round=min(spec["active"], spec["clients"]), rounds=spec["rounds"], exec=exec_path,
-        device=spec["device"], vmap="on" if "vmap" in options else spec["vmap"],
-        lockstep="on" if "lockstep" in options else spec["lockstep"], seed=spec["seed"], out="/dev/null",
+        clients_per_round=min(spec["active"], spec["clients"]), rounds=spec["rounds"], exec=path,
+        device=spec["device"], seed=spec["seed"], out="/dev/null",
     ), task.info.defaults)
     sim = Simulation(cfg)
     if sim.fed.device.type == "cuda":
@@ -129,10 +123,8 @@ def measure_path(spec: dict, path: str, task) -> dict:
         "model_state_bytes": sum(sum(t.numel() * t.element_size() for t in c.model.state_dict().values())
                                  for c in fed.clients),
         "cuda_peak_bytes": torch.cuda.max_memory_allocated() if fed.device.type == "cuda" else None,
-        "vmap": fed.use_vmap,
-        "lockstep": fed.use_lockstep,
     }
-    if exec_path == "fast" and spec["flops"]:
+    if path == "fast" and spec["flops"]:
         with FlopCounterMode(display=False) as counter:
             sim.step(spec["rounds"] + 1)
         entry["flops_per_round"] = counter.get_total_flops()
@@ -146,12 +138,9 @@ def main() -> None:
     ap.add_argument("--method", default="crad")
     ap.add_argument("--device", default=None, help="default: cuda for the gpu preset, else cpu")
     ap.add_argument("--active", type=int, default=10, help="active clients per round")
-    ap.add_argument("--vmap", default="auto", choices=["auto", "on", "off"], help="unless a preset row sets it")
-    ap.add_argument("--lockstep", default="auto", choices=["auto", "on", "off"], help="unless a preset row sets it")
     ap.add_argument("--clients", default=None, help="comma-separated N values to keep (default: the preset's)")
     ap.add_argument("--tasks", default=None, help="comma-separated tasks to keep (default: the preset's)")
-    ap.add_argument("--paths", default=None,
-                    help="comma-separated paths to keep: reference, fast, fast+vmap, fast+lockstep")
+    ap.add_argument("--paths", default=None, help="comma-separated paths to keep: reference, fast")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (1 is the steady choice on 2 cores)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-flops", action="store_true", help="skip the FLOP count")
@@ -173,7 +162,7 @@ def main() -> None:
         for n in block["clients"]:
             if keep is not None and n not in keep:
                 continue
-            spec = dict(dict(vmap=args.vmap, lockstep=args.lockstep, flops=not args.no_flops), **block)
+            spec = dict(dict(flops=not args.no_flops), **block)
             if args.paths:
                 spec["paths"] = [p for p in spec["paths"] if p in args.paths.split(",")]
                 if not spec["paths"]:
@@ -238,24 +227,23 @@ def print_table(report: dict) -> None:
     from rich.table import Table
 
     t = Table(title=f"per-round cost on {report['device']} ({report['platform'].get('gpu', 'CPU')})")
-    for col in ("task", "N", "path", "vmap", "lockstep", "s/round", "teacher", "aggregation", "training", "evaluation",
-                "MB sent", "peak mem MB", "GFLOP/s", "% of matmul"):
+    for col in ("task", "N", "path", "s/round", "teacher", "aggregation", "training", "evaluation", "MB sent",
+                "peak mem MB", "GFLOP/s", "% of matmul"):
         t.add_column(col, justify="right")
     peak = max(report["matmul_flops"].values())
     for row in report["rows"]:
         s = row["spec"]
         if "error" in row and not row["paths"]:
-            t.add_row(s["task"], str(s["clients"]), "error", *["-"] * 11)
+            t.add_row(s["task"], str(s["clients"]), "error", *["-"] * 9)
             continue
         for path, r in row["paths"].items():
             if "error" in r:
-                t.add_row(s["task"], str(s["clients"]), path, "error", *["-"] * 10)
+                t.add_row(s["task"], str(s["clients"]), path, "error", *["-"] * 8)
                 continue
             ph = r["phases_s"]
             mem = r["cuda_peak_bytes"] if r["cuda_peak_bytes"] is not None else (row["cpu_peak_rss_bytes"] or 0)
             fl = r.get("achieved_flops")
-            t.add_row(s["task"], str(s["clients"]), path, str(r["vmap"]), str(r.get("lockstep", False)),
-                      f"{r['round_s']:.3f}",
+            t.add_row(s["task"], str(s["clients"]), path, f"{r['round_s']:.3f}",
                       f"{ph.get('teacher_inference', 0):.3f}", f"{ph.get('aggregation', 0):.3f}",
                       f"{ph.get('training', ph.get('training_with_teachers', 0)):.3f}",
                       f"{ph.get('evaluation', 0):.3f}", f"{r['bytes_per_round'] / 1e6:.1f}", f"{mem / 2**20:.0f}",
@@ -268,10 +256,6 @@ def print_table(report: dict) -> None:
             print(f"{row['spec']['task']} N={row['spec']['clients']}: fast is "
                   f"{p['reference']['round_s'] / p['fast']['round_s']:.1f}x faster per round; selected round "
                   f"reference {p['reference']['selected']} vs fast {p['fast']['selected']}")
-        for variant in [v for v in p if "+" in v and "fast" in p]:
-            print(f"{row['spec']['task']} N={row['spec']['clients']}: {variant} runs at "
-                  f"{p['fast']['round_s'] / p[variant]['round_s']:.2f}x the speed of fast; selected round "
-                  f"{p[variant]['selected']} vs fast {p['fast']['selected']}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hfl_bench.config import ConfigError, config_hash
+from hfl_bench.config import ConfigError, config_hash, without_legacy
 from hfl_bench.federation import RoundMetrics
 from hfl_bench.paths import write_atomic
 
@@ -359,7 +359,7 @@ def check_compatible(sim: Any, state: dict[str, Any], where: str) -> None:
         raise CheckpointError(f"{where} has checkpoint format {state.get('format')!r}; this hfl-bench "
                               f"reads format {FORMAT}: rerun without --resume")
     cfg = dataclasses.asdict(sim.cfg)
-    saved = state["config"]
+    saved = without_legacy(state["config"])  # one written before vmap and lockstep were removed
     differ = [k for k in sorted(set(cfg) | set(saved)) if k not in MAY_DIFFER and cfg.get(k) != saved.get(k)]
     if differ or state["config_hash"] != config_hash(cfg):
         changes = ", ".join(f"{k}: {saved.get(k)!r} -> {cfg.get(k)!r}" for k in differ) or "config hash"

@@ -102,9 +102,6 @@ class RunConfig:
     device: str = setting("auto", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.")
     exec: str = setting("auto", "Peer-KD execution path: reference (per batch, as Algorithm 1), fast (each teacher "
                                 "runs once over all its students' views) or auto (= fast).")
-    vmap: str = setting("auto", "Stacked (vmapped) teacher inference per architecture: on, off or auto (= off).")
-    lockstep: str = setting("auto", "Train same-architecture students together (vmapped SGD steps): on, off or "
-                                    "auto (= off).")
     cuda_graphs: str = setting("auto", "Student SGD steps captured once per model and batch shape and replayed as CUDA "
                                        "graphs: on, off or auto (= off until measured on a GPU; a CPU run never "
                                        "uses them).")
@@ -129,12 +126,30 @@ DEVICE_NAME = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 # Fields that do not change what a run computes: left out of the config hash.
 # ``preset`` is hashed through the hyperparameters it sets (``method_params`` once resolved), so
 # ``--preset paper`` and the same values by ``--set`` are one run with one hash.
-NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "vmap", "lockstep",
-                "cuda_graphs", "checkpoint_every", "preset")
+NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "cuda_graphs",
+                "checkpoint_every", "preset")
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 # Fields added after the first records: left out of the hash at their default, so a config that
 # does not use them keeps the hash it always had (older records stay comparable).
 HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "faults": "", "recipient_fraction": None, "missing_modality": None}
+# Settings that no longer exist: ``vmap`` (stacked teacher inference) and ``lockstep`` (same-
+# architecture students trained together), batching options removed because they were slower
+# than the default wherever they were measured. Records and checkpoints written before carry them
+# in their ``config`` (records also as ``federation.vmap`` / ``federation.lockstep``). They never
+# changed what a run computes (never hashed), so a config read back from a record or a checkpoint
+# drops them (``without_legacy``, ``config_hash``); a config file or a suite that names one is
+# refused like any other unknown key.
+LEGACY_FIELDS = ("vmap", "lockstep")
+
+
+def without_legacy(cfg_dict: dict[str, Any]) -> dict[str, Any]:
+    """A config read back from a record or a checkpoint, without the removed ``LEGACY_FIELDS``."""
+    return {k: v for k, v in cfg_dict.items() if k not in LEGACY_FIELDS}
+
+
+def recorded_config(cfg_dict: dict[str, Any]) -> RunConfig:
+    """The ``RunConfig`` of a record's or a checkpoint's ``config`` (legacy settings dropped)."""
+    return RunConfig(**without_legacy(cfg_dict))
 
 
 def read_yaml_mapping(path: str | Path, what: str, expected: str) -> dict[str, Any]:
@@ -213,8 +228,6 @@ def validate(cfg: RunConfig) -> None:
          f"--recipient-fraction must be in [0, 1], got {cfg.recipient_fraction}"),
         (seed_ok, f"--seed must be in [0, 2^63), got {cfg.seed}"),
         (cfg.exec in ("auto", "reference", "fast"), f"--exec must be auto, reference or fast, got {cfg.exec!r}"),
-        (cfg.vmap in ("auto", "on", "off"), f"--vmap must be auto, on or off, got {cfg.vmap!r}"),
-        (cfg.lockstep in ("auto", "on", "off"), f"--lockstep must be auto, on or off, got {cfg.lockstep!r}"),
         (cfg.cuda_graphs in ("auto", "on", "off"), f"--cuda-graphs must be auto, on or off, got {cfg.cuda_graphs!r}"),
         (DEVICE_NAME.fullmatch(cfg.device) is not None, f"unknown device {cfg.device!r}: --device must be {DEVICES}"),
         (cfg.clients_per_round is None or cfg.clients_per_round >= 1,
@@ -284,8 +297,9 @@ def canonical_json(obj: Any) -> str:
 
 
 def config_hash(cfg_dict: dict[str, Any]) -> str:
-    """Hash of everything that changes what a run computes (seed, paths and device excluded)."""
-    semantic = {k: v for k, v in cfg_dict.items()
+    """Hash of everything that changes what a run computes (seed, paths and device excluded; a
+    recorded config's legacy settings too, as they always were)."""
+    semantic = {k: v for k, v in without_legacy(cfg_dict).items()
                 if k not in NON_SEMANTIC and not (k in HASH_NEUTRAL_DEFAULTS and v == HASH_NEUTRAL_DEFAULTS[k])}
     return hashlib.sha256(canonical_json(semantic).encode()).hexdigest()[:16]
 

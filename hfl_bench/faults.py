@@ -11,10 +11,10 @@ least 1, a seeded draw: ``derive_seed(seed, "faults", kind)``) or an explicit li
 - ``byzantine`` (message fault; mode ``random``, the default, or ``sign-flip``): whatever a faulty
   client sends through the channel is replaced, by payload kind (``metering.Payload``; table in
   ``corrupt``);
-- ``free-rider``: the client never takes an optimizer step (``training.fit`` and lockstep
-  training skip it, setup-time training included), so what it sends comes from its initial
-  state, except where a method overwrites its model with a download (FedAvg, FML's meme,
-  FedSocket's Q copy: it sends back what it received, untrained);
+- ``free-rider``: the client never takes an optimizer step (``training.fit`` skips it, and
+  ``graphs.train_students`` leaves it to ``fit``; setup-time training included), so what it
+  sends comes from its initial state, except where a method overwrites its model with a
+  download (FedAvg, FML's meme, FedSocket's Q copy: it sends back what it received, untrained);
 - ``straggler`` (strength = probability of missing each round, default 0.5, drawn per client and
   round from ``derive_seed(seed, "faults", "straggler", round, client)``): a client that misses
   a round is dropped from the round's active clients by the engine, so it trains nothing and

@@ -243,24 +243,13 @@ class Federation:
         return torch.optim.SGD(model.parameters(), lr=self.cfg.lr, momentum=self.cfg.momentum,
                                weight_decay=self.cfg.weight_decay)
 
-    # Execution choices: read by the building blocks (peer-KD backbone, lockstep), not by methods.
+    # Execution choices: read by the building blocks (peer-KD backbone, student training), not by
+    # methods.
 
     @property
     def exec_path(self) -> str:
         """``fast`` (teacher-major) or ``reference`` (per batch, as Algorithm 1)."""
         return "fast" if self.cfg.exec == "auto" else self.cfg.exec
-
-    @property
-    def use_vmap(self) -> bool:
-        """Stacked (vmapped) teacher inference per architecture (``--vmap``): on only when asked
-        for; ``auto`` is off (a loop of large-batch calls is the faster default)."""
-        return self.cfg.vmap == "on"
-
-    @property
-    def use_lockstep(self) -> bool:
-        """Same-architecture students train together (``hfl_bench.lockstep``, ``--lockstep``): on
-        only when asked for; ``auto`` is off."""
-        return self.cfg.lockstep == "on"
 
     @property
     def use_cuda_graphs(self) -> bool:
@@ -272,9 +261,10 @@ class Federation:
 
 def engine_side(fed: RoundView) -> Federation:
     """The whole ``Federation`` behind a method's view: for the building blocks (training plans,
-    lockstep, the families, evaluation), which read the data tensors, partition indices and
-    execution choices on a method's behalf. Never called from a method (tests/test_method_view.py).
-    The engine hands methods its Federation, so this only narrows the static type."""
+    student training, the families, evaluation), which read the data tensors, partition indices
+    and execution choices on a method's behalf. Never called from a method
+    (tests/test_method_view.py). The engine hands methods its Federation, so this only narrows
+    the static type."""
     return cast(Federation, fed)
 
 

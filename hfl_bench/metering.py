@@ -135,12 +135,13 @@ CLIENT_DATA = (Data.PRIVATE, Data.PUBLIC, Data.SYNTHETIC)
 class Budget:
     """The work meter: optimizer steps and samples processed, per client and per kind of data.
 
-    The building blocks feed it where training happens (``training.fit``, lockstep training): a
-    step is one training iteration of a client, one batch that updates every model the client
-    trains on it (FML's private model and meme stepped on one batch are one step; FedSocket's
-    separate pass of its Q copy over the same shard is more steps). The server's own training is
-    row ``SERVER`` (kind ``Data.SERVER``). What was trained before round 1 (``Method.setup``:
-    warm-up, pre-training) is kept apart as the setup share of the totals.
+    The building blocks feed it where training happens (``training.fit``, the CUDA-graph steps of
+    ``hfl_bench.graphs``): a step is one training iteration of a client, one batch that updates
+    every model the client trains on it (FML's private model and meme stepped on one batch are
+    one step; FedSocket's separate pass of its Q copy over the same shard is more steps). The
+    server's own training is row ``SERVER`` (kind ``Data.SERVER``). What was trained before
+    round 1 (``Method.setup``: warm-up, pre-training) is kept apart as the setup share of the
+    totals.
     """
 
     def __init__(self, n_clients: int):

@@ -21,8 +21,8 @@ building blocks):
   augmented views); ``transfer_plan(fed, x, epochs=, seed_parts=)`` seeded epochs over shared inputs;
 - training: ``train_client(fed, client, plan, loss)`` with a loss the method supplies
   (``loss(batch, logits)``), ``fit(fed, plan, trainees, loss_fn)`` for several models stepped
-  together, ``train_students`` for clients trained with CE plus optional KD targets (lockstep
-  capable); all detect divergence;
+  together, ``train_students`` for clients trained with CE plus optional KD targets (their steps
+  replayed as CUDA graphs on a GPU); all detect divergence;
 - inference and losses: ``predict_logits``, ``soft_targets``, ``kd_loss``, ``student_loss``;
   ``batch_targets(targets, batch)`` slices a student's ``Targets`` (whole-epoch tensor or
   per-batch function, as the peer-KD backbone hands them out) for one batch;
@@ -54,7 +54,7 @@ from torch import nn
 from hfl_bench.checkpoint import load_attrs, pack_attrs
 from hfl_bench.config import ConfigError, param, require_at_least
 from hfl_bench.federation import Client, ClientView, Federation, RoundView
-from hfl_bench.lockstep import train_students
+from hfl_bench.graphs import train_students
 from hfl_bench.metering import SERVER, Data, Payload, Phase
 from hfl_bench.method_card import (
     FIDELITIES,

@@ -6,7 +6,8 @@ teacher-major fast path read views from the same plan, which is what makes them 
 ``TransferPlan`` holds seeded shuffled epochs over a tensor of inputs every client shares.
 ``fit`` is the one training loop: it walks a plan's batches and steps one or several models
 with the losses a method's function returns. Every method trains through it (or through
-``lockstep.train_students``, which falls back to it).
+``graphs.train_students``, which replays a student's steps as CUDA graphs on a GPU and runs this
+loop otherwise).
 """
 
 from __future__ import annotations
@@ -217,31 +218,6 @@ def predict_logits(model: nn.Module, x: torch.Tensor, chunk: int | None = None, 
     return torch.cat(outs) if outs else x.new_zeros((0,))
 
 
-@torch.no_grad()
-def predict_logits_stacked(models: list[nn.Module], x: torch.Tensor, chunk: int | None = None,
-                           bf16: bool = False) -> torch.Tensor:
-    """Logits of several same-architecture models on the same inputs [G, len(x), C] in one
-    vmapped call over their stacked parameters (torch.func); eval mode, like predict_logits."""
-    from torch.func import functional_call, stack_module_state
-
-    chunk = chunk or inference_chunk(x)
-    params, buffers = stack_module_state(models)
-    base = models[0]
-    was_training = base.training
-    base.eval()
-
-    def one(p, b, xb):
-        return functional_call(base, (p, b), (xb,))
-
-    try:
-        batched = torch.func.vmap(one, in_dims=(0, 0, None))
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16 and x.is_cuda):
-            outs = [batched(params, buffers, x[i : i + chunk]).float() for i in range(0, len(x), chunk)]
-    finally:
-        base.train(was_training)
-    return torch.cat(outs, dim=1)
-
-
 def soft_targets(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, dim=-1)
 
@@ -249,16 +225,15 @@ def soft_targets(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def kd_loss(student_logits: torch.Tensor, target_probs: torch.Tensor, temperature: float) -> torch.Tensor:
     """T^2 * KL(target || softmax(z / T)), averaged over the batch."""
     log_p = F.log_softmax(student_logits / temperature, dim=-1)
-    # F.kl_div(log_p, q, reduction="batchmean") written out (same values): it has no vmap
-    # batching rule, and lockstep training maps this loss over stacked students.
+    # F.kl_div(log_p, q, reduction="batchmean") written out (same values).
     kl = (torch.xlogy(target_probs, target_probs) - target_probs * log_p).sum() / log_p.shape[0]
     return kl * temperature**2
 
 
 def student_loss(logits: torch.Tensor, y: torch.Tensor, q: torch.Tensor | None, lam: float,
                  temperature: float) -> torch.Tensor:
-    """(1 - lam) CE + lam KD(q) on one batch; plain CE without targets. Lockstep training maps
-    this same function over stacked students, so both paths share one definition of the loss."""
+    """(1 - lam) CE + lam KD(q) on one batch; plain CE without targets. The eager loop and the
+    steps captured as CUDA graphs (``hfl_bench.graphs``) share this one definition of the loss."""
     loss = F.cross_entropy(logits, y)
     if q is None or lam <= 0:
         return loss

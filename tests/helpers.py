@@ -83,10 +83,10 @@ def seen_unseen_problems(record: dict) -> list[str]:
 
 def in_float64(fed: Federation) -> Federation:
     """``fed`` with its models and float data in double precision, for tests that compare two
-    execution paths over many training steps (loop and lockstep, reference and fast, ...).
+    execution paths over many training steps (reference and fast, ...).
 
-    The paths compute the same update with different reduction orders (per-model matmuls against
-    one batched matmul, per-batch teachers against one pass), so they may differ by rounding. In
+    The paths compute the same update with different reduction orders (per-batch teachers against
+    one pass), so they may differ by rounding. In
     float32 that rounding is ~6e-8 per reduction and a few hundred clipped, decayed SGD steps can
     amplify it past any fixed tolerance on some CPUs (an AMD host with AVX-512 measured > 2e-5);
     in float64 the same accumulation bound is ~1e-16 x (reduction length <= 1e3) x (steps <= 1e3)

@@ -49,8 +49,7 @@ CASES = [
     ("more-active-than-clients", [*RUN, "--clients-per-round", "5"], {}, "exceeds --clients"),
     ("k-zero", [*RUN, "--partition", "classes", "--k", "0"], {}, "--k"),
     ("exec-unknown", [*RUN, "--exec", "fastest"], {}, "--exec must be"),
-    ("vmap-unknown", [*RUN, "--vmap", "maybe"], {}, "--vmap must be"),
-    ("lockstep-unknown", [*RUN, "--lockstep", "sometimes"], {}, "--lockstep must be"),
+    ("cuda-graphs-unknown", [*RUN, "--cuda-graphs", "maybe"], {}, "--cuda-graphs must be"),
     ("param-nan", [*RUN, "--set", "temperature=nan"], {}, "finite"),
     ("param-inf", [*RUN, "--set", "dp_epsilon=inf"], {}, "finite"),
     ("param-not-a-number", [*RUN, "--set", "lam=abc"], {}, "not a valid float"),
@@ -75,6 +74,10 @@ CASES = [
     ("yaml-param-nan", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "method_params: {min_support: .nan}\n"},
      "finite"),
     ("yaml-unknown-key", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "roundz: 3\n"}, "unknown setting"),
+    # removed settings (config.LEGACY_FIELDS): a record may carry them, a config file may not
+    ("yaml-removed-vmap", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "vmap: 'on'\n"}, "unknown setting(s) in"),
+    ("yaml-removed-lockstep", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "lockstep: 'on'\n"},
+     "unknown setting(s) in"),
     ("yaml-not-a-mapping", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "- 1\n- 2\n"}, "must hold a mapping"),
     ("yaml-invalid", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "rounds: [1,\n"}, "not valid YAML"),
     ("yaml-missing", ["run", "--config", "nosuch.yaml", "-q"], {}, "not found"),
@@ -167,3 +170,15 @@ def test_bad_input_in_a_real_process_too(case, processes):
     root, done = processes
     _, _, files, phrase = next(c for c in CASES if c[0] == case)
     check(done[case], phrase, root / case, files)
+
+
+@pytest.mark.parametrize("flag", ["--vmap", "--lockstep"])
+def test_removed_batching_options_are_unknown_options(flag, tmp_path, monkeypatch):
+    """``--vmap`` and ``--lockstep`` are gone: the command line refuses them as any unknown option
+    (the parser's usage message, which names the option, so not one line), exit 2, nothing written."""
+    folder = tmp_path / flag.strip("-")
+    outcome = in_process(prepare([*RUN, flag, "on"], {}, folder), folder, monkeypatch)
+    text = outcome.stdout + outcome.stderr
+    assert outcome.returncode == 2, text
+    assert f"No such option: {flag}" in text and "Traceback" not in text
+    assert sorted(p.name for p in (folder / "out").iterdir()) == ["earlier.json"]

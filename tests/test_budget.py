@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hfl_bench import engine, lockstep
+from hfl_bench import engine
 from hfl_bench.cli import app
 from hfl_bench.config import RunConfig, config_hash
 from hfl_bench.metering import SERVER, Budget, Data
@@ -285,23 +285,6 @@ def test_a_free_rider_counts_nothing(out):
     record = records.build_record(cfg, engine.run(cfg))
     steps = record["cost"]["budget"]["per_client"]["private"]["steps"]
     assert steps[1] == 0 and all(s > 0 for i, s in enumerate(steps) if i != 1)
-
-
-def test_lockstep_counts_exactly_as_the_loop(out, monkeypatch):
-    stacked = []
-    real = lockstep.train_lockstep
-
-    def spy(fed, group, *args):
-        stacked.append(list(group))
-        return real(fed, group, *args)
-
-    monkeypatch.setattr(lockstep, "train_lockstep", spy)
-    budgets = {}
-    for mode in ("off", "on"):
-        cfg = defaults_config("local", Path(out) / mode, pool="cpu-cnn", lockstep=mode, local_epochs=1)
-        budgets[mode] = records.build_record(cfg, engine.run(cfg))["cost"]["budget"]
-    assert stacked and sorted(stacked[0]) == list(range(CLIENTS))  # the students did train stacked
-    assert budgets["on"] == budgets["off"]
 
 
 # ----------------------------------------------------------------------------- the views

@@ -6,6 +6,7 @@ refused in one line."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,7 +15,8 @@ import yaml
 
 from hfl_bench import checkpoint, engine, paths
 from hfl_bench.cli.run import build_config
-from hfl_bench.config import RunConfig, config_hash
+from hfl_bench.config import LEGACY_FIELDS, RunConfig, config_hash, recorded_config
+from hfl_bench.results import records
 from hfl_bench.results.board import build_board
 from hfl_bench.results.loading import load_records
 
@@ -98,6 +100,41 @@ def test_committed_records_keep_their_hashes():
     loaded, _ = load_records([REPO / "leaderboards"])
     changed = [r.path for r in loaded if r.kind == "reproduced" and r.config_hash != r.record.get("config_hash")]
     assert loaded and not changed
+
+
+def test_committed_records_with_removed_settings_keep_their_hash_and_file_name():
+    """The committed records carry ``config.vmap`` / ``config.lockstep`` (``config.LEGACY_FIELDS``,
+    settings since removed, never hashed): read back into a RunConfig, each config still hashes to
+    the record's config_hash, so its record file name is the one it has."""
+    checked = legacy = 0
+    for path in sorted((REPO / "leaderboards").rglob("*.json")):
+        record = json.loads(path.read_text())
+        cfg = record.get("config") if isinstance(record, dict) else None
+        if not isinstance(cfg, dict):
+            continue
+        if set(LEGACY_FIELDS) & set(cfg):
+            legacy += 1
+            with pytest.raises(TypeError):  # no longer settings: read back through recorded_config
+                RunConfig(**cfg)
+        back = recorded_config(cfg)
+        chash = config_hash(dataclasses.asdict(back))
+        assert chash == record["config_hash"], path
+        assert f"{paths.record_stem(back.task, back.method, chash, back.seed)}.json" == path.name
+        checked += 1
+    assert checked >= 100 and legacy >= 100
+
+
+def test_a_checkpoint_with_removed_settings_resumes_and_new_records_omit_them(tmp_path):
+    cfg = engine.load_task(RunConfig(method="local", task="digits", clients=4, rounds=3, seed=0,
+                                     checkpoint_every=2, out=str(tmp_path)))[1]
+    record = records.build_record(cfg, engine.run(cfg))  # leaves its round-2 checkpoint
+    assert not set(LEGACY_FIELDS) & (set(record["config"]) | set(record["federation"]))
+    assert record["federation"]["cuda_graphs"] is False  # a CPU run
+    path = paths.checkpoint_path(cfg)
+    state = checkpoint.read(path)
+    state["config"].update(vmap="on", lockstep="auto")  # as written before the settings were removed
+    checkpoint.write(path, state)
+    assert engine.Simulation(cfg).load_checkpoint(path) == 2
 
 
 def _checkpointed(tmp_path: Path) -> tuple[RunConfig, Path]:

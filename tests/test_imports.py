@@ -218,7 +218,7 @@ LAYERS = [
     ("shared types, paths, provenance", ("hfl_bench.federation", "hfl_bench.paths", "hfl_bench.provenance",
                                          "hfl_bench.metadata_index", "hfl_bench.claims")),
     ("building blocks", ("hfl_bench.data", "hfl_bench.partition", "hfl_bench.pools", "hfl_bench.augment",
-                         "hfl_bench.metering", "hfl_bench.aggregation", "hfl_bench.training", "hfl_bench.lockstep",
+                         "hfl_bench.metering", "hfl_bench.aggregation", "hfl_bench.training", "hfl_bench.graphs",
                          "hfl_bench.checkpoint", "hfl_bench.evaluation", "hfl_bench.families", "hfl_bench.tasks",
                          "hfl_bench.faults", "hfl_bench.modalities")),
     ("method API", ("hfl_bench.method_api", "hfl_bench.method_card")),

@@ -63,6 +63,9 @@ def test_unknown_keys_are_errors_that_list_the_known_ones(tmp_path):
         parse_suite({**base, "method": "crad"})
     with pytest.raises(ConfigError, match=r"settings: unknown key\(s\) roundz\. Known: .*rounds"):
         parse_suite({**base, "settings": {"roundz": 3}})
+    for removed in ("vmap", "lockstep"):  # removed settings (config.LEGACY_FIELDS) are unknown keys too
+        with pytest.raises(ConfigError, match=rf"settings: unknown key\(s\) {removed}\. Known: "):
+            parse_suite({**base, "settings": {removed: "on"}})
     with pytest.raises(ConfigError, match=r"method_overrides\.local: unknown key\(s\) pol"):
         parse_suite({**base, "method_overrides": {"local": {"pol": "cpu"}}})
     with pytest.raises(ConfigError, match="'seed' is set by the suite's seeds list"):

@@ -142,7 +142,7 @@ def test_the_engines_federation_offers_every_member_of_the_views():
     assert not [n for n in CLIENT_VIEW if not hasattr(fed.clients[0], n)]
     assert fed.clients[0].n_train == len(fed.clients[0].train_idx) == int(fed.clients[0].train_counts.sum())
     # the data, the partition's indices and the execution choices are what the views leave out
-    assert not {"data", "partition", "public_idx", "faults", "exec_path", "use_vmap"} & ROUND_VIEW
+    assert not {"data", "partition", "public_idx", "faults", "exec_path", "use_cuda_graphs"} & ROUND_VIEW
     assert not {"train_idx", "val_idx", "test_idx"} & CLIENT_VIEW
 
 

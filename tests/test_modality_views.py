@@ -192,7 +192,7 @@ def fake_result(modalities: dict | None = None, faults: dict | None = None) -> t
         info=SimpleNamespace(name="digits", as_record=lambda: dict(info)), pool=SimpleNamespace(name="cpu"),
         partition=SimpleNamespace(scheme="dirichlet", params={"alpha": 0.3}, seed=0, hash="p0", heldout_fraction=0.2,
                                   public_size=0, class_counts=lambda labels, c, split: np.ones((4, c), dtype=int)),
-        num_classes=3, exec_path="fast", use_vmap=False, use_lockstep=False, channel=SimpleNamespace(total=0),
+        num_classes=3, exec_path="fast", use_cuda_graphs=False, channel=SimpleNamespace(total=0),
         budget=Budget(4), device=torch.device("cpu"))
     history = [{"round": r, "mean_val_acc": v, "global_acc": g}
                for r, v, g in ((0, 9.0, 9.0), (1, 50.0, 20.0), (2, 65.0, 25.0))]

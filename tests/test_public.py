@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from hfl_bench.cli import app
-from hfl_bench.config import ConfigError, RunConfig, config_hash
+from hfl_bench.config import ConfigError, RunConfig, config_hash, recorded_config
 from hfl_bench.data import TaskData
 from hfl_bench.engine import load_task, make_method, partition_for
 from hfl_bench.partition import PartitionError, hold_out_public, make_partition
@@ -64,13 +64,13 @@ def test_no_public_set_keeps_committed_hashes(digits):
     a committed record's hashes are reproduced exactly."""
     archived = REPRODUCED.parent / "archive" / "first-wave" / "digits"
     record = json.loads(sorted(archived.glob("*__crad__*seed1.json"))[0].read_text())
-    cfg = RunConfig(**record["config"])
+    cfg = recorded_config(record["config"])
     assert "public_size" not in record["config"]  # written before the option existed
     assert cfg.public_size == 0
     assert config_hash(cfg.__dict__) == record["config_hash"]
     task, cfg = load_task(cfg)
     assert partition_for(cfg, task.info, digits[2]).hash == record["partition"]["hash"]
-    assert config_hash(RunConfig(**record["config"], public_size=100).__dict__) != record["config_hash"]
+    assert config_hash(recorded_config({**record["config"], "public_size": 100}).__dict__) != record["config_hash"]
 
 
 def test_given_partition_rejects_public_size(digits):

@@ -9,8 +9,8 @@ Two execution paths compute identical targets:
   views); each teacher then runs once over all its students' views in large no-grad batches,
   before any student trains, so the live models are the round r-1 snapshots and no copy is made;
   targets are aggregated for each student's whole epoch in one vectorized call; students then
-  train on the precomputed targets (``lockstep.train_students``: one by one, or same-architecture
-  students together with ``--lockstep on``).
+  train on the precomputed targets (``graphs.train_students``: one by one, their steps replayed
+  as CUDA graphs on a GPU).
 
 ``peer_targets`` makes the choice (``--exec``) so that methods never branch on it: it returns
 each student's targets in either form (``training.Targets``) and the phase their training is
@@ -28,14 +28,13 @@ from torch import nn
 
 from hfl_bench.aggregation import Aggregator
 from hfl_bench.federation import engine_side
-from hfl_bench.lockstep import train_students
+from hfl_bench.graphs import train_students
 from hfl_bench.metering import Payload, Phase
 from hfl_bench.training import (
     EpochPlan,
     Targets,
     make_plan,
     predict_logits,
-    predict_logits_stacked,
     soft_targets,
 )
 
@@ -84,10 +83,7 @@ def teacher_major_probs(
 
     Each teacher runs once over the concatenation of its students' views, each distinct view once
     (``EpochPlan.distinct_view``: without augmentation a sample's view is the same in every local
-    epoch, and a teacher predicted it ``local_epochs`` times over before). With ``fed.use_vmap``
-    (``--vmap on``), teachers of one architecture run together in one vmapped call over the union
-    of their students' views (each then discards the rows it does not teach); it computes the same
-    targets and is off by default (``--vmap auto``), the loop being the faster default.
+    epoch, and a teacher predicted it ``local_epochs`` times over before).
     """
     # Each student's distinct inputs (its epochs' views without repeats) and where each position's
     # row is: teachers predict on these, and the rows are spread back over the positions.
@@ -104,36 +100,12 @@ def teacher_major_probs(
         for i, part in zip(students, p.split([len(views[i]) for i in students])):
             probs[i][j] = spread(i, part)
 
-    groups = _arch_groups(fed, teachers) if engine_side(fed).use_vmap else [[j] for j in teachers]
-    for group in groups:
-        if len(group) == 1:
-            j = group[0]
-            students = students_of(j)
-            if students:
-                x = torch.cat([views[i] for i in students])
-                scatter(j, students, soft_targets(predict_logits(teachers[j], x, bf16=bf16), temperature))
-            continue
-        union = sorted({i for j in group for i in students_of(j)})
-        x = torch.cat([views[i] for i in union])
-        offsets = dict(zip(union, torch.tensor([0] + [len(views[i]) for i in union]).cumsum(0).tolist()))
-        stacked = soft_targets(predict_logits_stacked([teachers[j] for j in group], x, bf16=bf16), temperature)
-        for g, j in enumerate(group):
-            for i in students_of(j):
-                probs[i][j] = spread(i, stacked[g, offsets[i] : offsets[i] + len(views[i])])
-    return probs
-
-
-def _arch_groups(fed: "RoundView", teachers: dict[int, nn.Module]) -> list[list[int]]:
-    """Teachers that can be stacked, by architecture; a teacher that is not its client's live model
-    (a corrupted snapshot) runs on its own."""
-    groups: dict[str, list[int]] = {}
-    alone = []
     for j in teachers:
-        if teachers[j] is fed.clients[j].model:
-            groups.setdefault(fed.clients[j].arch.name, []).append(j)
-        else:
-            alone.append([j])
-    return list(groups.values()) + alone
+        students = students_of(j)
+        if students:
+            x = torch.cat([views[i] for i in students])
+            scatter(j, students, soft_targets(predict_logits(teachers[j], x, bf16=bf16), temperature))
+    return probs
 
 
 def aggregate_peer_targets(

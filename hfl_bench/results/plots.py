@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from hfl_bench.config import NON_SEMANTIC
+from hfl_bench.config import LEGACY_FIELDS, NON_SEMANTIC
 from hfl_bench.paths import write_atomic
 from hfl_bench.results import robustness
 from hfl_bench.results.grouping import SeedGroup, data_identity, group_seeds
@@ -59,7 +59,7 @@ ACROSS_TASKS = ("cd",)  # one figure per setting section across tasks (``cd``), 
 CAPTION_MAX_IDS = 8
 BAND_NOTE = "mean over seeds; bands / error bars span min to max over seeds"
 # Config fields that say nothing about the setting, left out of a series' label.
-NOT_SETTING = {*NON_SEMANTIC, "method", "method_params"}
+NOT_SETTING = {*NON_SEMANTIC, *LEGACY_FIELDS, "method", "method_params"}
 
 
 class PlotError(ResultsError):

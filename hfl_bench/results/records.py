@@ -323,8 +323,6 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "topology": method.card.topology,
             "exec": fed.exec_path,
             "eval_every": cfg.eval_every,
-            "vmap": fed.use_vmap,
-            "lockstep": fed.use_lockstep,
             "cuda_graphs": fed.use_cuda_graphs,
             # present only for a resumed run: the rounds of the checkpoints it continued from
             **({"resumed_from_rounds": resumed} if (resumed := result.resumed_from_rounds) else {}),
