@@ -117,7 +117,7 @@ def stage_methods(args) -> dict:
     from hfl_bench.registry import METHODS
 
     out = {}
-    for name in METHODS.names():
+    for name in args.methods.split(",") if args.methods else METHODS.names():
         t = time.perf_counter()
         try:
             extra = {"public_size": 200} if METHODS.get(name).card.needs_public else {}
@@ -133,6 +133,7 @@ def stage_methods(args) -> dict:
                          "step_kinds": dict(graphs.counts) if graphs is not None else None}
         except Exception:  # noqa: BLE001 - a method that breaks on the device is the finding
             out[name] = {"error": traceback.format_exc()[-1500:]}
+        print("PARTIAL " + json.dumps({name: out[name]}), flush=True)  # kept if the stage runs out of time
     return out
 
 
@@ -371,6 +372,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true", help="a dry run of the script (figures mean nothing)")
     ap.add_argument("--pool", default="paper", help="the runs' pool (a CPU dry run: cpu)")
+    ap.add_argument("--methods", default=None, help="the methods stage's methods, comma-separated (default: all)")
     ap.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from: " + ", ".join(STAGES))
     ap.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD here)")
     ap.add_argument("--matrix-timeout", type=int, default=200)
@@ -396,9 +398,9 @@ def main() -> None:
               "commit": commit or None, "dirty": dirty, "quick": args.quick,
               "environment": environment(args.device), "stages": {}}
 
-    def save():
+    def save():  # the machine's temporary folder is no part of a result: written as <work>
         tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(report, indent=1) + "\n")
+        tmp.write_text(json.dumps(report, indent=1).replace(str(args.work), "<work>") + "\n")
         tmp.replace(out)
 
     start = time.perf_counter()
@@ -413,7 +415,7 @@ def main() -> None:
             continue
         cmd = [sys.executable, __file__, "--child", stage, "--data", args.data, "--out", args.out, "--device",
                args.device, "--pool", args.pool, "--root", str(args.root), "--work", str(args.work),
-               *(["--quick"] if args.quick else [])]
+               *(["--quick"] if args.quick else []), *(["--methods", args.methods] if args.methods else [])]
         busy = BusySampler(args.device)
         # a session of its own: a stage that runs out of time is killed with everything it started
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -424,7 +426,8 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
-            entry = {"error": f"timed out after {min(args.stage_timeout, left)} s", "stderr_tail": stderr[-1500:]}
+            entry = {"error": f"timed out after {min(args.stage_timeout, left)} s", "stderr_tail": stderr[-1500:],
+                     "partial": partial_results(stdout)}
         entry["stage_wall_s"] = round(time.perf_counter() - t, 1)
         entry["gpu_busy_percent"] = busy.stop()
         report["stages"][stage] = entry
@@ -432,6 +435,15 @@ def main() -> None:
         print(f"{stage}: {entry['stage_wall_s']} s{' ERROR' if 'error' in entry else ''}", flush=True)
         print(summary(stage, entry), flush=True)
     print(f"written to {out}")
+
+
+def partial_results(stdout: str) -> dict:
+    """What a stage that ran out of time had reported line by line (``PARTIAL`` lines)."""
+    out: dict = {}
+    for line in stdout.splitlines():
+        if line.startswith("PARTIAL "):
+            out.update(json.loads(line[8:]))
+    return out
 
 
 def summary(stage: str, entry: dict) -> str:
@@ -451,7 +463,8 @@ def summary(stage: str, entry: dict) -> str:
         if stage == "spread":
             return f"  val eager again {entry['eager_again']['selection_scores']}"
         if stage == "methods":
-            return "  " + ", ".join(f"{k}: {v.get('status', 'ERROR')}" for k, v in entry.items() if isinstance(v, dict))
+            found = entry.get("partial", entry)
+            return "  " + ", ".join(f"{k}: {v.get('status', 'ERROR')}" for k, v in found.items() if isinstance(v, dict))
     except (KeyError, TypeError, ZeroDivisionError) as e:
         return f"  (no summary: {e!r})"
     return ""
