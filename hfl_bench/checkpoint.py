@@ -378,8 +378,12 @@ def check_compatible(sim: Any, state: dict[str, Any], where: str) -> None:
 
 def implementation_versions(sim: Any) -> dict[str, Any]:
     """The method's and the task's versions: a checkpoint resumes only under the same ones (the
-    git commit says nothing for an installed wheel, and is not in the config hash)."""
-    return {"method": getattr(type(sim.method), "version", None), "task": sim.fed.info.version}
+    git commit says nothing for an installed wheel, and is not in the config hash).
+
+    The method's version is its card's (``card.version``, the one every record carries): a class
+    may not declare ``version`` itself (``method_api.CARD_ATTRIBUTES``), so reading it off the class
+    gave None on both sides and let any version resume any other's checkpoint."""
+    return {"method": type(sim.method).card.version, "task": sim.fed.info.version}
 
 
 def check_versions(state: dict[str, Any], now: dict[str, Any], where: str) -> None:
