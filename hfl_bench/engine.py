@@ -29,7 +29,7 @@ from hfl_bench.method_card import matching_preset, preset_values
 from hfl_bench.modalities import ModalityPlan, mask_clients
 from hfl_bench.modalities import plan_for as modality_plan_for
 from hfl_bench.partition import Partition, given_partition, make_partition
-from hfl_bench.paths import checkpoint_path
+from hfl_bench.paths import checkpoint_path, remove_temporaries
 from hfl_bench.pools import check_pool_for_task, get_pool, seeded_model
 from hfl_bench.provenance import git_info
 from hfl_bench.registry import METHODS, RegistryError
@@ -402,6 +402,10 @@ def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False
     continues from the one there. ``code`` is the provenance to record (default: git now)."""
     sim = Simulation(cfg, code)
     path = Path(checkpoint) if checkpoint is not None else checkpoint_path(cfg)
+    # a run killed while writing its checkpoint left the temporary file: this run of the same
+    # config (one at a time: the CLI and the matrix hold its claim) removes it, or each kill adds one
+    for stale in remove_temporaries(path):
+        log.info("removed %s, left by a checkpoint write that was interrupted", stale)
     if resume and path.exists():
         sim.load_checkpoint(path)
     return sim.run(progress, checkpoint=path)

@@ -150,3 +150,36 @@ def test_a_checkpoint_write_on_a_real_full_disk_is_a_warning_and_the_run_goes_on
     assert len(warnings) == 2 and "No space left on device" in warnings[0], proc.stderr[-3000:]
     record = json.loads(Path(json.loads(proc.stdout)["record"]).read_text())
     assert record["status"] == "ok" and len(record["history"]) == 4
+
+
+# ----------------------------------------------------------------------------- #3 a write killed mid-way
+
+KILLED_WRITE = """
+import os, signal, sys
+from hfl_bench import paths
+
+def die(f):
+    f.write(b"PK half a checkpoint")
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)  # a preemption in the middle of the write
+
+paths.write_atomic(sys.argv[1], die)
+"""
+
+
+def test_a_checkpoint_write_killed_midway_leaves_no_temporary_file_after_the_next_start(tmp_path):
+    cfg = engine.load_task(RunConfig(method="local", task="digits", clients=3, rounds=3, seed=0,
+                                     checkpoint_every=1, out=str(tmp_path), **QUICK))[1]
+    path = paths.checkpoint_path(cfg)
+    for _ in range(2):  # every kill mid-write leaves one
+        killed = subprocess.run([sys.executable, "-c", KILLED_WRITE, str(path)], capture_output=True, timeout=120)
+        assert killed.returncode == -9, killed.stderr
+    stale = sorted(p.name for p in path.parent.iterdir())
+    assert len(stale) == 2 and all(n.startswith(f".{path.name}.") and n.endswith(".tmp") for n in stale), stale
+    # what is not this run's temporary file stays: another run's, one of another name pattern, a user's file
+    others = [f".{path.stem}x.pt.abcdefgh.tmp", f".{path.name}.tmp", f"{path.name}.abcdefgh.tmp", "notes.txt"]
+    for name in others:
+        (path.parent / name).write_text("keep")
+    result, _, stderr = invoke_cli("run", *LOCAL_ARGS, "--out", str(tmp_path), "--resume", "-q")
+    assert result.exit_code == 0, result.output + stderr
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted(others)
