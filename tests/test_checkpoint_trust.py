@@ -183,3 +183,56 @@ def test_a_checkpoint_write_killed_midway_leaves_no_temporary_file_after_the_nex
     result, _, stderr = invoke_cli("run", *LOCAL_ARGS, "--out", str(tmp_path), "--resume", "-q")
     assert result.exit_code == 0, result.output + stderr
     assert sorted(p.name for p in path.parent.iterdir()) == sorted(others)
+
+
+# ----------------------------------------------------------------------------- #11 not a regular file
+
+CELL_ON_FIFO = """
+import json, sys
+from hfl_bench import engine
+from hfl_bench.config import RunConfig
+from hfl_bench.matrix.cells import run_cell
+from hfl_bench.testing import QUICK
+cfg = engine.load_task(RunConfig(method="local", task="digits", clients=3, rounds=3, seed=0, checkpoint_every=1,
+                                 out=sys.argv[1], **QUICK))[1]
+record = run_cell(cfg)
+print(json.dumps({"status": record["status"], "error": record["error"],
+                  "resumed": record.get("federation", {}).get("resumed_from_rounds")}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+@pytest.mark.parametrize("how", ["run --resume", "matrix cell"])
+def test_a_fifo_at_the_checkpoint_path_is_refused_never_opened_blocking(tmp_path, how):
+    cfg = engine.load_task(RunConfig(method="local", task="digits", clients=3, rounds=3, seed=0,
+                                     checkpoint_every=1, out=str(tmp_path), **QUICK))[1]
+    path = paths.checkpoint_path(cfg)
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)  # nobody ever writes into it: an open for reading blocks forever
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if how == "run --resume":
+        cmd = [sys.executable, "-m", "hfl_bench.cli", "run", *LOCAL_ARGS, "--out", str(tmp_path), "--resume", "-q"]
+    else:
+        cmd = [sys.executable, "-c", CELL_ON_FIFO, str(tmp_path)]
+    try:  # a regression hangs: the timeout turns it into a failure
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{how} blocked on the FIFO at {path}")
+    if how == "run --resume":
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert "not a regular file (a FIFO)" in " ".join(proc.stderr.split())
+        assert not list(tmp_path.glob("*.json"))
+    else:  # a matrix cell drops a checkpoint it cannot use and starts over, as for any other
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout.splitlines()[-1]) == {"status": "ok", "error": None, "resumed": None}
+        assert not path.exists()
+
+
+def test_a_folder_at_the_checkpoint_path_is_refused_in_one_line(tmp_path):
+    cfg = engine.load_task(RunConfig(method="local", task="digits", clients=3, rounds=3, seed=0,
+                                     checkpoint_every=1, out=str(tmp_path), **QUICK))[1]
+    paths.checkpoint_path(cfg).mkdir(parents=True)
+    with pytest.raises(checkpoint.CheckpointError, match=r"not a regular file \(a folder\)"):
+        checkpoint.read(paths.checkpoint_path(cfg))
