@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import os
 import re
 import tempfile
@@ -24,6 +25,7 @@ NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 NAME_MAX = 100
 _NAME = re.compile(NAME_PATTERN)
 _HASH = re.compile(r"[0-9a-f]{1,64}")
+log = logging.getLogger(__name__)
 
 
 class UnsafePathError(ConfigError):
@@ -112,6 +114,20 @@ def checkpoint_path(cfg: RunConfig) -> Path:
 def checkpoint_for(record: Path) -> Path:
     """The checkpoint that belongs to the record file ``record``."""
     return record.parent / ".checkpoints" / f"{record.stem}.pt"
+
+
+def remove_checkpoint(checkpoint: Path) -> bool:
+    """Delete a checkpoint its record has made obsolete. Called after the record is written, so a
+    failure (a read-only folder, something else at the path) is a one-line warning, never an
+    error: the record is written, and reporting it unwritten (or writing a second copy) would be
+    wrong. False when the checkpoint is still there."""
+    try:
+        checkpoint.unlink(missing_ok=True)
+    except OSError as e:
+        log.warning("the record is written, but its checkpoint %s could not be removed (%s: %s): delete it by hand",
+                    checkpoint, type(e).__name__, e.strerror or e)
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------- output folders

@@ -236,3 +236,40 @@ def test_a_folder_at_the_checkpoint_path_is_refused_in_one_line(tmp_path):
     paths.checkpoint_path(cfg).mkdir(parents=True)
     with pytest.raises(checkpoint.CheckpointError, match=r"not a regular file \(a folder\)"):
         checkpoint.read(paths.checkpoint_path(cfg))
+
+
+# ----------------------------------------------------------------------------- #13 a checkpoint left behind
+
+
+@pytest.mark.parametrize("why", ["a folder at its path", "permission denied"])
+def test_a_checkpoint_that_cannot_be_removed_after_the_record_is_a_warning(tmp_path, monkeypatch, caplog, why):
+    """The record is written: it is reported written (exit 0, no copy in the unsaved folder), and
+    the checkpoint left behind is a one-line warning."""
+    cfg = engine.load_task(RunConfig(method="local", task="digits", clients=3, rounds=3, seed=0,
+                                     checkpoint_every=1, out=str(tmp_path), **QUICK))[1]
+    path = paths.checkpoint_path(cfg)
+    args = [*LOCAL_ARGS, "--out", str(tmp_path), "-q"]
+    if why == "a folder at its path":
+        (path / "x").mkdir(parents=True)  # unlink() fails: IsADirectoryError
+        at = args.index("--checkpoint-every")
+        args[at + 1] = "0"  # and no checkpoint write tries to replace it
+    else:
+        unlink = Path.unlink
+
+        def read_only(self, missing_ok=False):
+            if self == path:
+                raise PermissionError(13, "Permission denied")
+            return unlink(self, missing_ok=missing_ok)
+
+        monkeypatch.setattr(Path, "unlink", read_only)
+    with caplog.at_level("WARNING"):
+        result, stdout, stderr = invoke_cli("run", *args)
+    output = " ".join((result.output + stderr).split())
+    assert result.exit_code == 0, output
+    assert "unsaved" not in output and "instead" not in output and "record written to" in output
+    record = paths.record_path(cfg)
+    assert json.loads(record.read_text())["status"] == "ok"
+    assert not list((Path(paths.unsaved_dirs()[0])).glob(f"*/{record.name}"))
+    [warning] = [r.getMessage() for r in caplog.records if "could not be removed" in r.getMessage()]
+    assert "the record is written" in warning and str(path) in warning and "\n" not in warning
+    assert path.exists()
