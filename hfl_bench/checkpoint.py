@@ -14,7 +14,9 @@ Objects that are not plain data are stored as tagged dicts (``{"__ckpt__": kind,
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -378,8 +380,12 @@ def check_compatible(sim: Any, state: dict[str, Any], where: str) -> None:
 
 def implementation_versions(sim: Any) -> dict[str, Any]:
     """The method's and the task's versions: a checkpoint resumes only under the same ones (the
-    git commit says nothing for an installed wheel, and is not in the config hash)."""
-    return {"method": getattr(type(sim.method), "version", None), "task": sim.fed.info.version}
+    git commit says nothing for an installed wheel, and is not in the config hash).
+
+    The method's version is its card's (``card.version``, the one every record carries): a class
+    may not declare ``version`` itself (``method_api.CARD_ATTRIBUTES``), so reading it off the class
+    gave None on both sides and let any version resume any other's checkpoint."""
+    return {"method": type(sim.method).card.version, "task": sim.fed.info.version}
 
 
 def check_versions(state: dict[str, Any], now: dict[str, Any], where: str) -> None:
@@ -401,15 +407,44 @@ def write(path: str | Path, state: dict[str, Any]) -> None:
 
 
 def read(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``: plain data only, no code runs."""
+    """Load a checkpoint with ``weights_only=True``: plain data only, no code runs.
+
+    Only a regular file is read: a FIFO would block the open (and the run) forever, a device or a
+    folder is no checkpoint. The file is opened non-blocking and checked on the open descriptor
+    (``fstat``), so nothing swapped in between a check and the open can block either."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint not found: {path}") from None
+    except OSError as e:  # a folder (IsADirectoryError), no permission, a socket (ENXIO)
+        raise CheckpointError(f"cannot read checkpoint {path} ({type(e).__name__}: {e.strerror or e}); "
+                              "delete it or rerun without --resume") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise CheckpointError(f"checkpoint {path} is not a regular file (a {_file_kind(mode)}): "
+                              "delete it or rerun without --resume")
+    with os.fdopen(fd, "rb") as f:
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)  # a regular file: plain reads from here
+        state = _load(f, path)
+    if not isinstance(state, dict) or "format" not in state:
+        raise CheckpointError(f"{path} is not an hfl-bench checkpoint")
+    return state
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISDIR, "folder"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return kind
+    return "special file"
+
+
+def _load(f: Any, path: str | Path) -> Any:
+    try:
+        return torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, foreign or unsafe file: torch raises several kinds
         raise CheckpointError(f"cannot read checkpoint {path} ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}); "
                               "delete it or rerun without --resume") from None
-    if not isinstance(state, dict) or "format" not in state:
-        raise CheckpointError(f"{path} is not an hfl-bench checkpoint")
-    return state

@@ -20,6 +20,7 @@ import datetime as dt
 import json
 import os
 import socket
+import stat
 from pathlib import Path
 from typing import Optional
 
@@ -85,6 +86,11 @@ def _holder(path: Path) -> str:
         return "another process"
 
 
+def _wrong_kind(path: Path, should: str, but: str) -> str:
+    return (f"cannot claim the record: {path} should be {should} (or absent) but is {but}; "
+            "remove it (no run holds it) and rerun")
+
+
 def take(record: Path) -> Claim:
     """Claim ``record`` (a record file path) for this process: ClaimError, one line, when a
     running process holds it. Call before training; release after the record is written."""
@@ -92,11 +98,21 @@ def take(record: Path) -> Claim:
         return Claim(record, None, claim_file(record))
     path = claim_file(record)
     while True:
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # a file where the .claims folder goes
+            raise ClaimError(_wrong_kind(path.parent, "a folder", "a file")) from None
+        try:
+            # non-blocking: the open itself must never wait (on a FIFO put there, say)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o644)
         except FileNotFoundError:  # the folder was removed by a releasing holder: again
             continue
+        except IsADirectoryError:
+            raise ClaimError(_wrong_kind(path, "a lock file", "a folder")) from None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # a FIFO or a device: no place for the holder's details
+            os.close(fd)
+            raise ClaimError(_wrong_kind(path, "a lock file", "not a regular file"))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

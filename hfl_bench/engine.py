@@ -29,7 +29,7 @@ from hfl_bench.method_card import matching_preset, preset_values
 from hfl_bench.modalities import ModalityPlan, mask_clients
 from hfl_bench.modalities import plan_for as modality_plan_for
 from hfl_bench.partition import Partition, given_partition, make_partition
-from hfl_bench.paths import checkpoint_path
+from hfl_bench.paths import checkpoint_path, remove_temporaries
 from hfl_bench.pools import check_pool_for_task, get_pool, seeded_model
 from hfl_bench.provenance import git_info
 from hfl_bench.registry import METHODS, RegistryError
@@ -365,13 +365,18 @@ class Simulation:
         ckpt.write(path, ckpt.simulation_state(self))
 
     def try_checkpoint(self, path: str | Path, rnd: int) -> None:
-        """Save a checkpoint; a failure (disk full, folder gone) is a warning and the run goes on:
-        a checkpoint only shortens a rerun, a crash here would lose the run."""
+        """Save a checkpoint; any failure (disk full, folder gone, a value it cannot store) is a
+        one-line warning and the run goes on: a checkpoint only shortens a rerun, a crash here
+        would lose the run. Not only OSError: torch's zip writer turns ENOSPC into a RuntimeError."""
+        # evaluation, not the write: its errors are the run's own (and a failed resolve drops the
+        # pending round, which a warning here would hide)
+        self.resolve_pending()
         try:
             self.save_checkpoint(path)
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 - see above; Ctrl-C and SystemExit still stop the run
+            cause = _os_error_in(e) or e  # torch's "unexpected pos 704 vs 598" hides the ENOSPC it caught
             log.warning("checkpoint after round %d not written (%s: %s); the run goes on without it",
-                        rnd, type(e).__name__, e.strerror or e)
+                        rnd, type(cause).__name__, _one_line(cause))
 
     def load_checkpoint(self, path: str | Path) -> int:
         """Continue from a checkpoint of this exact config; returns the round it was written at.
@@ -397,9 +402,32 @@ def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False
     continues from the one there. ``code`` is the provenance to record (default: git now)."""
     sim = Simulation(cfg, code)
     path = Path(checkpoint) if checkpoint is not None else checkpoint_path(cfg)
+    # a run killed while writing its checkpoint left the temporary file: this run of the same
+    # config (one at a time: the CLI and the matrix hold its claim) removes it, or each kill adds one
+    for stale in remove_temporaries(path):
+        log.info("removed %s, left by a checkpoint write that was interrupted", stale)
     if resume and path.exists():
         sim.load_checkpoint(path)
     return sim.run(progress, checkpoint=path)
+
+
+def _os_error_in(e: BaseException) -> OSError | None:
+    """The OSError ``e`` was raised while handling, or caused by (torch's zip writer raises a
+    RuntimeError of its own while handling the file's ENOSPC), if any."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _one_line(e: BaseException, limit: int = 200) -> str:
+    """An exception's reason on one line: an OSError's strerror, else the first line of its message
+    (torch's writer errors run over several lines)."""
+    text = (e.strerror if isinstance(e, OSError) and e.strerror else str(e)).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:limit]
 
 
 def _history_entry(m: RoundMetrics, nbytes: int, seconds: float, scalars: dict[str, float],

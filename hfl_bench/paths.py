@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import os
 import re
 import tempfile
@@ -24,6 +25,7 @@ NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 NAME_MAX = 100
 _NAME = re.compile(NAME_PATTERN)
 _HASH = re.compile(r"[0-9a-f]{1,64}")
+log = logging.getLogger(__name__)
 
 
 class UnsafePathError(ConfigError):
@@ -114,6 +116,20 @@ def checkpoint_for(record: Path) -> Path:
     return record.parent / ".checkpoints" / f"{record.stem}.pt"
 
 
+def remove_checkpoint(checkpoint: Path) -> bool:
+    """Delete a checkpoint its record has made obsolete. Called after the record is written, so a
+    failure (a read-only folder, something else at the path) is a one-line warning, never an
+    error: the record is written, and reporting it unwritten (or writing a second copy) would be
+    wrong. False when the checkpoint is still there."""
+    try:
+        checkpoint.unlink(missing_ok=True)
+    except OSError as e:
+        log.warning("the record is written, but its checkpoint %s could not be removed (%s: %s): delete it by hand",
+                    checkpoint, type(e).__name__, e.strerror or e)
+        return False
+    return True
+
+
 # ----------------------------------------------------------------------------- output folders
 
 
@@ -178,14 +194,48 @@ def unsaved_folder(base: Path) -> Path:
 # ----------------------------------------------------------------------------- writing
 
 
+def _temporary_affixes(path: Path) -> tuple[str, str]:
+    """The prefix and suffix of ``write_atomic``'s temporary files for ``path``."""
+    return f".{path.name}.", ".tmp"
+
+
+# mkstemp's random part: 8 characters of tempfile's alphabet (lower-case letters, digits, "_").
+_TEMP_RANDOM = r"[a-z0-9_]{8}"
+
+
+def remove_temporaries(path: str | Path) -> list[Path]:
+    """Remove the temporary files ``write_atomic`` left beside ``path`` (a process killed mid-write
+    cannot remove its own), and only those: ``.<name>.<8 random characters>.tmp``. Call it where
+    no other process writes ``path`` (a run holding its claim, at its start). Returns the removed
+    files; one that cannot be removed is left (it only takes space)."""
+    path = Path(path)
+    prefix, suffix = _temporary_affixes(path)
+    pattern = re.compile(re.escape(prefix) + _TEMP_RANDOM + re.escape(suffix))
+    removed = []
+    try:
+        entries = list(path.parent.iterdir())
+    except OSError:  # no folder yet (nothing to remove), or one that cannot be listed
+        return removed
+    for entry in entries:
+        if pattern.fullmatch(entry.name) and entry.is_file() and not entry.is_symlink():
+            try:
+                entry.unlink()
+                removed.append(entry)
+            except OSError:
+                pass
+    return removed
+
+
 def write_atomic(path: str | Path, data: str | bytes | Callable[[Any], None]) -> None:
     """Write to a temporary file in the same folder, then rename: never a half-written file.
 
     ``data`` is text, bytes, or a function that writes into the open binary file (``torch.save``,
-    ``figure.savefig``)."""
+    ``figure.savefig``). A process killed mid-write leaves its temporary file
+    (``remove_temporaries`` finds it by name)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    prefix, suffix = _temporary_affixes(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=suffix)
     try:
         with os.fdopen(fd, "wb") as f:
             if callable(data):

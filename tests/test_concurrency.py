@@ -151,3 +151,27 @@ def test_a_matrix_cell_another_process_is_writing_is_failed_not_run(tmp_path):
     [row] = json.loads(stdout)["cells"]
     assert result.exit_code == 1 and row["status"] == "failed"
     assert "being written by another run" in row["error"] and not list(out.glob("*.json"))
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "file-for-claims-folder"])
+def test_a_claim_path_of_the_wrong_kind_is_one_line_exit_2(tmp_path, kind):
+    """A folder (or a FIFO) at the lock path, or a file where the .claims folder goes: one line naming
+    the path, exit 2, nothing trained or written (issue 47, row 12)."""
+    out = tmp_path / "runs"
+    lock = claims.claim_file(_target(out))
+    if kind == "folder":
+        lock.mkdir(parents=True)
+    elif kind == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("no FIFOs on this platform")
+        lock.parent.mkdir(parents=True)
+        os.mkfifo(lock)
+    else:
+        out.mkdir()
+        lock.parent.write_text("")
+    result, stdout, stderr = invoke_cli(*RUN, "--out", str(out))
+    output = result.output + stderr
+    assert result.exit_code == 2, output
+    assert "Traceback" not in output and "cannot claim the record" in " ".join(output.split())
+    assert str(lock if kind != "file-for-claims-folder" else lock.parent) in "".join(output.split())
+    assert not list(out.glob("*.json"))

@@ -489,3 +489,34 @@ def test_published_records_are_what_the_generator_writes(tmp_path):
     assert len({r["record_id"] for r in records}) == len(records)
     assert {r["method"]["name"] for r in records} <= set(builtin_methods())  # each is a method we run
     assert {r["task"]["name"] for r in records} == {"cifar10", "cifar100", "pathmnist"}
+
+
+@pytest.mark.parametrize("args", [
+    ("leaderboard", "show", str(REPRODUCED / "digits")),
+    ("leaderboard", "show", str(REPRODUCED / "digits"), "--format", "markdown"),
+    ("leaderboard", "show", str(REPRODUCED / "digits"), "--rank"),
+    ("leaderboard", "compare", str(REPRODUCED / "digits"), "--against", "local"),
+    ("show", str(REAL)),
+], ids=["table", "markdown", "rank", "compare", "show"])
+def test_output_survives_an_ascii_only_stdout(args):
+    """PYTHONIOENCODING=ascii (issue 47, row 10): the real CLI in a subprocess exits 0 with ASCII only,
+    the plus-minus sign spelled "+/-", and a rich table's rows still line up."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, PYTHONIOENCODING="ascii", COLUMNS="250")
+    proc = subprocess.run([sys.executable, "-m", "hfl_bench.cli", *args], capture_output=True, timeout=300, env=env)
+    stderr = proc.stderr.decode("ascii", "replace")
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "Traceback" not in stderr and "UnicodeEncodeError" not in stderr
+    stdout = proc.stdout.decode("ascii")  # raises on any byte that is not ASCII
+    if args[:2] == ("leaderboard", "show") and "--rank" not in args:
+        assert " +/- " in stdout and "?" not in stdout
+    if args == ("leaderboard", "show", str(REPRODUCED / "digits")):
+        tables, block = [], []
+        for line in [*stdout.splitlines(), ""]:
+            if line.startswith(("|", "+")):
+                block.append(line)
+            elif block:
+                tables, block = [*tables, block], []
+        assert tables and all(len({len(line) for line in t}) == 1 for t in tables), "columns do not line up"

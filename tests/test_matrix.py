@@ -416,3 +416,45 @@ def test_ray_gpu_request_defaults():
     assert cell_gpus(RunConfig(device="cpu"), 0.5, 0) == 0.5
     assert "cluster has 0" in unschedulable(1, 1, {"CPU": 4})
     assert unschedulable(1, 0, {"CPU": 4}) is None
+
+
+def _limited(gib: int):
+    """A subprocess's preexec_fn: at most ``gib`` GiB of address space, so a regression that builds
+    a hundred million cells dies of MemoryError instead of eating the machine."""
+    def limit():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (gib << 30, gib << 30))
+    return limit
+
+
+@pytest.mark.parametrize("where", ["--seeds", "suite"])
+def test_a_huge_seed_range_is_refused_before_any_cell_is_built(tmp_path, where):
+    """``0-99999999`` (a typo for 0-9): one line with the limit and the hint, exit 2, at once (issue
+    47, row 14); it built every cell before, 5 GB and then a MemoryError traceback."""
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({"methods": ["local"], "tasks": ["digits"], "out": str(tmp_path / "r"),
+                                    "seeds": "0-99999999" if where == "suite" else [0]}))
+    cmd = [sys.executable, "-m", "hfl_bench.cli", "matrix", str(path), "--dry-run"]
+    if where == "--seeds":
+        cmd += ["--seeds", "0-99999999"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, preexec_fn=_limited(3))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+    text = " ".join(proc.stderr.split())
+    assert "100,000,000 seeds" in text and "10,000" in text and "typo" in text
+
+
+def test_seed_and_cell_limits_hold_for_lists_and_products():
+    from hfl_bench.matrix.suite import MAX_CELLS, MAX_SEEDS
+
+    base = {"methods": ["local"], "tasks": ["digits"]}
+    assert len(parse_suite({**base, "seeds": f"0-{MAX_SEEDS - 1}"}).seeds) == MAX_SEEDS  # the limit itself is fine
+    for seeds in (f"0-{MAX_SEEDS}", f"0-{MAX_SEEDS // 2},{MAX_SEEDS}-{2 * MAX_SEEDS}", list(range(MAX_SEEDS + 1))):
+        with pytest.raises(ConfigError, match="more than the 10,000 a suite may have"):
+            parse_suite({**base, "seeds": seeds})
+    methods = ["local", "fedavg", "crad", "fd", "fml", "fedproto", "fedgh", "fedkd", "lg-fedavg", "fedtgp", "dfml"]
+    suite = parse_suite({**base, "methods": methods, "seeds": f"0-{MAX_SEEDS - 1}"})
+    assert len(methods) * MAX_SEEDS > MAX_CELLS
+    with pytest.raises(ConfigError, match="110,000 cells"):
+        suite_cells(suite)  # refused before any cell resolves its task

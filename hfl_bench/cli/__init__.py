@@ -73,7 +73,47 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+ERRORS = "hfl-bench-fallback"
+
+
+def _fallback(e: UnicodeError) -> tuple[str, int]:
+    """The codec error handler ``ERRORS``: ``results.text.ascii_spelled`` for what the stream's
+    encoding lacks ("+/-" for the plus-minus sign, a backslash escape for the rest)."""
+    if not isinstance(e, UnicodeEncodeError):
+        raise e
+    from hfl_bench.results.text import ascii_spelled
+
+    return ascii_spelled(e.object[e.start:e.end], e.encoding), e.end
+
+
+def _survive_narrow_encodings() -> None:
+    """Let every command's output survive a stdout or stderr that cannot encode it: reconfigure
+    both streams, once, at the start of ``main``, with an error handler that spells what the
+    encoding lacks (``_fallback``). Done here, not per command or per character: every table,
+    markdown, CSV, error line and progress line of every command (and of any plugin's text they
+    show) goes through these two streams, so one place covers them all, and a command added later
+    is covered without knowing about it. JSON is unaffected (``json.dumps`` writes ASCII escapes)."""
+    import codecs
+
+    try:
+        codecs.lookup_error(ERRORS)
+    except LookupError:
+        codecs.register_error(ERRORS, _fallback)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # a plain TextIOWrapper; not a test's capture
+        # strict: stdout's default, which raises; backslashreplace: stderr's default, which the
+        # handler extends (it escapes what it cannot spell); anything else the user chose is kept
+        if reconfigure is None or (getattr(stream, "errors", None) or "strict") not in ("strict", "backslashreplace"):
+            continue
+        try:
+            if codecs.lookup(stream.encoding or "ascii").name != "utf-8":
+                reconfigure(errors=ERRORS)
+        except (LookupError, ValueError, OSError):
+            pass
+
+
 def main() -> None:
+    _survive_narrow_encodings()
     if sys.argv[1:] == ["--version"]:  # the fast path: nothing else imported
         from hfl_bench import __version__
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from hfl_bench.cli.options import BenchCommand, BenchGroup
-from hfl_bench.cli.output import err, fail, note, output_format, plain, wide_out
+from hfl_bench.cli.output import err, fail, note, output_format, plain, spelled_for, wide_out
+from hfl_bench.results.text import ascii_spelled
 
 # The results layer (and numpy under it) is imported inside each command, so that `hfl-bench
 # --help` and `list` do not pay for it.
@@ -158,11 +159,15 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None) 
                            if any(g.has_faults for g in board.groups) else "")
                         + (f"; {paired_view.vs_title(vs[0])}" if vs else ""))
         for label, part in by_section(rows):  # one table per setting section: the rows that compete
-            wide_out().print(to_rich(part, TABLE_COLUMNS + vs_columns, f"setting: {label}; {title_groups}"))
+            console = wide_out()
+            console.print(to_rich(spelled_for(console, part), TABLE_COLUMNS + vs_columns,
+                                  ascii_spelled(f"setting: {label}; {title_groups}", console.encoding)))
     else:
         wide_out().print("no reproduced records match", highlight=False)
     if unmatched:
-        wide_out().print(to_rich(unmatched, tuple(c for c in UNMATCHED_COLUMNS if c != "locator"), title))
+        console = wide_out()
+        console.print(to_rich(spelled_for(console, unmatched), tuple(c for c in UNMATCHED_COLUMNS if c != "locator"),
+                              title))
 
 
 def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
@@ -189,7 +194,9 @@ def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
         if not ranked:
             wide_out().print("no protocol was run by two or more methods of one setting", highlight=False)
         for label, part in by_section(rank_rows(ranked)):  # ranked within each setting section only
-            wide_out().print(to_rich(part, columns, f"setting: {label}; {title}"))
+            console = wide_out()
+            console.print(to_rich(spelled_for(console, part), columns,
+                                  ascii_spelled(f"setting: {label}; {title}", console.encoding)))
 
 
 @app.command(cls=BenchCommand)

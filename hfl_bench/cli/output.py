@@ -78,6 +78,17 @@ def cell(x: Any, nd: int = 2) -> Text:
     return plain(fmt(x, nd))
 
 
+def spelled_for(console: Console, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with their text spelled for ``console``'s encoding (``results.text.ascii_spelled``:
+    "+/-" on an ASCII-only stdout) before a rich table measures them. The stream's error handler
+    (``hfl_bench.cli.main``) would spell them only when written, wider than rich measured them,
+    and the table's columns would no longer line up."""
+    from hfl_bench.results.text import ascii_spelled
+
+    encoding = console.encoding or "utf-8"
+    return [{k: ascii_spelled(v, encoding) if isinstance(v, str) else v for k, v in r.items()} for r in rows]
+
+
 def wide_out() -> Console:
     """stdout for wide tables: piped or captured output gets 200 columns unless COLUMNS says
     otherwise (a terminal keeps its own width)."""

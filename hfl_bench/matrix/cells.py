@@ -7,7 +7,7 @@ import traceback
 from typing import Any, Callable, Optional
 
 from hfl_bench.config import RunConfig
-from hfl_bench.paths import checkpoint_path
+from hfl_bench.paths import checkpoint_path, remove_checkpoint
 
 TRACEBACK_LINES = 12  # lines of traceback kept in a failed record's error text
 
@@ -46,7 +46,7 @@ def run_cell(cfg: RunConfig, threads: Optional[int] = None,
         record = records.build_record(cfg, result)
     except Exception as e:  # noqa: BLE001 - the matrix records every failure and goes on
         return failed_record(cfg, error_text(e))
-    checkpoint.unlink(missing_ok=True)
+    remove_checkpoint(checkpoint)  # a warning if it cannot be removed: the record must not be lost
     return record
 
 

@@ -105,19 +105,34 @@ def _names(data: dict[str, Any], key: str, where: str) -> list[str]:
 
 
 SEED_RANGE = re.compile(r"\s*(\d+)\s*-\s*(\d+)\s*")
+# At most this many seeds in a suite (ranges and lists together), and cells in a matrix: checked
+# before a seed list or a cell is built. ``0-99999999`` (a typo for 0-9) would otherwise build a
+# hundred million cells, gigabytes of memory, before anything could be refused.
+MAX_SEEDS = 10_000
+MAX_CELLS = 100_000
+
+
+def _too_many_seeds(n: int, where: str, text: Any) -> ConfigError:
+    return ConfigError(f"{where}: {n:,} seeds ({text!r}) is more than the {MAX_SEEDS:,} a suite may have: "
+                       "a typo (0-99999999 for 0-9)? Split a larger study into several suites")
 
 
 def parse_seeds(text: str, where: str = "--seeds") -> list[int]:
-    """Seeds written as a range ``0-9`` (inclusive), a comma list ``0,1,2``, or a mix ``0-4,7``."""
-    seeds: list[int] = []
+    """Seeds written as a range ``0-9`` (inclusive), a comma list ``0,1,2``, or a mix ``0-4,7``;
+    at most ``MAX_SEEDS`` of them, counted before any range is expanded."""
+    spans: list[tuple[int, int]] = []
     for part in str(text).split(","):
         if (m := SEED_RANGE.fullmatch(part)) and int(m.group(1)) <= int(m.group(2)):
-            seeds += range(int(m.group(1)), int(m.group(2)) + 1)
+            spans.append((int(m.group(1)), int(m.group(2))))
         elif part.strip().isdigit():
-            seeds.append(int(part))
+            spans.append((int(part), int(part)))
         else:
             raise ConfigError(f"{where}: seeds must be a range such as 0-9, a list such as 0,1,2 or both "
                               f"(0-4,7), got {text!r}")
+    count = sum(last - first + 1 for first, last in spans)
+    if count > MAX_SEEDS:
+        raise _too_many_seeds(count, where, text)
+    seeds = [seed for first, last in spans for seed in range(first, last + 1)]
     _no_duplicates(seeds, "seeds", where)
     return seeds
 
@@ -132,6 +147,8 @@ def _seeds(seeds: Any, where: str) -> list[Optional[int]]:
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
                                                            for s in seeds):
         raise ConfigError(f"{where}: seeds must be a non-empty list of integers, got {seeds!r}")
+    if len(seeds) > MAX_SEEDS:
+        raise _too_many_seeds(len(seeds), where, f"a list of {len(seeds)}")
     _no_duplicates(seeds, "seeds", where)
     return seeds
 
@@ -212,6 +229,11 @@ def suite_cells(suite: Suite, out: str | Path | None = None) -> list[Cell]:
     runs without faults, listed first, finish first), method by method, seed by seed (the
     summary's order)."""
     folder = str(out if out is not None else suite.out)
+    n = len(suite.tasks) * len(suite.faults) * len(suite.methods) * len(suite.seeds)
+    if n > MAX_CELLS:  # before any cell is built (each resolves its task)
+        raise ConfigError(f"the matrix has {n:,} cells ({len(suite.tasks)} tasks x {len(suite.faults)} fault "
+                          f"settings x {len(suite.methods)} methods x {len(suite.seeds)} seeds), more than "
+                          f"{MAX_CELLS:,}: split it into several suites")
     cells = []
     for task in suite.tasks:
         for faults in suite.faults:

@@ -31,6 +31,7 @@ from hfl_bench.paths import (
     inside,
     portable_config,
     record_filename,
+    remove_checkpoint,
     unsaved_dirs,
     unsaved_folder,
     write_atomic,
@@ -443,7 +444,7 @@ def write_record(record: dict[str, Any], out_dir: str | Path) -> Path:
     path = inside(out_dir, record_filename(record))
     write_atomic(path, json.dumps(record, indent=1, allow_nan=False) + "\n")
     if record.get("status") != "failed":
-        checkpoint_for(path).unlink(missing_ok=True)
+        remove_checkpoint(checkpoint_for(path))  # a failure is a warning: the record is written
     return path
 
 

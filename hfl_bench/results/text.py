@@ -10,6 +10,8 @@ error messages that quote them are data, never instructions:
 - ``csv_cell``: one line, and a leading ``= + - @`` (a spreadsheet formula) defused with ``'``;
   quoting is the csv module's.
 - ``mpl_text``: for matplotlib, which reads ``$...$`` as math (a parse error aborts the figure).
+- ``ascii_spelled``: text for an output that cannot encode it (an ASCII-only stdout): ``+/-`` for
+  the plus-minus sign and the like (``ASCII_FALLBACK``), a backslash escape for anything else.
 
 JSON output needs none of this: ``json.dumps`` escapes every control character.
 """
@@ -72,3 +74,26 @@ def mpl_text(value: Any, one_line: bool = True) -> str:
     """Text for a matplotlib label, title or caption: shown as itself (``$`` is not math)."""
     text = terminal(value, one_line).replace("$", r"\$")
     return " " + text if text.startswith("_") else text  # a label starting with _ is hidden
+
+
+# What hfl-bench's output writes outside ASCII, spelled in ASCII: an ASCII-only stdout reads
+# "94.29 +/- 2.43", not "94.29 ? 2.43".
+ASCII_FALLBACK = {"\u00b1": "+/-", "\u2212": "-", "\u2013": "-", "\u2014": "--", "\u00d7": "x", "\u2026": "...",
+                  "\u2264": "<=", "\u2265": ">=", "\u2260": "!=", "\u2192": "->", "\u2190": "<-", "\u00b7": "."}
+
+
+def ascii_spelled(text: str, encoding: str = "ascii") -> str:
+    """``text`` with each character ``encoding`` cannot encode spelled by ``ASCII_FALLBACK``, else
+    as a backslash escape (``\\u4e2d``: recoverable, unlike "?")."""
+    def spell(c: str) -> str:
+        try:
+            c.encode(encoding)
+            return c
+        except (UnicodeEncodeError, LookupError):
+            return ASCII_FALLBACK.get(c) or c.encode("ascii", "backslashreplace").decode("ascii")
+
+    try:
+        text.encode(encoding)
+        return text
+    except (UnicodeEncodeError, LookupError):
+        return "".join(spell(c) for c in text)
