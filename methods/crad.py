@@ -12,6 +12,16 @@ aggregation rule that forms q-bar (``hfl_bench.aggregation``):
   our reconstruction;
 - ``crad``: support filter, per-class median agreement filter, Agresti-Coull precision weights.
 
+Any of the three takes any rule with ``--set aggregator=NAME``. Besides the paper's Table 4
+weightings (``crad-accuracy``, ``crad-support``, ``crad-softmax``, ``crad-lcb``, ``crad-inv-sigma``,
+``crad-ce``: the precision weight swapped for another), the filter ablations remove stages of
+CRAD: ``crad-stage1`` the precision weights (the paper's Stage-1 ablation: both filters, equal
+weights over the survivors), ``crad-no-agreement-filter`` the agreement filter (support filter, then
+precision weights), ``crad-support-filter-only`` both (equal weights over the supported teachers).
+A rule's version is recorded in the run's method version once past 1.0 (``crad-accuracy`` 1.1: a
+class whose surviving teachers all have accuracy 0, as in round 1, keeps its target mass as their
+uniform mean; 1.0 gave it none and runs collapsed to chance).
+
 Where the paper is silent the card's notes (in every record) say what we chose: the temperature,
 the optimizer (the run's SGD and protocol, from the config), the validation split, the support
 threshold and the fallback for a class no teacher supports. Optional Laplace noise of scale
@@ -134,6 +144,8 @@ class CRAD(PeerKD):
         "crad", "paper", "CRAD: class-wise support and agreement filters, then Agresti-Coull precision weights.", (
             "support filter threshold n >= 2 validation samples (paper: a hyperparameter)",
             "a class with no supported teacher falls back to the plain mean of all teachers (paper silent)",
+            "a class whose surviving teachers all weigh 0 (Table 4 accuracy-only weights) takes their uniform mean "
+            "(paper silent)",
             "median = mean of the two middle deviations for an even count",
         ))
     Params = CRADParams

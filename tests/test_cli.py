@@ -175,7 +175,8 @@ def test_show_rejects_non_record(runner, tmp_path):
     ("tasks", {"digits", "mnist1d", "cifar10", "cifar100", "pathmnist"}),
     ("pools", {"paper", "cpu", "cpu-cnn", "paper-resnet18"}),
     ("partitioners", {"dirichlet", "classes", "iid"}),
-    ("aggregators", {"uniform", "entropy", "crad", "crad-lcb"}),
+    ("aggregators", {"uniform", "entropy", "crad", "crad-lcb", "crad-stage1", "crad-no-agreement-filter",
+                     "crad-support-filter-only"}),
 ])
 def test_list(runner, kind, expected):
     expected = set(builtin_methods()) if expected is None else expected
@@ -200,6 +201,10 @@ def test_list(runner, kind, expected):
     if kind == "tasks":
         digits = next(r for r in rows if r["name"] == "digits")
         assert digits["classes"] == 10 and digits["input"] == [1, 8, 8]
+    if kind == "aggregators":  # each rule's version: bumped when what it computes changes
+        versions = {r["name"]: r["version"] for r in rows}
+        assert versions["crad"] == "1.0" and versions["crad-accuracy"] == "1.1"
+        assert versions["crad-stage1"] == versions["crad-support-filter-only"] == "1.0"
     if kind == "pools":
         paper = next(r for r in rows if r["name"] == "paper")
         assert len(paper["members"]) == 3 and "params" in paper["members"][0]

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from hfl_bench import engine
-from hfl_bench.aggregation import get_aggregator
+from hfl_bench.aggregation import AGGREGATORS, get_aggregator
 from hfl_bench.config import resolve
 from hfl_bench.data import get_task
 from hfl_bench.families import peer_kd as peerkd
+from hfl_bench.testing import builtin_names
 from hfl_bench.training import make_plan, predict_logits, soft_targets
 
 from helpers import cpu_federation, in_float64
@@ -27,8 +28,7 @@ from helpers import cpu_federation, in_float64
 # ONEDNN_MAX_CPU_ISA): 0.
 TARGETS_ATOL = 1e-5
 
-RULES = ["uniform", "entropy", "crad", "crad-accuracy", "crad-support", "crad-softmax", "crad-lcb",
-         "crad-inv-sigma", "crad-ce"]
+RULES = builtin_names(AGGREGATORS)  # every rule hfl-bench registers (tests/test_aggregation.py names them)
 
 
 def build(cfg, augmentation: str | None = None):

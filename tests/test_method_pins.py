@@ -46,9 +46,13 @@ PROTOCOL = {"local_epochs": 1, "batch_size": 64, "lr": 0.01, "momentum": 0.9, "w
 MULTIMODAL = {"task": "digits-mnist1d", "pool": "cpu-mm"}
 # (case name, method, extra config): every method hfl-bench registers on the default path, with its
 # card's smoke settings, plus the per-batch reference path of the two families that have one, a
-# partial-participation round and the missing-modality setting.
+# partial-participation round, the missing-modality setting and the CRAD aggregation rules whose
+# records are compared with crad's (the version-bumped crad-accuracy, the filter ablations): a rule's
+# version is part of its runs' method version (records.run_version).
 CASES = [(m, m, {}) for m in builtin_methods()] + [
     ("crad@reference", "crad", {"exec": "reference"}),
+    *[(f"crad@{rule}", "crad", {"method_params": {"aggregator": rule}})
+      for rule in ("crad-accuracy", "crad-stage1", "crad-no-agreement-filter", "crad-support-filter-only")],
     ("fedmkd@reference", "fedmkd", {"exec": "reference"}),
     ("uniform-kd@partial", "uniform-kd", {"clients_per_round": 3}),
     # the missing-modality setting: recipients' NaN rows, teachers on them, the multimodal Q
@@ -156,7 +160,9 @@ def pin_problem(method: str, pinned: dict | None, got: dict, tolerant: bool = Fa
         return None
     if pinned.get("method_version") == version:
         return (f"{method}'s results changed ({where}) but its version is still {version!r}: bump `version` "
-                f"on the method's class, then regenerate the pins (HFL_BENCH_UPDATE_PINS=1) in the same commit")
+                f"on the method's class (or, for a change of its aggregation rule alone, the rule's: "
+                f"register_aggregator(name, version=...)), then regenerate the pins (HFL_BENCH_UPDATE_PINS=1) "
+                f"in the same commit")
     return (f"{method} is now version {version!r} (pinned under {pinned.get('method_version')!r}): "
             f"regenerate the pins (HFL_BENCH_UPDATE_PINS=1) in the same commit")
 

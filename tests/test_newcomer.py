@@ -88,7 +88,12 @@ def test_describe_the_other_kinds():
     pool = json.loads(_stdout(runner.invoke(app, ["describe", "cpu", "--json"])))
     assert [m["model"] for m in pool["members"]] == ["mlp_small", "cnn_small", "resnet_tiny"]
     agg = json.loads(_stdout(runner.invoke(app, ["describe", "crad", "--kind", "aggregators", "--json"])))
-    assert agg["kind"] == "aggregator" and agg["description"]
+    assert agg["kind"] == "aggregator" and agg["description"] and agg["version"] == "1.0"
+    fixed = json.loads(_stdout(runner.invoke(app, ["describe", "crad-accuracy", "--json"])))
+    assert fixed["version"] == "1.1"
+    result = runner.invoke(app, ["describe", "crad-stage1"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    assert "version: 1.0" in result.output and "without the precision weights" in result.output
     part = json.loads(_stdout(runner.invoke(app, ["describe", "dirichlet", "--json"])))
     assert part["kind"] == "partitioner"
 

@@ -92,7 +92,8 @@ BUILTINS = {
     "pools": {"paper", "cpu", "cpu-cnn", "paper-resnet18"},
     "partitioners": {"dirichlet", "classes", "iid"},
     "aggregators": {"uniform", "entropy", "crad", "crad-accuracy", "crad-support", "crad-softmax",
-                    "crad-lcb", "crad-inv-sigma", "crad-ce"},
+                    "crad-lcb", "crad-inv-sigma", "crad-ce", "crad-stage1", "crad-no-agreement-filter",
+                    "crad-support-filter-only"},
 }
 
 

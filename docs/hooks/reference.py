@@ -274,6 +274,7 @@ def schema_page() -> str:
 
 
 def plugins_page() -> str:
+    from hfl_bench.aggregation import aggregator_version
     from hfl_bench.registry import AGGREGATORS, PARTITIONERS, POOLS, TASKS, describe
 
     tasks = []
@@ -292,8 +293,11 @@ def plugins_page() -> str:
             + table(["pool", "members", "description"], pools)
             + "\n## Partitioners\n\n" + table(["partitioner", "summary"],
                                               [[f"`{n}`", describe(f)] for n, f in PARTITIONERS.items()])
-            + "\n## Aggregation rules\n\nChosen with `--set aggregator=NAME` by the peer-KD methods.\n\n"
-            + table(["aggregator", "summary"], [[f"`{n}`", describe(f)] for n, f in AGGREGATORS.items()]))
+            + "\n## Aggregation rules\n\nChosen with `--set aggregator=NAME` by the peer-KD methods. A rule's "
+            "version is bumped whenever what it computes changes; a run of a rule past 1.0 records it in its method "
+            "version (`1.0+crad-accuracy-1.1`).\n\n"
+            + table(["aggregator", "version", "summary"],
+                    [[f"`{n}`", aggregator_version(n), describe(f)] for n, f in AGGREGATORS.items()]))
 
 
 # ----------------------------------------------------------------------------- MkDocs events

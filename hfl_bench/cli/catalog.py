@@ -91,6 +91,10 @@ def list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
                        source=info.source)
             if info.modalities:
                 row["modalities"] = {m.name: list(m.shape) for m in info.modalities}
+        if kind == "aggregators":
+            from hfl_bench.aggregation import aggregator_version  # here: an index answer imports no plugin
+
+            row["version"] = aggregator_version(name)
         row["origin"] = registry.origin(name)
         rows.append(row)
     return rows
@@ -142,8 +146,13 @@ def _documented(kind: str):
             signature = f"{getattr(obj, '__name__', name)}{inspect.signature(obj)}"
         except (TypeError, ValueError):
             signature = None
-        return {"kind": kind, "name": name, "summary": first_line(obj), "description": inspect.getdoc(obj) or "",
-                "signature": signature}
+        facts = {"kind": kind, "name": name, "summary": first_line(obj), "description": inspect.getdoc(obj) or "",
+                 "signature": signature}
+        if kind == "aggregator":  # bumped whenever what the rule computes changes
+            from hfl_bench.aggregation import aggregator_version  # here: an index answer imports no plugin
+
+            facts["version"] = aggregator_version(name)
+        return facts
 
     return facts
 
@@ -300,8 +309,8 @@ def _pool_view(info: dict[str, Any]) -> list:
 
 
 def _documented_view(info: dict[str, Any]) -> list:
-    return [_fields([(info["kind"], info["name"]), ("signature", info["signature"] or "-"),
-                     ("origin", info["origin"])]),
+    return [_fields([(info["kind"], info["name"]), *([("version", info["version"])] if "version" in info else []),
+                     ("signature", info["signature"] or "-"), ("origin", info["origin"])]),
             ["text", info["description"] or "(no documentation)"]]
 
 

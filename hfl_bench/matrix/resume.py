@@ -11,7 +11,9 @@ raises (the data is missing), the cell is run and fails the way a run without it
 
 Same implementation: a method's version is not part of the config hash, so a record of the same
 setting and seed written by another version of the method (``method.version`` against the
-registered class's ``version``: its numerics changed since) is not this cell's result either.
+version this code records for the cell, ``records.registered_version``: the registered class's
+``version``, with its aggregation rule's past "1.0"; its numerics changed since) is not this cell's
+result either.
 It is neither skipped (that would keep the old numbers under a rerun that says "skipped") nor
 overwritten (it is a finished result): the cell fails with one line naming the file and both
 versions; archive the record or use another ``--out``. A record without a method version
@@ -68,7 +70,7 @@ def existing_record(cell: Cell) -> Existing:
             and (record.get("config") or {}).get("seed") == cell.cfg.seed)
     if not (same and record.get("status") in FINAL_STATUSES):
         return Existing()
-    version = registered_version(cell.cfg.method)
+    version = registered_version(cell.cfg.method, cell.cfg.method_params)
     recorded_version = other_version(record, version)
     if recorded_version is not None:  # another implementation's result: neither skipped nor replaced
         return Existing(conflict=other_version_message(path, cell.cfg.method, recorded_version, version))
