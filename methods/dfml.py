@@ -23,6 +23,17 @@ peaks at mid-period; P must be even so that the peak falls on a round. A client 
 the model copied at its latest peak round (its current model until its first); a client that
 sits out a peak round keeps its earlier peak model.
 
+Controls (hyperparameters; each default is what every record before them ran, so those records
+keep their meaning). ``eval=current`` evaluates each client's live model, as every other method
+does, instead of its stored peak model (``eval=peak``, the paper's predictor): the headline, the
+per-round validation and so the selected round then all read the live model, and no peak model
+is stored. ``wsm=false`` supervises with the plain softmax (cross-entropy) instead of the WSM;
+``alpha_max=0`` leaves out distillation altogether. What they separate: every DFML model is
+trained with labels on the data of whichever client draws it as aggregator, so it learns classes
+its owner never held (model travel), which no snapshot-KD method does; these controls let a suite
+attribute DFML's figure to model travel, WSM, distillation and the peak-model window
+(``suites/dfml-controls.yaml``).
+
 The class proportions are floored before the log: a class absent at a then gets a probability
 that is effectively zero, so a's labels never push that class's logit down, yet the log-prior
 stays finite, so no NaN or inf appears even for huge logits (an aggregator without data gives
@@ -70,6 +81,9 @@ from hfl_bench.method_api import (
 )
 
 BETA_FLOOR = 1e-8  # smallest class proportion entering log beta (absent classes)
+# The predictor a client is evaluated with (``eval``): its stored peak model (the paper's), or its
+# live model.
+EVAL_CHOICES = ("peak", "current")
 
 
 # ----------------------------------------------------------------------------- pure pieces
@@ -88,8 +102,16 @@ def weighted_log_softmax(logits: torch.Tensor, class_counts, floor: float = BETA
     return _wsm_log_probs(logits, log_beta)
 
 
-def _wsm_log_probs(logits: torch.Tensor, log_beta: torch.Tensor) -> torch.Tensor:
-    return torch.log_softmax(logits.float() + log_beta, dim=-1)
+def supervision_log_prior(class_counts, wsm: bool = True, floor: float = BETA_FLOOR) -> torch.Tensor | None:
+    """What the supervised term's softmax is weighted by at an aggregator with ``class_counts``: its
+    log class prior (WSM, ``wsm`` true) or None, the plain softmax (``wsm`` false)."""
+    return log_class_prior(class_counts, floor) if wsm else None
+
+
+def _wsm_log_probs(logits: torch.Tensor, log_beta: torch.Tensor | None) -> torch.Tensor:
+    """WSM log-probabilities under ``log_beta``; the plain log-softmax when it is None."""
+    z = logits.float()
+    return torch.log_softmax(z if log_beta is None else z + log_beta, dim=-1)
 
 
 def alpha_at(t: int, alpha_max: float, period: int) -> float:
@@ -106,9 +128,10 @@ def draw_aggregator(seed: int, rnd: int, active: list[int]) -> int:
     return int(active[int(rng.integers(len(active)))])
 
 
-def dfml_loss(logits: torch.Tensor, y: torch.Tensor, log_beta: torch.Tensor,
+def dfml_loss(logits: torch.Tensor, y: torch.Tensor, log_beta: torch.Tensor | None,
               peer_probs: list[torch.Tensor], alpha: float) -> torch.Tensor:
-    """(1 - alpha) NLL under WSM + alpha * mean over peers of KL(peer || student)."""
+    """(1 - alpha) NLL under WSM + alpha * mean over peers of KL(peer || student); ``log_beta`` None:
+    the NLL under the plain softmax (``wsm=false``)."""
     nll = F.nll_loss(_wsm_log_probs(logits, log_beta), y)
     if not peer_probs:  # a lone participant has nothing to distill from
         return nll
@@ -120,7 +143,7 @@ def dfml_loss(logits: torch.Tensor, y: torch.Tensor, log_beta: torch.Tensor,
 # ----------------------------------------------------------------------------- the round
 
 
-def mutual_learning(fed, plan, members: list[int], log_beta: torch.Tensor, alpha: float) -> list[float]:
+def mutual_learning(fed, plan, members: list[int], log_beta: torch.Tensor | None, alpha: float) -> list[float]:
     """Train every member's model over ``plan`` (the aggregator's data); mean loss per member."""
     models = [fed.clients[n].model for n in members]
     trainees = [Trainee(model, fed.clients[n].optimizer, f"client {n}", n) for n, model in zip(members, models)]
@@ -140,8 +163,14 @@ def mutual_learning(fed, plan, members: list[int], log_beta: torch.Tensor, alpha
 class DFMLParams:
     epochs: int | None = param(None, "Local epochs K at the aggregator per round; unset: the run's --local-epochs "
                                      "(the protocol's budget, as for every method).")
-    alpha_max: float = param(0.8, "Peak distillation weight of the cyclic alpha schedule.")
+    alpha_max: float = param(0.8, "Peak distillation weight of the cyclic alpha schedule; 0: no distillation (the "
+                                  "control for it).")
     period: int = param(10, "Period P of the alpha cycle in rounds (even; peaks at t mod P = P/2).")
+    eval: str = param("peak", "Predictor each client is evaluated with (headline, validation, selected round): "
+                              "peak, its model stored at its latest alpha peak (the paper's; its live model "
+                              "until its first peak), or current, its live model as every other method's.")
+    wsm: bool = param(True, "Supervise with the WSM (softmax weighted by the aggregator's class proportions); "
+                            "false: the plain softmax (cross-entropy), the control for WSM.")
 
 
 @register_method
@@ -154,8 +183,8 @@ class DFML(Method):
         smoke=SmokeSettings(method_params={"period": "2"}),
         notes=(
             "alpha_t = alpha_max (1 - cos(2 pi t / P)) / 2, t = rounds completed (reconstructed)",
-            "peak model: a participant's model is copied at rounds with t mod P = P/2 and is what is evaluated; "
-            "current model until the first peak (reconstructed)",
+            "peak model: a participant's model is copied at rounds with t mod P = P/2 and is what is evaluated "
+            "(eval=peak, the default); current model until the first peak (reconstructed)",
             "WSM: class proportions floored at 1e-8 before the log, so absent classes get ~0 probability (spec: clamp)",
             "teachers: every model's train-mode prediction on the batch, taken before any model steps, detached; "
             "KL at temperature 1, mean over peers (reconstructed)",
@@ -166,6 +195,10 @@ class DFML(Method):
             "a lone participant trains with the WSM loss alone",
             "optimizer: the owner's SGD; lr, momentum, weight decay, batch size, grad-norm clip are the config's "
             "(the task's protocol defaults)",
+            "every model is trained with labels on the aggregator's data: client models are trained on peers' "
+            "data (model travel), beyond predictions",
+            "controls: eval=peak (default, the paper's predictor) or eval=current (each client's live model, no "
+            "peak stored); wsm=true (default) or wsm=false (plain softmax); alpha_max=0: no distillation",
         ),
     )
     Params = DFMLParams
@@ -178,6 +211,8 @@ class DFML(Method):
             raise ConfigError(f"period must be an even integer >= 2 (alpha peaks at P/2), got {p.period}")
         if p.epochs is not None and p.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {p.epochs}")
+        if p.eval not in EVAL_CHOICES:
+            raise ConfigError(f"eval must be {' or '.join(EVAL_CHOICES)}, got {p.eval!r}")
 
     def setup(self, fed: RoundView) -> None:
         self.peaks: dict[int, nn.Module] = {}
@@ -192,19 +227,24 @@ class DFML(Method):
         for n in members[1:]:  # the aggregator trains what it received
             fed.clients[n].model.load_state_dict(fed.channel.send(n, a, fed.clients[n].model.state_dict(),
                                                                   Payload.PARAMS))
-        log_beta = log_class_prior(fed.clients[a].train_counts).to(fed.device)
+        log_beta = supervision_log_prior(fed.clients[a].train_counts, p.wsm)
+        if log_beta is not None:
+            log_beta = log_beta.to(fed.device)
         plan = make_plan(fed, a, rnd, epochs=p.epochs)
         with fed.timer(Phase.TRAINING):
             losses = mutual_learning(fed, plan, members, log_beta, alpha)
         for n in members[1:]:  # and each owner keeps what came back
             fed.clients[n].model.load_state_dict(fed.channel.send(a, n, fed.clients[n].model.state_dict(),
                                                                   Payload.PARAMS))
-        peak = is_peak(t, p.period)
-        if peak:
-            for n in members:
-                self._store_peak(fed, n)
-        # The evaluated model changes at a peak, or every round for a client without a peak yet.
-        self.changed = sorted(n for n in members if peak or n not in self.peaks)
+        if p.eval == "current":  # every participant's live model changed; no peak model is kept
+            self.changed = sorted(members)
+        else:
+            peak = is_peak(t, p.period)
+            if peak:
+                for n in members:
+                    self._store_peak(fed, n)
+            # The evaluated model changes at a peak, or every round for a client without a peak yet.
+            self.changed = sorted(n for n in members if peak or n not in self.peaks)
         return {"train_loss": sum(losses) / len(losses), "alpha": alpha, "aggregator": float(a)}
 
     def _store_peak(self, fed, n: int) -> None:
@@ -228,4 +268,6 @@ class DFML(Method):
         super().load_state_dict(state, fed)
 
     def eval_models(self, fed: RoundView) -> list[nn.Module]:
+        if self.params.eval == "current":
+            return [c.model for c in fed.clients]
         return [self.peaks.get(i, c.model) for i, c in enumerate(fed.clients)]

@@ -57,6 +57,8 @@ CASES = [
     ("param-unknown", [*RUN, "--set", "nosuch=1"], {}, "unknown hyperparameter"),
     ("param-without-value", [*RUN, "--set", "lam"], {}, "key=value"),
     ("dfml-odd-period", [*RUN, "--method", "dfml", "--set", "period=3"], {}, "period must be an even"),
+    ("dfml-eval-unknown", [*RUN, "--method", "dfml", "--set", "eval=best"], {}, "eval must be peak or current"),
+    ("dfml-wsm-not-a-bool", [*RUN, "--method", "dfml", "--set", "wsm=maybe"], {}, "dfml: wsm='maybe' is not a valid"),
     ("method-unknown", [*RUN, "--method", "cradd"], {}, "Did you mean 'crad'"),
     ("task-unknown", run_with("--task", "digitz"), {}, "Did you mean 'digits'"),
     ("pool-unknown", [*RUN, "--pool", "nosuch"], {}, "unknown architecture pool"),

@@ -1,5 +1,5 @@
 """DFML (methods/dfml.py): CLI record, WSM by hand, alpha schedule, seeded aggregator and its
-traffic, peak models."""
+traffic, peak models, and the controls (eval=current, wsm=false)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from hfl_bench import engine
@@ -21,6 +22,7 @@ from hfl_bench.methods.dfml import (
     draw_aggregator,
     is_peak,
     log_class_prior,
+    supervision_log_prior,
     weighted_log_softmax,
 )
 from hfl_bench.training import state_bytes
@@ -202,3 +204,97 @@ def test_k_follows_the_runs_local_epochs_unless_set(tiny_cfg, monkeypatch):
         sim.step(1)
     default, one = steps
     assert default == 3 * one > 0  # three epochs of the aggregator's batches against one
+
+
+# --------------------------------------------------------------------------- controls
+
+
+def test_record_carries_the_controls_at_their_defaults(run_record):
+    record = run_record("--method", "dfml", "--task", "digits", "--clients", "3", "--rounds", "1")
+    hparams = record["method"]["hparams"]
+    assert (hparams["eval"], hparams["wsm"], hparams["alpha_max"]) == ("peak", True, 0.8)
+    assert record["config"]["method_params"] == {}  # defaults are not in the config (nor its hash)
+    assert any("eval=current" in note and "wsm=false" in note for note in record["method"]["notes"])
+    changed = run_record("--method", "dfml", "--task", "digits", "--clients", "3", "--rounds", "1",
+                         "--set", "eval=current", "--set", "wsm=false")
+    assert (changed["method"]["hparams"]["eval"], changed["method"]["hparams"]["wsm"]) == ("current", False)
+    assert changed["config"]["method_params"] == {"eval": "current", "wsm": False}
+    assert changed["config_hash"] != record["config_hash"]
+
+
+def test_wsm_false_supervises_with_the_plain_softmax():
+    counts = np.array([3, 1, 0])
+    assert torch.equal(supervision_log_prior(counts), log_class_prior(counts))  # the default: WSM
+    assert torch.equal(supervision_log_prior(counts, wsm=True), log_class_prior(counts))
+    assert supervision_log_prior(counts, wsm=False) is None
+    z = torch.tensor([[1.0, 2.0, 0.0], [0.0, 0.0, 3.0]])
+    y = torch.tensor([0, 2])
+    plain = dfml_loss(z, y, supervision_log_prior(counts, wsm=False), [], 0.8)
+    assert plain.item() == pytest.approx(F.cross_entropy(z, y).item(), abs=1e-6)
+    wsm = dfml_loss(z, y, supervision_log_prior(counts), [], 0.8)
+    assert wsm.item() > plain.item() + 5  # label 2 is absent at the aggregator: WSM makes it ~impossible
+    # with peers, the plain NLL is mixed with the same KL term as the WSM one
+    q = torch.tensor([[0.2, 0.5, 0.3], [0.3, 0.3, 0.4]])
+    kl = F.kl_div(torch.log_softmax(z, -1), q, reduction="batchmean")
+    mixed = dfml_loss(z, y, None, [q], 0.25)
+    assert mixed.item() == pytest.approx(0.75 * F.cross_entropy(z, y).item() + 0.25 * kl.item(), abs=1e-6)
+
+
+def test_wsm_false_reaches_the_round(tiny_cfg, monkeypatch):
+    import hfl_bench.methods.dfml as module
+
+    seen = []
+    real = module.mutual_learning
+
+    def spy(fed, plan, members, log_beta, alpha):
+        seen.append(log_beta)
+        return real(fed, plan, members, log_beta, alpha)
+
+    monkeypatch.setattr(module, "mutual_learning", spy)
+    for params in ({}, {"wsm": False}):
+        sim = _simulation(tiny_cfg, **params)
+        sim.step(1)
+    default, plain = seen
+    a = draw_aggregator(0, 1, list(range(4)))
+    assert torch.equal(default, log_class_prior(sim.fed.clients[a].train_counts))
+    assert plain is None
+
+
+def _stepped(tiny_cfg, rounds: int, **params) -> engine.Simulation:
+    sim = _simulation(lambda **kw: tiny_cfg(**kw, rounds=rounds), **params)
+    for rnd in range(1, rounds + 1):
+        sim.step(rnd)
+    return sim
+
+
+def test_eval_current_evaluates_the_live_model(tiny_cfg):
+    # period 2: round 1 has alpha 0 (no peak yet), round 2 is a peak, round 3 trains on past it.
+    peak = _stepped(tiny_cfg, 3, period=2)
+    current = _stepped(tiny_cfg, 3, period=2, eval="current")
+    # The control changes what is evaluated, not what is trained.
+    assert [h["train_loss"] for h in peak.history[1:]] == [h["train_loss"] for h in current.history[1:]]
+    for a, b in zip(peak.fed.clients, current.fed.clients):
+        assert _same(a.model, _state(b.model))
+    fed, method = current.fed, current.method
+    assert all(m is c.model for m, c in zip(method.eval_models(fed), fed.clients))
+    assert method.peaks == {}  # no peak model is stored
+    assert method.changed_clients(fed, current.active_clients(3)) == current.active_clients(3)
+
+    def figures(h):
+        return h["global_acc"], h["local_acc"], h["mean_val_acc"]
+
+    # Rounds 1 and 2 evaluate the same models either way (no peak yet; the peak copied this round);
+    # at round 3 the peak run still reads round 2's models, the current run the live ones.
+    for rnd in (1, 2):
+        assert figures(peak.history[rnd]) == figures(current.history[rnd]), rnd
+    assert figures(peak.history[3]) == figures(peak.history[2])
+    assert figures(current.history[3]) != figures(peak.history[3])
+
+
+@pytest.mark.parametrize("params,message", [({"eval": "best"}, "eval must be peak or current, got 'best'"),
+                                            ({"eval": "Peak"}, "eval must be peak or current")])
+def test_bad_eval_is_refused(tiny_cfg, params, message):
+    from hfl_bench.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        _simulation(tiny_cfg, **params)

@@ -178,11 +178,64 @@ def test_seed_ranges_in_a_suite_and_on_the_command_line(tmp_path):
     assert result.exit_code == 2 and "seeds" in result.output and len(result.output.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("name", ["mini", "crad-table1", "digits", "cifar10-jpg", "robustness", "multimodal"])
+def test_method_variants(tmp_path):
+    """A method's override may be a list: one variant of the method per entry (its own config hash,
+    record and summary label), merged over the shared and task layers like a single override."""
+    suite = parse_suite({
+        "methods": ["local", "dfml"], "tasks": ["digits"], "seeds": [0, 1], "settings": {"rounds": 3},
+        "method_overrides": {"dfml": [{}, {"method_params": {"eval": "current"}},
+                                      {"rounds": 4, "method_params": {"wsm": False, "alpha_max": 0}}]}})
+    assert suite.variants("local") == [{}] and len(suite.variants("dfml")) == 3
+    cells = suite_cells(suite, out=tmp_path)
+    assert all(c.error is None for c in cells)
+    assert [(c.cfg.method, c.variant, c.cfg.seed) for c in cells] == [
+        ("local", "", 0), ("local", "", 1),
+        *[("dfml", v, s) for v in ("defaults", "eval=current", "rounds=4, wsm=false, alpha_max=0") for s in (0, 1)]]
+    by = {(c.variant, c.cfg.seed): c.cfg for c in cells}
+    assert by["defaults", 0].method_params == {} and by["defaults", 0].rounds == 3
+    assert by["eval=current", 0].method_params == {"eval": "current"}
+    assert by["rounds=4, wsm=false, alpha_max=0", 1].method_params == {"wsm": False, "alpha_max": 0.0}
+    assert by["rounds=4, wsm=false, alpha_max=0", 1].rounds == 4
+    assert len({c.record_path() for c in cells}) == len(cells) == 8
+    assert cells[4].label == "dfml [eval=current] on digits, seed 0"
+    # the dry run names each cell's variant
+    path = _write_suite(tmp_path / "v.yaml", methods=["dfml"], tasks=["digits"], seeds=[0], out=str(tmp_path / "r"),
+                        method_overrides={"dfml": [None, {"method_params": {"wsm": False}}]})
+    result, stdout = _invoke(str(path), "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(stdout)["cells"]
+    assert [(r["variant"], r["status"]) for r in rows] == [("defaults", "would run"), ("wsm=false", "would run")]
+    result = CliRunner().invoke(app, ["matrix", str(path), "--dry-run"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "variant" in result.stdout and "wsm=false" in result.stdout
+    plain, _ = _invoke(str(_write_suite(tmp_path / "p.yaml", methods=["dfml"], tasks=["digits"], seeds=[0],
+                                        out=str(tmp_path / "r"))), "--dry-run", "--json")
+    assert json.loads(plain.stdout)["cells"][0]["variant"] is None  # a single override: no variant
+    # refused: an empty list, an entry given twice, a list for a task, two entries that are one run
+    base = {"methods": ["dfml"], "tasks": ["digits"], "seeds": [0]}
+    for overrides, message in (({"method_overrides": {"dfml": []}}, "must hold at least one override"),
+                               ({"method_overrides": {"dfml": [{}, None]}}, "variants lists defaults more than once"),
+                               ({"method_overrides": {"dfml": [{}, {"roundz": 2}]}}, r"dfml\[1\]: unknown key"),
+                               ({"task_overrides": {"digits": [{}]}}, "must be a mapping of run settings")):
+        with pytest.raises(ConfigError, match=message):
+            parse_suite({**base, **overrides})
+    same = parse_suite({**base, "method_overrides": {"dfml": [{}, {"method_params": {"eval": "peak"}}]}})
+    with pytest.raises(ConfigError, match=r"dfml \[defaults\] on digits, seed 0 and dfml \[eval=peak\] on digits, "
+                                          r"seed 0 are the same run"):
+        suite_cells(same, out=tmp_path)
+    path = _write_suite(tmp_path / "same.yaml", **base, out=str(tmp_path / "r"),
+                        method_overrides={"dfml": [{}, {"method_params": {"eval": "peak"}}]})
+    result, _ = _invoke(str(path), "--dry-run")
+    assert result.exit_code == 2 and "are the same run" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["mini", "crad-table1", "digits", "cifar10-jpg", "robustness", "multimodal",
+                                  "dfml-controls"])
 def test_shipped_suites_parse(name):
     suite = load_suite(REPO / "suites" / f"{name}.yaml")
     cells = suite_cells(suite)
-    assert len(cells) == len(suite.methods) * len(suite.tasks) * len(suite.seeds) * len(suite.faults)
+    variants = sum(len(suite.variants(m)) for m in suite.methods)
+    assert len(cells) == variants * len(suite.tasks) * len(suite.seeds) * len(suite.faults)
     assert all(c.error is None for c in cells), [c.error for c in cells if c.error]
     registered = set(builtin_names(METHODS))  # an installed plugin's methods are not the suites' business
     for cell in cells:
@@ -219,6 +272,17 @@ def test_shipped_suites_parse(name):
         from hfl_bench.config import config_hash
         hashes = {config_hash(vars(c.cfg)) for c in cells if not c.cfg.faults}
         assert all(config_hash(dict(vars(c.cfg), faults="")) in hashes for c in cells if c.cfg.faults)
+    elif name == "dfml-controls":  # DFML's controls beside its defaults, at digits' calibrated protocol
+        assert suite.out == "leaderboards/reproduced/dfml-controls" and suite.seeds == [0, 1, 2, 3, 4]
+        assert suite.methods == ["dfml"] and suite.tasks == ["digits"]
+        assert [c.cfg.method_params for c in cells[::5]] == [{}, {"eval": "current"}, {"wsm": False},
+                                                             {"alpha_max": 0.0}]
+        for field in ("rounds", "batch_size", "lr", "local_epochs", "heldout_fraction", "clients", "alpha", "pool"):
+            assert {getattr(c.cfg, field) for c in cells} == {get_task("digits").info.defaults[field]}, field
+        assert {c.cfg.public_size for c in cells} == {0}
+        # the defaults are digits.yaml's dfml cells: the same config, so the same record names
+        digits = {c.record_path().name for c in suite_cells(load_suite(REPO / "suites" / "digits.yaml"))}
+        assert {c.record_path().name for c in cells[:5]} <= digits
     elif name == "crad-table1":
         assert suite.seeds == [1024] and set(suite.tasks) == {"cifar10", "cifar100", "pathmnist"}
         assert {c.cfg.pool for c in cells} == {"paper"} and {c.cfg.rounds for c in cells} == {300}

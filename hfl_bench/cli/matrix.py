@@ -132,14 +132,17 @@ def _print_table(suite: Suite, folder: str, rows: list[dict[str, Any]], speed: d
     title = f"suite {suite.name}: {len(rows)} cells -> {folder}"
     t = Table(title=plain(title))
     faults = any(r.get("faults", "none") != "none" for r in rows)
-    columns = (("method", "left"), ("task", "left"), *((("faults", "left"),) if faults else ()), ("seed", "right"),
+    variants = any(r.get("variant") for r in rows)
+    columns = (("method", "left"), *((("variant", "left"),) if variants else ()), ("task", "left"),
+               *((("faults", "left"),) if faults else ()), ("seed", "right"),
                ("status", "left"), ("global acc (%)", "right"), ("time (s)", "right"), ("record", "left"))
     for col, justify in columns:
         t.add_column(col, justify=justify)
     for r in rows:
         style = STATUS_STYLE.get(r["status"], "")
         record = Path(r["record"]).name if r["record"] else "-"
-        t.add_row(plain(r["method"]), plain(r["task"]), *((plain(r.get("faults", "none")),) if faults else ()),
+        t.add_row(plain(r["method"]), *((plain(r.get("variant") or "-"),) if variants else ()), plain(r["task"]),
+                  *((plain(r.get("faults", "none")),) if faults else ()),
                   cell(r["seed"]), plain(r["status"], style),
                   cell(r["global_acc"]), cell(r["wall_time_s"], 1), plain(record))
     out.print(t)
@@ -151,8 +154,9 @@ def _print_table(suite: Suite, folder: str, rows: list[dict[str, Any]], speed: d
     for r in rows:
         if r["error"] and r["status"] in ("failed", "would fail"):
             faults_note = f", faults {r['faults']}" if r.get("faults", "none") != "none" else ""
-            note(f"{r['status']}:", f"{r['method']} on {r['task']}, seed {r['seed']}{faults_note}: {r['error']}",
-                 style="red")
+            variant = f" [{r['variant']}]" if r.get("variant") else ""
+            note(f"{r['status']}:", f"{r['method']}{variant} on {r['task']}, seed {r['seed']}{faults_note}: "
+                 f"{r['error']}", style="red")
 
 
 class _CellProgress:
@@ -173,7 +177,8 @@ class _CellProgress:
 
     def cell_done(self, row: dict[str, Any]) -> None:
         if self.enabled:
-            last = escape(terminal(f"{row['method']} on {row['task']}: {row['status']}"))  # the column reads markup
+            variant = f" [{row['variant']}]" if row.get("variant") else ""
+            last = escape(terminal(f"{row['method']}{variant} on {row['task']}: {row['status']}"))  # reads markup
             self.bar.update(self.cells, advance=1, description=f"cells (last: {last})")
 
     def rounds(self, cell: Cell) -> Optional[Callable]:

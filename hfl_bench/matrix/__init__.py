@@ -34,6 +34,11 @@ Suite format::
     method_overrides:               # optional, per method; applied last
       fedavg: {pool: cpu-cnn}
       crad: {method_params: {lam: 0.5}}
+      dfml:                         # a list: variants, one run of the method per entry
+        - {}
+        - {method_params: {eval: current}}
 
-``method_params`` mappings are merged key by key across the layers; other keys replace.
+``method_params`` mappings are merged key by key across the layers; other keys replace. A
+method's variants each give their own cells (own config hash and record), named in the summary's
+``variant`` column; two variants that resolve to one config are refused (``suite.suite_cells``).
 """

@@ -27,11 +27,13 @@ def summary_row(cell: Cell, record: Optional[dict[str, Any]], status: str, path:
     """One line of the summary: ``status`` is ok, diverged, failed or skipped (a final record
     was already there); ``record_status`` is the status inside the record file; ``global_acc``
     the headline (``results.headline.headline_value``: the mean over the last evaluated rounds, of
-    the honest clients under faults, the recipients of a multimodal run)."""
+    the honest clients under faults, the recipients of a multimodal run); ``variant`` the method's
+    variant when the suite lists several (``suite.variant_text``), else None."""
     record = record or {}
     error = record.get("error") or cell.error
     return {
         "method": cell.cfg.method,
+        "variant": cell.variant or None,
         "task": cell.cfg.task,
         "seed": cell.cfg.seed,
         "faults": cell.cfg.faults or "none",

@@ -37,7 +37,14 @@ class Suite:
     description: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
     task_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
-    method_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # A method's override, or its variants: a list of overrides, each one run of the method per
+    # task, seed and fault setting (``variants``).
+    method_overrides: dict[str, dict[str, Any] | list[dict[str, Any]]] = field(default_factory=dict)
+
+    def variants(self, method: str) -> list[dict[str, Any]]:
+        """The method's overrides, one per variant: ``[override]`` (``[{}]`` without one), or its list."""
+        override = self.method_overrides.get(method, {})
+        return list(override) if isinstance(override, list) else [override]
 
 
 @dataclass
@@ -47,11 +54,14 @@ class Cell:
 
     cfg: RunConfig
     error: Optional[str] = None
+    # The method's variant (``variant_text`` of its override) when the suite lists several; else "".
+    variant: str = ""
 
     @property
     def label(self) -> str:
+        variant = f" [{self.variant}]" if self.variant else ""
         faults = f", faults {self.cfg.faults}" if self.cfg.faults else ""
-        return f"{self.cfg.method} on {self.cfg.task}, seed {self.cfg.seed}{faults}"
+        return f"{self.cfg.method}{variant} on {self.cfg.task}, seed {self.cfg.seed}{faults}"
 
     def record_path(self) -> Path:
         return paths.record_path(self.cfg)
@@ -207,7 +217,29 @@ def _overrides(data: dict[str, Any], key: str, names: list[str], axis: str, wher
     if stray:  # most likely a typo: an override that would never apply
         raise ConfigError(f"{where}: {key} names {', '.join(map(str, stray))}, not in the suite's {axis} "
                           f"({', '.join(names)})")
-    return {name: _settings(values, f"{where}: {key}.{name}", faults_axis) for name, values in raw.items()}
+    if key != "method_overrides":
+        return {name: _settings(values, f"{where}: {key}.{name}", faults_axis) for name, values in raw.items()}
+    return {name: _variants(values, f"{where}: {key}.{name}", faults_axis) if isinstance(values, list)
+            else _settings(values, f"{where}: {key}.{name}", faults_axis) for name, values in raw.items()}
+
+
+def _variants(values: list, where: str, faults_axis: bool) -> list[dict[str, Any]]:
+    """A method's variants: a non-empty list of overrides (``{}`` or an empty entry: the method as
+    the other layers leave it), each listed once."""
+    if not values:
+        raise ConfigError(f"{where}: a list of variants must hold at least one override ({{}}: the method as is)")
+    variants = [_settings(v, f"{where}[{i}]", faults_axis) for i, v in enumerate(values)]
+    _no_duplicates([variant_text(v) for v in variants], "variants", where)
+    return variants
+
+
+def variant_text(override: dict[str, Any]) -> str:
+    """An override in one line, for the summary's variant column: ``key=value`` for each setting and
+    each hyperparameter (``eval=current, wsm=false``); ``defaults`` for an empty one."""
+    items = [(k, v) for k, v in override.items() if k != "method_params"]
+    items += list((override.get("method_params") or {}).items())
+    shown = [f"{k}={'true' if v is True else 'false' if v is False else 'none' if v is None else v}" for k, v in items]
+    return ", ".join(shown) or "defaults"
 
 
 def merge_settings(*layers: dict[str, Any]) -> dict[str, Any]:
@@ -238,13 +270,35 @@ def suite_cells(suite: Suite, out: str | Path | None = None) -> list[Cell]:
     for task in suite.tasks:
         for faults in suite.faults:
             for method in suite.methods:
-                values = merge_settings(suite.settings, suite.task_overrides.get(task, {}),
-                                        suite.method_overrides.get(method, {}))
-                if faults is not None:
-                    values["faults"] = faults
-                for seed in suite.seeds:
-                    cells.append(resolve_cell(dict(values, method=method, task=task, seed=seed, out=folder)))
+                variants = suite.variants(method)
+                for override in variants:  # a method's variants in the listed order
+                    values = merge_settings(suite.settings, suite.task_overrides.get(task, {}), override)
+                    if faults is not None:
+                        values["faults"] = faults
+                    variant = variant_text(override) if isinstance(suite.method_overrides.get(method), list) else ""
+                    for seed in suite.seeds:
+                        cell = resolve_cell(dict(values, method=method, task=task, seed=seed, out=folder))
+                        cell.variant = variant
+                        cells.append(cell)
+    _one_cell_per_record(suite, cells)
     return cells
+
+
+def _one_cell_per_record(suite: Suite, cells: list[Cell]) -> None:
+    """Refuse two cells that are one run (the same record path: the same config once resolved, e.g.
+    a variant that sets a hyperparameter to its default beside the plain method)."""
+    seen: dict[Path, Cell] = {}
+    for cell in cells:
+        if cell.error is not None:
+            continue
+        try:
+            path = cell.record_path()
+        except ValueError:  # a name that cannot be a file name: that cell fails on its own
+            continue
+        if path in seen:
+            raise ConfigError(f"suite {suite.name}: {seen[path].label} and {cell.label} are the same run (one "
+                              f"config, one record {path.name}); list each variant once")
+        seen[path] = cell
 
 
 def resolve_cell(values: dict[str, Any]) -> Cell:
