@@ -254,7 +254,9 @@ def canonical_identity(cfg: RunConfig) -> RunConfig:
     except (ConfigError, TypeError):
         return dataclasses.replace(cfg, method_params=raw)
     preset = matching_preset(cls.card, cls.Params, params, cfg.preset)
-    if params == cfg.method_params and preset == cfg.preset:
+    # compared as hashed: a dict compares 0 and 0.0 equal, and a suite's ``alpha_max: 0`` would then
+    # keep its int and hash unlike ``--set alpha_max=0``
+    if config_mod.canonical_json(params) == config_mod.canonical_json(cfg.method_params) and preset == cfg.preset:
         return cfg
     return dataclasses.replace(cfg, method_params=params, preset=preset)
 

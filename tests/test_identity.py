@@ -65,6 +65,14 @@ def test_other_values_still_have_other_hashes_and_are_recorded_typed(tmp_path):
     assert _record_name(tmp_path, {"lr": 1}, []) == _record_name(tmp_path, None, [], lr=1.0)  # floats by value
 
 
+def test_a_whole_number_for_a_float_hyperparameter_hashes_as_its_float(tmp_path):
+    """YAML (a suite's or --config's) ``lam: 1`` is ``--set lam=1.0``: one run, one record file,
+    recorded as the float (a dict compares 1 and 1.0 equal, which once kept the int and its hash)."""
+    assert _record_name(tmp_path, {"method_params": {"lam": 1}}, []) == _record_name(tmp_path, None, ["lam=1.0"])
+    cfg = engine.load_task(RunConfig(method="crad", task="digits", method_params={"lam": 1}))[1]
+    assert cfg.method_params == {"lam": 1.0} and isinstance(cfg.method_params["lam"], float)
+
+
 def test_a_bad_hyperparameter_is_still_reported_by_the_run(tmp_path):
     result, _, _ = invoke_cli("run", "--method", "crad", "--set", "lam=abc", "--out", str(tmp_path), "-q")
     assert result.exit_code == 2 and "lam='abc' is not a valid float" in result.output
