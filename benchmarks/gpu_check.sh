@@ -3,7 +3,7 @@
 # measures; under 8 minutes on one H200). Prepared here, before the device call:
 #   pip wheel --no-deps -w .whl .                                # this project's wheel
 #   mkdir -p .gpu-data && cp ../shared/data/cifar10-jpg.tar.gz .gpu-data/   # real CIFAR-10 JPEGs
-# (both folders git-ignored through .git/info/exclude; the device call carries them), then on the
+# (both folders are in .gitignore; the device call carries them), then on the
 # machine: bash benchmarks/gpu_check.sh --commit <the commit measured>
 # It installs the wheel into a private folder (the machine's own torch and timm are used) and
 # writes $OUT/gpu-check.json (OUT: the device tool's result folder, else a temporary one).
