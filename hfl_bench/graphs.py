@@ -123,9 +123,10 @@ def _layout(t: torch.Tensor | None) -> tuple:
     return () if t is None else (tuple(t.shape), t.stride(), t.dtype)
 
 
-def step_key(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-             q: torch.Tensor | None, lam: float, temperature: float, clip: float) -> tuple:
-    """Everything a captured step bakes in: if any of it differs, the graph would be stale."""
+def state_key(model: nn.Module, optimizer: torch.optim.Optimizer, lam: float, temperature: float,
+              clip: float) -> tuple:
+    """What a captured step bakes in of the student and its loss: the optimizer and its settings,
+    which tensors hold the parameters, buffers and momentum, the loss settings."""
     params = list(model.parameters())
     momenta = [optimizer.state.get(p, {}).get("momentum_buffer") for p in params]
     return (
@@ -134,8 +135,13 @@ def step_key(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor
         tuple(b.data_ptr() for b in model.buffers()),
         tuple(None if m is None else m.data_ptr() for m in momenta),
         (float(lam), float(temperature), float(clip)),
-        _layout(x), _layout(y), _layout(q),
     )
+
+
+def step_key(state: tuple, x: torch.Tensor, y: torch.Tensor, q: torch.Tensor | None) -> tuple:
+    """Everything a captured step bakes in (``state_key`` and the inputs' layouts): if any of it
+    differs, the graph would be stale."""
+    return (state, _layout(x), _layout(y), _layout(q))
 
 
 @dataclass
@@ -246,18 +252,19 @@ class StepGraphs:
         x_all, y_all = plan.view(fed), plan.labels(fed)  # the epoch's views at once: the same rows as per batch
         q_all = targets if targets is not None and lam > 0 else None
         total = torch.zeros((), device=x_all.device)
+        state = state_key(model, opt, lam, temperature, clip)
         for s, e in plan.bounds:
             x, y = x_all[s:e], y_all[s:e]
             q = None if q_all is None else q_all[s:e]
-            kind = student.planner.next(step_key(model, opt, x, y, q, lam, temperature, clip),
-                                        e - s == fed.cfg.batch_size)
+            kind = student.planner.next(step_key(state, x, y, q), e - s == fed.cfg.batch_size)
             self.counts[kind] += 1
-            if kind == "eager":
-                total += sgd_step(model, opt, x, y, q, lam, temperature, clip)
-            elif kind == "warmup":
-                with self.recorder.side():
+            if kind in ("eager", "warmup"):
+                with self.recorder.side() if kind == "warmup" else contextlib.nullcontext():
                     loss = sgd_step(model, opt, x, y, q, lam, temperature, clip)
                 total += loss
+                # an eager step may make state (SGD's momentum buffers, on its first step); a replay
+                # never does, so the key's walk over the student's tensors stays off the replayed path
+                state = state_key(model, opt, lam, temperature, clip)
             else:
                 if kind == "capture":
                     student.graph = self._capture(model, opt, x, y, q, lam, temperature, clip)
