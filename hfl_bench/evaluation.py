@@ -104,23 +104,17 @@ def _fingerprints(modules: list[nn.Module]) -> list[tuple | None]:
     """Cheap keys under which modules with equal parameters collide (None: never shared), read from
     the device in one copy: a host read per tensor is a wait on the GPU per tensor, which costs
     little alone but a scheduling slice each when several runs share a GPU."""
-    sums: list[torch.Tensor] = []
-    spans: list[tuple[int, int] | None] = []
-    for module in modules:
-        if not any(True for _ in module.parameters()):
-            spans.append(None)  # a parameter-free wrapper may compute anything: evaluate it on its own
-            continue
-        tensors = _tensors(module)
-        spans.append((len(sums), len(sums) + len(tensors)))
-        sums += [t.detach().reshape(-1)[:: max(1, t.numel() // 8)].double().sum() for t in tensors]
-    values = torch.stack([v.to(sums[0].device) for v in sums]).tolist() if sums else []
-    keys: list[tuple | None] = []
-    for module, span in zip(modules, spans):
-        if span is None:
-            keys.append(None)
-            continue
-        keys.append((type(module), tuple(tuple(t.shape) for t in _tensors(module)), tuple(values[span[0]:span[1]])))
-    return keys
+    tensors = [_tensors(m) if any(True for _ in m.parameters()) else None for m in modules]
+    # a parameter-free wrapper may compute anything (None): evaluated on its own
+    sums = [t.detach().reshape(-1)[:: max(1, t.numel() // 8)].double().sum() for ts in tensors if ts for t in ts]
+    values = iter(_read(sums))
+    return [None if ts is None else (type(m), tuple(tuple(t.shape) for t in ts), tuple(next(values) for _ in ts))
+            for m, ts in zip(modules, tensors)]
+
+
+def _read(values: list[torch.Tensor]) -> list:
+    """0-d tensors (on one device or several) as Python numbers, in one host copy."""
+    return torch.stack([v.to(values[0].device) for v in values]).tolist() if values else []
 
 
 def _equal(a: nn.Module, b: nn.Module) -> bool:
@@ -353,7 +347,7 @@ class Evaluator:
         with channels_last([models[c] for c in cids], self.fast_layout):
             hits = [self.local_test_hits(models[cid], cid) for cid in cids]
             counts = self.global_counts([models[c] for c in cids], cids)
-        for cid, hit in zip(cids, torch.stack(hits).tolist() if hits else []):
+        for cid, hit in zip(cids, _read(hits)):
             local_correct[cid] = hit
         for cid, count in zip(cids, counts):
             global_correct[cid] = count
@@ -375,8 +369,7 @@ class Evaluator:
         cids = list(range(len(predictors)))
         with channels_last(predictors, self.fast_layout):
             g = np.array([float(c.sum()) / total * 100 for c in self.global_counts(predictors, cids)])
-            hits = [self.local_test_hits(p, cid) for cid, p in enumerate(predictors)]
-            hits = torch.stack(hits).tolist() if hits else []
+            hits = _read([self.local_test_hits(p, cid) for cid, p in enumerate(predictors)])
             local = np.array([hits[cid] / self.local_total[cid] * 100 if self.local_total[cid] else np.nan
                               for cid in cids])
         return {"global_acc": g, "local_acc": local}
