@@ -33,7 +33,7 @@ filter and the precision weights, ``crad-support-filter-only`` keeps the support
 
 Every rule has a version (``register_aggregator(name, version=...)``, "1.0" when none is declared):
 bump it whenever what the rule computes changes. A run whose ``aggregator`` hyperparameter names a
-rule past "1.0" records it in its method version (``hfl_bench.results.records.run_version``), so its
+rule past "1.0" records it in its method version (``run_version``), so its
 records never share a leaderboard group with the rule's earlier numerics.
 """
 
@@ -41,11 +41,11 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
-from hfl_bench.registry import AGGREGATORS
+from hfl_bench.registry import AGGREGATORS, RegistryError
 
 
 class Aggregator(Protocol):
@@ -80,6 +80,23 @@ def aggregator_version(name: str) -> str:
     factory = AGGREGATORS.get(name)
     version = _VERSIONS.get(name, getattr(factory, "version", FIRST_VERSION))
     return version if isinstance(version, str) and _VERSION_PATTERN.fullmatch(version) else FIRST_VERSION
+
+
+def run_version(card_version: str, hparams: Any) -> str:
+    """The version of a run's numerics, recorded as ``method.version``: the method card's, or, when
+    the method's ``aggregator`` hyperparameter names a rule past its first version
+    (``aggregator_version``), ``<card version>+<rule>-<rule version>`` (e.g.
+    ``1.0+crad-accuracy-1.1``). A rule's fix thus moves the records of the runs that use it, and only
+    those, out of the groups, resumes and pins of its earlier numerics; a run of a rule still at
+    "1.0" records the card's version, as every record did before rules had versions."""
+    name = hparams.get("aggregator") if isinstance(hparams, dict) else None
+    if not isinstance(name, str):
+        return card_version
+    try:
+        version = aggregator_version(name)
+    except RegistryError:  # not a registered rule: the method refuses it itself
+        return card_version
+    return card_version if version == FIRST_VERSION else f"{card_version}+{name}-{version}"
 
 
 def get_aggregator(name: str, **hparams) -> Aggregator:

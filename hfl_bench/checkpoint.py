@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hfl_bench.aggregation import run_version
 from hfl_bench.config import ConfigError, config_hash, without_legacy
 from hfl_bench.federation import RoundMetrics
 from hfl_bench.paths import write_atomic
@@ -382,10 +383,12 @@ def implementation_versions(sim: Any) -> dict[str, Any]:
     """The method's and the task's versions: a checkpoint resumes only under the same ones (the
     git commit says nothing for an installed wheel, and is not in the config hash).
 
-    The method's version is its card's (``card.version``, the one every record carries): a class
-    may not declare ``version`` itself (``method_api.CARD_ATTRIBUTES``), so reading it off the class
-    gave None on both sides and let any version resume any other's checkpoint."""
-    return {"method": type(sim.method).card.version, "task": sim.fed.info.version}
+    The method's version is the one its record carries (``aggregation.run_version``: its card's,
+    and its aggregation rule's past "1.0"): a class may not declare ``version`` itself
+    (``method_api.CARD_ATTRIBUTES``), so reading it off the class gave None on both sides and let
+    any version resume any other's checkpoint."""
+    method = run_version(type(sim.method).card.version, sim.method.hparams())
+    return {"method": method, "task": sim.fed.info.version}
 
 
 def check_versions(state: dict[str, Any], now: dict[str, Any], where: str) -> None:

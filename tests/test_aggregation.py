@@ -15,8 +15,9 @@ from hfl_bench.aggregation import (
     get_aggregator,
     masked_median,
     register_aggregator,
+    run_version,
 )
-from hfl_bench.results.records import registered_version, run_version
+from hfl_bench.results.records import registered_version
 from hfl_bench.testing import builtin_names
 
 # The rules hfl-bench registers, each named here so that a removed one fails below; the tests that

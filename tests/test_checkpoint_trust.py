@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hfl_bench import checkpoint, engine, paths
+from hfl_bench import aggregation, checkpoint, engine, paths
 from hfl_bench.config import RunConfig
 from hfl_bench.matrix.cells import run_cell
 from hfl_bench.methods import crad as crad_module
@@ -84,6 +84,20 @@ def test_a_matrix_cell_starts_over_from_a_checkpoint_of_another_method_version(t
     assert record["method"]["version"] == "9.9"
     assert "resumed_from_rounds" not in record["federation"]  # started over, not continued
     assert not path.exists()
+
+
+def test_a_checkpoint_of_another_aggregation_rule_version_is_refused(tmp_path, monkeypatch):
+    """A rule's version is part of the run's method version (``aggregation.run_version``): a
+    checkpoint written before a rule's fix does not resume under the fixed rule either."""
+    cfg = dataclasses.replace(crad_config(tmp_path), method_params={"aggregator": "crad-lcb"})
+    path = interrupted_after_round_1(cfg)
+    assert checkpoint.read(path)["versions"]["method"] == "1.0"  # crad-lcb is at its first version
+    monkeypatch.setitem(aggregation._VERSIONS, "crad-lcb", "1.1")  # as a fix of the rule declares
+    result, _, _ = invoke_cli("run", *crad_args(), "--set", "aggregator=crad-lcb", "--out", str(tmp_path),
+                              "--resume", "-q")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "method version '1.0'" in text and "'1.0+crad-lcb-1.1'" in text and "Traceback" not in result.output
 
 
 # ----------------------------------------------------------------------------- #2 a write that fails

@@ -48,7 +48,7 @@ MULTIMODAL = {"task": "digits-mnist1d", "pool": "cpu-mm"}
 # card's smoke settings, plus the per-batch reference path of the two families that have one, a
 # partial-participation round, the missing-modality setting and the CRAD aggregation rules whose
 # records are compared with crad's (the version-bumped crad-accuracy, the filter ablations): a rule's
-# version is part of its runs' method version (records.run_version).
+# version is part of its runs' method version (aggregation.run_version).
 CASES = [(m, m, {}) for m in builtin_methods()] + [
     ("crad@reference", "crad", {"exec": "reference"}),
     *[(f"crad@{rule}", "crad", {"method_params": {"aggregator": rule}})

@@ -288,7 +288,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         "method": {
             "name": cfg.method,  # the registry key: right also for an entry point that names a class
             "fidelity": method.card.fidelity,
-            "version": run_version(method.card.version, method.hparams()),
+            "version": _run_version(method.card.version, method.hparams()),
             "citation": method.card.citation,
             "notes": list(method.card.notes),
             "plugin_dist": plugin_dist(type(method).__module__),
@@ -404,7 +404,7 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
         method.update(fidelity=card.fidelity, version=card.version, citation=card.citation, notes=list(card.notes),
                       plugin_dist=plugin_dist(cls.__module__), **card_setting(card))
         method["hparams"] = dataclasses.asdict(coerce_params(cls.Params, cfg.method_params, cfg.method))
-        method["version"] = run_version(card.version, method["hparams"])
+        method["version"] = _run_version(card.version, method["hparams"])
     except Exception:  # noqa: BLE001 - unknown method or bad hyperparameters: keep what we have
         pass
     try:
@@ -564,24 +564,11 @@ def other_data_message(path: Path, recorded: str, current: str) -> str:
 FINAL_STATUSES = ("ok", "diverged")
 
 
-def run_version(card_version: str, hparams: Any) -> str:
-    """The version of a run's numerics, recorded as ``method.version``: the method card's, or, when
-    the method's ``aggregator`` hyperparameter names a rule past its first version
-    (``hfl_bench.aggregation.aggregator_version``), ``<card version>+<rule>-<rule version>`` (e.g.
-    ``1.0+crad-accuracy-1.1``). A rule's fix thus moves the records of the runs that use it, and only
-    those, out of the groups, resumes and pins of its earlier numerics; a run of a rule still at
-    "1.0" records the card's version, as every record did before rules had versions."""
-    name = hparams.get("aggregator") if isinstance(hparams, dict) else None
-    if not isinstance(name, str):
-        return card_version
-    from hfl_bench.aggregation import FIRST_VERSION, aggregator_version
-    from hfl_bench.registry import RegistryError
+def _run_version(card_version: str, hparams: Any) -> str:
+    """``aggregation.run_version``, imported when needed: reading records needs no torch."""
+    from hfl_bench.aggregation import run_version
 
-    try:
-        version = aggregator_version(name)
-    except RegistryError:  # not a registered rule: the method refuses it itself
-        return card_version
-    return card_version if version == FIRST_VERSION else f"{card_version}+{name}-{version}"
+    return run_version(card_version, hparams)
 
 
 def registered_version(method: str, method_params: dict[str, Any] | None = None) -> str | None:
@@ -599,7 +586,7 @@ def registered_version(method: str, method_params: dict[str, Any] | None = None)
         hparams = dataclasses.asdict(coerce_params(cls.Params, dict(method_params or {}), method))
     except Exception:  # noqa: BLE001 - bad hyperparameters: the run reports them
         return cls.card.version
-    return run_version(cls.card.version, hparams)
+    return _run_version(cls.card.version, hparams)
 
 
 def other_version(record: dict[str, Any], current: str | None) -> str | None:
