@@ -109,7 +109,7 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
     import os
     from multiprocessing.connection import wait
 
-    from hfl_bench.matrix.gpus import GpuPlan, MemoryReport, take_slots, visible_gpus
+    from hfl_bench.matrix.gpus import GpuPlan, MemoryReport, may_use_cuda, take_slots, visible_gpus
 
     # forkserver, not fork (fork is unsafe once torch has started threads): the server imports
     # the engine once and every worker forks from it, instead of each worker importing torch.
@@ -117,7 +117,7 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
     context.set_forkserver_preload(["hfl_bench.engine", "hfl_bench.results.records",
                                     "hfl_bench.matrix.cells", "hfl_bench.methods", "hfl_bench.tasks"])
     if gpus is None:  # a CPU-only suite never asks
-        gpus = visible_gpus() if any(_may_use_cuda(cell.cfg.device) for cell in cells) else 0
+        gpus = visible_gpus() if any(may_use_cuda(cell.cfg.device) for cell in cells) else 0
     plan = GpuPlan(gpus, cells_per_gpu)
     worker = worker or _cell_worker
     pending = list(cells)
@@ -153,11 +153,6 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
     except BaseException:  # Ctrl-C: end the running cells (their checkpoints stay for the rerun)
         stop_workers([process for process, _, _, _ in running.values()])
         raise
-
-
-def _may_use_cuda(device: str) -> bool:
-    """Whether a cell of this device would run on a GPU were there one (``gpus.is_cuda_cell``)."""
-    return device == "auto" or device.startswith("cuda")
 
 
 def _cell_worker(cfg: RunConfig, threads: int, driver_pid: int, send) -> None:

@@ -63,11 +63,16 @@ def pick_gpu(running_per_gpu: Sequence[int], caps: Sequence[int]) -> Optional[in
     return min(open_gpus, key=lambda i: (running_per_gpu[i], i)) if open_gpus else None
 
 
+def may_use_cuda(device: str) -> bool:
+    """Whether a cell of this ``device`` would run on a GPU were there one: ``cuda``, ``cuda:N`` or
+    ``auto`` (``engine.pick_device``)."""
+    return device == "auto" or device.startswith("cuda")
+
+
 def is_cuda_cell(device: str, gpus: int) -> bool:
-    """Whether a cell of this ``device`` runs on a GPU here: ``cuda``, ``cuda:N``, or ``auto`` when
-    there is a GPU (``engine.pick_device``). With no GPU visible none is: a ``cuda`` cell then fails
-    in its worker as it always did."""
-    return gpus > 0 and (device.startswith("cuda") or device == "auto")
+    """Whether a cell of this ``device`` runs on a GPU here (``may_use_cuda``, and a GPU is
+    visible). With no GPU visible none is: a ``cuda`` cell then fails in its worker as it always did."""
+    return gpus > 0 and may_use_cuda(device)
 
 
 def pinned_gpu(device: str) -> Optional[int]:
