@@ -121,7 +121,6 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None) 
         sections_markdown,
         to_csv,
         to_markdown,
-        to_rich,
     )
 
     if fmt == "json":
@@ -159,20 +158,25 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None) 
                            if any(g.has_faults for g in board.groups) else "")
                         + (f"; {paired_view.vs_title(vs[0])}" if vs else ""))
         for label, part in by_section(rows):  # one table per setting section: the rows that compete
-            console = wide_out()
-            console.print(to_rich(spelled_for(console, part), TABLE_COLUMNS + vs_columns,
-                                  ascii_spelled(f"setting: {label}; {title_groups}", console.encoding)))
+            _print_table(part, TABLE_COLUMNS + vs_columns, f"setting: {label}; {title_groups}")
     else:
         wide_out().print("no reproduced records match", highlight=False)
     if unmatched:
-        console = wide_out()
-        console.print(to_rich(spelled_for(console, unmatched), tuple(c for c in UNMATCHED_COLUMNS if c != "locator"),
-                              title))
+        _print_table(unmatched, tuple(c for c in UNMATCHED_COLUMNS if c != "locator"), title)
+
+
+def _print_table(rows: list[dict[str, Any]], columns: tuple[str, ...], title: str) -> None:
+    """A rich table on wide stdout, its cells and title spelled for the stream's encoding before
+    rich measures them (``spelled_for``: the columns line up on an ASCII-only stdout too)."""
+    from hfl_bench.results.render import to_rich
+
+    console = wide_out()
+    console.print(to_rich(spelled_for(console, rows), columns, ascii_spelled(title, console.encoding or "utf-8")))
 
 
 def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
     from hfl_bench.results.rank_intervals import DEFINITION
-    from hfl_bench.results.render import by_section, rank_rows, sections_markdown, to_csv, to_rich
+    from hfl_bench.results.render import by_section, rank_rows, sections_markdown, to_csv
 
     columns = ("#", "method", "mean rank", "rank interval", "protocols", "ranks")
     if fmt == "json":
@@ -194,9 +198,7 @@ def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
         if not ranked:
             wide_out().print("no protocol was run by two or more methods of one setting", highlight=False)
         for label, part in by_section(rank_rows(ranked)):  # ranked within each setting section only
-            console = wide_out()
-            console.print(to_rich(spelled_for(console, part), columns,
-                                  ascii_spelled(f"setting: {label}; {title}", console.encoding)))
+            _print_table(part, columns, f"setting: {label}; {title}")
 
 
 @app.command(cls=BenchCommand)
