@@ -20,7 +20,13 @@ from hfl_bench import checkpoint as ckpt
 from hfl_bench import config as config_mod
 from hfl_bench.config import FINAL_ROUNDS, ConfigError, RunConfig
 from hfl_bench.data import TaskData, TaskInfo, get_task
-from hfl_bench.evaluation import Evaluator, class_correct, evaluate_global, selection_score  # noqa: F401 (re-exported)
+from hfl_bench.evaluation import (  # noqa: F401 (re-exported)
+    Evaluator,
+    class_correct,
+    endpoint_means,
+    evaluate_global,
+    selection_score,
+)
 from hfl_bench.faults import canonical_config, plan_for
 from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
 from hfl_bench.metering import Budget, Channel, PhaseTimer
@@ -461,9 +467,18 @@ def _test_entry(m: RoundMetrics, groups: dict[str, list[int]]) -> dict[str, Any]
     """A round's mean local, global, seen-class and unseen-class test accuracy over all clients and
     over each client group (``Federation.client_groups``: a headline's per-round curve); None where
     the round ran no test (or a group has no clients, or none of them has the figure)."""
-    entry = _test_means(m, None)
-    entry.update({name: _test_means(m, clients) for name, clients in groups.items()})
+    entry = {**_test_means(m, None), **_endpoint_entry(m, None)}
+    entry.update({name: {**_test_means(m, clients), **_endpoint_entry(m, clients)} for name, clients in groups.items()})
     return entry
+
+
+def _endpoint_entry(m: RoundMetrics, clients: list[int] | None) -> dict[str, Any]:
+    """A test round's figures of each extra endpoint (``evaluation.endpoint_means``), over all clients
+    or a client group, as ``{"endpoints": {name: {global_acc, local_acc}}}`` (schema 1.7: the
+    endpoints' curves and final figures); {} for a method without endpoints or a round without test."""
+    if m.global_acc is None or not m.endpoint_clients:
+        return {}
+    return {"endpoints": {name: endpoint_means(per, clients) for name, per in m.endpoint_clients.items()}}
 
 
 def _test_means(m: RoundMetrics, clients: list[int] | None) -> dict[str, float | None]:

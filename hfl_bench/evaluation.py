@@ -377,6 +377,23 @@ class Evaluator:
 
 def _means(figures: dict[str, np.ndarray]) -> dict[str, float | None]:
     """An endpoint's figures over all clients: mean global, mean local (where a client has one)."""
-    local = figures["local_acc"]
-    return {"global_acc": round(float(np.mean(figures["global_acc"])), 4),
-            "local_acc": round(float(np.nanmean(local)), 4) if np.isfinite(local).any() else None}
+    return endpoint_means(figures)
+
+
+def endpoint_means(figures: dict[str, np.ndarray], clients: Sequence[int] | None = None) -> dict[str, float | None]:
+    """An extra endpoint's figures over ``clients`` (all when None): the mean global accuracy (every
+    client has the global test) and the mean local accuracy over the clients with a local test half;
+    None where no client of them has a figure. The one rule for a round's history entry, the
+    selected round's figures and a client group's (records: ``metrics.extra_endpoints``,
+    ``metrics.<group>.endpoints``, ``history[i].endpoints``)."""
+    def pick(key: str) -> np.ndarray | None:
+        values = figures.get(key)
+        if values is None:
+            return None
+        v = np.asarray(values, dtype=float)
+        return v if clients is None else v[np.asarray(clients, dtype=int)]
+
+    def mean(v: np.ndarray | None) -> float | None:
+        return round(float(np.nanmean(v)), 4) if v is not None and np.isfinite(v).any() else None
+
+    return {"global_acc": mean(pick("global_acc")), "local_acc": mean(pick("local_acc"))}

@@ -33,9 +33,11 @@ def real() -> dict:
 
 
 def variant(base: dict, method: str, seed: int, acc: float, *, final: Optional[float] = None,
-            partition: Optional[str] = None, cpu: Optional[str] = None, endpoints: Optional[dict] = None) -> dict:
+            partition: Optional[str] = None, cpu: Optional[str] = None, endpoints: Optional[dict] = None,
+            final_endpoints: Optional[dict] = None) -> dict:
     """The real record as ``method``'s seed ``seed`` with global accuracy ``acc`` at the selected round
-    and, unless ``final`` says otherwise, in the final window (the headline)."""
+    and, unless ``final`` says otherwise, in the final window (the headline); extra endpoints' figures
+    at the selected round (``endpoints``) and in the final window (``final_endpoints``, schema 1.7)."""
     r = copy.deepcopy(base)
     r["method"]["name"] = r["config"]["method"] = method
     r["config"]["seed"] = seed
@@ -43,7 +45,8 @@ def variant(base: dict, method: str, seed: int, acc: float, *, final: Optional[f
     r["metrics"]["global_acc"] = acc
     r["metrics"]["extra_endpoints"] = endpoints or {}
     r["metrics"]["final"] = {"rounds": 2, "first_round": 1, "last_round": 2,
-                             "global_acc": acc if final is None else final, "local_acc": 90.0}
+                             "global_acc": acc if final is None else final, "local_acc": 90.0,
+                             **({"endpoints": final_endpoints} if final_endpoints else {})}
     r["config_hash"] = f"digits-{method}"
     r["partition"]["hash"] = partition or f"part-seed{seed}"
     if cpu:
@@ -185,9 +188,10 @@ def test_figure_and_endpoints(real, tmp_path):
         return {"joint": {"global_acc": acc}}
 
     folder = write(tmp_path / "runs",
-                   *[variant(real, "crad", s, 60.0 + s, final=70.0 + 2 * s, endpoints=joint(50.0 + s))
-                     for s in range(3)],
-                   *[variant(real, "local", s, 59.0, final=60.0 + s, endpoints=joint(49.0)) for s in range(3)])
+                   *[variant(real, "crad", s, 60.0 + s, final=70.0 + 2 * s, endpoints=joint(50.0 + s),
+                             final_endpoints=joint(55.0 + 2 * s)) for s in range(3)],
+                   *[variant(real, "local", s, 59.0, final=60.0 + s, endpoints=joint(49.0),
+                             final_endpoints=joint(52.0)) for s in range(3)])
     selected = only(compare_json(str(folder), "-m", "crad", "--against", "local", "--figure", "selected"))
     final = only(compare_json(str(folder), "-m", "crad", "--against", "local", "--figure", "final"))
     headline = only(compare_json(str(folder), "-m", "crad", "--against", "local"))
@@ -197,8 +201,13 @@ def test_figure_and_endpoints(real, tmp_path):
                              "--against-endpoint", "joint"))
     assert (selected["figure"], selected["mean_difference"]) == ("selected", 2.0)  # 1, 2, 3
     assert (final["figure"], final["mean_difference"]) == ("final", 11.0)  # 10, 11, 12
-    assert (joint["a"], joint["mean_difference"]) == ("crad [joint]", -8.0)  # 50..52 - 59
-    assert (both["b"], both["mean_difference"]) == ("local [joint]", 2.0)  # 50..52 - 49
+    joint_selected = only(compare_json(str(folder), "-m", "crad", "--endpoint", "joint", "--against", "local",
+                                       "--figure", "selected"))
+    # an endpoint is read at the headline's statistic too: its final window (schema 1.7)
+    # 55, 57, 59 - 60, 61, 62
+    assert (joint["a"], joint["figure"], joint["mean_difference"]) == ("crad [joint]", "final", -4.0)
+    assert (both["b"], both["mean_difference"]) == ("local [joint]", 5.0)  # 55, 57, 59 - 52
+    assert (joint_selected["figure"], joint_selected["mean_difference"]) == ("selected", -8.0)  # 50..52 - 59
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -239,7 +248,6 @@ def test_compare_markdown_is_one_escaped_table_per_protocol(real, tmp_path):
     (("--against", "local", "-m", "fedmd"), "different setting sections on digits"),
     (("--against", "local", "--figure", "last"), "unknown figure 'last'"),
     (("--against", "local", "--endpoint", "Joint"), "unknown endpoint 'Joint'"),
-    (("--against", "local", "--endpoint", "joint", "--figure", "final"), "no final figure for the endpoint"),
 ])
 def test_compare_bad_input_is_one_line_exit_2(real, tmp_path, args, message):
     folder = write(tmp_path / "runs", *runs(real, "crad", [60.0, 61.0, 62.0],

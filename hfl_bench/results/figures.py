@@ -15,36 +15,34 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from hfl_bench.results.headline import HEADLINE_STATISTIC
-from hfl_bench.results.setting import endpoint_figure, figure, final_figure
+from hfl_bench.results.setting import endpoint_figure, figure, final_endpoint_figure, final_figure
 
 FIGURES = ("selected", "final")
 HEADLINE = HEADLINE_STATISTIC  # which of FIGURES the headline is
 
 
-SELECTED_FOR_ENDPOINTS = "selected"
-
-
 class FigureError(ValueError):
-    """A figure that cannot be read as asked (an unknown name, an endpoint's final figure)."""
+    """A figure that cannot be read as asked (an unknown name)."""
 
 
 def check_figure(name: Optional[str], endpoint: Optional[str] = None) -> str:
-    """``name`` (the headline's when None; ``selected`` for an extra endpoint, which has no final
-    figure in the records), checked: one of ``FIGURES``, and ``selected`` for an endpoint."""
-    name = (SELECTED_FOR_ENDPOINTS if endpoint else HEADLINE) if name is None else name
+    """``name`` (the headline's statistic when None, for the model and for an extra endpoint alike:
+    an endpoint's final figure is in records from schema 1.7 on), checked: one of ``FIGURES``."""
+    name = HEADLINE if name is None else name
     if name not in FIGURES:
         raise FigureError(f"unknown figure {name!r}; choose one of: {', '.join(FIGURES)}")
-    if endpoint and name == "final":
-        raise FigureError(f"the records carry no final figure for the endpoint {endpoint!r}; use --figure selected")
     return name
 
 
 def headline_value(record: dict[str, Any], which: Optional[str] = None,
                    endpoint: Optional[str] = None) -> Optional[float]:
     """The record's headline global accuracy (``which``: ``selected`` or ``final``, the headline's
-    by default), of the model or of ``endpoint``; None where the record has no such figure."""
+    by default), of the model or of ``endpoint``; None where the record has no such figure (an
+    endpoint's final figure in a record written before schema 1.7)."""
     which = check_figure(which, endpoint)
     if endpoint:
+        if which == "final":
+            return final_endpoint_figure(record, endpoint, "global_acc")
         return endpoint_figure(record, endpoint, "global_acc")
     if which == "final":
         return final_figure(record, "global_acc")

@@ -10,8 +10,11 @@ paired-seed sd between methods is smaller. The papers' rule, the figure at the r
 mean validation accuracy, stays a reported figure (``SELECTED``: the ``selected`` columns); a
 published figure is compared with it (``published``), since that is the statistic the papers use.
 
+The same rule holds for each extra endpoint a method reports (a shared model, an ensemble, Joint,
+a meme): its final figure (``metrics.final.endpoints``, schema 1.7 on), else its selected round's.
+
 A record without that final figure (schema 1.0 and 1.1; a run with faults or a multimodal run
-before schema 1.5, which has only all clients' final figures) falls back to its selected-round
+before schema 1.5, which has only all clients' final figures; an endpoint before 1.7) falls back to its selected-round
 figure, and ``headline_basis`` says so: every view marks a group whose headline is not (only) the
 final figure (``group_basis``: ``selected`` or ``mixed``).
 """
@@ -20,40 +23,61 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-from hfl_bench.results.setting import SettingGroup, Stat, figure, final_figure
+from hfl_bench.results.setting import (
+    SettingGroup,
+    Stat,
+    endpoint_figure,
+    figure,
+    final_endpoint_figure,
+    final_figure,
+)
 
 FINAL, SELECTED, MIXED = "final", "selected", "mixed"
 HEADLINE_STATISTIC = FINAL  # what the measurement chose; SELECTED is the fallback
 # How the table, markdown and HTML mark a group whose headline fell back (``group_basis`` not FINAL).
 FALLBACK_MARK = "*"
-FALLBACK_NOTE = (f"{FALLBACK_MARK} no final figure in (some of) these records (schema < 1.2, or a client group's "
-                 "before 1.5): the figure at the selected round stands in for the headline")
+FALLBACK_NOTE = (f"{FALLBACK_MARK} no final figure in (some of) these records (schema < 1.2, a client group's "
+                 "before 1.5, an extra endpoint's before 1.7): the figure at the selected round stands in for the "
+                 "headline")
 
 
-def headline_basis(record: dict[str, Any], metric: str = "global_acc", clients: str = "headline") -> Optional[str]:
+def _figures(record: dict[str, Any], metric: str, clients: str,
+             endpoint: Optional[str]) -> tuple[Optional[float], Optional[float]]:
+    """A record's final and selected-round figure, of the model or of a named extra endpoint."""
+    if endpoint:
+        return (final_endpoint_figure(record, endpoint, metric, clients),
+                endpoint_figure(record, endpoint, metric, clients))
+    return final_figure(record, metric, clients), figure(record, metric, clients)
+
+
+def headline_basis(record: dict[str, Any], metric: str = "global_acc", clients: str = "headline",
+                   endpoint: Optional[str] = None) -> Optional[str]:
     """Which statistic ``headline_value`` reads for this record: ``final``, ``selected`` (fallback),
     or None when the record has neither."""
-    if final_figure(record, metric, clients) is not None:
-        return FINAL
-    return SELECTED if figure(record, metric, clients) is not None else None
+    final, selected = _figures(record, metric, clients, endpoint)
+    return FINAL if final is not None else SELECTED if selected is not None else None
 
 
-def headline_value(record: dict[str, Any], metric: str = "global_acc", clients: str = "headline") -> Optional[float]:
+def headline_value(record: dict[str, Any], metric: str = "global_acc", clients: str = "headline",
+                   endpoint: Optional[str] = None) -> Optional[float]:
     """A record's headline figure (module doc): the final figure of the headline's clients (or of
-    ``clients``), else the figure at the selected round; None when it has neither."""
-    value = final_figure(record, metric, clients)
-    return value if value is not None else figure(record, metric, clients)
+    ``clients``), of the model or of an extra ``endpoint``, else the figure at the selected round;
+    None when it has neither."""
+    final, selected = _figures(record, metric, clients, endpoint)
+    return final if final is not None else selected
 
 
-def headline_stat(group: SettingGroup, metric: str = "global_acc", clients: str = "headline") -> Stat:
+def headline_stat(group: SettingGroup, metric: str = "global_acc", clients: str = "headline",
+                  endpoint: Optional[str] = None) -> Stat:
     """The headline figure over a group's ok seeds (mean, sample sd)."""
-    return Stat.of(headline_value(r.record, metric, clients) for r in group.ok)
+    return Stat.of(headline_value(r.record, metric, clients, endpoint) for r in group.ok)
 
 
-def group_basis(group: SettingGroup, metric: str = "global_acc", clients: str = "headline") -> Optional[str]:
+def group_basis(group: SettingGroup, metric: str = "global_acc", clients: str = "headline",
+                endpoint: Optional[str] = None) -> Optional[str]:
     """``final`` when every ok seed's headline is its final figure, ``selected`` when every one fell
     back, ``mixed`` otherwise; None for a group with no figure."""
-    return basis_of(headline_basis(r.record, metric, clients) for r in group.ok)
+    return basis_of(headline_basis(r.record, metric, clients, endpoint) for r in group.ok)
 
 
 def basis_of(bases: Iterable[Optional[str]]) -> Optional[str]:

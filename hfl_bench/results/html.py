@@ -41,7 +41,7 @@ from hfl_bench.results import seen_unseen
 from hfl_bench.results.board import Board, board_records, build_board
 from hfl_bench.results.budget import mean_steps
 from hfl_bench.results.grouping import SeedGroup, group_seeds
-from hfl_bench.results.headline import FALLBACK_MARK, FALLBACK_NOTE, FINAL, group_basis, headline_stat
+from hfl_bench.results.headline import FALLBACK_MARK, FALLBACK_NOTE, FINAL, group_basis, headline_stat, marked
 from hfl_bench.results.loading import HONEST_SELECTION, Loaded, ResultsError, Skipped, load_records
 from hfl_bench.results.paired_view import page_tables
 from hfl_bench.results.rank_intervals import with_rank_intervals
@@ -268,17 +268,19 @@ def _seen_unseen(g: SettingGroup) -> list[dict[str, str]]:
 
 
 def _endpoints(g: SettingGroup) -> list[dict[str, str]]:
-    """Each extra endpoint's figures: over all clients, or for a multimodal group over the
-    recipients, the donors and all clients (one row each)."""
+    """Each extra endpoint's headline figures (final from schema 1.7; the selected round's marked
+    where records fell back): over all clients, or for a multimodal group over the recipients, the
+    donors and all clients (one row each)."""
     who = (("headline", ""),)
     if g.is_multimodal:
         who = (("recipients", "recipients"), ("donors", "donors"), ("all", "all clients"))
     out = []
     for e in g.endpoints():
         for clients, label in who:
-            gl, lo = g.stat("global_acc", e, clients), g.stat("local_acc", e, clients)
-            out.append({"endpoint": e, "clients": label, "global": _pm(gl.mean, gl.sd), "local": _pm(lo.mean, lo.sd),
-                        "n": str(gl.n)})
+            gl, lo = headline_stat(g, "global_acc", clients, e), headline_stat(g, "local_acc", clients, e)
+            out.append({"endpoint": e, "clients": label,
+                        "global": marked(_pm(gl.mean, gl.sd), group_basis(g, "global_acc", clients, e)),
+                        "local": marked(_pm(lo.mean, lo.sd), group_basis(g, "local_acc", clients, e)), "n": str(gl.n)})
     return out
 
 

@@ -97,7 +97,27 @@ def final_figures(history: list[dict[str, Any]], group: str | None = None,
            "local_acc": _pct(float(np.mean(local))) if local else None}
     if group is None and all(isinstance(h.get("client_global_acc"), list) for h in last):
         out["per_client"] = per_client_final(last)
+    if endpoints := final_endpoints(last):
+        out["endpoints"] = endpoints
     return out
+
+
+def final_endpoints(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Each extra endpoint's global and local accuracy averaged over the final window's rows (their
+    ``endpoints``, schema 1.7), as the model's final figures are: the same rounds. An endpoint that a
+    row of the window lacks (a record written before 1.7 has none) gets no final figure."""
+    names = [set((h.get("endpoints") or {}) if isinstance(h.get("endpoints"), dict) else ()) for h in rows]
+    common = sorted(set.intersection(*names)) if names else []
+
+    def mean(name: str, key: str) -> float | None:
+        values = [h["endpoints"][name].get(key) for h in rows if isinstance(h["endpoints"].get(name), dict)]
+        present = [v for v in values if isinstance(v, (int, float))]
+        # the global figure of every round, or none: a mean of some rounds is not the window's
+        if key == "global_acc" and len(present) != len(rows):
+            return None
+        return _pct(float(np.mean(present))) if present else None
+
+    return {name: {"global_acc": mean(name, "global_acc"), "local_acc": mean(name, "local_acc")} for name in common}
 
 
 def per_client_final(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -194,21 +214,12 @@ def group_figures(best: Any, clients: list[int]) -> dict[str, Any]:
 
 
 def endpoint_figures(best: Any, clients: list[int]) -> dict[str, dict[str, float | None]]:
-    """Each extra endpoint's selected-round accuracy over ``clients`` (``RoundMetrics.endpoint_clients``):
-    the mean global accuracy (every client has the global test) and the mean local accuracy over
-    the clients that have a local test half; None where no client of the group has a figure."""
-    idx = np.asarray(clients, dtype=int)
+    """Each extra endpoint's selected-round accuracy over ``clients`` (``RoundMetrics.endpoint_clients``,
+    averaged by ``evaluation.endpoint_means``: the mean global accuracy, the mean local accuracy over
+    the clients that have a local test half; None where no client of the group has a figure)."""
+    from hfl_bench.evaluation import endpoint_means  # torch: only where a run's record is built
 
-    def mean(values: Any, skip_nan: bool) -> float | None:
-        if values is None or not idx.size:
-            return None
-        v = np.asarray(values, dtype=float)[idx]
-        if skip_nan:
-            return _pct(float(np.nanmean(v))) if np.isfinite(v).any() else None
-        return _pct(float(np.mean(v)))
-
-    return {name: {"global_acc": mean(per.get("global_acc"), skip_nan=False),
-                   "local_acc": mean(per.get("local_acc"), skip_nan=True)}
+    return {name: endpoint_means(per, clients)
             for name, per in (getattr(best, "endpoint_clients", None) or {}).items()}
 
 
@@ -216,6 +227,29 @@ def modality_figures(best: Any, clients: list[int]) -> dict[str, Any]:
     """``group_figures`` over ``clients`` plus each extra endpoint's figures over them: a multimodal
     run's ``metrics.recipients`` (the headline: the clients that miss a modality) or ``metrics.donors``."""
     return {**group_figures(best, clients), "endpoints": endpoint_figures(best, clients)}
+
+
+def _headline_clients(result: RunResult) -> str:
+    """Whose figure a run's headline is (``setting.headline_of`` reads it back from the record): the
+    honest clients under faults, the recipients of a multimodal run that has any, else all."""
+    if result.faults is not None:
+        return "honest"
+    return "recipients" if result.modalities is not None and result.modalities.get("recipients") else "all"
+
+
+def headline_block(metrics: dict[str, Any], clients: str) -> dict[str, Any]:
+    """The record's headline (schema 1.7, first in ``metrics``: where a script looks first): the
+    figure, the statistic, whose clients and the window; the value is the final figure (the mean
+    over the final window) of those clients, as every view reads it (``results.headline``), or the
+    selected round's where the run has no final window (no round after 0 was evaluated)."""
+    block = metrics if clients == "all" else metrics.get(clients) or {}
+    final = block.get("final") if isinstance(block.get("final"), dict) else None
+    if final is not None and final.get("global_acc") is not None:
+        window = {k: final[k] for k in ("rounds", "first_round", "last_round")}
+        return {"figure": "global_acc", "statistic": "final", "clients": clients, "value": final["global_acc"],
+                "window": window}
+    return {"figure": "global_acc", "statistic": "selected", "clients": clients, "value": block.get("global_acc"),
+            "window": None}
 
 
 def schema_version_of(result: RunResult) -> str:
@@ -277,6 +311,9 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         for group, clients in groups.items():
             if (su := seen_unseen_figures(best, clients, result.history, group)) is not None:
                 metrics[group]["seen_unseen"] = su
+        metrics = {"headline": headline_block(metrics, _headline_clients(result)),
+                   "selected": {"round": best.round, **{k: metrics[k] for k in ("global_acc", "local_acc", "mean_val_acc")}},
+                   **metrics}
     sent = result.bytes_sent_per_client_round
     rounds_run = len(result.history) - 1
     record = {

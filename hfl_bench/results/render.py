@@ -149,13 +149,14 @@ def clients_rows(g: SettingGroup) -> list[dict[str, str]]:
         name = f"[{endpoint}] {label}" if endpoint else label
         row = {**{c: "" for c in COLUMNS}, "method": f"  ↳ {name}", "seeds": str(sg.n),
                "selected global": _pm(sg.mean, sg.sd), "selected local": _pm(sl.mean, sl.sd), KIND: "clients"}
-        if endpoint:  # an endpoint has no final figure: its selected round's stands in, marked
-            row.update({"global acc": marked(row["selected global"], "selected"),
-                        "local acc": marked(row["selected local"], "selected"), NOTE: (FALLBACK_NOTE,)})
-        else:  # the model's headline over the same clients
-            gl, lo = headline_stat(g, "global_acc", who), headline_stat(g, "local_acc", who)
-            row.update({"global acc": marked(_pm(gl.mean, gl.sd), group_basis(g, "global_acc", who)),
-                        "local acc": marked(_pm(lo.mean, lo.sd), group_basis(g, "local_acc", who))})
+        # the model's or the endpoint's headline over the same clients (an endpoint's final figure
+        # from schema 1.7; before, its selected round's stands in, marked)
+        gl, lo = headline_stat(g, "global_acc", who, endpoint), headline_stat(g, "local_acc", who, endpoint)
+        basis = group_basis(g, "global_acc", who, endpoint)
+        row.update({"global acc": marked(_pm(gl.mean, gl.sd), basis),
+                    "local acc": marked(_pm(lo.mean, lo.sd), group_basis(g, "local_acc", who, endpoint))})
+        if basis not in (None, HEADLINE_STATISTIC):
+            row[NOTE] = (FALLBACK_NOTE,)
         rows.append(row)
     return rows
 
@@ -274,7 +275,7 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
             rows += [{"row_type": "endpoint", **_section_fields(g), "group_id": g.group_id, "method": g.method,
                       "method_version": g.method_version, "task": g.task, "pool": g.pool, "faults": g.faults,
                       "modalities": g.modalities, "headline_clients": g.headline_clients, "endpoint": e,
-                      "headline_statistic": "selected",
+                      "headline_statistic": group_basis(g, endpoint=e),
                       "seeds": " ".join(map(str, g.seeds)), **_csv_figures(g, e)} for e in g.endpoints()]
         rows += [{**_published_csv(m.published, m, g.group_id), "section": g.section} for m in g.published]
     rows += [_published_csv(p, None, "") for p in board.unmatched]
@@ -290,14 +291,14 @@ def _section_fields(g: SettingGroup) -> dict[str, Any]:
 
 def _csv_figures(g: SettingGroup, endpoint: Optional[str] = None) -> dict[str, Any]:
     """The seed count and the headline, all clients' and (multimodal) donors' means and sds of the
-    model (the headline statistic, ``headline``) or of one extra endpoint (at the selected round: an
-    endpoint has no final figure)."""
+    model or of one extra endpoint (the headline statistic, ``headline``: an endpoint's final figure
+    from schema 1.7, its selected round's before)."""
     out: dict[str, Any] = {}
     for prefix, clients in (("", "headline"), ("all_", "all"), ("donors_", "donors")):
         if clients == "donors" and not g.is_multimodal:
             continue
         for name, metric in (("global", "global_acc"), ("local", "local_acc")):
-            st = g.stat(metric, endpoint, clients) if endpoint else headline_stat(g, metric, clients)
+            st = headline_stat(g, metric, clients, endpoint)
             out |= {f"{prefix}{name}_mean": st.mean, f"{prefix}{name}_sd": st.sd}
             if not prefix and name == "global":  # the group's ok seeds, as in JSON (every client faulty: no figure)
                 out["n_seeds"] = st.n if endpoint else len(g.ok)
@@ -378,7 +379,8 @@ def board_json(board: Board) -> dict[str, Any]:
                 "evaluated rounds; headline_statistic says where records fell back to the selected round), over "
                 f"the honest clients for a group run with faults (metrics.honest), {multimodal}over all clients "
                 "otherwise (all_clients); selected holds the figures at the selected round (the papers' rule), "
-                "which published deltas use; endpoints are at the selected round")
+                "which published deltas use; each endpoint's figures are its headline statistic too (final from schema "
+                "1.7; its headline_statistic says where records fell back), its selected round's under selected")
     sections = list(dict.fromkeys(g.section for g in board.groups))
     return {"sd": "sample standard deviation (ddof=1); null for a single seed", "headline": headline,
             "sections": sections, "groups": groups, "unmatched_published": [p.as_dict() for p in board.unmatched],
@@ -411,11 +413,14 @@ def _json_modalities(g: SettingGroup) -> dict[str, Any]:
 
 
 def _json_endpoint(g: SettingGroup, endpoint: str) -> dict[str, Any]:
-    """One extra endpoint's headline figures; a multimodal group's also over the recipients, the
-    donors and all clients."""
-    out: dict[str, Any] = {m: g.stat(m, endpoint).as_dict() for m in METRICS}
+    """One extra endpoint's headline figures (``headline``: final, else the selected round's, which
+    ``headline_statistic`` names) and its selected round's; a multimodal group's also over the
+    recipients, the donors and all clients."""
+    out: dict[str, Any] = {m: headline_stat(g, m, endpoint=endpoint).as_dict() for m in METRICS}
+    out |= {"headline_statistic": group_basis(g, endpoint=endpoint),
+            "selected": {m: g.stat(m, endpoint).as_dict() for m in METRICS}}
     if g.is_multimodal:
-        out |= {key: {m: g.stat(m, endpoint, who).as_dict() for m in METRICS}
+        out |= {key: {m: headline_stat(g, m, who, endpoint).as_dict() for m in METRICS}
                 for key, who in (("recipients", "recipients"), ("donors", "donors"), ("all_clients", "all"))}
     return out
 

@@ -243,6 +243,20 @@ def endpoint_figure(record: dict[str, Any], endpoint: str, metric: str, clients:
     return figures.get(metric) if isinstance(figures, dict) else None
 
 
+def final_endpoint_figure(record: dict[str, Any], endpoint: str, metric: str,
+                          clients: str = "headline") -> Optional[float]:
+    """One final figure (mean over the final window, schema 1.7) of a named extra endpoint, over the
+    clients ``endpoint_figure`` reads (the recipients of a multimodal record with recipients, all
+    clients otherwise: ``metrics.final.endpoints`` / ``metrics.<who>.final.endpoints``); None where
+    the record has none (written before 1.7)."""
+    if clients == "headline":
+        clients = "recipients" if has_recipients(record) else "all"
+    final = clients_metrics(record, clients).get("final")
+    block = final.get("endpoints") if isinstance(final, dict) else None
+    figures = block.get(endpoint) if isinstance(block, dict) else None
+    return figures.get(metric) if isinstance(figures, dict) else None
+
+
 def processor(record: dict[str, Any]) -> Optional[str]:
     """What a run's arithmetic ran on, as far as its record says: the GPU's name for a CUDA run,
     else the CPU's model, vector-instruction flags and torch kernel set (None when it names none)."""
@@ -414,6 +428,11 @@ class SettingGroup:
                 return endpoint_figure(r.record, endpoint, metric, clients)
             return figure(r.record, metric, clients)
         return Stat.of(value(r) for r in self.ok)
+
+    def final_endpoint_stat(self, endpoint: str, metric: str = "global_acc", clients: str = "headline") -> Stat:
+        """A named extra endpoint's final figure (``final_endpoint_figure``) over the ok seeds; n
+        counts the seeds whose records have it (schema 1.7 on)."""
+        return Stat.of(final_endpoint_figure(r.record, endpoint, metric, clients) for r in self.ok)
 
     def final_stat(self, metric: str = "global_acc", clients: str = "headline") -> Stat:
         """The mean over the last evaluated rounds over the ok seeds: all clients' (``metrics.final``,
