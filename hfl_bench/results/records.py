@@ -311,9 +311,8 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         for group, clients in groups.items():
             if (su := seen_unseen_figures(best, clients, result.history, group)) is not None:
                 metrics[group]["seen_unseen"] = su
-        metrics = {"headline": headline_block(metrics, _headline_clients(result)),
-                   "selected": {"round": best.round, **{k: metrics[k] for k in ("global_acc", "local_acc", "mean_val_acc")}},
-                   **metrics}
+        selected = {"round": best.round, **{k: metrics[k] for k in ("global_acc", "local_acc", "mean_val_acc")}}
+        metrics = {"headline": headline_block(metrics, _headline_clients(result)), "selected": selected, **metrics}
     sent = result.bytes_sent_per_client_round
     rounds_run = len(result.history) - 1
     record = {
