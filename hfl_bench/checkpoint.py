@@ -14,6 +14,8 @@ Objects that are not plain data are stored as tagged dicts (``{"__ckpt__": kind,
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
 import os
 import random
 import stat
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
 
 FORMAT = 2  # 2: the work meter (``budget``); a format-1 checkpoint cannot say what its rounds trained
 TAG = "__ckpt__"
+# A checkpoint file's first line: this, then the SHA-256 (hex) of the rest of the file (``write``).
+MAGIC = b"hfl-bench checkpoint sha256="
 # Settings that may differ between the interrupted and the resuming process: where things are,
 # and how often checkpoints are written. Everything else must match.
 MAY_DIFFER = ("checkpoint_every", "data_dir", "download", "out")
@@ -405,8 +409,14 @@ def check_versions(state: dict[str, Any], now: dict[str, Any], where: str) -> No
 
 
 def write(path: str | Path, state: dict[str, Any]) -> None:
-    """Save atomically (``paths.write_atomic``): never half a file."""
-    write_atomic(path, lambda f: torch.save(state, f))
+    """Save atomically (``paths.write_atomic``): never half a file. The file is one header line
+    that holds the SHA-256 of what follows, then torch's archive: ``read`` checks the digest before
+    it trusts a byte (torch's zip reader does not check its members, so one flipped bit in a weight
+    would resume in silence)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    write_atomic(path, MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
 
 
 def read(path: str | Path) -> dict[str, Any]:
@@ -430,10 +440,24 @@ def read(path: str | Path) -> dict[str, Any]:
     with os.fdopen(fd, "rb") as f:
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)  # a regular file: plain reads from here
-        state = _load(f, path)
+        state = _load(io.BytesIO(_verified(f.read(), path)), path)
     if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(f"{path} is not an hfl-bench checkpoint")
     return state
+
+
+def _verified(data: bytes, path: str | Path) -> bytes:
+    """The archive after a checkpoint's digest line, once its SHA-256 matches the line's; a file
+    without the line (an older hfl-bench's, or no checkpoint) or with another digest (damaged) is
+    refused."""
+    head, newline, payload = data.partition(b"\n")
+    if not head.startswith(MAGIC) or not newline:
+        raise CheckpointError(f"checkpoint {path} has no digest line (written by an older hfl-bench, or not a "
+                              "checkpoint): delete it or rerun without --resume")
+    if head[len(MAGIC):] != hashlib.sha256(payload).hexdigest().encode():
+        raise CheckpointError(f"checkpoint {path} is damaged (its content does not match its SHA-256): "
+                              "delete it or rerun without --resume")
+    return payload
 
 
 def _file_kind(mode: int) -> str:

@@ -131,7 +131,7 @@ def test_a_checkpoint_write_that_raises_runtime_error_is_a_warning_and_the_run_g
     assert "OSError: No space left on device" in warnings[0] and "the run goes on" in warnings[0], warnings
     record = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert record["status"] == "ok" and len(record["history"]) == 4
-    assert not list((tmp_path / ".checkpoints").iterdir())  # nor any temporary file
+    assert not list((tmp_path / ".checkpoints").glob("*"))  # nor any temporary file
 
 
 def _can_mount_tmpfs(where: Path) -> str | None:
@@ -287,3 +287,53 @@ def test_a_checkpoint_that_cannot_be_removed_after_the_record_is_a_warning(tmp_p
     [warning] = [r.getMessage() for r in caplog.records if "could not be removed" in r.getMessage()]
     assert "the record is written" in warning and str(path) in warning and "\n" not in warning
     assert path.exists()
+
+
+# ----------------------------------------------------------------------------- #1 a damaged checkpoint
+
+
+def flip_one_byte(path: Path, where: float = 0.8) -> None:
+    """Flip the bits of one byte well inside the archive (in a weight's data, for these models)."""
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * where)] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_checkpoint_with_one_flipped_byte_is_refused_in_one_line(tmp_path):
+    cfg = crad_config(tmp_path)
+    path = interrupted_after_round_1(cfg)
+    flip_one_byte(path)
+    with pytest.raises(checkpoint.CheckpointError, match=r"is damaged \(its content does not match its SHA-256\)"):
+        checkpoint.read(path)
+    with pytest.raises(checkpoint.CheckpointError, match="is damaged"):
+        engine.run(cfg, resume=True)
+
+
+def test_a_checkpoint_without_its_digest_line_is_refused(tmp_path):
+    cfg = crad_config(tmp_path)
+    path = interrupted_after_round_1(cfg)
+    data = path.read_bytes()
+    path.write_bytes(data.partition(b"\n")[2])  # the bare torch archive an older hfl-bench wrote
+    with pytest.raises(checkpoint.CheckpointError, match="has no digest line"):
+        checkpoint.read(path)
+
+
+def test_run_resume_refuses_a_damaged_checkpoint_in_one_line(tmp_path):
+    out = tmp_path / "runs"
+    cfg = crad_config(out)
+    flip_one_byte(interrupted_after_round_1(cfg))
+    result, stdout, stderr = invoke_cli("run", *crad_args(), "--out", str(out), "--resume")
+    text = stderr or stdout
+    assert result.exit_code == 2 and "is damaged" in text and "Traceback" not in text
+
+
+def test_a_matrix_cell_starts_over_from_a_damaged_checkpoint_and_its_record_says_so(tmp_path):
+    cfg = crad_config(tmp_path)
+    path = interrupted_after_round_1(cfg)
+    flip_one_byte(path)
+    record = run_cell(cfg)
+    assert record["status"] == "ok" and "resumed_from_rounds" not in record["federation"]
+    refused = record["federation"]["checkpoint_refused"]
+    assert "is damaged" in refused and str(tmp_path) not in refused  # no machine path in a record
+    uninterrupted = run_cell(crad_config(tmp_path / "again"))
+    assert record["metrics"]["final"] == uninterrupted["metrics"]["final"]  # it started over, not from the damage

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import traceback
 from typing import Any, Callable, Optional
@@ -26,7 +27,8 @@ def run_cell(cfg: RunConfig, threads: Optional[int] = None,
     """Run one resolved cell and return its record; any exception becomes a failed record.
 
     A cell continues from its checkpoint if an interrupted matrix left one (on the machine that
-    runs it); a checkpoint of other code or settings is dropped and the cell starts over. The
+    runs it); a checkpoint of other code or settings, or a damaged one, is dropped and the cell
+    starts over, and its record says why (``federation.checkpoint_refused``). The
     cell removes its own checkpoint once it has a record, so a Ray worker leaves none behind."""
     from hfl_bench import engine
     from hfl_bench.checkpoint import CheckpointError
@@ -38,12 +40,17 @@ def run_cell(cfg: RunConfig, threads: Optional[int] = None,
 
             torch.set_num_threads(threads)
         checkpoint = checkpoint_path(cfg)  # UnsafePathError for a name that cannot name a file
+        refused = None
         try:
             result = engine.run(cfg, progress=progress, resume=True)
-        except CheckpointError:
-            checkpoint.unlink(missing_ok=True)
+        except CheckpointError as e:
+            refused = str(e).replace(str(checkpoint), checkpoint.name)  # a record names no machine path
+            with contextlib.suppress(OSError):  # a folder stays: the new run's checkpoint writes warn about it
+                checkpoint.unlink(missing_ok=True)
             result = engine.run(cfg, progress=progress)
         record = records.build_record(cfg, result)
+        if refused:  # the cell started over: its record says why it did not resume
+            record["federation"]["checkpoint_refused"] = refused
     except Exception as e:  # noqa: BLE001 - the matrix records every failure and goes on
         return failed_record(cfg, error_text(e))
     remove_checkpoint(checkpoint)  # a warning if it cannot be removed: the record must not be lost
