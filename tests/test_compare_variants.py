@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_paired_stats import real, runs, write  # noqa: F401 - real is a fixture used by name
 
 from helpers import invoke_cli
-from test_paired_stats import real, runs, write  # noqa: F401 - real is a fixture used by name
 
 
 def with_params(records: list[dict], **params) -> list[dict]:

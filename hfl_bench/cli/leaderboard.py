@@ -310,6 +310,47 @@ def _check_endpoint(groups: list, methods: set, endpoint: Optional[str], flag: s
         fail(f"{flag}: {unknown_message('endpoint', endpoint, names)}")
 
 
+CLAIMS_FORMATS = ("table", "markdown", "json")
+
+
+@app.command(cls=BenchCommand)
+def claims(
+    claims_file: Path = typer.Argument(..., help="The claims file (YAML), e.g. leaderboards/claims.yaml; its "
+                                       "records folders are relative to its folder."),
+    digits: int = typer.Option(2, "--digits", min=0, max=4, help="Decimals of the differences and intervals "
+                               "printed (JSON: 4)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (one line per row), markdown or json."),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
+):
+    """Each headline claim of the seed papers tested on the records: per claim its paper's figures,
+    the suite's CPU-scale test (records folder, task, figure, seeds n, the difference A - B with its
+    95% interval and Holm-adjusted p) and a verdict: reproduced (the interval excludes 0 in the
+    claimed direction and the Holm-adjusted p < 0.05), contradicted (excludes 0 the other way, p <
+    0.05), not resolved, or not yet tested (no records yet; the claims file says what it needs).
+    Comparisons are paired by seed, Holm over the comparisons of one claim; a claim is contradicted
+    when any of its comparisons is, reproduced when all are. A trend (an advantage that widens with
+    N) compares the per-seed differences at the largest N with those at the smallest (Welch's
+    t-test). A CPU test checks direction and mechanism, not the paper's absolute figure. A bad
+    claims file is one line, exit 2."""
+    from hfl_bench.results.claims import ClaimsError, evaluate
+    from hfl_bench.results.claims_view import claims_json, markdown, plain_lines
+    from hfl_bench.results.loading import ResultsError
+
+    fmt = output_format(fmt, as_json, CLAIMS_FORMATS)
+    try:
+        results, skipped = evaluate(claims_file)
+    except (ClaimsError, ResultsError) as e:
+        fail(str(e))
+    for line in skipped:
+        note("skipped:", line)
+    if fmt == "json":
+        sys.stdout.write(json.dumps(claims_json(results), indent=1) + "\n")
+    elif fmt == "markdown":
+        sys.stdout.write(markdown(results, digits))
+    else:
+        sys.stdout.write(plain_lines(results, digits))
+
+
 @app.command(cls=BenchCommand)
 def validate(
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
