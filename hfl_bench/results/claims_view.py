@@ -61,7 +61,7 @@ def markdown(claims: list[ClaimResult], nd: int = 2) -> str:
     parts = [f"**Verdicts.** {markdown_cell(RULES)}\n"]
     for paper, mine in by_paper(claims):
         rows = [row for c in mine for row in claim_rows(c, nd)]
-        parts.append(f"### {markdown_cell(paper)}\n\n" + to_markdown(rows, COLUMNS))
+        parts.append(f"## {markdown_cell(paper)}\n\n" + to_markdown(rows, COLUMNS))
     return "\n".join(parts)
 
 
