@@ -204,7 +204,12 @@ def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
 @app.command(cls=BenchCommand)
 def compare(
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
-    against: str = typer.Option(..., "--against", "-b", help="The reference method B: each comparison is A - B."),
+    against: Optional[str] = typer.Option(None, "--against", "-b", help="The reference method B: each comparison is "
+                                          "A - B. With --variants: one more row, B's best group against the "
+                                          "method's default group."),
+    variants: Optional[str] = typer.Option(None, "--variants", help="Compare the groups of this method that differ "
+                                           "in method parameters (e.g. --set aggregator=...) against its group with "
+                                           "none (its defaults), each labelled by the parameters that differ."),
     method: list[str] = typer.Option([], "--method", "-m", help="The method A (repeatable); default: every other "
                                      "method in a protocol the reference ran."),
     task: list[str] = typer.Option([], "--task", "-t", help="Only this task (repeatable)."),
@@ -223,16 +228,27 @@ def compare(
     share its partition hash; other seeds are dropped and counted, mixed hosts marked), the mean
     difference with its 95% t-interval, the exact sign-flip p-value and its Holm adjustment over the
     comparisons of one table; "resolved" when the interval excludes zero. Groups of two setting
-    sections are never compared."""
+    sections are never compared.
+
+    With --variants METHOD instead of --against: the variants of one method, each of its groups run
+    with method parameters (an ablation, another aggregation rule) against its group run with none,
+    in each protocol where that one ran, labelled like `crad [aggregator=crad-stage1]`; Holm over
+    each table, as above."""
     from hfl_bench.registry import unknown_message
     from hfl_bench.results.board import board_records, build_groups
     from hfl_bench.results.figures import FigureError, check_figure
     from hfl_bench.results.loading import ResultsError, load_records
     from hfl_bench.results.paired import against as compare_against
+    from hfl_bench.results.paired import variants as compare_variants
     from hfl_bench.results.paired import why_not_comparable
-    from hfl_bench.results.paired_view import markdown_tables, plain_lines, rich_tables, tables_json
 
     fmt = output_format(fmt, as_json, COMPARE_FORMATS)
+    if against is None and variants is None:
+        fail("give --against METHOD (other methods against it) or --variants METHOD (its parameter variants "
+             "against its default group)")
+    if variants is not None and method:
+        fail("--method picks the methods compared against --against; with --variants every variant is compared "
+             "(name another method with --against)")
     try:
         figure = check_figure(figure, endpoint or against_endpoint)
         loaded, not_records = load_records(_paths(paths))
@@ -243,9 +259,19 @@ def compare(
         note("skipped:", s.line())
     groups = [g for g in build_groups(records) if not task or g.task in task]
     names = sorted({g.method for g in groups})
-    for name, flag in [(against, "--against"), *((m, "--method") for m in method)]:
-        if name not in names:
+    named = [(variants, "--variants"), (against, "--against"), *((m, "--method") for m in method)]
+    for name, flag in named:
+        if name is not None and name not in names:
             fail(f"{flag}: {unknown_message('method', name, names)}")
+    if variants is not None:
+        _check_endpoint(groups, {variants, against} - {None}, endpoint, "--endpoint")
+        _check_endpoint(groups, {variants}, against_endpoint, "--against-endpoint")
+        tables = compare_variants(groups, variants, [against] if against else [], figure, endpoint, against_endpoint)
+        if not tables:
+            fail(f"--variants: no protocol holds both {variants}'s group with no method parameters (the reference) "
+                 "and another group to compare with it")
+        _print_tables(tables, figure, digits, fmt)
+        return
     _check_endpoint(groups, set(method) or set(names) - {against}, endpoint, "--endpoint")
     _check_endpoint(groups, {against}, against_endpoint, "--against-endpoint")
     tables = compare_against(groups, against, method, figure, endpoint, against_endpoint)
@@ -255,6 +281,13 @@ def compare(
             fail(why_not_comparable(groups, m, against))
     if not tables:
         fail(f"no other method ran a protocol {against} ran, so nothing can be paired")
+    _print_tables(tables, figure, digits, fmt)
+
+
+def _print_tables(tables: list, figure: str, digits: int, fmt: str) -> None:
+    """``compare``'s tables as json, markdown, rich tables on a terminal or plain lines when piped."""
+    from hfl_bench.results.paired_view import markdown_tables, plain_lines, rich_tables, tables_json
+
     if fmt == "json":
         sys.stdout.write(json.dumps(tables_json(tables, figure), indent=1) + "\n")
     elif fmt == "markdown":
@@ -275,6 +308,47 @@ def _check_endpoint(groups: list, methods: set, endpoint: Optional[str], flag: s
     names = sorted({e for g in groups if g.method in methods for e in g.endpoints()})
     if endpoint not in names:
         fail(f"{flag}: {unknown_message('endpoint', endpoint, names)}")
+
+
+CLAIMS_FORMATS = ("table", "markdown", "json")
+
+
+@app.command(cls=BenchCommand)
+def claims(
+    claims_file: Path = typer.Argument(..., help="The claims file (YAML), e.g. leaderboards/claims.yaml; its "
+                                       "records folders are relative to its folder."),
+    digits: int = typer.Option(2, "--digits", min=0, max=4, help="Decimals of the differences and intervals "
+                               "printed (JSON: 4)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (one line per row), markdown or json."),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
+):
+    """Each headline claim of the seed papers tested on the records: per claim its paper's figures,
+    the suite's CPU-scale test (records folder, task, figure, seeds n, the difference A - B with its
+    95% interval and Holm-adjusted p) and a verdict: reproduced (the interval excludes 0 in the
+    claimed direction and the Holm-adjusted p < 0.05), contradicted (excludes 0 the other way, p <
+    0.05), not resolved, or not yet tested (no records yet; the claims file says what it needs).
+    Comparisons are paired by seed, Holm over the comparisons of one claim; a claim is contradicted
+    when any of its comparisons is, reproduced when all are. A trend (an advantage that widens with
+    N) compares the per-seed differences at the largest N with those at the smallest (Welch's
+    t-test). A CPU test checks direction and mechanism, not the paper's absolute figure. A bad
+    claims file is one line, exit 2."""
+    from hfl_bench.results.claims import ClaimsError, evaluate
+    from hfl_bench.results.claims_view import claims_json, markdown, plain_lines
+    from hfl_bench.results.loading import ResultsError
+
+    fmt = output_format(fmt, as_json, CLAIMS_FORMATS)
+    try:
+        results, skipped = evaluate(claims_file)
+    except (ClaimsError, ResultsError) as e:
+        fail(str(e))
+    for line in skipped:
+        note("skipped:", line)
+    if fmt == "json":
+        sys.stdout.write(json.dumps(claims_json(results), indent=1) + "\n")
+    elif fmt == "markdown":
+        sys.stdout.write(markdown(results, digits))
+    else:
+        sys.stdout.write(plain_lines(results, digits))
 
 
 @app.command(cls=BenchCommand)

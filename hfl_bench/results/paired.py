@@ -25,6 +25,13 @@ global accuracy, or a named extra endpoint's):
 
 The reference group of a method in a protocol (when the method ran there more than once: several
 pools, versions or hyperparameters) is its group with the highest mean figure, as the rank takes it.
+
+**Variants of one method** (``variants``): the groups of one method in one protocol that differ in
+method parameters (an ablation, a weighting rule) are each compared with the method's group run
+with none (its defaults: the reference), paired by seed as above, and labelled by the parameters
+that differ from the reference's (``crad [aggregator=crad-stage1]``); a protocol where the method
+has no default group has no reference and no table. Named other methods join the table as rows of
+their own (their best group, as above). Holm runs over the rows of one table.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from typing import Any, Iterable, Optional
 
 from hfl_bench.results.figures import check_figure, headline_value
 from hfl_bench.results.ranking import protocol_labels
-from hfl_bench.results.setting import SettingGroup, processor
+from hfl_bench.results.setting import SettingGroup, canonical, processor
 
 CONFIDENCE = 0.95
 EXACT_UP_TO = 20  # seeds: every sign pattern enumerated up to here (2^20 patterns)
@@ -56,11 +63,13 @@ class Side:
     group: SettingGroup
     endpoint: Optional[str] = None
     with_version: bool = False  # the label names the method version (two versions in one table)
+    variant: str = ""  # the method parameters that tell this group from the reference (``params_label``)
 
     @property
     def label(self) -> str:
         version = f"@{self.group.method_version or 'unversioned'}" if self.with_version else ""
-        return self.group.method + version + (f" [{self.endpoint}]" if self.endpoint else "")
+        variant = f" [{self.variant}]" if self.variant else ""
+        return self.group.method + version + variant + (f" [{self.endpoint}]" if self.endpoint else "")
 
     def value(self, record: dict[str, Any], figure: str) -> Optional[float]:
         return headline_value(record, figure, self.endpoint)
@@ -311,6 +320,53 @@ def against(groups: list[SettingGroup], reference: str, methods: Iterable[str] =
         if (others := sum(g.method == reference for g in members)) > 1:
             notes.append(f"{reference} ran {others} groups here: the reference is the one with the highest mean")
         tables.append(Table(ref.section, labels[key], ref.task, ref_side, comparisons, notes, key))
+    return tables
+
+
+def param_text(value: Any) -> str:
+    """A method parameter's value as a label shows it: text as itself, anything else as JSON."""
+    return value if isinstance(value, str) else canonical(value)
+
+
+def params_label(params: dict[str, Any], reference: dict[str, Any]) -> str:
+    """The method parameters of ``params`` that differ from ``reference``'s, sorted by name:
+    ``aggregator=crad-stage1``; a parameter only the reference sets reads ``name=default``."""
+    absent = object()
+    keys = sorted(k for k in set(params) | set(reference) if params.get(k, absent) != reference.get(k, absent))
+    return ", ".join(f"{k}={param_text(params[k]) if k in params else 'default'}" for k in keys)
+
+
+def default_group(groups: Iterable[SettingGroup], method: str, figure: Optional[str] = None,
+                  endpoint: Optional[str] = None) -> Optional[SettingGroup]:
+    """``method``'s group run with no method parameters (its defaults) among ``groups``; of two
+    versions, the one with the highest mean figure (as ``best_group``); None where there is none."""
+    return best_group([g for g in groups if not g.method_params], method, figure, endpoint)
+
+
+def variants(groups: list[SettingGroup], method: str, others: Iterable[str] = (), figure: Optional[str] = None,
+             endpoint: Optional[str] = None, reference_endpoint: Optional[str] = None,
+             with_p: bool = True) -> list[Table]:
+    """One table per protocol where ``method`` ran with its defaults: each other group of ``method``
+    there against that group, labelled by its differing parameters, and the best group of each of
+    ``others`` (module doc), Holm-adjusted within the table."""
+    labels = protocol_labels(groups)
+    tables = []
+    for key, members in by_protocol(groups).items():
+        ref = default_group(members, method, figure, reference_endpoint)
+        if ref is None:
+            continue
+        mine = [g for g in members if g.method == method]
+        with_version = len({g.method_version for g in mine}) > 1
+        rows = sorted((Side(g, endpoint, with_version, params_label(g.method_params, ref.method_params))
+                       for g in mine if g is not ref), key=lambda s: s.label)
+        rows += [Side(b, endpoint) for m in others if m != method
+                 and (b := best_group(members, m, figure, endpoint)) is not None]
+        if not rows:
+            continue
+        comparisons = [compare(side, Side(ref, reference_endpoint, with_version), figure, with_p) for side in rows]
+        holm_adjust(comparisons)
+        notes = [f"reference: {method} with its default parameters"]
+        tables.append(Table(ref.section, labels[key], ref.task, comparisons[0].b, comparisons, notes, key))
     return tables
 
 

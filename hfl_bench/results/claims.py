@@ -1,0 +1,457 @@
+"""The claims page: each headline claim of the seed papers, tested on the suite's records.
+
+A claims file (``leaderboards/claims.yaml``) lists claims: an id, the paper, the claim, the
+paper's figures, what a test needs where the records are not there yet (``needs``), and the test,
+as data: a list of ``comparisons`` or one ``trend`` (or neither: a claim the suite cannot test
+yet). Every text is data, shown escaped; a records folder is a path relative to the claims file's
+folder that stays inside it. A bad file (an unknown key, a missing field, an unknown method, a
+folder outside) is one line (``ClaimsError``).
+
+**A comparison** A - B reads two groups of one records folder, each selected by method and method
+parameters (none: the method's defaults; ``paired.params_label`` labels them, as ``compare
+--variants``) and, where given, the Dirichlet ``alpha``, ``clients`` and ``clients_per_round``;
+a side that matches two groups is an error (name more). The groups are paired by seed
+(``paired.pair``: the same seed and partition hash) and read at the headline figure (the mean
+global accuracy over the final window, ``figures.headline_value``), or at a side's extra
+``endpoint`` (the selected round: the records carry no final-window figure for endpoints), or at a
+side's ``figure``: ``selected``, ``final``, or ``selected-minus-final`` (the selected round's
+figure less the final window's: how far selection sits above typical accuracy). ``paired.compare``
+gives the mean difference, its 95% t-interval and the sign-flip p; Holm runs over the comparisons
+of one claim (``paired.holm``).
+
+**A trend** (an advantage that widens with a setting, e.g. the pool size): at each value of the
+setting (``over``: ``clients`` or ``alpha``) the per-seed paired differences A - B as above; the
+test is the largest value's differences against the smallest's, Welch's t-test
+(``scipy.stats.ttest_ind``, ``equal_var=False``: the partitions differ between values, so nothing
+pairs across them), its 95% interval and two-sided p; beside it the ratio mean A / mean B at
+each value (the paper's "factor").
+
+**Verdicts.** A comparison (or trend) is *reproduced* when its 95% interval excludes 0 on the
+claimed side (A - B > 0) and its Holm-adjusted p < 0.05; *contradicted* when the interval excludes
+0 on the other side and the adjusted p < 0.05; *not resolved* otherwise; *not yet tested* where
+the records hold no group for a side or no paired seed. A claim is contradicted when any of its
+comparisons is; else not yet tested when any is; reproduced when all are; else not resolved; a
+claim with no test is not yet tested (its ``needs`` says what it takes). A CPU-scale test checks
+the direction and the mechanism of a claim, not the paper's absolute figure.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Optional
+
+from hfl_bench.results.figures import check_figure, headline_value
+from hfl_bench.results.paired import CONFIDENCE, Comparison, Side, compare, holm, pair, params_label
+from hfl_bench.results.setting import SettingGroup
+
+LEVEL = 0.05  # the Holm-adjusted p below which a resolved interval counts
+REPRODUCED, CONTRADICTED, NOT_RESOLVED, NOT_YET = "reproduced", "contradicted", "not resolved", "not yet tested"
+VERDICTS = (REPRODUCED, CONTRADICTED, NOT_RESOLVED, NOT_YET)
+RULES = (f"A comparison A - B is {REPRODUCED} when its {CONFIDENCE:.0%} interval excludes 0 on the claimed side "
+         f"(A above B) and its Holm-adjusted p < {LEVEL}; {CONTRADICTED} when the interval excludes 0 on the other "
+         f"side and the adjusted p < {LEVEL}; {NOT_RESOLVED} otherwise; {NOT_YET} where the records hold no group "
+         f"for a side or no paired seed. A claim is {CONTRADICTED} when any of its comparisons is, else {NOT_YET} "
+         f"when any is, {REPRODUCED} when all are, else {NOT_RESOLVED}. Comparisons are paired by seed (same "
+         "partition), figure: the mean global accuracy over the final window unless the row says otherwise "
+         "(extra endpoints: the selected round); p: the exact sign-flip p, Holm over the comparisons of one claim. "
+         "A trend compares the per-seed differences at the largest setting with those at the smallest "
+         "(Welch's t-test: the partitions differ). With three seeds the smallest sign-flip p is 0.25: a "
+         f"comparison on three seeds stays {NOT_RESOLVED} whatever its interval. A CPU-scale test checks a claim's "
+         "direction and mechanism, not the paper's absolute figure.")
+
+GAP = "selected-minus-final"
+SIDE_FIGURES = ("selected", "final", GAP)
+SELECT = ("alpha", "clients", "clients_per_round")  # the config fields a side may also be selected by
+FILE_KEYS = ("claims",)
+CLAIM_KEYS = ("id", "paper", "claim", "figures", "needs", "test", "note", "comparisons", "trend")
+CLAIM_REQUIRED = ("id", "paper", "claim", "figures", "needs")
+SIDE_KEYS = ("method", "params", "endpoint", "figure", *SELECT)
+COMPARISON_KEYS = ("records", "a", "b", *SELECT)
+TREND_KEYS = ("records", "a", "b", "over", "values", *SELECT)
+TREND_OVER = ("clients", "alpha")
+
+
+class ClaimsError(ValueError):
+    """A claims file that cannot be used, or a side its records cannot answer unambiguously (one line)."""
+
+
+# ----------------------------------------------------------------------------- the file
+
+
+@dataclass(frozen=True)
+class SideSpec:
+    """One side of a comparison: which group of the records folder, read at which figure."""
+
+    method: str
+    params: dict[str, Any]
+    where: dict[str, Any]  # SELECT fields -> value
+    endpoint: Optional[str] = None
+    figure: Optional[str] = None
+
+    def matches(self, g: SettingGroup, extra: dict[str, Any]) -> bool:
+        return (g.method == self.method and g.method_params == self.params
+                and all(_same(setting_of(g, k), v) for k, v in {**self.where, **extra}.items()))
+
+    def label(self, with_where: bool = True) -> str:
+        """``crad [aggregator=crad-stage1] (selected) at alpha=0.3 clients=10``."""
+        parts = [self.method] + ([f"[{params_label(self.params, {})}]"] if self.params else [])
+        parts += ([f"[{self.endpoint}]"] if self.endpoint else []) + ([f"({self.figure})"] if self.figure else [])
+        return " ".join(parts + ([f"at {where_label(self.where)}"] if with_where and self.where else []))
+
+
+def where_label(where: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:g}" for k, v in where.items())
+
+
+def pair_label(a: SideSpec, b: SideSpec) -> str:
+    """``A - B``, the selection both sides share said once: ``crad - uniform-kd at alpha=0.1 clients=10``."""
+    if a.where != b.where:
+        return f"{a.label()} - {b.label()}"
+    return f"{a.label(False)} - {b.label(False)}" + (f" at {where_label(a.where)}" if a.where else "")
+
+
+@dataclass(frozen=True)
+class ComparisonSpec:
+    records: str
+    a: SideSpec
+    b: SideSpec
+
+
+@dataclass(frozen=True)
+class TrendSpec:
+    records: str
+    a: SideSpec
+    b: SideSpec
+    over: str
+    values: tuple
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    id: str
+    paper: str
+    claim: str
+    figures: str
+    needs: str
+    test: str = ""  # what the test is, in words (a claim of several comparisons or none)
+    note: str = ""  # what a reader must know beside the figures (a regime, a feature bank)
+    comparisons: tuple = ()
+    trend: Optional[TrendSpec] = None
+
+
+def read_claims(path: Path) -> list[ClaimSpec]:
+    """The claims of a claims file, checked (module doc); ClaimsError, one line, otherwise."""
+    from hfl_bench.yamlfile import YamlFileError, read_mapping
+
+    try:
+        data = read_mapping(path, "claims file", "with a list 'claims'")
+    except YamlFileError as e:
+        raise ClaimsError(str(e)) from None
+    _keys(data, FILE_KEYS, FILE_KEYS, f"claims file {path}")
+    if not isinstance(data["claims"], list) or not data["claims"]:
+        raise ClaimsError(f"claims file {path}: 'claims' must be a non-empty list of claims")
+    claims = [_claim(c, f"claims file {path}: claim {i + 1}") for i, c in enumerate(data["claims"])]
+    ids = [c.id for c in claims]
+    if twice := sorted({i for i in ids if ids.count(i) > 1}):
+        raise ClaimsError(f"claims file {path}: claim id {twice[0]!r} is given twice")
+    return claims
+
+
+def _claim(raw: Any, where: str) -> ClaimSpec:
+    _keys(raw, CLAIM_KEYS, CLAIM_REQUIRED, where)
+    where = f"{where} ({_text(raw['id'], where + ': id')})"
+    texts = {k: _text(raw[k], f"{where}: {k}") for k in ("id", "paper", "claim", "figures", "needs", "test", "note")
+             if k in raw}
+    if "comparisons" in raw and "trend" in raw:
+        raise ClaimsError(f"{where}: give 'comparisons' or 'trend', not both")
+    comparisons = raw.get("comparisons", [])
+    if not isinstance(comparisons, list):
+        raise ClaimsError(f"{where}: 'comparisons' must be a list")
+    specs = tuple(_comparison(c, f"{where}: comparison {i + 1}") for i, c in enumerate(comparisons))
+    trend = _trend(raw["trend"], f"{where}: trend") if "trend" in raw else None
+    return ClaimSpec(**texts, comparisons=specs, trend=trend)
+
+
+def _comparison(raw: Any, where: str) -> ComparisonSpec:
+    _keys(raw, COMPARISON_KEYS, ("records", "a", "b"), where)
+    shared = _select(raw, where)
+    return ComparisonSpec(_records(raw["records"], where), _side(raw["a"], shared, f"{where}: a"),
+                          _side(raw["b"], shared, f"{where}: b"))
+
+
+def _trend(raw: Any, where: str) -> TrendSpec:
+    _keys(raw, TREND_KEYS, ("records", "a", "b", "over", "values"), where)
+    over, values = raw["over"], raw["values"]
+    if over not in TREND_OVER:
+        raise ClaimsError(f"{where}: 'over' must be one of {', '.join(TREND_OVER)}")
+    if not (isinstance(values, list) and len(values) >= 2 and all(_number(v) for v in values)):
+        raise ClaimsError(f"{where}: 'values' must be a list of two or more numbers")
+    shared = _select(raw, where)
+    if over in shared:
+        raise ClaimsError(f"{where}: {over} is what the trend runs over; give it in 'values' only")
+    return TrendSpec(_records(raw["records"], where), _side(raw["a"], shared, f"{where}: a"),
+                     _side(raw["b"], shared, f"{where}: b"), over, tuple(sorted(values)))
+
+
+def _side(raw: Any, shared: dict[str, Any], where: str) -> SideSpec:
+    _keys(raw, SIDE_KEYS, ("method",), where)
+    method = _text(raw["method"], f"{where}: method")
+    _check_method(method, where)
+    params = raw.get("params", {})
+    if not (isinstance(params, dict) and all(isinstance(k, str) for k in params)):
+        raise ClaimsError(f"{where}: 'params' must be a mapping of method parameters")
+    endpoint = _text(raw["endpoint"], f"{where}: endpoint") if "endpoint" in raw else None
+    fig = raw.get("figure")
+    if fig is not None and fig not in SIDE_FIGURES:
+        raise ClaimsError(f"{where}: 'figure' must be one of {', '.join(SIDE_FIGURES)}")
+    if endpoint and fig not in (None, "selected"):
+        raise ClaimsError(f"{where}: an endpoint has only its selected round's figure in the records")
+    return SideSpec(method, dict(params), {**shared, **_select(raw, where)}, endpoint, fig)
+
+
+def _select(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    out = {k: raw[k] for k in SELECT if k in raw}
+    for k, v in out.items():
+        if not _number(v):
+            raise ClaimsError(f"{where}: '{k}' must be a number")
+    return out
+
+
+def _records(value: Any, where: str) -> str:
+    """A records folder: a relative path with no '..' (resolved inside the claims file's folder by
+    ``Evaluation``, which also refuses a link that leads outside)."""
+    text = _text(value, f"{where}: records")
+    parts = PurePosixPath(text).parts
+    if PurePosixPath(text).is_absolute() or "\\" in text or ".." in parts or not parts:
+        raise ClaimsError(f"{where}: 'records' must be a folder relative to the claims file, inside its folder")
+    return text
+
+
+def _check_method(name: str, where: str) -> None:
+    from hfl_bench.registry import METHODS, unknown_message
+
+    names = METHODS.names()
+    if name not in names:
+        raise ClaimsError(f"{where}: {unknown_message('method', name, names)}")
+
+
+def _keys(raw: Any, known: tuple, required: tuple, where: str) -> None:
+    if not isinstance(raw, dict):
+        raise ClaimsError(f"{where} must be a mapping")
+    if unknown := sorted(str(k) for k in raw if k not in known):
+        raise ClaimsError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
+    if missing := [k for k in required if k not in raw]:
+        raise ClaimsError(f"{where}: missing {', '.join(map(repr, missing))}")
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ClaimsError(f"{where} must be a non-empty text")
+    return value.strip()
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return _number(a) and _number(b) and math.isclose(a, b)
+
+
+def setting_of(g: SettingGroup, key: str) -> Any:
+    """The value of a SELECT field in a group's setting."""
+    if key == "alpha":
+        return g.partition_params.get("alpha")
+    return g.n_clients if key == "clients" else g.clients_per_round
+
+
+# ----------------------------------------------------------------------------- the tests
+
+
+@dataclass(frozen=True)
+class FigureSide(Side):
+    """A side read at a figure of its own (``SideSpec.figure``), whatever the comparison's."""
+
+    fixed: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        return Side.label.fget(self) + (f" ({self.fixed})" if self.fixed else "")
+
+    def value(self, record: dict[str, Any], figure: str) -> Optional[float]:
+        if self.fixed != GAP:
+            return headline_value(record, self.fixed or figure, self.endpoint)
+        selected, final = headline_value(record, "selected"), headline_value(record, "final")
+        return None if selected is None or final is None else selected - final
+
+
+@dataclass
+class Result:
+    """One tested line of a claim: a comparison, or a trend's test."""
+
+    label: str  # A - B
+    records: str
+    task: Optional[str] = None
+    figure: str = ""
+    n: str = "0"
+    mean: Optional[float] = None
+    low: Optional[float] = None
+    high: Optional[float] = None
+    p: Optional[float] = None
+    p_holm: Optional[float] = None
+    verdict: str = NOT_YET
+    notes: list[str] = field(default_factory=list)
+    comparison: Optional[Comparison] = None  # a paired comparison's own figures (json)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"test": self.label, "records": self.records, "task": self.task, "figure": self.figure, "n": self.n,
+                "mean_difference": self.mean, "ci95": None if self.low is None else [self.low, self.high],
+                "p": self.p, "p_holm": self.p_holm, "verdict": self.verdict, "notes": self.notes,
+                "pairing": self.comparison.pairing.as_dict() if self.comparison else None}
+
+
+@dataclass
+class ClaimResult:
+    spec: ClaimSpec
+    results: list[Result]
+    verdict: str
+
+
+def verdict_of(low: Optional[float], high: Optional[float], p_holm: Optional[float]) -> str:
+    """A tested line's verdict from its interval and adjusted p (module doc)."""
+    if low is None or p_holm is None or p_holm >= LEVEL:
+        return NOT_RESOLVED
+    return REPRODUCED if low > 0 else CONTRADICTED if high < 0 else NOT_RESOLVED
+
+
+def claim_verdict(results: list[Result]) -> str:
+    """A claim's verdict from its lines' (module doc)."""
+    verdicts = [r.verdict for r in results]
+    if not verdicts:
+        return NOT_YET
+    for v in (CONTRADICTED, NOT_YET):
+        if v in verdicts:
+            return v
+    return REPRODUCED if all(v == REPRODUCED for v in verdicts) else NOT_RESOLVED
+
+
+class Evaluation:
+    """Reads each records folder once (``groups``) and tests claims on it."""
+
+    def __init__(self, base: Path):
+        self.base = base.resolve()
+        self.cache: dict[str, list[SettingGroup]] = {}
+        self.skipped: list[str] = []
+
+    def groups(self, records: str) -> list[SettingGroup]:
+        if records not in self.cache:
+            folder = (self.base / records).resolve()
+            if not folder.is_relative_to(self.base):
+                raise ClaimsError(f"records folder {records!r} leads outside the claims file's folder")
+            groups, skipped = folder_groups(folder) if folder.is_dir() else ([], [])
+            self.cache[records], self.skipped = groups, self.skipped + skipped
+        return self.cache[records]
+
+    def select(self, records: str, side: SideSpec, extra: Optional[dict[str, Any]] = None) -> Optional[SettingGroup]:
+        found = [g for g in self.groups(records) if side.matches(g, extra or {})]
+        if len(found) > 1:
+            raise ClaimsError(f"{side.label()} matches {len(found)} groups in {records} (versions or settings "
+                              f"differ); name alpha, clients or clients_per_round")
+        return found[0] if found else None
+
+    def claim(self, spec: ClaimSpec) -> ClaimResult:
+        results = [self.comparison(c) for c in spec.comparisons] + ([self.trend(spec.trend)] if spec.trend else [])
+        tested = [r for r in results if r.p is not None]
+        for r, adjusted in zip(tested, holm([r.p for r in tested])):
+            r.p_holm = round(adjusted, 6)
+            r.verdict = verdict_of(r.low, r.high, r.p_holm)
+        return ClaimResult(spec, results, claim_verdict(results))
+
+    def comparison(self, spec: ComparisonSpec) -> Result:
+        out = Result(pair_label(spec.a, spec.b), spec.records)
+        ga, gb = self.select(spec.records, spec.a), self.select(spec.records, spec.b)
+        if ga is None or gb is None:
+            out.notes.append(f"no records of {(spec.a if ga is None else spec.b).label()} yet")
+            return out
+        a, b = _paired_side(ga, spec.a), _paired_side(gb, spec.b)
+        c = compare(a, b)
+        out.task, out.figure, out.n, out.comparison = ga.task, _figure(a, b, c.figure), str(c.n), c
+        if c.n == 0:
+            out.notes.append("no seed paired")
+            return out
+        for side, values in ((spec.a, c.pairing.a), (spec.b, c.pairing.b)):
+            if side.figure == GAP:  # the difference of two gaps says little without the gaps themselves
+                out.notes.append(f"{side.method}'s own gap: {statistics.fmean(values):+.2f}")
+        out.mean, out.low, out.high, out.p = c.mean, c.low, c.high, c.p
+        out.verdict = NOT_RESOLVED
+        return out
+
+    def trend(self, spec: TrendSpec) -> Result:
+        figure = check_figure(None)
+        out = Result(f"({pair_label(spec.a, spec.b)}) at {spec.over}={spec.values[-1]:g} "
+                     f"- at {spec.over}={spec.values[0]:g}", spec.records, figure=figure)
+        diffs: dict[Any, list[float]] = {}
+        for v in spec.values:
+            ga = self.select(spec.records, spec.a, {spec.over: v})
+            gb = self.select(spec.records, spec.b, {spec.over: v})
+            if ga is None or gb is None:
+                out.notes.append(f"{spec.over}={v:g}: no records")
+                continue
+            pg = pair(Side(ga), Side(gb), figure)
+            diffs[v] = [x - y for x, y in zip(pg.a, pg.b)]
+            out.task = ga.task
+            if pg.seeds:
+                out.notes.append(f"{spec.over}={v:g}: {statistics.fmean(diffs[v]):+.2f} "
+                                 f"(ratio {statistics.fmean(pg.a) / statistics.fmean(pg.b):.2f}, n={len(pg.seeds)})")
+        small, large = diffs.get(spec.values[0], []), diffs.get(spec.values[-1], [])
+        out.n = f"{len(large)} vs {len(small)}"
+        if not small or not large:
+            return out
+        out.mean = round(statistics.fmean(large) - statistics.fmean(small), 4)
+        out.verdict = NOT_RESOLVED
+        if len(small) > 1 and len(large) > 1:
+            out.low, out.high, out.p = welch(large, small)
+        return out
+
+
+def _paired_side(g: SettingGroup, spec: SideSpec) -> FigureSide:
+    return FigureSide(g, spec.endpoint, variant=params_label(g.method_params, {}), fixed=spec.figure)
+
+
+def _figure(a: FigureSide, b: FigureSide, default: str) -> str:
+    fa, fb = a.fixed or default, b.fixed or default
+    return fa if fa == fb else f"{fa} vs {fb}"
+
+
+def welch(x: list[float], y: list[float]) -> tuple[Optional[float], Optional[float], Optional[float]]:
+    """Welch's 95% interval of mean(x) - mean(y) and its two-sided p (module doc); Nones where
+    both samples are constant (no spread to test against)."""
+    from scipy.stats import ttest_ind
+
+    if len(set(x)) == 1 and len(set(y)) == 1:
+        return None, None, None
+    res = ttest_ind(x, y, equal_var=False)
+    ci = res.confidence_interval(CONFIDENCE)
+    return round(float(ci.low), 4), round(float(ci.high), 4), float(res.pvalue)
+
+
+def folder_groups(folder: Path) -> tuple[list[SettingGroup], list[str]]:
+    """A records folder's groups, from the records ``leaderboard validate`` accepts (as ``compare``
+    reads them), and a line for each file skipped."""
+    from hfl_bench.results.board import board_records, build_groups
+    from hfl_bench.results.loading import load_records
+
+    loaded, not_records = load_records([folder])
+    records, excluded = board_records(loaded)
+    return build_groups(records), [s.line() for s in not_records + excluded]
+
+
+def evaluate(path: Path) -> tuple[list[ClaimResult], list[str]]:
+    """Every claim of the claims file at ``path`` tested on its records; the lines of the record
+    files skipped."""
+    claims = read_claims(path)
+    ev = Evaluation(path.parent)
+    return [ev.claim(c) for c in claims], ev.skipped

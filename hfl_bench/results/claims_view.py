@@ -1,0 +1,85 @@
+"""The claims (``claims``) as rows: ``leaderboard claims``' markdown page block (one table per
+paper, in the order the claims file first names each), plain lines and json. A claim of one test
+is one row; a claim of several is its row (the claim's verdict) followed by one row per comparison.
+Every text from the claims file or the records is escaped (``render.to_markdown``)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+from hfl_bench.results.claims import LEVEL, NOT_YET, RULES, ClaimResult, Result
+from hfl_bench.results.paired_view import notes as pairing_notes
+from hfl_bench.results.render import to_markdown
+from hfl_bench.results.text import markdown_cell, terminal
+
+COLUMNS = ("claim id", "claim", "paper's figures", "CPU-scale test: A - B", "records, task", "figure", "n",
+           "A - B [95% CI]", "p Holm", "verdict")
+
+
+def _p(p: Optional[float]) -> str:
+    return "-" if p is None else f"{p:.3f}"
+
+
+def interval(r: Result, nd: int = 2) -> str:
+    """``+5.03 [0.58, 9.48]``, the mean alone where there is no interval, ``-`` where no mean."""
+    if r.mean is None:
+        return "-"
+    return f"{r.mean:+.{nd}f}" + (f" [{r.low:.{nd}f}, {r.high:.{nd}f}]" if r.low is not None else "")
+
+
+def result_cells(r: Result, nd: int = 2) -> dict[str, str]:
+    said = r.notes + ([n] if r.comparison and (n := pairing_notes(r.comparison)) else [])
+    return {"CPU-scale test: A - B": r.label + "".join(f"; {n}" for n in said),
+            "records, task": r.records + (f", {r.task}" if r.task else ""), "figure": r.figure or "-", "n": r.n,
+            "A - B [95% CI]": interval(r, nd), "p Holm": _p(r.p_holm), "verdict": r.verdict}
+
+
+def claim_rows(c: ClaimResult, nd: int = 2) -> list[dict[str, str]]:
+    """The claim's row, then (a claim of several tests) one row per test (module doc)."""
+    spec = c.spec
+    verdict = c.verdict + (f" (needs: {spec.needs})" if c.verdict == NOT_YET else "")
+    head = {"claim id": spec.id, "claim": spec.claim, "paper's figures": spec.figures}
+    note = f"; {spec.note}" if spec.note else ""
+    if len(c.results) == 1:
+        row = head | result_cells(c.results[0], nd)
+        row["CPU-scale test: A - B"] += note
+        return [row | {"verdict": verdict}]
+    test = spec.test or (f"{len(c.results)} comparisons below, Holm over them" if c.results else "none yet")
+    head |= {"CPU-scale test: A - B": test + note, "verdict": verdict}
+    return [head] + [result_cells(r, nd) for r in c.results]
+
+
+def by_paper(claims: Iterable[ClaimResult]) -> list[tuple[str, list[ClaimResult]]]:
+    """The claims of each paper, papers in the order the claims file first names them."""
+    out: dict[str, list[ClaimResult]] = {}
+    for c in claims:
+        out.setdefault(c.spec.paper, []).append(c)
+    return list(out.items())
+
+
+def markdown(claims: list[ClaimResult], nd: int = 2) -> str:
+    parts = [f"**Verdicts.** {markdown_cell(RULES)}\n"]
+    for paper, mine in by_paper(claims):
+        rows = [row for c in mine for row in claim_rows(c, nd)]
+        parts.append(f"## {markdown_cell(paper)}\n\n" + to_markdown(rows, COLUMNS))
+    return "\n".join(parts)
+
+
+def plain_lines(claims: list[ClaimResult], nd: int = 2) -> str:
+    """One self-contained line per row (for pipes and grep)."""
+    lines = []
+    for c in claims:
+        for row in claim_rows(c, nd):
+            cells = [c.spec.paper, row.get("claim id") or c.spec.id, row["CPU-scale test: A - B"]]
+            if row.get("records, task"):
+                cells += [row["records, task"], f"figure={row['figure']}", f"n={row['n']}", row["A - B [95% CI]"],
+                          f"p_holm={row['p Holm']}"]
+            lines.append(terminal(" | ".join(cells + [row["verdict"]])))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def claims_json(claims: list[ClaimResult]) -> dict[str, Any]:
+    return {"rules": RULES, "level": LEVEL,
+            "claims": [{"id": c.spec.id, "paper": c.spec.paper, "claim": c.spec.claim, "figures": c.spec.figures,
+                        "test": c.spec.test, "note": c.spec.note, "needs": c.spec.needs, "verdict": c.verdict,
+                        "results": [r.as_dict() for r in c.results]} for c in claims]}

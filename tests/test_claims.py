@@ -1,0 +1,160 @@
+"""``leaderboard claims``: each claim of a claims file tested on small copies of a real record
+(``test_paired_stats``' helpers), through the real CLI: verdicts computed from the numbers (and
+flipping when a record's figure changes), Holm over the comparisons of one claim, not yet tested
+where the records are absent, method-parameter variants and figures per side, a trend over N, and
+a bad claims file as one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from test_compare_variants import with_params
+from test_paired_stats import real, runs, variant, write  # noqa: F401 - real is a fixture used by name
+
+from helpers import invoke_cli
+
+UP = [62.0, 63.0, 61.5, 64.0, 62.5, 63.5]  # six seeds: one sign pattern in 32 as extreme, p = 2/64
+BASE = [60.0, 60.5, 60.0, 61.0, 60.0, 61.0]  # UP - BASE: +2.0 +2.5 +1.5 +3.0 +2.5 +2.5
+
+
+def claim(cid: str = "c1", **test) -> dict:
+    return {"id": cid, "paper": "CRAD", "claim": "A beats B", "figures": "Table 1: 78.60", "needs": "a GPU", **test}
+
+
+def one(a: dict, b: dict, records: str = "reproduced/runs") -> dict:
+    return {"records": records, "a": a, "b": b}
+
+
+def claims_file(tmp_path: Path, *claims: dict) -> Path:
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump({"claims": list(claims)}, sort_keys=False))
+    return path
+
+
+def run_json(path: Path) -> dict[str, dict]:
+    result, out, err = invoke_cli("leaderboard", "claims", str(path), "--json")
+    assert result.exit_code == 0, out + err
+    return {c["id"]: c for c in json.loads(out)["claims"]}
+
+
+@pytest.fixture
+def folder(real, tmp_path):  # noqa: F811
+    return write(tmp_path / "reproduced" / "runs", *runs(real, "crad", UP), *runs(real, "local", BASE),
+                 *with_params(runs(real, "crad", BASE), aggregator="crad-stage1"))
+
+
+def test_verdicts_follow_the_numbers(real, folder, tmp_path):  # noqa: F811
+    path = claims_file(tmp_path, claim("up", comparisons=[one({"method": "crad"}, {"method": "local"})]),
+                       claim("down", comparisons=[one({"method": "local"}, {"method": "crad"})]))
+    got = run_json(path)
+    [up] = got["up"]["results"]
+    assert (up["n"], up["mean_difference"], up["p_holm"]) == ("6", 2.3333, pytest.approx(2 / 64))
+    assert (got["up"]["verdict"], got["down"]["verdict"]) == ("reproduced", "contradicted")
+    # one seed of crad falls below local: the interval still excludes 0 but p = 4/64 is not below 0.05
+    write(folder, variant(real, "crad", 5, 60.5))  # +2.5 becomes -0.5
+    got = run_json(path)
+    assert got["up"]["results"][0]["ci95"][0] > 0 and got["up"]["results"][0]["p_holm"] == pytest.approx(4 / 64)
+    assert (got["up"]["verdict"], got["down"]["verdict"]) == ("not resolved", "not resolved")
+
+
+def test_holm_runs_over_the_comparisons_of_one_claim(folder, tmp_path):
+    # each comparison alone has p = 2/64 (reproduced); two in one claim: Holm doubles the smaller, 0.0625
+    path = claims_file(tmp_path, claim(comparisons=[
+        one({"method": "crad"}, {"method": "local"}),
+        one({"method": "crad"}, {"method": "crad", "params": {"aggregator": "crad-stage1"}})]))
+    c = run_json(path)["c1"]
+    assert [r["test"] for r in c["results"]] == ["crad - local", "crad - crad [aggregator=crad-stage1]"]
+    assert [r["p_holm"] for r in c["results"]] == pytest.approx([0.0625, 0.0625])
+    assert [r["verdict"] for r in c["results"]] == ["not resolved", "not resolved"]
+    assert c["verdict"] == "not resolved"
+
+
+def test_absent_records_are_not_yet_tested_with_what_they_need(folder, tmp_path):
+    path = claims_file(tmp_path, claim("absent", comparisons=[
+        one({"method": "crad"}, {"method": "local"}),
+        one({"method": "crad"}, {"method": "local"}, records="reproduced/not-run-yet")]),
+        claim("untestable"), claim("no-variant", comparisons=[
+            one({"method": "crad", "params": {"aggregator": "crad-lcb"}}, {"method": "crad"})]))
+    got = run_json(path)
+    assert got["absent"]["verdict"] == "not yet tested"  # one of two comparisons has no records yet
+    assert got["absent"]["results"][1]["verdict"] == "not yet tested" and got["absent"]["results"][1]["n"] == "0"
+    assert got["untestable"]["verdict"] == "not yet tested" and got["untestable"]["results"] == []
+    assert got["no-variant"]["results"][0]["notes"] == ["no records of crad [aggregator=crad-lcb] yet"]
+    _, md, _ = invoke_cli("leaderboard", "claims", str(path), "--format", "markdown")
+    assert "| untestable | A beats B | Table 1: 78.60 | none yet |" in md and "not yet tested (needs: a GPU) |" in md
+
+
+def test_a_side_reads_its_own_figure(real, tmp_path):  # noqa: F811
+    # dfml: selected 70 + s, final 65; crad: selected 60, final 61 + s
+    write(tmp_path / "reproduced" / "runs", *[variant(real, "dfml", s, 70.0 + s, final=65.0) for s in range(6)],
+          *[variant(real, "crad", s, 60.0, final=61.0 + s) for s in range(6)])
+    path = claims_file(tmp_path, claim(comparisons=[
+        one({"method": "dfml", "figure": "selected"}, {"method": "dfml", "figure": "final"}),
+        one({"method": "dfml", "figure": "selected-minus-final"},
+            {"method": "crad", "figure": "selected-minus-final"})]))
+    swing, gap = run_json(path)["c1"]["results"]
+    assert (swing["test"], swing["figure"], swing["mean_difference"]) == (
+        "dfml (selected) - dfml (final)", "selected vs final", 7.5)  # 5..10
+    assert gap["mean_difference"] == 11.0  # (5 + s) - (-1 - s), s = 0..5
+    assert gap["notes"] == ["dfml's own gap: +7.50", "crad's own gap: -3.50"]
+
+
+def clients_runs(real: dict, method: str, n: int, accs: list[float]) -> list[dict]:  # noqa: F811
+    """Runs at N = n clients (10 a round): another protocol, another partition per seed."""
+    out = runs(real, method, accs)
+    for r in out:
+        r["federation"] |= {"n_clients": n, "clients_per_round": 10}
+        r["config"] |= {"clients": n, "clients_per_round": 10}
+        r["config_hash"] += f"-n{n}"
+        r["record_id"] += f"-n{n}"
+        r["partition"]["hash"] += f"-n{n}"
+    return out
+
+
+def test_a_trend_compares_the_largest_setting_with_the_smallest(real, tmp_path):  # noqa: F811
+    small = [60.0 + d for d in (1.0, 1.2, 0.8, 1.1, 0.9, 1.0)]
+    large = [50.0 + d for d in (5.0, 5.5, 4.5, 5.2, 4.8, 5.0)]
+    write(tmp_path / "reproduced" / "runs", *clients_runs(real, "crad", 10, small),
+          *clients_runs(real, "uniform-kd", 10, [60.0] * 6), *clients_runs(real, "crad", 20, large),
+          *clients_runs(real, "uniform-kd", 20, [50.0] * 6))
+    trend = {"records": "reproduced/runs", "over": "clients", "values": [20, 15, 10],
+             "a": {"method": "crad"}, "b": {"method": "uniform-kd"}}
+    c = run_json(claims_file(tmp_path, claim(trend=trend)))["c1"]
+    [r] = c["results"]
+    assert (r["n"], r["mean_difference"], c["verdict"]) == ("6 vs 6", 4.0, "reproduced")  # 5.0 - 1.0
+    assert r["notes"] == ["clients=10: +1.00 (ratio 1.02, n=6)", "clients=15: no records",
+                          "clients=20: +5.00 (ratio 1.10, n=6)"]
+    assert r["ci95"][0] > 0 and r["p_holm"] < 1e-4  # Welch's t-test, a family of one
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"colour": "red"}, "unknown key(s) 'colour'"),
+    ({"needs": None}, "claim 1: missing 'needs'"),
+    ({"needs": " "}, "claim 1 (c1): needs must be a non-empty text"),
+    ({"comparisons": [one({"method": "krad"}, {"method": "local"})]}, "unknown method 'krad'. Did you mean 'crad'?"),
+    ({"comparisons": [one({"method": "crad"}, {"method": "local"}, records="../elsewhere")]},
+     "'records' must be a folder relative to the claims file, inside its folder"),
+    ({"comparisons": [one({"method": "crad", "figure": "best"}, {"method": "local"})]}, "'figure' must be one of"),
+    ({"trend": {"records": "r", "over": "rounds", "values": [1, 2], "a": {"method": "crad"},
+                "b": {"method": "local"}}}, "'over' must be one of clients, alpha"),
+])
+def test_a_bad_claims_file_is_one_line_exit_2(tmp_path, change, message):
+    c = claim() | change
+    path = claims_file(tmp_path, {k: v for k, v in c.items() if v is not None})
+    result, out, err = invoke_cli("leaderboard", "claims", str(path))
+    text = (err or out).strip()
+    assert result.exit_code == 2, text
+    assert message in text and len(text.splitlines()) == 1, text
+
+
+def test_text_from_the_claims_file_is_escaped(folder, tmp_path):
+    path = claims_file(tmp_path, claim(claim="A | B <b>x</b> [link](http://x)",
+                                       comparisons=[one({"method": "crad"}, {"method": "local"})]))
+    result, md, _ = invoke_cli("leaderboard", "claims", str(path), "-f", "markdown")
+    assert result.exit_code == 0
+    row = next(line for line in md.splitlines() if line.startswith("| c1 "))
+    assert "A \\| B &lt;b&gt;x&lt;/b&gt; \\[link\\](http://x)" in row
+    assert row.count(" | ") == 9  # ten cells: the claim's text added none
