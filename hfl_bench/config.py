@@ -79,8 +79,7 @@ class RunConfig:
     partition: str | None = setting(None, "Partitioner (hfl-bench list partitioners): dirichlet, classes or iid; "
                                           "default: the task's.")
     alpha: float | None = setting(None, "Dirichlet concentration, > 0 (smaller is more skewed); default: the task's.")
-    classes_per_client: int = setting(2, "Classes per client k for the classes partitioner (k = 1 allowed: such a run "
-                                         "selects its reported round on pooled validation, docs/guide/protocol.md).",
+    classes_per_client: int = setting(2, "Classes per client k for the classes partitioner (k = 1 allowed).",
                                       flags=("--k",))
     clients: int | None = setting(None, "Number of clients N; default: the task's.")
     clients_per_round: int | None = setting(None, "Active clients per round (a seeded draw); default: all.")
