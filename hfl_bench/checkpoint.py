@@ -312,7 +312,8 @@ def simulation_state(sim: Any) -> dict[str, Any]:
                     "server_sent": int(fed.channel.server_sent), "total": int(fed.channel.total)},
         "evaluator": {"local_correct": torch.from_numpy(ev.local_correct.copy()),
                       "global_correct": torch.from_numpy(ev.global_correct.copy()),
-                      "global_stale": sorted(ev.global_stale), "best_val": float(ev.best_val)},
+                      "global_stale": sorted(ev.global_stale), "best_val": float(ev.best_val),
+                      "pooled_correct": torch.from_numpy(ev.pooled_correct.copy())},
         "history": plain(sim.history, "the history"),
         "best": None if sim.best is None else plain(dataclasses.asdict(sim.best), "the best round"),
         "sent": torch.from_numpy(np.stack(sim.sent)) if sim.sent else None,
@@ -353,6 +354,11 @@ def _restore(sim: Any, state: dict[str, Any], where: str) -> None:
     e = state["evaluator"]
     ev.local_correct, ev.global_correct = e["local_correct"].numpy().copy(), e["global_correct"].numpy().copy()
     ev.global_stale, ev.best_val = set(e["global_stale"]), e["best_val"]
+    if "pooled_correct" in e:
+        ev.pooled_correct = e["pooled_correct"].numpy().copy()
+    elif ev.pooled:  # its best_val is of the own-validation rule, and the pooled counts are not in it
+        raise CheckpointError(f"{where} was written before runs with one class per validation half selected "
+                              "on pooled validation: rerun without --resume to start over")
     sim.history = list(state["history"])
     sim.best = None if state["best"] is None else RoundMetrics(**unpack(state["best"], MISSING, "best", dev))
     sim.sent = [] if state["sent"] is None else list(state["sent"].numpy().copy())

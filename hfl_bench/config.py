@@ -45,10 +45,17 @@ def require_at_least(owner: str, params: Any, names: tuple[str, ...], minimum: f
 # A record's final figures average the last this many rounds; the evaluator tests each of them.
 FINAL_ROUNDS = 10
 # The record's ``selection.rule``: the round of best mean validation accuracy over every client
-# (``evaluation.select_round``), under --faults too. Records written before that rule held under
-# faults say ``faults.selection: "honest"`` (the honest clients' validation, which no server can
-# know): the results layer keeps them apart (``results.grouping.selection_rule``).
+# (``evaluation.select_round``; each client's accuracy on its own validation half), under --faults
+# too. Records written before that rule held under faults say ``faults.selection: "honest"`` (the
+# honest clients' validation, which no server can know): the results layer keeps them apart
+# (``results.grouping.selection_rule``).
 SELECTION_RULE = "best_mean_local_val"
+# The rule of a run whose partition gives every client's validation half at most one class
+# (``--partition classes --classes-per-client 1``): there any model that predicts its client's
+# class scores 100 % on its own half, so the rule above would always select round 1. Such a run
+# selects on pooled validation instead: each client's model on the union of every client's
+# validation half (``evaluation.selection_rule`` decides, once per run, from the partition alone).
+POOLED_SELECTION_RULE = "best_mean_pooled_val"
 # A client holds (has seen) a class when its training split has at least this many samples of it;
 # its other classes are unseen (the record's seen / unseen-class accuracy, hfl_bench.evaluation).
 # One sample: the only bar that needs no scale of the task's, and "unseen" then means exactly

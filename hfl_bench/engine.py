@@ -338,8 +338,9 @@ class Simulation:
             entry.update(_client_entry(metrics))
         self.history.append(entry)
         # the selected round: ``evaluation.select_round`` round by round, on every client's validation
-        score = selection_score(metrics.val_acc)
-        if np.isfinite(score) and (self.best is None or score > selection_score(self.best.val_acc)):
+        # (own or pooled, the evaluator's ``rule``)
+        score = selection_score(metrics.selection_acc)
+        if np.isfinite(score) and (self.best is None or score > selection_score(self.best.selection_acc)):
             self.best = metrics
         return entry
 
@@ -398,9 +399,11 @@ class Simulation:
         sent = np.stack(self.sent) if self.sent else np.zeros((0, fed.n_clients))
         faults = None if fed.faults is None else fed.faults.record(len(self.history) - 1, self.drawn_clients)
         modal = fed.modality_plan
-        return RunResult(status, error, self.best, self.history, fed, self.method, time.perf_counter() - self.t0,
+        best, pooled = self.best, self.evaluator.pooled
+        return RunResult(status, error, best, self.history, fed, self.method, time.perf_counter() - self.t0,
                          peak_memory(fed.device), sent, self.code, list(self.resumed_from), faults,
-                         None if modal is None else modal.record())
+                         None if modal is None else modal.record(), self.evaluator.rule,
+                         selection_score(best.pooled_val_acc) if pooled and best is not None else None)
 
 
 def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False,
@@ -443,6 +446,8 @@ def _history_entry(m: RoundMetrics, nbytes: int, seconds: float, scalars: dict[s
     entry = {
         "round": m.round,
         "mean_val_acc": _round(m.mean_val),
+        # the pooled selection rule's per-round score (``Evaluator``), only in a run that applies it
+        **({} if m.pooled_val_acc is None else {"pooled_val_acc": _round(selection_score(m.pooled_val_acc))}),
         **_test_entry(m, groups),
         "bytes": int(nbytes),
         "seconds": round(seconds, 4),

@@ -5,7 +5,14 @@ The policy (``Evaluator``):
 - **Validation** (every client's validation half) runs every round, for the clients whose model
   changed: it drives the selection of the reported round (``select_round``: the round of best
   mean validation accuracy over *all* clients, faults or not: what a server can know; it is
-  given nothing that says which clients are faulty).
+  given nothing that says which clients are faulty). Which validation accuracy is decided once
+  per run from the partition alone (``selection_rule``): each client's model on its own
+  validation half (``config.SELECTION_RULE``), unless every client's half holds at most one
+  class (``--partition classes --classes-per-client 1``), where any model that predicts its
+  client's one class scores 100 % and round 1 would always be selected; such a run scores each
+  client's model on the union of every client's validation half (**pooled validation**,
+  ``config.POOLED_SELECTION_RULE``). Pooled validation is the evaluator's own: what a method
+  reads (``fed.val_correct``, ``fed.val_accs()``) is each client's own validation either way.
 - The **test figures** (global test set, every client's local test half and the method's extra
   endpoints) are computed at the *test rounds*: round 0, every ``eval_every`` rounds, and each of
   the last ``FINAL_ROUNDS`` rounds (the window the record's final figures average over).
@@ -29,13 +36,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from hfl_bench.config import FINAL_ROUNDS, HELD_MIN_TRAIN_COUNT
+from hfl_bench.config import FINAL_ROUNDS, HELD_MIN_TRAIN_COUNT, POOLED_SELECTION_RULE, SELECTION_RULE
 from hfl_bench.federation import RoundMetrics
 from hfl_bench.metering import Phase, PhaseTimer
 from hfl_bench.modalities import mask
@@ -43,6 +50,13 @@ from hfl_bench.training import predict_logits
 
 if TYPE_CHECKING:
     from hfl_bench.federation import Federation
+
+
+def accuracy(correct: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """Percent of ``total`` that is ``correct``, element by element (nan where ``total`` is 0):
+    every per-client accuracy the evaluator computes from its counts."""
+    total = np.asarray(total)
+    return np.where(total > 0, correct / np.maximum(total, 1) * 100, np.nan)
 
 
 def class_correct(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -161,8 +175,19 @@ def distinct(modules: list[nn.Module]) -> tuple[list[nn.Module], list[int]]:
 # ----------------------------------------------------------------------------- the selection rule
 
 
+def selection_rule(val_counts: np.ndarray) -> str:
+    """The run's selection rule, from the partition alone (``val_counts`` [N, C]: each client's
+    per-class validation counts), so it is the same for every method on the partition:
+    ``config.POOLED_SELECTION_RULE`` when every client's validation half holds at most one
+    class (its own half cannot tell a model that knows that class from one that predicts
+    nothing else), else ``config.SELECTION_RULE``."""
+    classes = (np.asarray(val_counts) > 0).sum(1)
+    return POOLED_SELECTION_RULE if classes.max(initial=0) <= 1 else SELECTION_RULE
+
+
 def selection_score(val_acc: np.ndarray) -> float:
-    """Mean validation accuracy over every client (nan when none has a figure)."""
+    """Mean validation accuracy over every client (nan when none has a figure): of each client's
+    own validation half, or of the pooled one under ``config.POOLED_SELECTION_RULE``."""
     val = np.asarray(val_acc, dtype=float)
     return float(np.nanmean(val)) if np.isfinite(val).any() else float("nan")
 
@@ -171,8 +196,9 @@ def select_round(val_by_round: Sequence[np.ndarray]) -> int | None:
     """The round a record reports, from each round's per-client validation accuracy (index =
     round; round 0, the initial models, is never selected): the first round of highest
     ``selection_score``; None when no round after 0 has a figure. Its only input is every
-    client's validation figures: it cannot know, and is never told, which clients are faulty.
-    ``Evaluator`` and ``Simulation.step`` apply the same rule round by round."""
+    client's validation figures (own or pooled, as the run's ``selection_rule`` says,
+    ``RoundMetrics.selection_acc``): it cannot know, and is never told, which clients are
+    faulty. ``Evaluator`` and ``Simulation.step`` apply the same rule round by round."""
     best, best_score = None, -np.inf
     for rnd, val in enumerate(val_by_round):
         score = selection_score(val)
@@ -191,6 +217,7 @@ class Snapshot:
 
     round: int
     val_acc: np.ndarray
+    pooled_val_acc: np.ndarray | None
     models: list[nn.Module]
     endpoints: dict[str, list[nn.Module]]
     stale: set[int]
@@ -231,6 +258,11 @@ class Evaluator:
         self.global_stale: set[int] = set(range(n))  # clients whose test figures are out of date
         self.held = held_classes(fed.partition.class_counts(fed.data.train_y.cpu().numpy(), c, "train"))
         self.best_val = -np.inf  # the best selection score so far (``select_round``, round by round)
+        self.rule = selection_rule(fed.val_counts.cpu().numpy())
+        self.pooled = self.rule == POOLED_SELECTION_RULE
+        # each client's model's hits on the pooled validation set: the pooled rule's counts, kept like
+        # ``fed.val_correct`` (updated for the clients whose model changed), never in the method's view
+        self.pooled_correct = np.zeros(n)
         self.pending: Snapshot | None = None
         self.fast_layout = fed.device.type == "cpu" and fed.data.test_x.dim() == 4
         # inputs prepared once per run: each client's validation and local test rows, the test set
@@ -241,8 +273,16 @@ class Evaluator:
         # others NaN (hfl_bench.modalities), one copy per distinct set of observed modalities.
         full = tuple(m.name for m in fed.info.modalities)
         self._input_key = [cl.modalities if cl.modalities != full else () for cl in fed.clients]
-        self._global_inputs = {key: self._layout(fed.data.test_x if not key else mask(fed.data.test_x, fed.info, key))
-                               for key in dict.fromkeys(self._input_key)}
+        self._global_inputs = self._inputs_by_key(fed.data.test_x)
+        if self.pooled:  # every client's validation rows, each client through its modalities
+            rows = torch.cat([cl.val_idx for cl in fed.clients])
+            self._pooled_inputs = self._inputs_by_key(fed.data.train_x[rows])
+            self._pooled_y = fed.data.train_y[rows]
+
+    def _inputs_by_key(self, x: torch.Tensor) -> dict[tuple[str, ...], torch.Tensor]:
+        """``x`` as each set of observed modalities sees it (``_input_key``), laid out for evaluation."""
+        fed = self.fed
+        return {key: self._layout(x if not key else mask(x, fed.info, key)) for key in dict.fromkeys(self._input_key)}
 
     def _layout(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=torch.channels_last) if self.fast_layout else x
@@ -279,16 +319,27 @@ class Evaluator:
         logits = predict_logits(model, self._global_inputs[self._input_key[cid]])
         return class_correct(logits, self.fed.data.test_y, self.fed.num_classes)
 
+    def pooled_val_hits(self, model: nn.Module, cid: int) -> torch.Tensor:
+        """Correct predictions of ``model`` on the pooled validation set as client ``cid`` sees it
+        (on the device)."""
+        logits = predict_logits(model, self._pooled_inputs[self._input_key[cid]])
+        return (logits.argmax(-1) == self._pooled_y).sum()
+
     def global_counts(self, models: list[nn.Module], cids: list[int]) -> list[np.ndarray]:
-        """``global_class_correct`` of ``models[i]`` for client ``cids[i]``, computed once per distinct
-        model among the clients that see the same test inputs, read from the device in one copy."""
+        """``global_class_correct`` of ``models[i]`` for client ``cids[i]`` (``per_distinct``)."""
+        return self.per_distinct(self.global_class_correct, models, cids)
+
+    def per_distinct(self, measure: Callable[[nn.Module, int], torch.Tensor], models: list[nn.Module],
+                     cids: list[int]) -> list[np.ndarray]:
+        """``measure`` of ``models[i]`` for client ``cids[i]``, computed once per distinct model among
+        the clients that see the same inputs, read from the device in one copy."""
         out: list = [None] * len(cids)
         by_input: dict[tuple[str, ...], list[int]] = {}
         for i, cid in enumerate(cids):
             by_input.setdefault(self._input_key[cid], []).append(i)
         for positions in by_input.values():
             reps, index = distinct([models[i] for i in positions])
-            per_rep = [self.global_class_correct(m, cids[positions[0]]) for m in reps]
+            per_rep = [measure(m, cids[positions[0]]) for m in reps]
             for i, r in zip(positions, index):
                 out[i] = per_rep[r]
         return list(torch.stack(out).cpu().numpy()) if out else []
@@ -302,26 +353,30 @@ class Evaluator:
             with channels_last([models[cid] for cid in changed], self.fast_layout):
                 for cid in changed:
                     fed.val_correct[cid] = self.val_correct(models[cid], cid)
+                if self.pooled:
+                    hits = self.per_distinct(self.pooled_val_hits, [models[c] for c in changed], changed)
+                    self.pooled_correct[changed] = hits
             self.global_stale.update(changed)
             val = self._val_acc()
-            mean_val = self.selection_score(val)
-            mean_val = mean_val if np.isfinite(mean_val) else -np.inf
-            improves = rnd > 0 and mean_val > self.best_val  # round 0 (initial models) is never selected
+            pooled = accuracy(self.pooled_correct, len(self._pooled_y)) if self.pooled else None
+            score = self.selection_score(val if pooled is None else pooled)
+            score = score if np.isfinite(score) else -np.inf
+            improves = rnd > 0 and score > self.best_val  # round 0 (initial models) is never selected
             if improves:
-                self.best_val = mean_val
+                self.best_val = score
             if self.is_test_round(rnd, last):
                 if improves:  # this round's figures are exact: an older snapshot is no longer the best
                     self.pending = None
                 self._test_figures(models, self.global_stale, self.local_correct, self.global_correct)
                 self.global_stale.clear()
-                return self._metrics(rnd, val, models, endpoints, self.local_correct, self.global_correct)
+                return self._metrics(rnd, val, pooled, models, endpoints, self.local_correct, self.global_correct)
             if improves:
                 # The clients' own models too: a predictor may hold them outside its own state (FedCC's
                 # wrappers keep theirs in a plain list), and its snapshot would then keep nothing.
                 kept = [*models, *(p for ps in endpoints.values() for p in ps), *(c.model for c in fed.clients)]
-                self.pending = Snapshot(rnd, val, list(models), dict(endpoints), set(self.global_stale),
+                self.pending = Snapshot(rnd, val, pooled, list(models), dict(endpoints), set(self.global_stale),
                                         self.local_correct.copy(), self.global_correct.copy(), _module_states(kept))
-        return RoundMetrics(rnd, val, None, None, None, {})
+        return RoundMetrics(rnd, val, None, None, None, {}, pooled_val_acc=pooled)
 
     def resolve(self) -> RoundMetrics | None:
         """The pending best round's full figures, computed from its snapshot (None if none)."""
@@ -330,15 +385,12 @@ class Evaluator:
             return None
         with self.timer(Phase.EVALUATION), loaded(snap.states):
             self._test_figures(snap.models, snap.stale, snap.local_correct, snap.global_correct)
-            return self._metrics(snap.round, snap.val_acc, snap.models, snap.endpoints,
+            return self._metrics(snap.round, snap.val_acc, snap.pooled_val_acc, snap.models, snap.endpoints,
                                  snap.local_correct, snap.global_correct)
 
     def _val_acc(self) -> np.ndarray:
         fed = self.fed
-        val_tot = fed.val_counts.sum(1).cpu().numpy()
-        val = fed.val_correct.sum(1).cpu().numpy() / np.maximum(val_tot, 1) * 100
-        val[val_tot == 0] = np.nan
-        return val
+        return accuracy(fed.val_correct.sum(1).cpu().numpy(), fed.val_counts.sum(1).cpu().numpy())
 
     def _test_figures(self, models: list[nn.Module], stale: set[int], local_correct: np.ndarray,
                       global_correct: np.ndarray) -> None:
@@ -352,15 +404,16 @@ class Evaluator:
         for cid, count in zip(cids, counts):
             global_correct[cid] = count
 
-    def _metrics(self, rnd: int, val: np.ndarray, models: list[nn.Module], endpoints: dict[str, list[nn.Module]],
-                 local_correct: np.ndarray, global_correct: np.ndarray) -> RoundMetrics:
-        local = np.where(self.local_total > 0, local_correct / np.maximum(self.local_total, 1) * 100, np.nan)
+    def _metrics(self, rnd: int, val: np.ndarray, pooled: np.ndarray | None, models: list[nn.Module],
+                 endpoints: dict[str, list[nn.Module]], local_correct: np.ndarray,
+                 global_correct: np.ndarray) -> RoundMetrics:
+        local = accuracy(local_correct, self.local_total)
         global_class = global_correct / np.maximum(self.test_class_counts, 1) * 100
         global_acc = global_correct.sum(1) / max(self.test_class_counts.sum(), 1) * 100
         per_client = {name: self.endpoint(predictors) for name, predictors in endpoints.items()}
         extra = {name: _means(figures) for name, figures in per_client.items()}
         seen, unseen = seen_unseen_acc(global_correct, self.test_class_counts, self.held)
-        return RoundMetrics(rnd, val, local, global_acc, global_class, extra, per_client, seen, unseen)
+        return RoundMetrics(rnd, val, local, global_acc, global_class, extra, per_client, seen, unseen, pooled)
 
     def endpoint(self, predictors: list[nn.Module]) -> dict[str, np.ndarray]:
         """Each client's global and local test accuracy (percent; nan without a local test half)

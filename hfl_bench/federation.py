@@ -286,10 +286,19 @@ class RoundMetrics:
     # sample (no class lacking). None where the round ran no global test.
     seen_acc: np.ndarray | None = None
     unseen_acc: np.ndarray | None = None
+    # [N] percent: each client's model on every client's validation half pooled, measured only
+    # under the pooled selection rule (``config.POOLED_SELECTION_RULE``); None otherwise.
+    pooled_val_acc: np.ndarray | None = None
 
     @property
     def mean_val(self) -> float:
         return float(np.nanmean(self.val_acc)) if np.isfinite(self.val_acc).any() else float("nan")
+
+    @property
+    def selection_acc(self) -> np.ndarray:
+        """[N] the figures the run's selection rule scores (``evaluation.selection_score``): pooled
+        validation where it was measured, else each client's own validation."""
+        return self.val_acc if self.pooled_val_acc is None else self.pooled_val_acc
 
 
 @dataclass
@@ -311,3 +320,7 @@ class RunResult:
     # A multimodal task's modality access (hfl_bench.modalities.ModalityPlan.record()): the record's
     # ``modalities`` section, with the recipients and donors whose figures the record reports.
     modalities: dict[str, Any] | None = None
+    # The rule that selected ``best`` (``evaluation.selection_rule``; None: ``config.SELECTION_RULE``)
+    # and, under the pooled rule, the selected round's score (mean pooled validation accuracy).
+    selection_rule: str | None = None
+    selection_score: float | None = None

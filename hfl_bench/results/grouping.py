@@ -81,7 +81,7 @@ def group_key(r: Loaded, data: Optional[tuple], by_partition: bool) -> tuple:
 class SeedGroup:
     """The reproduced records of one setting and the seeds they give."""
 
-    # the config hash, "@<method version>", "!<selection mark>" (an old rule) and "/<partition hash>"
+    # the config hash, "@<method version>", "!<selection mark>" (another rule) and "/<partition hash>"
     # (when split by it) appended
     group_id: str
     records: list[Loaded]  # every member, any status

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from hfl_bench.config import FINAL_ROUNDS, SELECTION_RULE
+from hfl_bench.config import FINAL_ROUNDS, POOLED_SELECTION_RULE, SELECTION_RULE
 from hfl_bench.results import seen_unseen
 from hfl_bench.results.board import Board, board_records, build_board
 from hfl_bench.results.budget import mean_steps
@@ -318,7 +318,7 @@ def _fault_rows(g: SettingGroup) -> list[tuple[str, str]]:
             ("selected global acc, all clients", _pm(every.mean, every.sd))]
     rows += _final_rows(g, (("honest", "honest clients"), ("faulty", "faulty clients"), ("all", "all clients")))
     drop = g.drop
-    if g.selection_rule != SELECTION_RULE:
+    if g.selection_rule == HONEST_SELECTION:
         rows.append(("drop against no faults", "- (selected on the honest clients' validation: no drop against "
                                                "a run selected on every client's)"))
     elif drop is None or drop.mean is None:
@@ -352,6 +352,9 @@ def _selection_label(g: SettingGroup) -> str:
     if g.selection_rule == HONEST_SELECTION:
         return (f"{g.selection_rule}: the honest clients' validation, which no server can know "
                 "(written before issue 30; kept apart from records selected on every client's validation)")
+    if g.selection_rule == POOLED_SELECTION_RULE:
+        return (f"{g.selection_rule}: every client's model on every client's validation half, pooled "
+                "(each client's own half holds one class)")
     return _text(g.selection_rule) + (": every client's validation" if g.selection_rule == SELECTION_RULE else "")
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from hfl_bench.config import SELECTION_RULE
+from hfl_bench.config import POOLED_SELECTION_RULE, SELECTION_RULE
 from hfl_bench.results.records import NotARecord, load_record
 
 # The rule that selected a record run with --faults before selection under faults read every
@@ -19,11 +19,12 @@ from hfl_bench.results.records import NotARecord, load_record
 # records of ``config.SELECTION_RULE`` (``grouping``, ``SettingGroup.protocol``).
 HONEST_SELECTION = "best_mean_honest_val"
 # How a group id, a protocol label and the setting column mark a rule other than SELECTION_RULE.
-SELECTION_MARKS = {HONEST_SELECTION: "honest-val"}
+# A pooled-validation record (one class per client's validation half) is its own protocol anyway.
+SELECTION_MARKS = {HONEST_SELECTION: "honest-val", POOLED_SELECTION_RULE: "pooled-val"}
 
 
 def selection_mark(rule: str) -> str:
-    """"" for ``config.SELECTION_RULE``; a short name for any other rule (``honest-val``)."""
+    """"" for ``config.SELECTION_RULE``; a short name for any other rule (``honest-val``, ``pooled-val``)."""
     return "" if rule == SELECTION_RULE else SELECTION_MARKS.get(rule, rule)
 
 

@@ -365,7 +365,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             **({"resumed_from_rounds": resumed} if (resumed := result.resumed_from_rounds) else {}),
         },
         "seeds": {"python": cfg.seed, "numpy": cfg.seed, "torch": cfg.seed, "partition": cfg.seed},
-        "selection": {"rule": SELECTION_RULE, "round": best.round if best else None},
+        "selection": selection_block(result),
         **({"faults": faults_section(cfg_dict, result.faults)} if result.faults is not None else {}),
         **({"modalities": dict(result.modalities)} if result.modalities is not None else {}),
         "metrics": metrics,
@@ -387,6 +387,15 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     return json.loads(json.dumps(record, default=_jsonable))
+
+
+def selection_block(result: RunResult) -> dict[str, Any]:
+    """The record's ``selection``: the rule that ran (``evaluation.selection_rule``), the round it
+    selected and, under the pooled rule, that round's score (mean pooled validation accuracy)."""
+    block = {"rule": result.selection_rule or SELECTION_RULE, "round": result.best.round if result.best else None}
+    if result.selection_score is not None:
+        block["score"] = _pct(result.selection_score)
+    return block
 
 
 def card_setting(card: Any) -> dict[str, Any]:
