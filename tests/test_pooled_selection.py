@@ -92,3 +92,11 @@ def test_a_dirichlet_run_keeps_the_own_validation_rule(tiny_cfg):
     record = records.build_record(cfg, sim.run())
     assert record["selection"] == {"rule": SELECTION_RULE, "round": select_round(by_round(record, "mean_val_acc"))}
     assert not any("pooled_val_acc" in h for h in record["history"])
+
+
+def test_a_run_that_failed_before_its_partition_names_the_rule_its_seeds_ran():
+    """A failed record joins its setting's group (the rule is part of the group key)."""
+    k1 = records.build_failed_record(RunConfig(**K1, rounds=2), "boom")
+    dirichlet = records.build_failed_record(RunConfig(method="local", task="digits", seed=0), "boom")
+    assert k1["selection"]["rule"] == POOLED_SELECTION_RULE
+    assert dirichlet["selection"]["rule"] == SELECTION_RULE

@@ -20,6 +20,7 @@ from hfl_bench.config import (
     FINAL_ROUNDS,
     HASH_NEUTRAL_DEFAULTS,
     HELD_MIN_TRAIN_COUNT,
+    POOLED_SELECTION_RULE,
     SELECTION_RULE,
     ConfigError,
     RunConfig,
@@ -429,6 +430,15 @@ def _jsonable(obj):
     return str(obj)
 
 
+def failed_selection_rule(cfg: RunConfig) -> str:
+    """The selection rule a run that failed before its partition existed would have used, from its
+    config: one class per client (``classes`` k = 1) leaves every validation half one class, so the
+    pooled rule (``evaluation.selection_rule``); else the usual one. A failed seed then counts in
+    the group its successful seeds form (the rule is part of the group key)."""
+    one_class = cfg.partition == "classes" and cfg.classes_per_client == 1
+    return POOLED_SELECTION_RULE if one_class else SELECTION_RULE
+
+
 def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
     """A ``status: "failed"`` record from just a config and an error (a run that raised, or a
     config that could not be resolved). Method and task details are filled in when their names
@@ -470,7 +480,7 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
         "error": error,
         "method": method,
         "task": task,
-        "selection": {"rule": SELECTION_RULE, "round": None},
+        "selection": {"rule": failed_selection_rule(cfg), "round": None},
         "metrics": None,
         "plugins": plugins_used(_used(cfg.method, method["hparams"], cfg.task, cfg.pool, cfg.partition)),
         "config": portable_config(cfg_dict),  # no path of the machine that ran
