@@ -12,9 +12,9 @@ parameters (none: the method's defaults; ``paired.params_label`` labels them, as
 --variants``) and, where given, the Dirichlet ``alpha``, ``clients`` and ``clients_per_round``;
 a side that matches two groups is an error (name more). The groups are paired by seed
 (``paired.pair``: the same seed and partition hash) and read at the headline figure (the mean
-global accuracy over the final window, ``figures.headline_value``), or at a side's extra
-``endpoint`` (the selected round: the records carry no final-window figure for endpoints), or at a
-side's ``figure``: ``selected``, ``final``, or ``selected-minus-final`` (the selected round's
+global accuracy over the final window, ``figures.headline_value``), of the model or of a side's
+extra ``endpoint`` (its final window from schema 1.7; an older record holds an endpoint's selected
+round only: such a row names ``figure: selected`` on both sides), or at a side's ``figure``: ``selected``, ``final``, or ``selected-minus-final`` (the selected round's
 figure less the final window's: how far selection sits above typical accuracy). ``paired.compare``
 gives the mean difference, its 95% t-interval and the sign-flip p; Holm runs over the comparisons
 of one claim (``paired.holm``).
@@ -207,8 +207,6 @@ def _side(raw: Any, shared: dict[str, Any], where: str) -> SideSpec:
     fig = raw.get("figure")
     if fig is not None and fig not in SIDE_FIGURES:
         raise ClaimsError(f"{where}: 'figure' must be one of {', '.join(SIDE_FIGURES)}")
-    if endpoint and fig not in (None, "selected"):
-        raise ClaimsError(f"{where}: an endpoint has only its selected round's figure in the records")
     return SideSpec(method, dict(params), {**shared, **_select(raw, where)}, endpoint, fig)
 
 
