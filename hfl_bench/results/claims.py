@@ -14,8 +14,9 @@ a side that matches two groups is an error (name more). The groups are paired by
 (``paired.pair``: the same seed and partition hash) and read at the headline figure (the mean
 global accuracy over the final window, ``figures.headline_value``), of the model or of a side's
 extra ``endpoint`` (its final window from schema 1.7; an older record holds an endpoint's selected
-round only: such a row names ``figure: selected`` on both sides), or at a side's ``figure``: ``selected``, ``final``, or ``selected-minus-final`` (the selected round's
-figure less the final window's: how far selection sits above typical accuracy). ``paired.compare``
+round only: such a row names ``figure: selected`` on both sides), or at a side's ``figure``:
+``selected``, ``final``, or ``selected-minus-final`` (the selected round's figure less the final
+window's: how far selection sits above typical accuracy). ``paired.compare``
 gives the mean difference, its 95% t-interval and the sign-flip p; Holm runs over the comparisons
 of one claim (``paired.holm``).
 
