@@ -89,10 +89,41 @@ def test_a_case_worked_by_hand(real, tmp_path):
     half = T975_DF2 / math.sqrt(3)
     assert (c["n"], c["mean_difference"], c["sd_difference"]) == (3, 3.0, 1.0)
     assert c["ci95"] == pytest.approx([3 - half, 3 + half], abs=1e-4)  # [0.5159, 5.4841]
-    assert c["resolved"] and c["verdict"] == "resolved"
     assert c["p_sign_flip"] == pytest.approx(2 / 8) and c["p_exact"]  # all three positive: 2 of 8 patterns
+    # the interval excludes zero, but no outcome of three seeds can reach 5%: the verdict says so
+    assert not c["resolved"] and c["verdict"] == "n=3 cannot resolve at 5%"
     assert c["p_holm"] == pytest.approx(0.25)  # a family of one
     assert c["pairing"]["seeds"] == [0, 1, 2]
+
+
+# ----------------------------------------------------------------------------- the verdict (issue 47, row 5)
+
+
+def test_an_interval_that_excludes_zero_is_not_resolved_when_the_adjusted_p_is_not_below_5_percent(real, tmp_path):
+    """The case the issue found: 'fml - local -4.21 [-7.95, -0.48] n=4 p=0.125 ... resolved'."""
+    folder = write(tmp_path / "runs", *runs(real, "fml", [55.0, 58.0, 56.5, 57.16]),
+                   *runs(real, "local", [60.0, 61.0, 61.5, 61.0]))
+    c = only(compare_json(str(folder), "-m", "fml", "--against", "local"))
+    assert c["ci95"][1] < 0 and c["p_sign_flip"] == pytest.approx(2 / 16)
+    assert not c["resolved"] and c["verdict"] == "n=4 cannot resolve at 5%"
+
+
+def test_six_seeds_of_one_sign_resolve_and_equal_differences_are_said(real, tmp_path):
+    folder = write(tmp_path / "runs", *runs(real, "crad", [61.0, 62.0, 63.0, 64.0, 65.0, 66.0]),
+                   *runs(real, "local", [60.0, 61.0, 62.0, 63.0, 64.0, 65.0]))
+    c = only(compare_json(str(folder), "-m", "crad", "--against", "local"))
+    # every difference +1: a zero-width interval; the sign-flip p (2/64) decides, below 5%
+    assert c["ci95"] == [1.0, 1.0] and c["p_sign_flip"] == pytest.approx(2 / 64)
+    assert c["resolved"] and c["verdict"] == "resolved"
+    _, out, _ = invoke_cli("leaderboard", "compare", str(folder), "-m", "crad", "--against", "local")
+    assert "every difference equal: a zero-width interval, the sign-flip p decides" in out
+
+
+def test_two_equal_differences_cannot_resolve(real, tmp_path):
+    """The issue's '+1.00 [1.00, 1.00] n=2 p=0.500 resolved'."""
+    folder = write(tmp_path / "runs", *runs(real, "crad", [61.0, 62.0]), *runs(real, "local", [60.0, 61.0]))
+    c = only(compare_json(str(folder), "-m", "crad", "--against", "local"))
+    assert c["ci95"] == [1.0, 1.0] and not c["resolved"] and c["verdict"] == "n=2 cannot resolve at 5%"
 
 
 def test_t_interval_edges():
@@ -219,7 +250,7 @@ def test_compare_prints_plain_lines_when_piped(real, tmp_path):
     result, out, _ = invoke_cli("leaderboard", "compare", str(folder), "-m", "crad", "--against", "local")
     assert result.exit_code == 0
     [line] = out.splitlines()
-    assert "| crad - local | +3.00 [0.52, 5.48] | n=3 | p=0.250 | p_holm=0.250 | resolved" in line
+    assert "| crad - local | +3.00 [0.52, 5.48] | n=3 | p=0.250 | p_holm=0.250 | n=3 cannot resolve at 5%" in line
     _, out1, _ = invoke_cli("leaderboard", "compare", str(folder), "-m", "crad", "--against", "local", "--digits", "1")
     assert "+3.0 [0.5, 5.5]" in out1
 
@@ -235,8 +266,8 @@ def test_compare_markdown_is_one_escaped_table_per_protocol(real, tmp_path):
     rows = [line for line in lines[4:] if line.startswith("| ")]
     # crad - local: 2, 3, 4 (as in test_compare_prints_plain_lines_when_piped); fml - local: 1, -1, 1, whose 8
     # sign patterns all have |sum| >= 1: p = 1; Holm: crad 2 x 0.25 = 0.5, fml max(0.5, 1 x 1) = 1
-    assert rows == ["| crad | local | 3 | +3.00 \\[0.52, 5.48\\] | 0.250 | 0.500 | resolved |  |",
-                    "| fml | local | 3 | +0.33 \\[-2.54, 3.20\\] | 1.000 | 1.000 | not resolved |  |"]
+    assert rows == ["| crad | local | 3 | +3.00 \\[0.52, 5.48\\] | 0.250 | 0.500 | n=3 cannot resolve at 5% |  |",
+                    "| fml | local | 3 | +0.33 \\[-2.54, 3.20\\] | 1.000 | 1.000 | n=3 cannot resolve at 5% |  |"]
     _, as_json, _ = invoke_cli("leaderboard", "compare", str(folder), "--against", "local", "-f", "json")
     assert json.loads(as_json)["tables"][0]["comparisons"][0]["a"] == "crad"
 
@@ -268,7 +299,7 @@ def test_show_against_adds_a_column_and_json(real, tmp_path):
     assert header.rstrip(" |").endswith("vs local")
     rows = {line.split("|")[1].strip(): line.split("|")[-2].strip() for line in out.splitlines()
             if line.startswith("| ") and not line.startswith("| method")}
-    assert rows["crad"] == r"+3.00 \[0.52, 5.48\] \*"  # resolved: marked
+    assert rows["crad"] == r"+3.00 \[0.52, 5.48\]"  # not marked: three seeds cannot resolve at 5%
     assert rows["fml"] == r"+0.33 \[-2.54, 3.20\]" and rows["local"] == "reference"
     _, out, _ = invoke_cli("leaderboard", "show", str(folder), "--against", "local", "--json", "--method", "crad")
     [g] = json.loads(out)["groups"]  # a filter leaves the reference out of the rows, not out of the comparison
@@ -283,9 +314,12 @@ def test_show_against_adds_a_column_and_json(real, tmp_path):
 # ----------------------------------------------------------------------------- rank intervals
 
 # Known order: crad > fml > {uniform-kd, local} (the last two within noise of each other), on
-# two tasks; every resolved pair differs by 5+ points on every seed.
-ORDER = {"crad": [80.0, 83.0, 81.0], "fml": [70.0, 74.0, 71.5], "uniform-kd": [60.0, 62.0, 61.0],
-         "local": [61.0, 61.0, 61.5]}
+# two tasks; every resolved pair differs by 5+ points on every seed. Eight seeds: each such pair's
+# sign-flip p is 2/256, below 5% after Holm over the protocol's six pairs (x 6 at most: 0.047).
+ORDER = {"crad": [80.0, 83.0, 81.0, 82.0, 80.5, 83.5, 81.0, 82.0],
+         "fml": [70.0, 74.0, 71.5, 72.0, 70.5, 73.0, 71.0, 72.5],
+         "uniform-kd": [60.0, 62.0, 61.0, 59.5, 61.5, 60.0, 62.5, 60.5],
+         "local": [61.0, 61.0, 61.5, 60.5, 60.0, 61.5, 61.0, 60.0]}
 
 
 def ordered_folder(real: dict, folder: Path) -> Path:
@@ -331,4 +365,4 @@ def test_site_group_pages_and_rank_show_the_comparisons(real, tmp_path):
     pages = [p.read_text() for p in (tmp_path / "site" / "groups").glob("*.html")]
     crad = next(p for p in pages if "crad on digits" in p)
     assert "Paired comparisons" in crad and "against local (no collaboration" in crad
-    assert '<tr class="this"><td><strong>crad</strong></td><td>local</td><td class="num">3</td>' in crad
+    assert '<tr class="this"><td><strong>crad</strong></td><td>local</td><td class="num">8</td>' in crad

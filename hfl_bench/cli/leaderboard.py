@@ -227,7 +227,8 @@ def compare(
     """Paired comparisons A - B within each protocol both ran: records paired by seed (a pair must
     share its partition hash; other seeds are dropped and counted, mixed hosts marked), the mean
     difference with its 95% t-interval, the exact sign-flip p-value and its Holm adjustment over the
-    comparisons of one table; "resolved" when the interval excludes zero. Groups of two setting
+    comparisons of one table; "resolved" when the interval excludes zero and the Holm-adjusted p is
+    below 0.05 ("n=N cannot resolve at 5%" where no outcome could). Groups of two setting
     sections are never compared.
 
     With --variants METHOD instead of --against: the variants of one method, each of its groups run

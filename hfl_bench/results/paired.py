@@ -13,8 +13,7 @@ For the n paired differences d = A - B (the figure: ``figures.headline_value``, 
 global accuracy, or a named extra endpoint's):
 
 - the mean difference and the two-sided 95% t-interval (``scipy.stats.ttest_rel``; n - 1 degrees
-  of freedom). The comparison is **resolved** when the interval excludes zero, **not resolved**
-  when it covers zero;
+  of freedom);
 - the two-sided sign-flip (paired permutation) p-value: under "no difference" each d is as likely
   to have either sign, so p is the share of the 2^n sign patterns whose mean is at least as far
   from zero as the observed one (``scipy.stats.permutation_test``, ``permutation_type="samples"``):
@@ -22,6 +21,13 @@ global accuracy, or a named extra endpoint's):
   seeds the smallest possible p is 2/8 = 0.25;
 - Holm's adjustment of those p-values over the comparisons of one table (one protocol), for the
   family-wise error (``statsmodels.stats.multitest.multipletests``, ``method="holm"``).
+
+**The verdict** (``Comparison.verdict``) follows both: **resolved** when the 95% interval excludes
+zero and the Holm-adjusted p is below ``ALPHA`` (5%); **not resolved** otherwise; **n=N cannot
+resolve at 5%** where no outcome could (the smallest sign-flip p, 2 / 2^n, is at least 5% up to
+n = 5 seeds); **too few pairs** under two. Every paired difference equal (zero variance) is no
+exception: the interval has zero width, and the p (at least 2 / 2^n) decides. Rank intervals use
+the same verdicts (``rank_intervals``).
 
 The reference group of a method in a protocol (when the method ran there more than once: several
 pools, versions or hyperparameters) is its group with the highest mean figure, as the rank takes it.
@@ -47,6 +53,7 @@ from hfl_bench.results.ranking import protocol_labels
 from hfl_bench.results.setting import SettingGroup, canonical, processor
 
 CONFIDENCE = 0.95
+ALPHA = 0.05  # the level a (Holm-adjusted) p-value must be below for "resolved"
 EXACT_UP_TO = 20  # seeds: every sign pattern enumerated up to here (2^20 patterns)
 MONTE_CARLO = 100_000  # sign patterns drawn beyond EXACT_UP_TO
 MONTE_CARLO_SEED = 0  # so the same records always give the same p-value
@@ -155,15 +162,36 @@ class Comparison:
         return len(self.pairing.seeds)
 
     @property
+    def reachable(self) -> bool:
+        """Whether the sign-flip test can reach ``ALPHA`` at this seed count at all: its smallest
+        p is 2 / 2^n (every difference of one sign), 0.0625 at n = 5; a Monte Carlo estimate
+        (n > ``EXACT_UP_TO``) can."""
+        return self.n > EXACT_UP_TO or (self.n >= 1 and 2.0 / 2 ** self.n < ALPHA)
+
+    @property
+    def equal_differences(self) -> bool:
+        """Every paired difference the same (zero variance): the t-interval has zero width, so only
+        the sign-flip p (at least 2 / 2^n) can tell chance from a difference."""
+        return self.n >= 2 and self.sd == 0
+
+    @property
     def resolved(self) -> bool:
-        """The 95% t-interval excludes zero."""
-        return self.low is not None and (self.low > 0 or self.high < 0)
+        """The verdict rule (module doc): the 95% t-interval excludes zero **and** the sign-flip p,
+        Holm-adjusted over its table where it was (``holm_adjust``), is below ``ALPHA``."""
+        if self.low is None or not (self.low > 0 or self.high < 0):
+            return False
+        p = self.p_holm if self.p_holm is not None else self.p
+        return p is not None and p < ALPHA
 
     @property
     def verdict(self) -> str:
         if self.low is None:
             return "too few pairs"
-        return "resolved" if self.resolved else "not resolved"
+        if self.resolved:
+            return "resolved"
+        if self.p is not None and not self.reachable:
+            return f"n={self.n} cannot resolve at {ALPHA:.0%}"
+        return "not resolved"
 
     def interval_label(self, nd: int = 2) -> str:
         """``+5.03 [0.58, 9.48]``, or ``+1.00 (n=1)`` / ``-`` where there is no interval."""
@@ -215,9 +243,8 @@ def sign_flip_p(d: list[float]) -> tuple[Optional[float], bool]:
     return min(1.0, float(result.pvalue)), exact
 
 
-def compare(a: Side, b: Side, figure: Optional[str] = None, with_p: bool = True) -> Comparison:
-    """A - B paired by seed (module doc); ``with_p=False`` leaves the p-value out (the rank
-    intervals need only the interval)."""
+def compare(a: Side, b: Side, figure: Optional[str] = None) -> Comparison:
+    """A - B paired by seed (module doc)."""
     figure = check_figure(figure, a.endpoint or b.endpoint)
     pairing = pair(a, b, figure)
     d = [x - y for x, y in zip(pairing.a, pairing.b)]
@@ -227,8 +254,7 @@ def compare(a: Side, b: Side, figure: Optional[str] = None, with_p: bool = True)
         c.sd = round(statistics.stdev(d), 4) if len(d) > 1 else None
     if (ci := t_interval(d)) is not None:
         c.low, c.high = round(ci[0], 4), round(ci[1], 4)
-    if with_p:
-        c.p, c.p_exact = sign_flip_p(d)
+    c.p, c.p_exact = sign_flip_p(d)
     return c
 
 
@@ -292,8 +318,7 @@ def best_group(groups: Iterable[SettingGroup], method: str, figure: Optional[str
 
 
 def against(groups: list[SettingGroup], reference: str, methods: Iterable[str] = (), figure: Optional[str] = None,
-            endpoint: Optional[str] = None, reference_endpoint: Optional[str] = None,
-            with_p: bool = True) -> list[Table]:
+            endpoint: Optional[str] = None, reference_endpoint: Optional[str] = None) -> list[Table]:
     """One table per protocol where ``reference`` ran: each group of ``methods`` (every other
     method when empty) there against ``reference``'s group (its best, module doc), Holm-adjusted
     within the table. ``endpoint`` / ``reference_endpoint``: read that extra endpoint instead of
@@ -313,8 +338,7 @@ def against(groups: list[SettingGroup], reference: str, methods: Iterable[str] =
                     and (g is not ref or endpoint != reference_endpoint)]
         if not compared:
             continue
-        comparisons = [compare(Side(g, endpoint, len(versions[g.method]) > 1), ref_side, figure, with_p)
-                       for g in compared]
+        comparisons = [compare(Side(g, endpoint, len(versions[g.method]) > 1), ref_side, figure) for g in compared]
         holm_adjust(comparisons)
         notes = []
         if (others := sum(g.method == reference for g in members)) > 1:
@@ -344,8 +368,7 @@ def default_group(groups: Iterable[SettingGroup], method: str, figure: Optional[
 
 
 def variants(groups: list[SettingGroup], method: str, others: Iterable[str] = (), figure: Optional[str] = None,
-             endpoint: Optional[str] = None, reference_endpoint: Optional[str] = None,
-             with_p: bool = True) -> list[Table]:
+             endpoint: Optional[str] = None, reference_endpoint: Optional[str] = None) -> list[Table]:
     """One table per protocol where ``method`` ran with its defaults: each other group of ``method``
     there against that group, labelled by its differing parameters, and the best group of each of
     ``others`` (module doc), Holm-adjusted within the table."""
@@ -363,7 +386,7 @@ def variants(groups: list[SettingGroup], method: str, others: Iterable[str] = ()
                  and (b := best_group(members, m, figure, endpoint)) is not None]
         if not rows:
             continue
-        comparisons = [compare(side, Side(ref, reference_endpoint, with_version), figure, with_p) for side in rows]
+        comparisons = [compare(side, Side(ref, reference_endpoint, with_version), figure) for side in rows]
         holm_adjust(comparisons)
         notes = [f"reference: {method} with its default parameters"]
         tables.append(Table(ref.section, labels[key], ref.task, comparisons[0].b, comparisons, notes, key))

@@ -25,7 +25,7 @@ DEFINITIONS = {
     "p_sign_flip": (f"two-sided paired sign-flip test (scipy.stats.permutation_test), exact up to "
                     f"{EXACT_UP_TO} pairs, {MONTE_CARLO} seeded random sign patterns beyond"),
     "p_holm": "Holm-adjusted over the comparisons of one table (statsmodels multipletests, method=holm)",
-    "resolved": "the 95% interval excludes zero",
+    "resolved": "the 95% interval excludes zero and the Holm-adjusted p is below 0.05",
 }
 
 
@@ -42,6 +42,8 @@ def notes(c: Comparison) -> str:
             out.append(f"dropped seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: {why}")
     if pg.mixed_hosts:
         out.append(f"mixed hosts: {len(pg.processors)} processors")
+    if c.equal_differences:
+        out.append("every difference equal: a zero-width interval, the sign-flip p decides")
     return "; ".join(out)
 
 
@@ -101,7 +103,7 @@ def vs_column(reference: str) -> str:
 
 def vs_title(reference: str) -> str:
     return (f"vs {reference}: paired difference - {reference} over the shared seeds [95% t-interval], "
-            f"{RESOLVED_MARK} resolved (the interval excludes 0)")
+            f"{RESOLVED_MARK} resolved (the interval excludes 0 and the Holm-adjusted p < 0.05)")
 
 
 def vs_comparisons(groups: list[SettingGroup], reference: str, figure: Optional[str] = None) -> dict[str, Comparison]:

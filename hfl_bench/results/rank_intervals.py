@@ -1,16 +1,16 @@
 """Rank intervals: the ranks a method could hold given what its paired comparisons resolve.
 
 In one protocol of k ranked methods (``ranking.rank_methods``: each method's best group there),
-every pair of methods is compared paired by seed (``paired.compare``: the 95% t-interval of the
-mean difference of the headline figure). A method's **rank interval** there is
+every pair of methods is compared paired by seed (``paired.compare`` on the headline figure, with
+``compare``'s verdict: the 95% t-interval excludes zero and the sign-flip p, Holm-adjusted over the
+protocol's k(k-1)/2 pairs, is below 5%). A method's **rank interval** there is
 
     [1 + (methods resolved better than it), k - (methods resolved worse than it)]
 
-("resolved better": the interval of their difference lies above zero): the ranks consistent with
-the resolved comparisons, where every unresolved pair could go either way. A method that no
-comparison resolves spans [1, k]; a fully resolved order gives each method a single rank. Across
-protocols the interval of the mean rank is the mean of the lower and of the upper ends. The
-intervals are not adjusted for multiplicity (the pairwise t-intervals are the unadjusted 95% ones).
+("resolved better": a resolved difference in their favour): the ranks consistent with the resolved
+comparisons, where every unresolved pair could go either way. A method that no comparison resolves
+spans [1, k]; a fully resolved order gives each method a single rank. Across protocols the interval
+of the mean rank is the mean of the lower and of the upper ends.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from collections import defaultdict
 from typing import Any
 
 from hfl_bench.results.headline import headline_stat
-from hfl_bench.results.paired import Side, by_protocol, compare, group_mean
+from hfl_bench.results.paired import Side, by_protocol, compare, group_mean, holm_adjust
 from hfl_bench.results.ranking import protocol_labels, rank_name
 from hfl_bench.results.setting import SettingGroup
 
-DEFINITION = ("the ranks consistent with the resolved paired comparisons (95% t-interval over seeds): "
-              "[1 + methods resolved better, k - methods resolved worse], averaged over the protocols")
+DEFINITION = ("the ranks consistent with the resolved paired comparisons (95% t-interval over seeds excluding 0 "
+              "and Holm-adjusted sign-flip p < 0.05 over the protocol's pairs): [1 + methods resolved better, "
+              "k - methods resolved worse], averaged over the protocols")
 
 
 def protocol_rank_intervals(groups: list[SettingGroup]) -> dict[tuple[str, str], dict[str, tuple[int, int]]]:
@@ -49,15 +50,15 @@ def protocol_rank_intervals(groups: list[SettingGroup]) -> dict[tuple[str, str],
         better = dict.fromkeys(best, 0)  # how many methods are resolved better than each
         worse = dict.fromkeys(best, 0)
         names = sorted(best)
-        for i, a in enumerate(names):
-            for b in names[i + 1:]:
-                c = compare(Side(best[a]), Side(best[b]), with_p=False)
-                if c.resolved and c.low > 0:
-                    better[b] += 1
-                    worse[a] += 1
-                elif c.resolved:
-                    better[a] += 1
-                    worse[b] += 1
+        pairs = [(a, b, compare(Side(best[a]), Side(best[b]))) for i, a in enumerate(names) for b in names[i + 1:]]
+        holm_adjust(c for _, _, c in pairs)  # the protocol's pairs are one family, as a compare table's
+        for a, b, c in pairs:
+            if c.resolved and c.low > 0:
+                better[b] += 1
+                worse[a] += 1
+            elif c.resolved:
+                better[a] += 1
+                worse[b] += 1
         k = len(best)
         first = next(iter(best.values()))
         out[(first.section, labels[key])] = {m: (1 + better[m], k - worse[m]) for m in best}
