@@ -41,6 +41,7 @@ from hfl_bench.config import ConfigError
 from hfl_bench.data import modality_layout
 from hfl_bench.federation import engine_side
 from hfl_bench.metering import SERVER, Payload, Phase
+from hfl_bench.method_card import JOINT
 from hfl_bench.training import derive_seed, make_plan, predict_logits, train_client
 
 if TYPE_CHECKING:
@@ -525,6 +526,10 @@ class SharedPredictorClients:
     def state_dict(self, fed: "RoundView") -> dict[str, Any]:
         # The frozen extractors and their cached features are rebuilt identically by setup: not stored.
         return {k: v for k, v in super().state_dict(fed).items() if k not in ("bank", "feats")}  # type: ignore[misc]
+
+    def predictor(self) -> str:
+        """The headline's predictor: Joint under ``endpoint=joint``, else the card's (Private: the live model)."""
+        return JOINT if self.params.endpoint == "joint" else self.card.predictor  # type: ignore[attr-defined]
 
     def eval_models(self, fed: "RoundView") -> list[nn.Module]:
         if self.params.endpoint == "joint":  # type: ignore[attr-defined]
