@@ -206,15 +206,17 @@ def test_what_a_record_says_wins_over_the_registry(tmp_path):
 
 
 def test_a_new_record_states_its_setting():
-    """The record writer copies the card's transfer data and single-architecture need (schema 1.6)."""
+    """The record writer copies the card's transfer data and single-architecture need (schema 1.6),
+    its peer data and predictor (schema 1.7)."""
     from hfl_bench.method_api import get_method_class
     from hfl_bench.results.records import build_failed_record, card_setting
 
     for method in ("fedavg", "fedmd", "fedcc", "crad"):
         card = get_method_class(method).card
-        assert card_setting(card) == {"transfer": card.transfer, "single_architecture": card.single_architecture}
+        assert card_setting(card, card.predictor) == {"transfer": card.transfer, "single_architecture": card.single_architecture,
+                                                   "peer_data": card.peer_data, "predictor": card.predictor}
     failed = build_failed_record(RunConfig(method="fedmd", task="digits"), "boom")
-    assert failed["schema_version"] == "1.6"
+    assert failed["schema_version"] == "1.7"
     assert (failed["method"]["transfer"], failed["method"]["single_architecture"]) == ("public-labelled", False)
     assert record_problems(failed) == []
 
