@@ -213,8 +213,9 @@ def test_a_new_record_states_its_setting():
 
     for method in ("fedavg", "fedmd", "fedcc", "crad"):
         card = get_method_class(method).card
-        assert card_setting(card, card.predictor) == {"transfer": card.transfer, "single_architecture": card.single_architecture,
-                                                   "peer_data": card.peer_data, "predictor": card.predictor}
+        assert card_setting(card, card.predictor) == {
+            "transfer": card.transfer, "single_architecture": card.single_architecture,
+            "peer_data": card.peer_data, "predictor": card.predictor}
     failed = build_failed_record(RunConfig(method="fedmd", task="digits"), "boom")
     assert failed["schema_version"] == "1.7"
     assert (failed["method"]["transfer"], failed["method"]["single_architecture"]) == ("public-labelled", False)

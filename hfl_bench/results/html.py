@@ -56,7 +56,14 @@ from hfl_bench.results.render import (
     drop_label,
     rank_rows,
 )
-from hfl_bench.results.setting import SettingGroup, Stat, canonical, modalities_section, partition_label
+from hfl_bench.results.setting import (
+    SettingGroup,
+    Stat,
+    canonical,
+    modalities_section,
+    partition_label,
+    section_reasons,
+)
 
 # Marks a folder this module wrote, so regenerating may clear its old pages, and nothing else.
 MARKER = ".hfl-bench-site"
@@ -402,6 +409,8 @@ def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], h
     cfg = first.get("config") if isinstance(first.get("config"), dict) else {}
     setting = [
         ("method", g.method), ("task", g.task), ("pool", g.pool), ("setting section", g.section),
+        *[("why apart", reason) for reason in section_reasons(g.section)],
+        ("evaluated predictor", g.predictor),
         ("protocol", protocol_label(g)), ("data", g.data_label),
         ("partition", partition_label(g.partition_scheme, g.partition_params)),
         ("clients (active per round)", f"{_text(g.n_clients)} ({_text(g.clients_per_round)})"),
@@ -448,6 +457,7 @@ def _environment():
     env = Environment(loader=DictLoader(templates()), autoescape=True,
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.globals["style"] = STYLE
+    env.globals["section_reasons"] = section_reasons  # why a section stands apart, under its heading
     return env
 
 

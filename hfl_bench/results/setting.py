@@ -64,8 +64,8 @@ TRANSFER_LABELS = {"none": "data-free", "public-unlabelled": "unlabelled public 
 # The part of a section's label that says its client models are trained on other clients' data,
 # and the one line every view that shows such a section gives as the reason it stands apart.
 PEER_DATA_LABEL = "models trained on peers' data"
-PEER_DATA_REASON = ("models trained on peers' data: each client's model travels to other clients and is trained "
-                    "there with their labels (DFML), which the knowledge-only methods never do")
+PEER_DATA_REASON = ("each client's model travels to other clients and is trained there with their labels (DFML), "
+                    "which the knowledge-only methods never do")
 
 
 def fault_setting(record: dict[str, Any]) -> str:
