@@ -1,8 +1,10 @@
 """Settings that differ are never ranked together: the leaderboard's setting sections (the transfer
 data a method reads, one architecture or a heterogeneous pool, the budget class, faults,
-modalities) through the real CLI: ``leaderboard show`` (table, markdown, csv, json), ``--rank``, the
-HTML site and ``plot``, on a mixed folder of hand-written records; and records written before the
-method section stated its transfer data (schema < 1.6) fall back to the registered card."""
+modalities, client models trained on peers' data) through the real CLI: ``leaderboard show``
+(table, markdown, csv, json), ``--rank``, the HTML site and ``plot``, on a mixed folder of
+hand-written records; and records written before the method section stated its transfer data
+(schema < 1.6) or its peer data and predictor (< 1.7) fall back to the registered card. The
+evaluated predictor is a column; real runs' records state it."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 
 from hfl_bench.config import RunConfig, config_hash
 from hfl_bench.results.records import SCHEMA_VERSION
+from hfl_bench.results.setting import PEER_DATA_REASON
 from hfl_bench.results.validation import record_problems
 
 from helpers import invoke_cli
@@ -28,11 +31,13 @@ ONE_ARCH = "data-free, single architecture, protocol budget"
 UNLABELLED = "unlabelled public set, heterogeneous pool, protocol budget"
 LABELLED = "labelled public set, heterogeneous pool, protocol budget"
 PRESET = "data-free, heterogeneous pool, preset paper"
+PEERS = "data-free, heterogeneous pool, protocol budget, models trained on peers' data"
 HETEROGENEOUS = ["mlp_small", "cnn_small", "resnet_tiny", "mlp_small"]
 
 
 def record(method: str, acc: float, *, seed: int = 0, pool: str = "cpu", assignment: Optional[list] = None,
            transfer: Optional[str] = None, single: Optional[bool] = None, preset: Optional[str] = None,
+           peer_data: Optional[bool] = None, predictor: Optional[str] = None, hparams: Optional[dict] = None,
            old: bool = False, **config: Any) -> dict:
     """One valid record of ``method`` on digits (4 clients, 2 rounds, a 200-sample public hold-out,
     so that every method here shares one protocol but for its setting section). ``old``: a 1.2
@@ -40,12 +45,13 @@ def record(method: str, acc: float, *, seed: int = 0, pool: str = "cpu", assignm
     cfg = dataclasses.asdict(RunConfig(method=method, task="digits", pool=pool, partition="dirichlet", alpha=0.3,
                                        clients=4, rounds=2, seed=seed, public_size=200, **config))
     chash = config_hash(cfg)
-    section: dict[str, Any] = {"name": method, "fidelity": "paper", "version": "1.0", "hparams": {}}
+    section: dict[str, Any] = {"name": method, "fidelity": "paper", "version": "1.0", "hparams": hparams or {}}
     if not old:
-        section |= {k: v for k, v in (("transfer", transfer), ("single_architecture", single), ("preset", preset))
-                    if v is not None}
+        section |= {k: v for k, v in (("transfer", transfer), ("single_architecture", single), ("preset", preset),
+                                      ("peer_data", peer_data), ("predictor", predictor)) if v is not None}
     r = {
-        "schema_version": "1.2" if old else SCHEMA_VERSION,
+        # a record that states neither peer data nor predictor was written as 1.6
+        "schema_version": "1.2" if old else SCHEMA_VERSION if peer_data is not None else "1.6",
         "record_id": hashlib.sha256(f"{chash}|{seed}|reproduced".encode()).hexdigest()[:16],
         "source": {"kind": "reproduced", "citation": None},
         "status": "ok", "error": None, "method": section,
@@ -229,3 +235,76 @@ def test_the_committed_records_still_show():
     fedavg = {g["section"] for g in board["groups"] if g["method"] == "fedavg"}
     assert fedavg == {ONE_ARCH}
     assert show("--rank")
+
+
+@pytest.fixture(scope="module")
+def regimes(tmp_path_factory) -> Path:
+    """One protocol, two regimes: crad and local (knowledge only) and dfml (models trained on peers'
+    data), twice: a 1.7 record that states it (eval=current: the live model) and a 1.6 one that does
+    not (its registered card says it, and its hyperparameters the predictor: the stored snapshot)."""
+    return write(tmp_path_factory.mktemp("regimes") / "runs",
+                 record("crad", 70.0, transfer="none", single=False, peer_data=False, predictor="live model"),
+                 record("local", 60.0, transfer="none", single=False),
+                 record("dfml", 95.0, transfer="none", single=False, peer_data=True, predictor="live model",
+                        hparams={"eval": "current"}, method_params={"eval": "current"}),
+                 record("dfml", 94.0, transfer="none", single=False, hparams={"eval": "peak"}))
+
+
+def test_models_trained_on_peers_data_are_a_section_of_their_own(regimes):
+    board = json.loads(show(str(regimes), "--format", "json"))
+    assert board["sections"] == [FREE, PEERS]  # right after the same section without peer data
+    sections = {(g["method"], g["predictor"]): (g["section"], g["peer_data"]) for g in board["groups"]}
+    assert sections == {("crad", "live model"): (FREE, False), ("local", "live model"): (FREE, False),
+                        ("dfml", "live model"): (PEERS, True), ("dfml", "stored snapshot"): (PEERS, True)}
+    assert board["section_reasons"] == {PEERS: [PEER_DATA_REASON]}
+    rank = json.loads(show(str(regimes), "--rank", "--format", "json"))
+    assert [(r["section"], r["method"]) for r in rank["rank"]] == [(FREE, "crad"), (FREE, "local")]
+    assert rank["unranked"] == [{"section": PEERS, "method": "dfml", "n_protocols": 1}]  # alone: no rival
+    assert rank["section_reasons"] == {PEERS: [PEER_DATA_REASON]}
+
+
+def test_every_view_shows_the_predictor_and_why_a_peer_data_section_stands_apart(regimes, tmp_path):
+    markdown = show(str(regimes), "--format", "markdown")
+    assert re.findall(r"^\*\*Setting: (.*)\*\*$", markdown, re.M) == [FREE, PEERS]
+    assert markdown.count("Why apart: ") == 1 and f"Why apart: {PEER_DATA_REASON}" in markdown.split(PEERS)[1]
+    assert "| dfml | 1.0 | stored snapshot | digits |" in markdown
+    assert "| crad | 1.0 | live model | digits |" in markdown
+    rows = list(csv.DictReader(io.StringIO(show(str(regimes), "--format", "csv"))))
+    assert {(r["method"], r["predictor"], r["peer_data"]) for r in rows} == {
+        ("crad", "live model", "False"), ("local", "live model", "False"), ("dfml", "live model", "True"),
+        ("dfml", "stored snapshot", "True")}
+    table = " ".join(show(str(regimes)).split())
+    assert "predictor" in table and "stored snapshot" in table
+    assert f"setting: {PEERS}; each client's model travels" in table
+    rank = " ".join(show(str(regimes), "--rank").split())
+    assert f"not ranked: dfml, alone in setting: {PEERS}; {PEER_DATA_REASON}" in rank
+    result, _, _ = invoke_cli("leaderboard", "html", str(tmp_path / "site"), str(regimes))
+    assert result.exit_code == 0, result.output
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert re.findall(r'<h2 class="setting">Setting: (.*)</h2>', index) == [FREE, PEERS.replace("'", "&#39;")]
+    assert index.count('<p class="note reason">') == 1 and "<td>stored snapshot</td>" in index
+
+
+def test_compare_keeps_peer_data_out_of_the_knowledge_only_family(regimes):
+    """``compare`` pairs only within a section: dfml is not in local's Holm family."""
+    result, stdout, _ = invoke_cli("leaderboard", "compare", str(regimes), "--against", "local", "--format", "json")
+    assert result.exit_code == 0, result.output
+    compared = {(t["section"], c["a_method"]) for t in json.loads(stdout)["tables"] for c in t["comparisons"]}
+    assert compared == {(FREE, "crad")}
+
+
+QUICK_RUN = ("--task", "digits", "--clients", "4", "--rounds", "2", "--local-epochs", "1", "--batch-size", "64",
+             "--lr", "0.01", "--set", "period=2")
+
+
+def test_a_run_record_states_peer_data_and_its_predictor(run_record, tmp_path):
+    """A real run's record (schema 1.7) copies the card's peer data and asks the method which
+    predictor it evaluated: DFML's peak snapshot by default, its live model with eval=current."""
+    peak = run_record("--method", "dfml", *QUICK_RUN, out=tmp_path / "peak")
+    current = run_record("--method", "dfml", *QUICK_RUN, "--set", "eval=current", out=tmp_path / "current")
+    for r, predictor in ((peak, "stored snapshot"), (current, "live model")):
+        assert r["schema_version"] == "1.7" and record_problems(r) == []
+        assert (r["method"]["peer_data"], r["method"]["predictor"]) == (True, predictor)
+    board = json.loads(show(str(tmp_path / "peak"), str(tmp_path / "current"), "--format", "json"))
+    assert {(g["section"], g["predictor"]) for g in board["groups"]} == {(PEERS, "stored snapshot"),
+                                                                         (PEERS, "live model")}
