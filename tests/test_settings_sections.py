@@ -135,7 +135,10 @@ def test_rank_ranks_only_within_a_section(mixed):
     assert "| 1 | crad |" in markdown and "| 1 | msfkd |" in markdown  # numbered within each section
     table = show(str(mixed), "--rank")
     assert table.index(f"setting: {FREE}") < table.index("crad") < table.index(f"setting: {UNLABELLED}")
-    assert table.index(f"setting: {UNLABELLED}") < table.index("msfkd") and "fedavg" not in table
+    ranking, unranked = table.split("not ranked:", 1)
+    assert ranking.index(f"setting: {UNLABELLED}") < ranking.index("msfkd") and "fedavg" not in ranking
+    # a method alone in its section is listed after the rankings, with the section
+    assert f"fedavg, alone in setting: {ONE_ARCH}" in " ".join(unranked.split())
 
 
 def test_table_markdown_and_csv_show_one_section_at_a_time(mixed):
