@@ -294,6 +294,9 @@ def test_compare_keeps_peer_data_out_of_the_knowledge_only_family(regimes):
     assert result.exit_code == 0, result.output
     compared = {(t["section"], c["a_method"]) for t in json.loads(stdout)["tables"] for c in t["comparisons"]}
     assert compared == {(FREE, "crad")}
+    result, _, stderr = invoke_cli("leaderboard", "compare", str(regimes), "-m", "dfml", "--against", "crad")
+    refusal = " ".join((stderr or result.output).split())
+    assert result.exit_code != 0 and "different setting sections" in refusal and PEER_DATA_REASON in refusal
 
 
 QUICK_RUN = ("--task", "digits", "--clients", "4", "--rounds", "2", "--local-epochs", "1", "--batch-size", "64",

@@ -37,7 +37,7 @@ from typing import Any, Iterable, Optional
 
 from hfl_bench.results.figures import check_figure, headline_value
 from hfl_bench.results.ranking import protocol_labels
-from hfl_bench.results.setting import SettingGroup, processor
+from hfl_bench.results.setting import SettingGroup, processor, section_reasons
 
 CONFIDENCE = 0.95
 EXACT_UP_TO = 20  # seeds: every sign pattern enumerated up to here (2^20 patterns)
@@ -325,8 +325,9 @@ def why_not_comparable(groups: list[SettingGroup], method: str, reference: str) 
     sections_a = {g.section for g in groups if g.method == method and g.task == task}
     sections_b = {g.section for g in groups if g.method == reference and g.task == task}
     if not sections_a & sections_b:
+        reasons = sorted({r for label in sections_a | sections_b for r in section_reasons(label)})
         return (f"{method} and {reference} are in different setting sections on {task} "
                 f"({'; '.join(sorted(sections_a))} vs {'; '.join(sorted(sections_b))}): "
-                "paired comparisons stay within one section")
+                "paired comparisons stay within one section" + "".join(f" ({r})" for r in reasons))
     return (f"{method} and {reference} never ran the same protocol on {task} (partition, clients, rounds, "
             "faults or data differ), so no seed can be paired")
