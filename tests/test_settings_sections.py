@@ -173,7 +173,9 @@ def test_html_site_has_one_section_per_setting(mixed, tmp_path):
         assert set(re.findall(r'data-setting="([^"]*)"', body)) == {label}
     rank = index[index.index('id="rank"'):index.index('id="plots"')]
     assert re.findall(r"<h3>Setting: (.*)</h3>", rank) == [FREE, UNLABELLED]
-    assert "fedavg" not in rank and "fedmd" not in rank
+    ranking, unranked = rank.split("not ranked:", 1)
+    assert "fedavg" not in ranking and "fedmd" not in ranking  # alone in their sections: listed after
+    assert f"not ranked: fedavg, alone in setting: {ONE_ARCH}" in "not ranked:" + unranked
     pages = "".join(p.read_text() for p in (out / "groups").glob("*.html"))
     assert "setting section" in pages and ONE_ARCH in pages and LABELLED in pages  # each group page says its section
 
@@ -286,6 +288,7 @@ def test_every_view_shows_the_predictor_and_why_a_peer_data_section_stands_apart
     index = (tmp_path / "site" / "index.html").read_text()
     assert re.findall(r'<h2 class="setting">Setting: (.*)</h2>', index) == [FREE, PEERS.replace("'", "&#39;")]
     assert index.count('<p class="note reason">') == 1 and "<td>stored snapshot</td>" in index
+    assert '<p class="note">not ranked: dfml, alone in setting: data-free' in index
 
 
 def test_compare_keeps_peer_data_out_of_the_knowledge_only_family(regimes):

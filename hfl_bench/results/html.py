@@ -45,7 +45,7 @@ from hfl_bench.results.headline import FALLBACK_MARK, FALLBACK_NOTE, FINAL, grou
 from hfl_bench.results.loading import HONEST_SELECTION, Loaded, ResultsError, Skipped, load_records
 from hfl_bench.results.paired_view import page_tables
 from hfl_bench.results.rank_intervals import with_rank_intervals
-from hfl_bench.results.ranking import protocol_label, protocol_labels, rank_methods
+from hfl_bench.results.ranking import protocol_label, protocol_labels, rank_methods, unranked_methods
 from hfl_bench.results.render import (
     KIND,
     UNMATCHED_COLUMNS,
@@ -55,6 +55,7 @@ from hfl_bench.results.render import (
     display_rows,
     drop_label,
     rank_rows,
+    unranked_lines,
 )
 from hfl_bench.results.setting import (
     SettingGroup,
@@ -572,7 +573,8 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
         has_modalities=has_modalities, modalities=sorted({row["modalities"] for row in rows}),
         methods=sorted({row["group"].method for row in rows}), pools=sorted({row["group"].pool for row in rows}),
         faults=sorted({row["faults"] for row in rows}), settings=list(dict.fromkeys(s["setting"] for s in ordered)),
-        rank=by_section(rank_rows(ranked)), unmatched=unmatched,
+        rank=by_section(rank_rows(ranked)), unranked=unranked_lines(unranked_methods(board.groups, ranked)),
+        unmatched=unmatched,
         unmatched_columns=UNMATCHED_COLUMNS, figures=figures, plot_note=plot_note, drawn=drawn,
         skipped=[{"path": str(shown_path(s.path)) if s.path else "", "reason": s.reason, "line": s.line()}
                  for s in skipped],
