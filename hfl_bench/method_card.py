@@ -37,7 +37,7 @@ PUBLIC_TRANSFERS = ("public-unlabelled", "public-labelled")
 # a shared predictor (FedSocket's endpoint=joint); an ensemble of several clients' models. Short
 # values: the leaderboard shows the predictor as a column.
 PREDICTORS = ("live model", "stored snapshot", "prototype classifier", "live + shared", "joint", "ensemble")
-LIVE_MODEL, JOINT = "live model", "joint"
+LIVE_MODEL = "live model"
 VERSION_PATTERN = re.compile(r"[0-9]+(\.[0-9]+){0,3}")
 # A preset's name: what ``--preset NAME`` selects and ``method.preset`` records.
 PRESET_NAME = re.compile(r"[a-z][a-z0-9_]*")

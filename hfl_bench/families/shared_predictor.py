@@ -41,7 +41,6 @@ from hfl_bench.config import ConfigError
 from hfl_bench.data import modality_layout
 from hfl_bench.federation import engine_side
 from hfl_bench.metering import SERVER, Payload, Phase
-from hfl_bench.method_card import JOINT
 from hfl_bench.training import derive_seed, make_plan, predict_logits, train_client
 
 if TYPE_CHECKING:
@@ -529,7 +528,8 @@ class SharedPredictorClients:
 
     def predictor(self) -> str:
         """The headline's predictor: Joint under ``endpoint=joint``, else the card's (Private: the live model)."""
-        return JOINT if self.params.endpoint == "joint" else self.card.predictor  # type: ignore[attr-defined]
+        # "joint" is also method_card's name of that predictor (a layer above: not imported here)
+        return "joint" if self.params.endpoint == "joint" else self.card.predictor  # type: ignore[attr-defined]
 
     def eval_models(self, fed: "RoundView") -> list[nn.Module]:
         if self.params.endpoint == "joint":  # type: ignore[attr-defined]
