@@ -2,7 +2,7 @@
 
 A method is a ``Method`` subclass registered with ``@register_method``. It declares what it is in
 one ``card = MethodCard(...)`` (``hfl_bench.method_card``: name, version, citation, fidelity,
-topology, transfer data, refusals, smoke-test settings, notes), its hyperparameters
+topology, transfer data, peer data, evaluated predictor, refusals, smoke-test settings, notes), its hyperparameters
 (``Params``, a dataclass whose fields use ``param(default, help)``) and implements
 ``run_round(fed, rnd, active)``: train the round's active clients and send what would cross the
 network. It sees a whole round, so the building blocks can batch work across clients. The engine
@@ -58,6 +58,8 @@ from hfl_bench.graphs import train_students
 from hfl_bench.metering import SERVER, Data, Payload, Phase
 from hfl_bench.method_card import (
     FIDELITIES,
+    LIVE_MODEL,
+    PREDICTORS,
     TOPOLOGIES,
     TRANSFERS,
     MethodCard,
@@ -88,7 +90,8 @@ from hfl_bench.training import (
 )
 
 __all__ = [
-    "FIDELITIES", "TOPOLOGIES", "TRANSFERS", "MethodCard", "SmokeSettings", "check_card_setting",
+    "FIDELITIES", "LIVE_MODEL", "PREDICTORS", "TOPOLOGIES", "TRANSFERS", "MethodCard", "SmokeSettings",
+    "check_card_setting",
     "SERVER", "Batch", "Client", "ClientView", "ConfigError", "Data", "Diverged", "EpochPlan", "Federation",
     "Method", "NoParams", "Payload", "Phase", "RoundView", "Targets", "Trainee", "TransferPlan", "batch_targets",
     "derive_seed", "finite_mean", "fit", "get_method_class", "kd_loss", "make_plan",
@@ -128,6 +131,12 @@ class Method(abc.ABC):
     def eval_models(self, fed: RoundView) -> list[nn.Module]:
         """The model evaluated for each client (default: the client's own model)."""
         return [c.model for c in fed.clients]
+
+    def predictor(self) -> str:
+        """Which predictor ``eval_models`` gives the headline (``method_card.PREDICTORS``), in every
+        record's ``method.predictor``: the card's, unless a hyperparameter changes it (override then,
+        reading only ``self.params``: the leaderboard asks it of old records too)."""
+        return self.card.predictor
 
     def endpoints(self, fed: RoundView) -> dict[str, list[nn.Module]]:
         """Extra per-client predictors reported beside the headline metric (e.g. a shared model or

@@ -2,10 +2,12 @@
 
 Each registered method class sets ``card = MethodCard(...)`` (``hfl_bench.method_api``). The card
 is the one source of the method's name, version, citation, fidelity, topology, what it reads
-beyond the clients' private data, what settings it refuses, the settings of a quick test run, the
-named presets of hyperparameters (a paper's own budget) and the notes every record carries:
-``hfl-bench list`` and ``describe``, the record's ``method`` section, the engine's refusals, the
-docs' method pages and the test suites all read it.
+beyond the clients' private data, whether its client models train on other clients' data
+(``peer_data``), which predictor its headline evaluates (``predictor``, one of ``PREDICTORS``),
+what settings it refuses, the settings of a quick test run, the named presets of
+hyperparameters (a paper's own budget) and the notes every record carries: ``hfl-bench list``
+and ``describe``, the record's ``method`` section, the leaderboard's setting sections, the
+engine's refusals, the docs' method pages and the test suites all read it.
 
 ``card_problems`` says what is wrong with a card; registering a method refuses one with problems.
 """
@@ -28,6 +30,14 @@ TOPOLOGIES = ("p2p", "server", "none")
 # (``--public-size``) without or with its labels, or inputs it synthesizes itself.
 TRANSFERS = ("none", "public-unlabelled", "public-labelled", "synthetic")
 PUBLIC_TRANSFERS = ("public-unlabelled", "public-labelled")
+# Which predictor a method's headline evaluates for each client (``Method.predictor``): the
+# client's live model (also a view of it, e.g. FedCC's with the unknown logit dropped); a stored
+# snapshot of it (DFML's peak models); a nearest-prototype classifier on its features (FedProto,
+# FedTGP); its head on features fused with a shared model's (FedMRL); the Joint mix of its model and
+# a shared predictor (FedSocket's endpoint=joint); an ensemble of several clients' models. Short
+# values: the leaderboard shows the predictor as a column.
+PREDICTORS = ("live model", "stored snapshot", "prototype classifier", "live + shared", "joint", "ensemble")
+LIVE_MODEL = "live model"
 VERSION_PATTERN = re.compile(r"[0-9]+(\.[0-9]+){0,3}")
 # A preset's name: what ``--preset NAME`` selects and ``method.preset`` records.
 PRESET_NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -94,6 +104,14 @@ class MethodCard:
     topology: str  # one of TOPOLOGIES
     summary: str  # one line: what ``hfl-bench list methods`` shows
     transfer: str = "none"  # one of TRANSFERS
+    # True for a method whose client models are trained, with labels, on other clients' private
+    # data: a client's model travels to a peer, is trained there on the peer's shard and comes back
+    # (DFML). Averaging parameters each client trained on its own shard (FedAvg, a shared head) is
+    # not: only the average travels. Part of the leaderboard's setting section.
+    peer_data: bool = False
+    # Which predictor the headline evaluates (one of PREDICTORS) at the default hyperparameters;
+    # a method whose hyperparameters change it overrides ``Method.predictor``.
+    predictor: str = LIVE_MODEL
     # True for a method that needs every client on one architecture (a homogeneous pool).
     single_architecture: bool = False
     # True for a method that runs a task whose clients miss modalities (hfl_bench.modalities): it
@@ -137,7 +155,8 @@ class MethodCard:
         return {
             "name": self.name, "version": self.version, "citation": self.citation, "fidelity": self.fidelity,
             "topology": self.topology, "summary": self.summary, "transfer": self.transfer,
-            "needs_public": self.needs_public, "single_architecture": self.single_architecture,
+            "peer_data": self.peer_data, "predictor": self.predictor, "needs_public": self.needs_public,
+            "single_architecture": self.single_architecture,
             "missing_modalities": self.missing_modalities, "why_single_modality": self.why_single_modality,
             "refuses_faults": dict(self.refuses_faults), "smoke": self.smoke_config(),
             "presets": {name: dict(values) for name, values in self.presets.items()}, "notes": list(self.notes),
@@ -158,14 +177,15 @@ def card_problems(card: Any, name: str) -> list[str]:
     if not (isinstance(card.version, str) and VERSION_PATTERN.fullmatch(card.version)):
         problems.append(f"version must be a string like \"1.0\" (digits and dots), got {card.version!r}; "
                         "set it in the card and bump it when the method's numerics change")
-    for field, allowed in (("fidelity", FIDELITIES), ("topology", TOPOLOGIES), ("transfer", TRANSFERS)):
+    for field, allowed in (("fidelity", FIDELITIES), ("topology", TOPOLOGIES), ("transfer", TRANSFERS),
+                           ("predictor", PREDICTORS)):
         if getattr(card, field) not in allowed:
             problems.append(f"{field} must be one of {', '.join(allowed)}, got {getattr(card, field)!r}")
     if not _one_line(card.summary):
         problems.append(f"summary must be one line of text, got {card.summary!r}")
     if not isinstance(card.citation, str):
         problems.append(f"citation must be a string, got {card.citation!r}")
-    for field in ("single_architecture", "missing_modalities"):
+    for field in ("single_architecture", "missing_modalities", "peer_data"):
         if not isinstance(getattr(card, field), bool):
             problems.append(f"{field} must be True or False, got {getattr(card, field)!r}")
     if not card.missing_modalities and not _one_line(card.why_single_modality):

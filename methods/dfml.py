@@ -65,6 +65,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl_bench.method_api import (
+    LIVE_MODEL,
     ConfigError,
     Method,
     MethodCard,
@@ -177,6 +178,8 @@ class DFMLParams:
 class DFML(Method):
     card = MethodCard(
         name="dfml", fidelity="reconstructed", topology="p2p",
+        peer_data=True,  # every model is trained with labels on the aggregator's shard
+        predictor="stored snapshot",  # eval=peak (the default); eval=current: the live model (``predictor``)
         version="1.1",  # 1.1: K follows --local-epochs (1.0: K = 1 whatever the protocol)
         citation="Khalil et al., DFML: Decentralized Federated Mutual Learning, arXiv 2402.01863, 2024",
         summary="Decentralized mutual learning at a random aggregator, WSM supervision, cyclic alpha, peak models.",
@@ -266,6 +269,9 @@ class DFML(Method):
         for n in state.get("peaks", {}):
             self._store_peak(fed, n)
         super().load_state_dict(state, fed)
+
+    def predictor(self) -> str:
+        return LIVE_MODEL if self.params.eval == "current" else self.card.predictor
 
     def eval_models(self, fed: RoundView) -> list[nn.Module]:
         if self.params.eval == "current":

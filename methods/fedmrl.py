@@ -96,6 +96,7 @@ class MatryoshkaPredictor(nn.Module):
 class FedMRL(Method):
     card = MethodCard(
         name="fedmrl", version="1.0", fidelity="paper", topology="server",
+        predictor="live + shared",  # the client's head on its own and the shared model's features, projected
         citation="Yi, Yu, Ren, Wang, Liu, Li, Federated Model Heterogeneous Matryoshka Representation Learning, "
                  "NeurIPS 2024",
         summary="Local and shared small model fused by a trained private projector (Matryoshka heads); "

@@ -70,7 +70,7 @@ class FedProtoParams:
 @register_method
 class FedProto(NearestPrototypeEvaluation, Method):
     card = MethodCard(
-        name="fedproto", version="1.0", fidelity="paper", topology="server",
+        name="fedproto", version="1.0", fidelity="paper", topology="server", predictor="prototype classifier",
         citation="Tan, Long, Liu, Zhou, Lu, Jiang, Zhang, FedProto: Federated Prototype Learning across "
                  "Heterogeneous Clients, AAAI 2022",
         summary="Clients share per-class mean features (prototypes); CE + lam MSE to the global prototype; "

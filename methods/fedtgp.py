@@ -130,7 +130,7 @@ def pairs(received: list[Table], device: torch.device) -> tuple[torch.Tensor, to
 @register_method
 class FedTGP(NearestPrototypeEvaluation, Method):
     card = MethodCard(
-        name="fedtgp", version="1.0", fidelity="paper", topology="server",
+        name="fedtgp", version="1.0", fidelity="paper", topology="server", predictor="prototype classifier",
         citation="Zhang, Liu, Hua, Cao, FedTGP: Trainable Global Prototypes with Adaptive-Margin-Enhanced "
                  "Contrastive Learning for Data and Model Heterogeneity in Federated Learning, AAAI 2024",
         summary="FedProto's client loss; the server trains global prototypes (TGP) on the uploaded ones with an "

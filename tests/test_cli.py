@@ -195,9 +195,11 @@ def test_list(runner, kind, expected):
             assert by_name[name] == {"name": name, "description": card.summary, "fidelity": card.fidelity,
                                      "topology": card.topology, "transfer": card.transfer,
                                      "single_architecture": card.single_architecture,
+                                     "peer_data": card.peer_data, "predictor": card.predictor,
                                      "refuses_faults": sorted(card.refuses_faults),
                                      "origin": get_method_class(name).__module__}
         assert by_name["fedavg"]["single_architecture"] and by_name["fedmd"]["transfer"] == "public-labelled"
+        assert by_name["dfml"]["peer_data"] and by_name["dfml"]["predictor"] == "stored snapshot"
     if kind == "tasks":
         digits = next(r for r in rows if r["name"] == "digits")
         assert digits["classes"] == 10 and digits["input"] == [1, 8, 8]

@@ -218,16 +218,19 @@ def test_in_a_headless_browser(site, browser, tmp_path):
     assert page.locator("tr.published").count() == 1  # the digits figure beside the crad group
     assert page.evaluate("Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
 
-    # one setting section each: the data-free heterogeneous one (crad, dfml, local), fedavg's single
-    # architecture, and the hostile run (a method no registry knows, with a fault setting): never
-    # sorted or ranked with the others
-    assert page.locator("h2.setting").count() == page.locator("section.protocol").count() == 3
+    # one setting section each: the data-free heterogeneous one (crad, local), dfml's (models trained
+    # on peers' data, with its reason), fedavg's single architecture, and the hostile run (a method no
+    # registry knows, with a fault setting): never sorted or ranked with the others
+    assert page.locator("h2.setting").count() == page.locator("section.protocol").count() == 4
     assert _cells(page, "method", "section.protocol:last-of-type table.leaderboard") == [HOSTILE]
-    assert _cells(page, "method", "section.protocol:nth-of-type(2) table.leaderboard") == ["fedavg"]
+    assert _cells(page, "method", "section.protocol:nth-of-type(2) table.leaderboard") == ["dfml"]
+    assert _cells(page, "method", "section.protocol:nth-of-type(3) table.leaderboard") == ["fedavg"]
+    assert page.locator("p.reason").count() == 1 and "travels" in page.locator("p.reason").inner_text()
+    assert _cells(page, "predictor", "section.protocol:nth-of-type(2) table.leaderboard") == ["stored snapshot"]
 
     # sorting the first table: global accuracy ascending, then descending; by method name
-    means = {m: float(a.split(" ± ")[0]) for m, a in expected.items() if m not in (HOSTILE, "fedavg")}
-    others = ["fedavg", HOSTILE]
+    means = {m: float(a.split(" ± ")[0]) for m, a in expected.items() if m not in (HOSTILE, "fedavg", "dfml")}
+    others = ["dfml", "fedavg", HOSTILE]
     page.locator("table.leaderboard th", has_text="global acc").first.click()
     assert _cells(page, "method") == sorted(means, key=means.get) + others
     page.locator("table.leaderboard th", has_text="global acc").first.click()

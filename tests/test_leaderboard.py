@@ -285,7 +285,7 @@ def test_every_format_parses(real_record, tmp_path):
     code, out = show(*args, "--format", "markdown")
     heading, table = out.split("\n\n")[0], out.split("\n\n")[1].splitlines()  # the section's label, its table
     assert heading == "**Setting: data-free, heterogeneous pool, protocol budget**"
-    assert code == 0 and table[0].startswith("| method | version | task |") and set(table[1]) <= set("|-")
+    assert code == 0 and table[0].startswith("| method | version | predictor | task |") and set(table[1]) <= set("|-")
     assert "| 62.00 ± 2.83 |" in out and "fan2026crad" in out
     assert len({len(re.split(r"(?<!\\)\|", line)) for line in table}) == 1  # same cell count on every row
     code, out = show(*args, "--format", "table")
@@ -319,14 +319,14 @@ def test_public_hold_out_is_part_of_the_setting(real_record, tmp_path):
         return r
 
     folder = write(tmp_path / "runs", variant(real_record, 0, 60.0), variant(real_record, 0, 50.0, method="local"),
-                   held_out(variant(real_record, 0, 70.0, method="dfml", config_hash="p1")),
+                   held_out(variant(real_record, 0, 70.0, method="fd", config_hash="p1")),
                    held_out(variant(real_record, 0, 40.0, method="local", config_hash="p2")))
     board = show_json(str(folder))
     public = {g["method"]: g for g in board["groups"] if g["partition"]["params"].get("public") == 200}
-    assert set(public) == {"dfml", "local"}
+    assert set(public) == {"fd", "local"}
     ranks = {r["method"]: r for r in json.loads(show(str(folder), "--rank", "--format", "json")[1])["rank"]}
-    assert ranks["local"]["n_protocols"] == 2 and ranks["dfml"]["n_protocols"] == 1
-    assert ranks["dfml"]["mean_rank"] == 1.0  # ranked against local on the held-out shards only
+    assert ranks["local"]["n_protocols"] == 2 and ranks["fd"]["n_protocols"] == 1
+    assert ranks["fd"]["mean_rank"] == 1.0  # ranked against local on the held-out shards only
     code, out = show(str(folder))
     assert code == 0 and "public=200" in out
 

@@ -85,6 +85,10 @@ def test_register_method_takes_the_name_from_the_card():
     ({"refuses_faults": {"meteor": "why"}}, "refuses_faults: unknown fault kind 'meteor'"),
     ({"refuses_faults": {"byzantine": ""}}, "refuses_faults: say in one line why it refuses byzantine"),
     ({"notes": "one note"}, "notes must be a tuple of strings"),
+    ({"predictor": "oracle"}, "predictor must be one of live model, stored snapshot, prototype classifier"),
+    ({"predictor": "Live model"}, "predictor must be one of live model,"),
+    ({"peer_data": "yes"}, "peer_data must be True or False, got 'yes'"),
+    ({"peer_data": 1}, "peer_data must be True or False, got 1"),
     ({"single_architecture": True}, "a single-architecture method names a homogeneous smoke.pool"),
     ({"transfer": "public-labelled", "smoke": SmokeSettings(public_size=0)}, "smoke.public_size is 0, but"),
     ({"smoke": SmokeSettings(method_params={"rounds": 2})}, "smoke.method_params must map names to strings"),
@@ -118,7 +122,8 @@ def test_a_card_is_frozen_hashable_and_its_dict_is_json():
     assert c.needs_public and not card(transfer="synthetic").needs_public
     assert json.loads(json.dumps(c.as_dict())) == {
         "name": "demo", "version": "1.0", "citation": "", "fidelity": "original", "topology": "none",
-        "summary": "A demo method.", "transfer": "public-unlabelled", "needs_public": True,
+        "summary": "A demo method.", "transfer": "public-unlabelled", "peer_data": False,
+        "predictor": "live model", "needs_public": True,
         "single_architecture": False, "missing_modalities": False,
         "why_single_modality": "it was written for inputs of one modality",
         "refuses_faults": {"straggler": "it needs every client each round"},
@@ -230,3 +235,31 @@ def test_register_method_refuses_a_method_without_a_version(version):
     with pytest.raises(RegistryError, match="version must be a string like"):
         register_method(method_class(card=card(version=version)))
     assert "demo" not in METHODS
+
+
+def test_every_registered_method_states_its_regime():
+    """Every registered card passes ``card_problems`` with a predictor of the vocabulary, and so
+    does what ``Method.predictor`` answers at the defaults; DFML alone trains models on peers' data."""
+    from hfl_bench.method_card import PREDICTORS, card_problems
+
+    for name, cls in METHODS.items():
+        assert card_problems(cls.card, name) == [], name
+        assert cls.card.predictor in PREDICTORS and cls().predictor() == cls.card.predictor, name
+    assert {name for name, cls in METHODS.items() if cls.card.peer_data} == {"dfml"}
+    expected = {"dfml": "stored snapshot", "fedproto": "prototype classifier", "fedtgp": "prototype classifier",
+                "fedmrl": "live + shared"}
+    assert {name: cls.card.predictor for name, cls in METHODS.items() if cls.card.predictor != "live model"} == expected
+
+
+@pytest.mark.parametrize("method, params, predictor", [
+    ("dfml", {}, "stored snapshot"),
+    ("dfml", {"eval": "current"}, "live model"),
+    ("fedsocket", {}, "live model"),
+    ("fedsocket", {"endpoint": "joint"}, "joint"),
+    ("naive-shared", {"endpoint": "joint"}, "joint"),
+])
+def test_a_hyperparameter_changes_the_evaluated_predictor(method, params, predictor):
+    from hfl_bench.config import coerce_params
+
+    cls = METHODS.get(method)
+    assert cls(coerce_params(cls.Params, params, method)).predictor() == predictor

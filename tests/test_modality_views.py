@@ -171,6 +171,9 @@ class FakeMethod:
     def hparams(self) -> dict:
         return {}
 
+    def predictor(self) -> str:
+        return self.card.predictor
+
 
 def fake_result(modalities: dict | None = None, faults: dict | None = None) -> tuple[RunConfig, RunResult]:
     """Four clients; recipients 1 and 3 and donors 0 and 2 when ``modalities`` is set."""
@@ -228,7 +231,7 @@ def test_build_record_writes_the_recipients_and_donors_figures():
 def test_build_record_without_modalities_has_no_client_groups():
     cfg, result = fake_result()
     record = build_record(cfg, result)
-    assert record["schema_version"] == SCHEMA_VERSION == "1.6"
+    assert record["schema_version"] == SCHEMA_VERSION == "1.7"
     assert "modalities" not in record and "modalities" not in record["task"]
     assert not {"recipients", "donors", "honest", "faulty"} & set(record["metrics"])
     assert record_problems(strict_record(record)) == []

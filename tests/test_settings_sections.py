@@ -1,8 +1,10 @@
 """Settings that differ are never ranked together: the leaderboard's setting sections (the transfer
 data a method reads, one architecture or a heterogeneous pool, the budget class, faults,
-modalities) through the real CLI: ``leaderboard show`` (table, markdown, csv, json), ``--rank``, the
-HTML site and ``plot``, on a mixed folder of hand-written records; and records written before the
-method section stated its transfer data (schema < 1.6) fall back to the registered card."""
+modalities, client models trained on peers' data) through the real CLI: ``leaderboard show``
+(table, markdown, csv, json), ``--rank``, the HTML site and ``plot``, on a mixed folder of
+hand-written records; and records written before the method section stated its transfer data
+(schema < 1.6) or its peer data and predictor (< 1.7) fall back to the registered card. The
+evaluated predictor is a column; real runs' records state it."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 
 from hfl_bench.config import RunConfig, config_hash
 from hfl_bench.results.records import SCHEMA_VERSION
+from hfl_bench.results.setting import PEER_DATA_REASON
 from hfl_bench.results.validation import record_problems
 
 from helpers import invoke_cli
@@ -28,11 +31,13 @@ ONE_ARCH = "data-free, single architecture, protocol budget"
 UNLABELLED = "unlabelled public set, heterogeneous pool, protocol budget"
 LABELLED = "labelled public set, heterogeneous pool, protocol budget"
 PRESET = "data-free, heterogeneous pool, preset paper"
+PEERS = "data-free, heterogeneous pool, protocol budget, models trained on peers' data"
 HETEROGENEOUS = ["mlp_small", "cnn_small", "resnet_tiny", "mlp_small"]
 
 
 def record(method: str, acc: float, *, seed: int = 0, pool: str = "cpu", assignment: Optional[list] = None,
            transfer: Optional[str] = None, single: Optional[bool] = None, preset: Optional[str] = None,
+           peer_data: Optional[bool] = None, predictor: Optional[str] = None, hparams: Optional[dict] = None,
            old: bool = False, **config: Any) -> dict:
     """One valid record of ``method`` on digits (4 clients, 2 rounds, a 200-sample public hold-out,
     so that every method here shares one protocol but for its setting section). ``old``: a 1.2
@@ -40,12 +45,13 @@ def record(method: str, acc: float, *, seed: int = 0, pool: str = "cpu", assignm
     cfg = dataclasses.asdict(RunConfig(method=method, task="digits", pool=pool, partition="dirichlet", alpha=0.3,
                                        clients=4, rounds=2, seed=seed, public_size=200, **config))
     chash = config_hash(cfg)
-    section: dict[str, Any] = {"name": method, "fidelity": "paper", "version": "1.0", "hparams": {}}
+    section: dict[str, Any] = {"name": method, "fidelity": "paper", "version": "1.0", "hparams": hparams or {}}
     if not old:
-        section |= {k: v for k, v in (("transfer", transfer), ("single_architecture", single), ("preset", preset))
-                    if v is not None}
+        section |= {k: v for k, v in (("transfer", transfer), ("single_architecture", single), ("preset", preset),
+                                      ("peer_data", peer_data), ("predictor", predictor)) if v is not None}
     r = {
-        "schema_version": "1.2" if old else SCHEMA_VERSION,
+        # a record that states neither peer data nor predictor was written as 1.6
+        "schema_version": "1.2" if old else SCHEMA_VERSION if peer_data is not None else "1.6",
         "record_id": hashlib.sha256(f"{chash}|{seed}|reproduced".encode()).hexdigest()[:16],
         "source": {"kind": "reproduced", "citation": None},
         "status": "ok", "error": None, "method": section,
@@ -129,7 +135,10 @@ def test_rank_ranks_only_within_a_section(mixed):
     assert "| 1 | crad |" in markdown and "| 1 | msfkd |" in markdown  # numbered within each section
     table = show(str(mixed), "--rank")
     assert table.index(f"setting: {FREE}") < table.index("crad") < table.index(f"setting: {UNLABELLED}")
-    assert table.index(f"setting: {UNLABELLED}") < table.index("msfkd") and "fedavg" not in table
+    ranking, unranked = table.split("not ranked:", 1)
+    assert ranking.index(f"setting: {UNLABELLED}") < ranking.index("msfkd") and "fedavg" not in ranking
+    # a method alone in its section is listed after the rankings, with the section
+    assert f"fedavg, alone in setting: {ONE_ARCH}" in " ".join(unranked.split())
 
 
 def test_table_markdown_and_csv_show_one_section_at_a_time(mixed):
@@ -164,7 +173,9 @@ def test_html_site_has_one_section_per_setting(mixed, tmp_path):
         assert set(re.findall(r'data-setting="([^"]*)"', body)) == {label}
     rank = index[index.index('id="rank"'):index.index('id="plots"')]
     assert re.findall(r"<h3>Setting: (.*)</h3>", rank) == [FREE, UNLABELLED]
-    assert "fedavg" not in rank and "fedmd" not in rank
+    ranking, unranked = rank.split("not ranked:", 1)
+    assert "fedavg" not in ranking and "fedmd" not in ranking  # alone in their sections: listed after
+    assert f"not ranked: fedavg, alone in setting: {ONE_ARCH}" in "not ranked:" + unranked
     pages = "".join(p.read_text() for p in (out / "groups").glob("*.html"))
     assert "setting section" in pages and ONE_ARCH in pages and LABELLED in pages  # each group page says its section
 
@@ -206,15 +217,18 @@ def test_what_a_record_says_wins_over_the_registry(tmp_path):
 
 
 def test_a_new_record_states_its_setting():
-    """The record writer copies the card's transfer data and single-architecture need (schema 1.6)."""
+    """The record writer copies the card's transfer data and single-architecture need (schema 1.6),
+    its peer data and predictor (schema 1.7)."""
     from hfl_bench.method_api import get_method_class
     from hfl_bench.results.records import build_failed_record, card_setting
 
     for method in ("fedavg", "fedmd", "fedcc", "crad"):
         card = get_method_class(method).card
-        assert card_setting(card) == {"transfer": card.transfer, "single_architecture": card.single_architecture}
+        assert card_setting(card, card.predictor) == {
+            "transfer": card.transfer, "single_architecture": card.single_architecture,
+            "peer_data": card.peer_data, "predictor": card.predictor}
     failed = build_failed_record(RunConfig(method="fedmd", task="digits"), "boom")
-    assert failed["schema_version"] == "1.6"
+    assert failed["schema_version"] == "1.7"
     assert (failed["method"]["transfer"], failed["method"]["single_architecture"]) == ("public-labelled", False)
     assert record_problems(failed) == []
 
@@ -226,3 +240,96 @@ def test_the_committed_records_still_show():
     fedavg = {g["section"] for g in board["groups"] if g["method"] == "fedavg"}
     assert fedavg == {ONE_ARCH}
     assert show("--rank")
+
+
+@pytest.fixture(scope="module")
+def regimes(tmp_path_factory) -> Path:
+    """One protocol, two regimes: crad and local (knowledge only) and dfml (models trained on peers'
+    data), twice: a 1.7 record that states it (eval=current: the live model) and a 1.6 one that does
+    not (its registered card says it, and its hyperparameters the predictor: the stored snapshot)."""
+    return write(tmp_path_factory.mktemp("regimes") / "runs",
+                 record("crad", 70.0, transfer="none", single=False, peer_data=False, predictor="live model"),
+                 record("local", 60.0, transfer="none", single=False),
+                 record("dfml", 95.0, transfer="none", single=False, peer_data=True, predictor="live model",
+                        hparams={"eval": "current"}, method_params={"eval": "current"}),
+                 record("dfml", 94.0, transfer="none", single=False, hparams={"eval": "peak"}))
+
+
+def test_models_trained_on_peers_data_are_a_section_of_their_own(regimes):
+    board = json.loads(show(str(regimes), "--format", "json"))
+    assert board["sections"] == [FREE, PEERS]  # right after the same section without peer data
+    sections = {(g["method"], g["predictor"]): (g["section"], g["peer_data"]) for g in board["groups"]}
+    assert sections == {("crad", "live model"): (FREE, False), ("local", "live model"): (FREE, False),
+                        ("dfml", "live model"): (PEERS, True), ("dfml", "stored snapshot"): (PEERS, True)}
+    assert board["section_reasons"] == {PEERS: [PEER_DATA_REASON]}
+    rank = json.loads(show(str(regimes), "--rank", "--format", "json"))
+    assert [(r["section"], r["method"]) for r in rank["rank"]] == [(FREE, "crad"), (FREE, "local")]
+    assert rank["unranked"] == [{"section": PEERS, "method": "dfml", "n_protocols": 1}]  # alone: no rival
+    assert rank["section_reasons"] == {PEERS: [PEER_DATA_REASON]}
+
+
+def test_every_view_shows_the_predictor_and_why_a_peer_data_section_stands_apart(regimes, tmp_path):
+    markdown = show(str(regimes), "--format", "markdown")
+    assert re.findall(r"^\*\*Setting: (.*)\*\*$", markdown, re.M) == [FREE, PEERS]
+    assert markdown.count("Why apart: ") == 1 and f"Why apart: {PEER_DATA_REASON}" in markdown.split(PEERS)[1]
+    assert "| dfml | 1.0 | stored snapshot | digits |" in markdown
+    assert "| crad | 1.0 | live model | digits |" in markdown
+    rows = list(csv.DictReader(io.StringIO(show(str(regimes), "--format", "csv"))))
+    assert {(r["method"], r["predictor"], r["peer_data"]) for r in rows} == {
+        ("crad", "live model", "False"), ("local", "live model", "False"), ("dfml", "live model", "True"),
+        ("dfml", "stored snapshot", "True")}
+    table = " ".join(show(str(regimes)).split())
+    assert "predictor" in table and "stored snapshot" in table
+    assert f"setting: {PEERS}; each client's model travels" in table
+    rank = " ".join(show(str(regimes), "--rank").split())
+    assert f"not ranked: dfml, alone in setting: {PEERS}; {PEER_DATA_REASON}" in rank
+    result, _, _ = invoke_cli("leaderboard", "html", str(tmp_path / "site"), str(regimes))
+    assert result.exit_code == 0, result.output
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert re.findall(r'<h2 class="setting">Setting: (.*)</h2>', index) == [FREE, PEERS.replace("'", "&#39;")]
+    assert index.count('<p class="note reason">') == 1 and "<td>stored snapshot</td>" in index
+    assert '<p class="note">not ranked: dfml, alone in setting: data-free' in index
+
+
+def test_compare_keeps_peer_data_out_of_the_knowledge_only_family(regimes):
+    """``compare`` pairs only within a section: dfml is not in local's Holm family."""
+    result, stdout, _ = invoke_cli("leaderboard", "compare", str(regimes), "--against", "local", "--format", "json")
+    assert result.exit_code == 0, result.output
+    compared = {(t["section"], c["a_method"]) for t in json.loads(stdout)["tables"] for c in t["comparisons"]}
+    assert compared == {(FREE, "crad")}
+    result, _, stderr = invoke_cli("leaderboard", "compare", str(regimes), "-m", "dfml", "--against", "crad")
+    refusal = " ".join((stderr or result.output).split())
+    assert result.exit_code != 0 and "different setting sections" in refusal and PEER_DATA_REASON in refusal
+
+
+QUICK_RUN = ("--task", "digits", "--clients", "4", "--rounds", "2", "--local-epochs", "1", "--batch-size", "64",
+             "--lr", "0.01", "--set", "period=2")
+
+
+def test_a_run_record_states_peer_data_and_its_predictor(run_record, tmp_path):
+    """A real run's record (schema 1.7) copies the card's peer data and asks the method which
+    predictor it evaluated: DFML's peak snapshot by default, its live model with eval=current."""
+    peak = run_record("--method", "dfml", *QUICK_RUN, out=tmp_path / "peak")
+    current = run_record("--method", "dfml", *QUICK_RUN, "--set", "eval=current", out=tmp_path / "current")
+    for r, predictor in ((peak, "stored snapshot"), (current, "live model")):
+        assert r["schema_version"] == "1.7" and record_problems(r) == []
+        assert (r["method"]["peer_data"], r["method"]["predictor"]) == (True, predictor)
+    board = json.loads(show(str(tmp_path / "peak"), str(tmp_path / "current"), "--format", "json"))
+    assert {(g["section"], g["predictor"]) for g in board["groups"]} == {(PEERS, "stored snapshot"),
+                                                                         (PEERS, "live model")}
+
+
+def test_committed_records_before_1_7_read_their_regime_from_the_card():
+    """The committed digits records (schema 1.6) state neither peer data nor predictor: the
+    registered cards give them, DFML's predictor at the record's own hyperparameters."""
+    from hfl_bench.results.setting import peer_data_setting, predictor_setting
+
+    folder = Path(__file__).resolve().parent.parent / "leaderboards" / "reproduced" / "digits"
+    for method, peers, predictor in (("dfml", True, "stored snapshot"), ("crad", False, "live model"),
+                                     ("fedproto", False, "prototype classifier")):
+        r = json.loads(next(folder.glob(f"digits__{method}__*__seed0.json")).read_text())
+        assert r["schema_version"] == "1.6" and not {"peer_data", "predictor"} & set(r["method"])
+        assert (peer_data_setting(r), predictor_setting(r)) == (peers, predictor)
+    current = json.loads(next(folder.glob("digits__dfml__*__seed0.json")).read_text())
+    current["method"]["hparams"]["eval"] = "current"  # what a 1.6 record of the control holds
+    assert predictor_setting(current) == "live model"

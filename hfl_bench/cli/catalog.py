@@ -84,7 +84,7 @@ def list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
             card = obj.card
             row.update(description=card.summary, fidelity=card.fidelity, topology=card.topology,
                        transfer=card.transfer, single_architecture=card.single_architecture,
-                       refuses_faults=sorted(card.refuses_faults))
+                       peer_data=card.peer_data, predictor=card.predictor, refuses_faults=sorted(card.refuses_faults))
         if kind == "tasks":
             info = obj.info
             row.update(version=info.version, classes=info.num_classes, input=list(info.input_shape),
@@ -184,7 +184,9 @@ def _table(title: str, columns: list[dict], rows: list[list[str]], styled_title:
 # Columns of ``list`` that may wrap at a narrow terminal; the others keep their values on one line.
 WRAPPED = ("description", "members", "source", "declares")
 # A method card's facts that ``list methods --json`` gives as fields and the table in one column.
-DECLARED = ("transfer", "single_architecture", "refuses_faults")
+DECLARED = ("transfer", "single_architecture", "peer_data", "predictor", "refuses_faults")
+# method_card.LIVE_MODEL, spelled here: an answer from the metadata index imports no method (nor torch).
+LIVE_MODEL = "live model"
 
 
 def _shape_text(v: Any) -> str:
@@ -197,9 +199,12 @@ def _cell_text(v: Any) -> str:
 
 
 def _declares(row: dict[str, Any]) -> str:
-    """A method's transfer data, one-architecture need and refused fault kinds, as one cell."""
+    """A method's transfer data, one-architecture need, peer data, evaluated predictor (where not
+    the live model) and refused fault kinds, as one cell."""
     parts = [row["transfer"]] if row["transfer"] != "none" else []
     parts += ["one architecture"] if row["single_architecture"] else []
+    parts += ["models trained on peers' data"] if row["peer_data"] else []
+    parts += [f"evaluates the {row['predictor']}"] if row["predictor"] != LIVE_MODEL else []
     parts += [f"refuses {', '.join(row['refuses_faults'])}"] if row["refuses_faults"] else []
     return "; ".join(parts) or "-"
 
@@ -269,6 +274,8 @@ def _method_view(info: dict[str, Any]) -> list:
                      ("citation", info["citation"] or "-"), ("transfer", info["transfer"]),
                      ("needs a public set", info["needs_public"]),
                      ("single architecture", info["single_architecture"]),
+                     ("models trained on peers' data", info["peer_data"]),
+                     ("evaluated predictor", f"{info['predictor']} (at the default hyperparameters)"),
                      ("missing modalities", "runs" if info["missing_modalities"]
                       else f"refuses: {info['why_single_modality']}"),
                      ("refuses faults", "; ".join(f"{kind}: {why}" for kind, why in refused.items()) or "none"),

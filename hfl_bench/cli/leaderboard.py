@@ -14,7 +14,7 @@ import typer
 
 from hfl_bench.cli.options import BenchCommand, BenchGroup
 from hfl_bench.cli.output import err, fail, note, output_format, plain, spelled_for, wide_out
-from hfl_bench.results.text import ascii_spelled
+from hfl_bench.results.text import ascii_spelled, markdown_cell, terminal
 
 # The results layer (and numpy under it) is imported inside each command, so that `hfl-bench
 # --help` and `list` do not pay for it.
@@ -67,7 +67,7 @@ def show(
     ranks consistent with its resolved paired comparisons (docs: Paired comparisons)."""
     from hfl_bench.results.board import board_records, build_board
     from hfl_bench.results.loading import ResultsError, load_records
-    from hfl_bench.results.ranking import rank_methods
+    from hfl_bench.results.ranking import rank_methods, unranked_methods
 
     fmt = output_format(fmt, as_json, FORMATS)
     if rank and against:
@@ -85,7 +85,8 @@ def show(
     if rank:
         from hfl_bench.results.rank_intervals import with_rank_intervals
 
-        _print_rank(with_rank_intervals(rank_methods(board.groups), board.groups), fmt)
+        ranked = with_rank_intervals(rank_methods(board.groups), board.groups)
+        _print_rank(ranked, unranked_methods(board.groups, ranked), fmt)
     else:
         _print_board(board, fmt, _vs(records, against))
 
@@ -118,6 +119,7 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None) 
         by_section,
         csv_rows,
         display_rows,
+        section_title,
         sections_markdown,
         to_csv,
         to_markdown,
@@ -158,7 +160,7 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None) 
                            if any(g.has_faults for g in board.groups) else "")
                         + (f"; {paired_view.vs_title(vs[0])}" if vs else ""))
         for label, part in by_section(rows):  # one table per setting section: the rows that compete
-            _print_table(part, TABLE_COLUMNS + vs_columns, f"setting: {label}; {title_groups}")
+            _print_table(part, TABLE_COLUMNS + vs_columns, f"setting: {section_title(label)}; {title_groups}")
     else:
         wide_out().print("no reproduced records match", highlight=False)
     if unmatched:
@@ -174,15 +176,28 @@ def _print_table(rows: list[dict[str, Any]], columns: tuple[str, ...], title: st
     console.print(to_rich(spelled_for(console, rows), columns, ascii_spelled(title, console.encoding or "utf-8")))
 
 
-def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
+def _print_rank(ranked: list[dict[str, Any]], unranked: list[dict[str, Any]], fmt: str) -> None:
+    """The rank in ``fmt``; ``unranked`` (``ranking.unranked_methods``): the methods alone in a
+    section, listed with it after the rank (json: ``unranked``; csv has rank rows only)."""
     from hfl_bench.results.rank_intervals import DEFINITION
-    from hfl_bench.results.render import by_section, rank_rows, sections_markdown, to_csv
+    from hfl_bench.results.render import (
+        by_section,
+        rank_rows,
+        reasons_json,
+        section_title,
+        sections_markdown,
+        to_csv,
+        unranked_lines,
+    )
 
     columns = ("#", "method", "mean rank", "rank interval", "protocols", "ranks")
     if fmt == "json":
         sys.stdout.write(json.dumps({"ties": "average rank", "within": "one ranking per setting section",
                                      "by": "headline global accuracy (mean of the last evaluated rounds)",
-                                     "rank_interval": DEFINITION, "rank": ranked}, indent=1) + "\n")
+                                     "rank_interval": DEFINITION,
+                                     "section_reasons": reasons_json(dict.fromkeys(r["section"]
+                                                                                   for r in ranked + unranked)),
+                                     "rank": ranked, "unranked": unranked}, indent=1) + "\n")
     elif fmt == "csv":
         rows = [{"section": r["section"], "method": r["method"], "mean_rank": r["mean_rank"],
                  "rank_best": r["rank_interval"][0], "rank_worst": r["rank_interval"][1],
@@ -192,13 +207,16 @@ def _print_rank(ranked: list[dict[str, Any]], fmt: str) -> None:
                                        "ranks")))
     elif fmt == "markdown":
         sys.stdout.write(sections_markdown(rank_rows(ranked), columns))
+        sys.stdout.write("".join(f"\n{markdown_cell(line)}\n" for line in unranked_lines(unranked)))
     else:
         title = ("mean rank by headline global accuracy over protocols run by 2+ methods (ties: average rank); "
                  f"rank interval: {DEFINITION}")
         if not ranked:
             wide_out().print("no protocol was run by two or more methods of one setting", highlight=False)
         for label, part in by_section(rank_rows(ranked)):  # ranked within each setting section only
-            _print_table(part, columns, f"setting: {label}; {title}")
+            _print_table(part, columns, f"setting: {section_title(label)}; {title}")
+        for line in unranked_lines(unranked):
+            wide_out().print(terminal(line), highlight=False, markup=False)
 
 
 @app.command(cls=BenchCommand)

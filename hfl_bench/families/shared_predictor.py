@@ -526,6 +526,11 @@ class SharedPredictorClients:
         # The frozen extractors and their cached features are rebuilt identically by setup: not stored.
         return {k: v for k, v in super().state_dict(fed).items() if k not in ("bank", "feats")}  # type: ignore[misc]
 
+    def predictor(self) -> str:
+        """The headline's predictor: Joint under ``endpoint=joint``, else the card's (Private: the live model)."""
+        # "joint" is also method_card's name of that predictor (a layer above: not imported here)
+        return "joint" if self.params.endpoint == "joint" else self.card.predictor  # type: ignore[attr-defined]
+
     def eval_models(self, fed: "RoundView") -> list[nn.Module]:
         if self.params.endpoint == "joint":  # type: ignore[attr-defined]
             return self.joint

@@ -45,7 +45,7 @@ from hfl_bench.results.headline import FALLBACK_MARK, FALLBACK_NOTE, FINAL, grou
 from hfl_bench.results.loading import HONEST_SELECTION, Loaded, ResultsError, Skipped, load_records
 from hfl_bench.results.paired_view import page_tables
 from hfl_bench.results.rank_intervals import with_rank_intervals
-from hfl_bench.results.ranking import protocol_label, protocol_labels, rank_methods
+from hfl_bench.results.ranking import protocol_label, protocol_labels, rank_methods, unranked_methods
 from hfl_bench.results.render import (
     KIND,
     UNMATCHED_COLUMNS,
@@ -55,8 +55,16 @@ from hfl_bench.results.render import (
     display_rows,
     drop_label,
     rank_rows,
+    unranked_lines,
 )
-from hfl_bench.results.setting import SettingGroup, Stat, canonical, modalities_section, partition_label
+from hfl_bench.results.setting import (
+    SettingGroup,
+    Stat,
+    canonical,
+    modalities_section,
+    partition_label,
+    section_reasons,
+)
 
 # Marks a folder this module wrote, so regenerating may clear its old pages, and nothing else.
 MARKER = ".hfl-bench-site"
@@ -407,6 +415,8 @@ def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], h
     cfg = first.get("config") if isinstance(first.get("config"), dict) else {}
     setting = [
         ("method", g.method), ("task", g.task), ("pool", g.pool), ("setting section", g.section),
+        *[("why apart", reason) for reason in section_reasons(g.section)],
+        ("evaluated predictor", g.predictor),
         ("protocol", protocol_label(g)), ("data", g.data_label),
         ("partition", partition_label(g.partition_scheme, g.partition_params)),
         ("clients (active per round)", f"{_text(g.n_clients)} ({_text(g.clients_per_round)})"),
@@ -453,6 +463,7 @@ def _environment():
     env = Environment(loader=DictLoader(templates()), autoescape=True,
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.globals["style"] = STYLE
+    env.globals["section_reasons"] = section_reasons  # why a section stands apart, under its heading
     return env
 
 
@@ -567,7 +578,8 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
         has_modalities=has_modalities, modalities=sorted({row["modalities"] for row in rows}),
         methods=sorted({row["group"].method for row in rows}), pools=sorted({row["group"].pool for row in rows}),
         faults=sorted({row["faults"] for row in rows}), settings=list(dict.fromkeys(s["setting"] for s in ordered)),
-        rank=by_section(rank_rows(ranked)), unmatched=unmatched,
+        rank=by_section(rank_rows(ranked)), unranked=unranked_lines(unranked_methods(board.groups, ranked)),
+        unmatched=unmatched,
         unmatched_columns=UNMATCHED_COLUMNS, figures=figures, plot_note=plot_note, drawn=drawn,
         skipped=[{"path": str(shown_path(s.path)) if s.path else "", "reason": s.reason, "line": s.line()}
                  for s in skipped],

@@ -50,7 +50,7 @@ from typing import Any, Iterable, Optional
 
 from hfl_bench.results.figures import check_figure, headline_value
 from hfl_bench.results.ranking import protocol_labels
-from hfl_bench.results.setting import SettingGroup, canonical, processor
+from hfl_bench.results.setting import SettingGroup, canonical, processor, section_reasons
 
 CONFIDENCE = 0.95
 ALPHA = 0.05  # the level a (Holm-adjusted) p-value must be below for "resolved"
@@ -404,8 +404,9 @@ def why_not_comparable(groups: list[SettingGroup], method: str, reference: str) 
     sections_a = {g.section for g in groups if g.method == method and g.task == task}
     sections_b = {g.section for g in groups if g.method == reference and g.task == task}
     if not sections_a & sections_b:
+        reasons = sorted({r for label in sections_a | sections_b for r in section_reasons(label)})
         return (f"{method} and {reference} are in different setting sections on {task} "
                 f"({'; '.join(sorted(sections_a))} vs {'; '.join(sorted(sections_b))}): "
-                "paired comparisons stay within one section")
+                "paired comparisons stay within one section" + "".join(f" ({r})" for r in reasons))
     return (f"{method} and {reference} never ran the same protocol on {task} (partition, clients, rounds, "
             "faults or data differ), so no seed can be paired")

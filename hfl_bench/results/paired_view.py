@@ -11,7 +11,7 @@ from rich.text import Text
 from hfl_bench.results.board import Board
 from hfl_bench.results.headline import headline_stat
 from hfl_bench.results.paired import CONFIDENCE, EXACT_UP_TO, MONTE_CARLO, Comparison, Table, against, by_protocol
-from hfl_bench.results.render import to_markdown
+from hfl_bench.results.render import reasons_markdown, section_title, to_markdown
 from hfl_bench.results.setting import SettingGroup
 from hfl_bench.results.text import markdown_cell, terminal
 
@@ -71,15 +71,17 @@ def table_title(t: Table, figure: str) -> str:
 
 def markdown_tables(tables: Iterable[Table], figure: str, nd: int = 2) -> str:
     """One markdown table per protocol, under its setting section's label in bold (as ``leaderboard
-    show --format markdown``) and its protocol; every cell escaped (``render.to_markdown``)."""
+    show --format markdown``, with the reason a section stands apart) and its protocol; every cell
+    escaped (``render.to_markdown``)."""
     return "\n".join(f"**Setting: {markdown_cell(t.section)}**; {markdown_cell(table_title(t, figure))}\n\n"
+                     + reasons_markdown(t.section)
                      + to_markdown([comparison_row(c, nd) for c in t.comparisons], COLUMNS) for t in tables)
 
 
 def rich_tables(tables: Iterable[Table], figure: str, nd: int = 2) -> list[RichTable]:
     out = []
     for t in tables:
-        title = f"setting: {t.section}; {table_title(t, figure)}"
+        title = f"setting: {section_title(t.section)}; {table_title(t, figure)}"
         table = RichTable(title=Text(terminal(title)))
         for col in COLUMNS:
             table.add_column(col, justify="right" if col in NUMERIC else "left", overflow="fold")

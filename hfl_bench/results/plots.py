@@ -44,8 +44,10 @@ from hfl_bench.results.setting import (
     Stat,
     budget_class,
     headline_of,
+    peer_data_setting,
     section_label,
     section_order,
+    section_reasons,
     single_architecture,
     transfer_setting,
 )
@@ -215,9 +217,9 @@ MISSING: dict[str, Callable[[Loaded], Optional[str]]] = {
 
 @dataclass(frozen=True)
 class PlotSection:
-    """The setting section one figure draws (``setting.section_label`` without the faults, which
-    the curves tell apart by series and the robustness plot draws against each other, and without
-    the modality setting, part of a multimodal task of its own)."""
+    """The setting section one figure draws (``setting.section_label``, peer data included, without
+    the faults, which the curves tell apart by series and the robustness plot draws against each
+    other, and without the modality setting, part of a multimodal task of its own)."""
 
     order: tuple
     label: str
@@ -234,7 +236,15 @@ class PlotSection:
 
 def plot_section(record: dict[str, Any]) -> PlotSection:
     t, single, budget = transfer_setting(record), single_architecture(record), budget_class(record)
-    return PlotSection(section_order(t, single, budget), section_label(t, single, budget))
+    peers = peer_data_setting(record)
+    return PlotSection(section_order(t, single, budget, peer_data=peers), section_label(t, single, budget,
+                                                                                         peer_data=peers))
+
+
+def setting_title(label: str) -> str:
+    """A figure title's setting line, with the reason a section stands apart (``section_reasons``)
+    on a line of its own."""
+    return "\n".join([f"setting: {label}", *section_reasons(label)])
 
 
 def plot_sections(seed_groups: list[SeedGroup]) -> list[tuple[PlotSection, list[SeedGroup]]]:
@@ -551,7 +561,7 @@ def render(kind: str, task: str, groups: list[DrawnSetting], png: Path, section:
     details = DRAW[kind](ax, groups, colors)
     if kind != "bytes":
         ax.grid(True, alpha=0.2)
-    setting = f"\nsetting: {section}" if section else ""
+    setting = f"\n{setting_title(str(section))}" if section else ""
     ax.set_title(mpl_text(f"{TITLES[kind]}: {task} ({setting_summary(groups)}){setting}", one_line=False), fontsize=11)
     fig.legend(loc="outside right upper", fontsize=8, title="method (n seeds)", title_fontsize=8)
     text = caption(task, groups, f"{png.name}{SIDECAR_SUFFIX}")
@@ -840,7 +850,7 @@ def plot_robustness(task: str, seed_groups: list[SeedGroup], skipped: list[Skipp
     FigureCanvasAgg(fig)
     details = draw_robustness(fig, panels)
     fig.suptitle(mpl_text(f"Robustness: honest clients' global accuracy against fault strength: {task} "
-                          f"({setting_summary(groups)})\nsetting: {section.label}", one_line=False), fontsize=11)
+                          f"({setting_summary(groups)})\n{setting_title(section.label)}", one_line=False), fontsize=11)
     text = caption(task, groups, f"{png.name}{SIDECAR_SUFFIX}", ROBUSTNESS_NOTE)
     fig.supxlabel(mpl_text(text, one_line=False), fontsize=6.5, x=0.005, ha="left", multialignment="left")
     write_atomic(png, lambda f: fig.savefig(f, format="png", dpi=110))
@@ -893,7 +903,7 @@ def plot_cd(records: list[Loaded], skipped: list[Skipped], out_dir: Path) -> tup
         FigureCanvasAgg(fig)
         cd.draw_cd(fig, t, stats)
         fig.suptitle(mpl_text(f"Critical difference: {len(t.methods)} methods over {len(t.blocks)} blocks\n"
-                              f"setting: {t.section}", one_line=False), fontsize=10)
+                              f"{setting_title(t.section)}", one_line=False), fontsize=10)
         write_atomic(png, lambda f, fig=fig: fig.savefig(f, format="png", dpi=110))
         drawn = [r for g in groups for r in g.records]
         sources = png.with_name(png.name + SIDECAR_SUFFIX)

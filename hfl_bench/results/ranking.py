@@ -8,6 +8,8 @@ average of their ranks. A method's score is its mean rank over the protocols it 
 one setting section** (``SettingGroup.section``): the rank is one table per section, and a method
 that ran in two sections has a row in each, never one score across them. Versions of a method are
 ranked apart (``crad@1.1``, ``crad@unversioned``) when the groups hold more than one; never merged.
+A method with a figure in a section but no rival there (DFML, alone in the section of models
+trained on peers' data) has no rank; ``unranked_methods`` lists it with its section.
 """
 
 from __future__ import annotations
@@ -37,6 +39,20 @@ def rank_methods(groups: list[SettingGroup]) -> list[dict[str, Any]]:
              "n_protocols": len(rs), "ranks": rs, "_order": section[0]} for (section, m), rs in ranks.items()]
     rows.sort(key=lambda r: (r["_order"], r["mean_rank"], -r["n_protocols"], r["method"]))
     return [{k: v for k, v in r.items() if k != "_order"} for r in rows]
+
+
+def unranked_methods(groups: list[SettingGroup], ranked: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The methods with a headline figure in a setting section where no protocol gave them a rival
+    (``rank_methods``' ``ranked`` has no row of theirs there), in the sections' order: each one's
+    ``section``, ``method`` and ``protocols`` (how many it ran there)."""
+    in_rank = {(r["section"], r["method"]) for r in ranked}
+    alone: dict[tuple, set] = defaultdict(set)  # (section order, section label, method) -> its protocols
+    for p in protocol_scores(groups):
+        order, label = p["section"]
+        alone.update({(order, label, m): alone[(order, label, m)] | {p["protocol"]} for m in p["scores"]
+                      if (label, m) not in in_rank})
+    return [{"section": label, "method": m, "n_protocols": len(protocols)}
+            for (_, label, m), protocols in sorted(alone.items(), key=lambda kv: (kv[0][0], kv[0][2]))]
 
 
 def protocol_scores(groups: list[SettingGroup]) -> list[dict[str, Any]]:

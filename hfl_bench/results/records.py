@@ -42,13 +42,20 @@ from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_use
 if TYPE_CHECKING:  # annotation only: reading records needs no torch
     from hfl_bench.federation import RunResult
 
-SCHEMA_VERSION = "1.6"  # what every new reproduced record (ok, diverged or failed) is written as
-# 1.6 holds every run's seen / unseen-class accuracy (``metrics.seen_unseen``, its per-round means
-# in ``history``, a client group's in its own block), the work the run did (``cost.budget``) and
-# the method's transfer data, single-architecture need and preset in the ``method`` section
-# (the leaderboard's setting sections read them), so every new run record is 1.6, with or without
-# client groups. Published records carry one figure from a paper and none of that: they stay 1.2
-# (PUBLISHED_SCHEMA_VERSION), byte for byte what the generator wrote before.
+SCHEMA_VERSION = "1.7"  # what every new reproduced record (ok, diverged or failed) is written as
+# 1.7 adds the method's ``peer_data`` and ``predictor`` (whether its client models train on other
+# clients' data, which predictor the headline evaluates: the setting section and the leaderboard's
+# predictor column read them), the headline block first in ``metrics`` (``metrics.headline``) and
+# the selected round named as such (``metrics.selected``), each extra endpoint's per-round and
+# final-window figures (``history[].endpoints``, ``metrics.final.endpoints``), the pooled
+# selection rule's fields (``selection.score``, ``history[].pooled_val_acc``) and a matrix cell's
+# ``federation.checkpoint_refused``. Like 1.6 it holds every run's seen / unseen-class accuracy
+# (``metrics.seen_unseen``, its per-round means in ``history``, a client group's in its own block),
+# the work the run did (``cost.budget``) and the method's transfer data, single-architecture need
+# and preset in the ``method`` section (the leaderboard's setting sections read them), so every new
+# run record is 1.7, with or without client groups. Published records carry one figure from a
+# paper and none of that: they stay 1.2 (PUBLISHED_SCHEMA_VERSION), byte for byte what the
+# generator wrote before.
 PUBLISHED_SCHEMA_VERSION = "1.2"
 GROUPS_SCHEMA_VERSION = "1.5"  # the version that added client groups (read, no longer written)
 # Every version a record may carry; each keeps its own schema file, and a record is validated
@@ -57,9 +64,11 @@ GROUPS_SCHEMA_VERSION = "1.5"  # the version that added client groups (read, no 
 # ``faults`` section and the ``honest`` / ``faulty`` figures of a run with --faults; 1.4 the
 # ``modalities`` section and the ``recipients`` / ``donors`` figures of a multimodal run; 1.5 the
 # per-round and final figures of those client groups; 1.6 the seen / unseen-class accuracy,
-# ``cost.budget`` and the method's ``transfer``, ``single_architecture`` and ``preset``). 1.3 to 1.5 (written
-# for runs with client groups only) are read, no longer written.
-SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6")
+# ``cost.budget`` and the method's ``transfer``, ``single_architecture`` and ``preset``; 1.7 the
+# method's ``peer_data`` and ``predictor``, the headline and selected blocks, the endpoints' curves
+# and final figures, the pooled selection rule and why a cell did not resume). 1.3 to 1.5 (written for runs with client groups only)
+# and 1.6 are read, no longer written.
+SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7")
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
 SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
 
@@ -255,7 +264,8 @@ def headline_block(metrics: dict[str, Any], clients: str) -> dict[str, Any]:
 
 def schema_version_of(result: RunResult) -> str:
     """The version a run's record is written as: the oldest that holds all of it (module constants:
-    every run record has the seen / unseen-class figures and the budget of 1.6)."""
+    every run record has the seen / unseen-class figures and the budget of 1.6 and the peer data
+    and predictor of 1.7)."""
     return SCHEMA_VERSION
 
 
@@ -330,7 +340,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "notes": list(method.card.notes),
             "plugin_dist": plugin_dist(type(method).__module__),
             "hparams": method.hparams(),
-            **card_setting(method.card),
+            **card_setting(method.card, method.predictor()),
             # Schema 1.6: the card's preset the hyperparameters hold (``--preset``), null for the
             # protocol's budget (``engine.canonical_identity``).
             "preset": cfg.preset,
@@ -399,10 +409,13 @@ def selection_block(result: RunResult) -> dict[str, Any]:
     return block
 
 
-def card_setting(card: Any) -> dict[str, Any]:
-    """What the leaderboard's setting section reads from a method's card (schema 1.6): the
-    transfer data it reads and whether it needs a single architecture."""
-    return {"transfer": card.transfer, "single_architecture": bool(card.single_architecture)}
+def card_setting(card: Any, predictor: str) -> dict[str, Any]:
+    """What the leaderboard's setting section reads from a method's card: the transfer data it reads
+    and whether it needs a single architecture (schema 1.6), whether its client models are trained
+    on peers' data, and ``predictor``, what the run's headline evaluated (``Method.predictor``,
+    schema 1.7)."""
+    return {"transfer": card.transfer, "single_architecture": bool(card.single_architecture),
+            "peer_data": bool(card.peer_data), "predictor": predictor}
 
 
 def _used(method: str, hparams: Any, task: str, pool: Any, partitioner: Any) -> list[tuple[str, Any]]:
@@ -457,8 +470,10 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
         cls = get_method_class(cfg.method)
         card = cls.card
         method.update(fidelity=card.fidelity, version=card.version, citation=card.citation, notes=list(card.notes),
-                      plugin_dist=plugin_dist(cls.__module__), **card_setting(card))
-        method["hparams"] = dataclasses.asdict(coerce_params(cls.Params, cfg.method_params, cfg.method))
+                      plugin_dist=plugin_dist(cls.__module__), **card_setting(card, card.predictor))
+        params = coerce_params(cls.Params, cfg.method_params, cfg.method)
+        method["hparams"] = dataclasses.asdict(params)
+        method["predictor"] = cls(params).predictor()  # what the run would have evaluated
         method["version"] = _run_version(card.version, method["hparams"])
     except Exception:  # noqa: BLE001 - unknown method or bad hyperparameters: keep what we have
         pass

@@ -2,7 +2,11 @@
 
 Every view shows one setting section at a time (``SettingGroup.section``: which rows compete):
 the table and markdown one table per section under its label (``by_section``), csv and json a
-``section`` field on each group, the rank one ranking per section.
+``section`` field on each group, the rank one ranking per section. Where a label is shown, the
+reason a section stands apart goes with it (``section_title``; json: ``section_reasons``).
+
+Every view shows the predictor each group's headline evaluated (``SettingGroup.predictor``: the
+``predictor`` column, field in csv and json).
 
 Every view's headline (``global acc``, ``local acc``, ``global_*``, the rank) is ``headline``'s: the
 final figure, the papers' selected-round figure beside it (``selected global``, ``selected_*``).
@@ -29,7 +33,14 @@ from hfl_bench.results.headline import FALLBACK_NOTE, HEADLINE_STATISTIC, group_
 from hfl_bench.results.loading import selection_mark
 from hfl_bench.results.published import Match, Published
 from hfl_bench.results.ranking import protocol_label, protocol_labels
-from hfl_bench.results.setting import METRICS, SettingGroup, canonical, modalities_section, partition_label
+from hfl_bench.results.setting import (
+    METRICS,
+    SettingGroup,
+    canonical,
+    modalities_section,
+    partition_label,
+    section_reasons,
+)
 from hfl_bench.results.text import csv_cell, markdown_cell, terminal
 
 
@@ -108,7 +119,8 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
         notes = tuple(n for n, on in ((MODALITY_NOTE, g.is_multimodal), (FALLBACK_NOTE, basis != HEADLINE_STATISTIC))
                       if on)
         rows.append({
-            "method": g.method, "version": version_label(g), "task": g.task, "pool": g.pool, "faults": g.faults,
+            "method": g.method, "version": version_label(g), "predictor": g.predictor, "task": g.task,
+            "pool": g.pool, "faults": g.faults,
             "setting": setting, "seeds": str(len(g.ok)), "global acc": marked(_pm(gl.mean, gl.sd), basis),
             "drop": drop_label(g), "local acc": marked(_pm(lo.mean, lo.sd), group_basis(g, "local_acc")),
             "selected global": _pm(sg.mean, sg.sd), "selected local": _pm(sl.mean, sl.sd),
@@ -204,9 +216,12 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
 # "steps / client / round" is the work the runs did (``budget``): optimizer steps per client per
 # round on private data, then "(all T)" with public or synthetic steps and "server S" for the
 # server's own steps per round ('-' for records before schema 1.6).
+# "predictor" is what each group's headline evaluated (``SettingGroup.predictor``: the live model,
+# a stored snapshot, a prototype classifier ..., ``method_card.PREDICTORS``; short values).
 STEPS = "steps / client / round"
-COLUMNS = ("method", "version", "task", "pool", "faults", "setting", "seeds", "global acc", "drop", "local acc",
-           "selected global", "selected local", STEPS, "failed/diverged", "source", "locator", "match", "delta")
+COLUMNS = ("method", "version", "predictor", "task", "pool", "faults", "setting", "seeds", "global acc", "drop",
+           "local acc", "selected global", "selected local", STEPS, "failed/diverged", "source", "locator", "match",
+           "delta")
 TABLE_COLUMNS = tuple(c for c in COLUMNS if c not in ("locator", "selected local"))
 UNMATCHED_COLUMNS = ("method", "published as", "task", "pool", "setting", "seeds", "global acc", "local acc",
                      "source", "locator", "match")
@@ -216,7 +231,8 @@ UNMATCHED_COLUMNS = ("method", "published as", "task", "pool", "setting", "seeds
 SEEN_UNSEEN_CSV = ("seen_mean", "seen_sd", "unseen_mean", "unseen_sd", "final_seen_mean", "final_seen_sd",
                    "final_unseen_mean", "final_unseen_sd", "all_seen_mean", "all_unseen_mean")
 CSV_COLUMNS = (
-    "row_type", "section", "transfer", "single_architecture", "budget", "group_id", "method", "method_version",
+    "row_type", "section", "transfer", "single_architecture", "budget", "peer_data", "group_id", "method",
+    "method_version", "predictor",
     "commits", "task", "pool", "partition_scheme",
     "partition_params", "n_clients", "clients_per_round", "rounds", "local_epochs", "method_params", "faults",
     "modalities", "headline_clients", "headline_statistic", "seeds", "n_seeds", "global_mean", "global_sd",
@@ -250,7 +266,7 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
         drop = g.drop
         rows.append({
             "row_type": "reproduced", **_section_fields(g), "group_id": g.group_id, "method": g.method,
-            "method_version": g.method_version,
+            "method_version": g.method_version, "predictor": g.predictor,
             "commits": " ".join(g.commits), "task": g.task, "pool": g.pool,
             "partition_scheme": g.partition_scheme, "partition_params": canonical(g.partition_params),
             "n_clients": g.n_clients, "clients_per_round": g.clients_per_round, "rounds": g.rounds,
@@ -286,7 +302,7 @@ def _section_fields(g: SettingGroup) -> dict[str, Any]:
     """A group's setting section and its parts (csv and json; ``single_architecture`` null where
     nothing says)."""
     return {"section": g.section, "transfer": g.transfer, "single_architecture": g.single_architecture,
-            "budget": g.budget}
+            "budget": g.budget, "peer_data": g.peer_data}
 
 
 def _csv_figures(g: SettingGroup, endpoint: Optional[str] = None) -> dict[str, Any]:
@@ -343,7 +359,8 @@ def board_json(board: Board) -> dict[str, Any]:
     for g in board.groups:
         groups.append({
             "group_id": g.group_id, **_section_fields(g), "config_hash": g.config_hash, "method": g.method,
-            "method_version": g.method_version, "commits": g.commits, "git_dirty": "uncommitted" in g.provenance_note,
+            "method_version": g.method_version, "predictor": g.predictor, "commits": g.commits,
+            "git_dirty": "uncommitted" in g.provenance_note,
             "processors": g.processors, "task": g.task,
             "data": {"fingerprint": g.data_fingerprint, "num_classes": g.num_classes},
             "pool": g.pool, "partition": {"scheme": g.partition_scheme, "params": g.partition_params},
@@ -383,8 +400,19 @@ def board_json(board: Board) -> dict[str, Any]:
                 "1.7; its headline_statistic says where records fell back), its selected round's under selected")
     sections = list(dict.fromkeys(g.section for g in board.groups))
     return {"sd": "sample standard deviation (ddof=1); null for a single seed", "headline": headline,
-            "sections": sections, "groups": groups, "unmatched_published": [p.as_dict() for p in board.unmatched],
+            "sections": sections, "section_reasons": reasons_json(sections), "groups": groups,
+            "unmatched_published": [p.as_dict() for p in board.unmatched],
             "skipped": board.skipped}
+
+
+def reasons_json(sections: Iterable[str]) -> dict[str, list[str]]:
+    """Why each section that stands apart does (``section_reasons``), by label; {} when none does."""
+    return {label: reasons for label in sections if (reasons := section_reasons(label))}
+
+
+def section_title(label: str) -> str:
+    """A section's label as a table's title shows it: with the reason it stands apart, if any."""
+    return "; ".join([label, *section_reasons(label)])
 
 
 def _json_clients(g: SettingGroup) -> list[tuple[str, str]]:
@@ -441,6 +469,13 @@ def rank_rows(ranked: list[dict[str, Any]]) -> list[dict[str, str]]:
     return rows
 
 
+def unranked_lines(unranked: list[dict[str, Any]]) -> list[str]:
+    """One line per method alone in a section (``ranking.unranked_methods``): its section, with
+    the reason the section stands apart (``section_title``)."""
+    return [f"not ranked: {u['method']}, alone in setting: {section_title(u['section'])}"
+            for u in unranked]
+
+
 def rank_interval_label(interval: Optional[list[float]], spec: str) -> str:
     """``[1, 3]``: the ranks consistent with the resolved paired comparisons (``rank_intervals``)."""
     return "-" if not interval else f"[{interval[0]:{spec}}, {interval[1]:{spec}}]"
@@ -465,10 +500,16 @@ def to_markdown(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
 
 
 def sections_markdown(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
-    """One markdown table per setting section (``by_section``), each under its label in bold."""
+    """One markdown table per setting section (``by_section``), each under its label in bold and,
+    for a section that stands apart, the reason why (``section_reasons``) in a paragraph."""
     columns = list(columns)
-    return "\n".join(f"**Setting: {markdown_cell(label)}**\n\n" + to_markdown(part, columns)
+    return "\n".join(f"**Setting: {markdown_cell(label)}**\n\n" + reasons_markdown(label) + to_markdown(part, columns)
                      for label, part in by_section(rows))
+
+
+def reasons_markdown(label: str) -> str:
+    """The reasons a section stands apart (``section_reasons``), one paragraph each ("" for none)."""
+    return "".join(f"Why apart: {markdown_cell(reason)}\n\n" for reason in section_reasons(label))
 
 
 def to_csv(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:

@@ -21,10 +21,19 @@ clients'. A record with both sections (refused by the engine) keeps the honest c
 
 The **setting section** a group belongs to (``SettingGroup.section``) is part of the protocol
 too: the transfer data its method reads (``transfer_setting``), whether its pool is a single
-architecture (``single_architecture``), its budget class (``budget_class``), and the fault and
-modality settings. Groups of two sections are never ranked together, and every view shows one
+architecture (``single_architecture``), its budget class (``budget_class``), the fault and
+modality settings, and whether its client models are trained on other clients' data
+(``peer_data_setting``: models that travel to peers and train on their shards, DFML; such a
+section's label ends in ``PEER_DATA_LABEL`` and every view that shows it gives ``PEER_DATA_REASON``,
+``section_reasons``). Groups of two sections are never ranked together, and every view shows one
 section at a time (docs/guide/leaderboards.md lists the labels). What a record says wins; a record
-written before it said (schema < 1.6) falls back to the registered method's card and pool.
+written before it said (schema < 1.6; < 1.7 for the peer data) falls back to the registered
+method's card and pool.
+
+The **evaluated predictor** (``predictor_setting``: the client's live model, a stored snapshot, a
+prototype classifier ..., ``method_card.PREDICTORS``) is shown beside each group, not part of the
+section: a method's own hyperparameter may change it (DFML ``eval=current``). A record older than
+schema 1.7 reads it from the registered method with the record's hyperparameters.
 
 A published figure (``Published``) and its place beside a group (``Match``) are types of this
 module too; ``published`` decides which figure goes where.
@@ -52,6 +61,11 @@ PROTOCOL_BUDGET = "protocol"  # the budget class of a run under the protocol's b
 TRANSFER_LABELS = {"none": "data-free", "public-unlabelled": "unlabelled public set",
                    "public-labelled": "labelled public set", "synthetic": "synthetic data",
                    UNKNOWN: "unknown transfer"}
+# The part of a section's label that says its client models are trained on other clients' data,
+# and the one line every view that shows such a section gives as the reason it stands apart.
+PEER_DATA_LABEL = "models trained on peers' data"
+PEER_DATA_REASON = ("each client's model travels to other clients and is trained there with their labels (DFML), "
+                    "which the knowledge-only methods never do")
 
 
 def fault_setting(record: dict[str, Any]) -> str:
@@ -119,6 +133,53 @@ def transfer_setting(record: dict[str, Any]) -> str:
     return stated if isinstance(stated, str) and stated in TRANSFER_LABELS else UNKNOWN
 
 
+def peer_data_setting(record: dict[str, Any]) -> bool:
+    """Whether a record's client models were trained on other clients' data: the record's own
+    ``method.peer_data`` (schema 1.7), else the registered card's, else False (a name nothing
+    knows: nothing says its models travel)."""
+    method = method_section(record)
+    stated = method.get("peer_data")
+    if isinstance(stated, bool):
+        return stated
+    card = registered_card(method.get("name")) if isinstance(method.get("name"), str) else None
+    return bool(getattr(card, "peer_data", False))
+
+
+def predictor_setting(record: dict[str, Any]) -> str:
+    """Which predictor a record's headline evaluated: the record's own ``method.predictor``
+    (schema 1.7; short text, shown as is), else what the registered method says for the record's
+    hyperparameters (``Method.predictor``), else its card's, else ``unknown``."""
+    method = method_section(record)
+    stated = method.get("predictor")
+    if isinstance(stated, str) and stated.strip() and "\n" not in stated and len(stated) <= 40:
+        return stated
+    name, hparams = method.get("name"), method.get("hparams")
+    if not isinstance(name, str):
+        return UNKNOWN
+    return registered_predictor(name, canonical(hparams if isinstance(hparams, dict) else {}))
+
+
+@functools.lru_cache(maxsize=None)
+def registered_predictor(method: str, hparams: str) -> str:
+    """The registered method's predictor at ``hparams`` (canonical JSON; fields its ``Params`` no
+    longer has are left out); its card's where they no longer build; ``unknown`` for a name not
+    registered here."""
+    card = registered_card(method)
+    if card is None:
+        return UNKNOWN
+    try:
+        import dataclasses
+
+        from hfl_bench.registry import METHODS
+
+        cls = METHODS.get(method)
+        fields = {f.name for f in dataclasses.fields(cls.Params)}
+        params = cls.Params(**{k: v for k, v in json.loads(hparams).items() if k in fields})
+        return cls(params).predictor()
+    except Exception:  # noqa: BLE001 - old hyperparameters or a plugin's own constructor: the card's default
+        return card.predictor
+
+
 def single_architecture(record: dict[str, Any]) -> Optional[bool]:
     """Whether every client of the run had one architecture: from the record's pool assignment
     (``arch_pool.assignment``, one name per client); else a method that states (or whose registered
@@ -171,22 +232,32 @@ def budget_label(budget: str) -> str:
 
 
 def section_order(transfer: str, single: Optional[bool], budget: str, faults: str = NO_FAULTS,
-                  modalities: str = NO_MODALITIES) -> tuple:
+                  modalities: str = NO_MODALITIES, peer_data: bool = False) -> tuple:
     """Where a setting section goes among the others: the data-free, heterogeneous, protocol-budget,
-    fault-free, single-modality one first; then by transfer data, pool, budget, faults, modalities."""
+    fault-free, single-modality one first; then by transfer data, pool, budget, faults, modalities;
+    a section of models trained on peers' data right after the same section without."""
     order = list(TRANSFER_LABELS)
     return (order.index(transfer) if transfer in order else len(order), {False: 0, True: 1}.get(single, 2),
-            budget != PROTOCOL_BUDGET, budget, faults != NO_FAULTS, faults, modalities != NO_MODALITIES, modalities)
+            budget != PROTOCOL_BUDGET, budget, faults != NO_FAULTS, faults, modalities != NO_MODALITIES, modalities,
+            peer_data)
 
 
 def section_label(transfer: str, single: Optional[bool], budget: str, faults: str = NO_FAULTS,
-                  modalities: str = NO_MODALITIES) -> str:
+                  modalities: str = NO_MODALITIES, peer_data: bool = False) -> str:
     """A setting section's label: ``data-free, heterogeneous pool, protocol budget``, with
-    ``faults=<spec>`` and the modality setting appended where there are any (docs/guide/leaderboards.md)."""
+    ``faults=<spec>``, the modality setting and ``PEER_DATA_LABEL`` appended where they apply
+    (docs/guide/leaderboards.md)."""
     parts = [TRANSFER_LABELS.get(transfer, TRANSFER_LABELS[UNKNOWN]), pool_label(single), budget_label(budget)]
     parts += [f"faults={faults}"] if faults != NO_FAULTS else []
     parts += [modalities] if modalities != NO_MODALITIES else []
+    parts += [PEER_DATA_LABEL] if peer_data else []
     return ", ".join(parts)
+
+
+def section_reasons(label: str) -> list[str]:
+    """Why a setting section stands apart, for the views to print under its label: the peer-data
+    reason (``PEER_DATA_REASON``) for a label that ends in ``PEER_DATA_LABEL``; none otherwise."""
+    return [PEER_DATA_REASON] if label.endswith(PEER_DATA_LABEL) else []
 
 
 def has_recipients(record: dict[str, Any]) -> bool:
@@ -399,6 +470,8 @@ class SettingGroup:
     transfer: str = UNKNOWN  # the transfer data the method reads (``transfer_setting``): part of the section
     single_architecture: Optional[bool] = None  # one architecture for every client (None: nothing says)
     budget: str = PROTOCOL_BUDGET  # the budget class (``budget_class``): part of the section
+    peer_data: bool = False  # client models trained on peers' data (``peer_data_setting``): part of the section
+    predictor: str = UNKNOWN  # what the headline evaluated (``predictor_setting``): shown, not part of the section
 
     @property
     def seeds(self) -> list[Any]:
@@ -478,26 +551,28 @@ class SettingGroup:
 
     def section_key(self) -> tuple:
         """The setting section's place among the sections (``section_order``)."""
-        return section_order(self.transfer, self.single_architecture, self.budget, self.faults, self.modalities)
+        return section_order(self.transfer, self.single_architecture, self.budget, self.faults, self.modalities,
+                             self.peer_data)
 
     @property
     def section(self) -> str:
         """The setting section's label (``section_label``)."""
-        return section_label(self.transfer, self.single_architecture, self.budget, self.faults, self.modalities)
+        return section_label(self.transfer, self.single_architecture, self.budget, self.faults, self.modalities,
+                             self.peer_data)
 
     def protocol(self) -> tuple:
         """What the rank compares methods within: task, partition, clients, rounds, epochs, the
         fault setting (a group with faults is never ranked against fault-free ones), the selection
         rule (records selected on the honest clients' validation, before issue 30, never ranked
         against records selected on every client's), the setting section (``section_key``: transfer
-        data, single architecture, budget class, fault setting, modality setting: groups of two
+        data, single architecture, budget class, fault setting, modality setting, peer data: groups of two
         sections are never ranked together) and the data (the data fingerprint and class count: one
         task name on two image folders is two protocols; a record without a fingerprint is "unknown
         data", its own)."""
         return (self.task, self.partition_scheme, canonical(self.partition_params), self.n_clients,
                 self.clients_per_round, self.rounds, self.local_epochs, self.faults, self.modalities,
                 self.data_fingerprint, self.num_classes, self.selection_rule, self.transfer,
-                self.single_architecture, self.budget)
+                self.single_architecture, self.budget, self.peer_data)
 
     @property
     def data_label(self) -> str:
@@ -527,7 +602,7 @@ def describe(seeds: SeedGroup) -> SettingGroup:
         n_diverged=seeds.n_diverged, n_duplicates=len(seeds.duplicates), split_by_partition=seeds.split_by_partition,
         faults=fault_setting(first), modalities=modality_setting(first), selection_rule=seeds.selection_rule,
         **_data_of(first), transfer=transfer_setting(first), single_architecture=single_architecture(first),
-        budget=budget_class(first),
+        budget=budget_class(first), peer_data=peer_data_setting(first), predictor=predictor_setting(first),
     )
 
 
