@@ -66,8 +66,8 @@ GROUPS_SCHEMA_VERSION = "1.5"  # the version that added client groups (read, no 
 # per-round and final figures of those client groups; 1.6 the seen / unseen-class accuracy,
 # ``cost.budget`` and the method's ``transfer``, ``single_architecture`` and ``preset``; 1.7 the
 # method's ``peer_data`` and ``predictor``, the headline and selected blocks, the endpoints' curves
-# and final figures, the pooled selection rule and why a cell did not resume). 1.3 to 1.5 (written for runs with client groups only)
-# and 1.6 are read, no longer written.
+# and final figures, the pooled selection rule and why a cell did not resume). 1.3 to 1.5 (written
+# for runs with client groups only) and 1.6 are read, no longer written.
 SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7")
 # Package data (pyproject: [tool.setuptools.package-data]), next to this module.
 SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
