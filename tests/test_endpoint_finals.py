@@ -15,6 +15,7 @@ import pytest
 from hfl_bench.results.figures import headline_value as compared_value
 from hfl_bench.results.headline import headline_basis, headline_value
 from hfl_bench.results.records import final_endpoints, final_figures
+from hfl_bench.results.validation import record_problems
 
 QUICK = ("--clients", "4", "--rounds", "4", "--eval-every", "1", "--local-epochs", "1", "--batch-size", "64")
 
@@ -32,7 +33,9 @@ def fml(tmp_path_factory):
     result = CliRunner().invoke(app, ["run", "--method", "fml", "--task", "digits", *QUICK, "--out", str(out),
                                       "--json", "-q"])
     assert result.exit_code == 0, result.output
-    return json.loads(Path(json.loads(result.stdout)["record"]).read_text())
+    record = json.loads(Path(json.loads(result.stdout)["record"]).read_text())
+    assert record["schema_version"] == "1.7" and record_problems(record) == []  # the schema knows every new field
+    return record
 
 
 def test_the_headline_block_is_first_and_is_what_every_view_reads(fml):
