@@ -17,7 +17,7 @@ from typing import Optional
 
 import pytest
 
-from hfl_bench.results.paired import EXACT_UP_TO, holm, sign_flip_p, t_interval
+from hfl_bench.results.paired import BATCH_VALUES, EXACT_UP_TO, holm, sign_flip_p, t_interval
 
 from helpers import REAL_RECORD, invoke_cli
 
@@ -124,6 +124,32 @@ def test_two_equal_differences_cannot_resolve(real, tmp_path):
     folder = write(tmp_path / "runs", *runs(real, "crad", [61.0, 62.0]), *runs(real, "local", [60.0, 61.0]))
     c = only(compare_json(str(folder), "-m", "crad", "--against", "local"))
     assert c["ci95"] == [1.0, 1.0] and not c["resolved"] and c["verdict"] == "n=2 cannot resolve at 5%"
+
+
+@pytest.mark.parametrize("n", [12, 200])
+def test_the_sign_flip_test_evaluates_its_patterns_in_bounded_batches(n, monkeypatch):
+    """Issue 47, row 6: scipy is asked for batches of at most BATCH_VALUES pattern values whatever
+    the seed count (it would otherwise build every pattern at once: 1.4 GB at 200 seeds), and the
+    batched p is the p of one batch."""
+    import numpy as np
+    import scipy.stats
+
+    real, asked = scipy.stats.permutation_test, []
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs["batch"])
+        return real(*args, **kwargs)
+
+    d = [math.sin(i) + 0.1 for i in range(n)]
+    monkeypatch.setattr(scipy.stats, "permutation_test", spy)
+    p, exact = sign_flip_p(d)
+    [batch] = asked
+    assert batch * n <= BATCH_VALUES and exact == (n <= EXACT_UP_TO)
+    if not exact:  # the seeded Monte Carlo estimate does not depend on the batching
+        whole = real((np.asarray(d),), lambda x, axis: np.mean(x, axis=axis), vectorized=True,
+                     permutation_type="samples", alternative="two-sided", n_resamples=100_000,
+                     rng=np.random.default_rng(0)).pvalue
+        assert p == pytest.approx(float(whole))
 
 
 def test_t_interval_edges():
