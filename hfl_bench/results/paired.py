@@ -343,13 +343,21 @@ def against(groups: list[SettingGroup], reference: str, methods: Iterable[str] =
                     and (g is not ref or endpoint != reference_endpoint)]
         if not compared:
             continue
-        comparisons = [compare(Side(g, endpoint, len(versions[g.method]) > 1), ref_side, figure) for g in compared]
-        holm_adjust(comparisons)
         notes = []
         if (others := sum(g.method == reference for g in members)) > 1:
             notes.append(f"{reference} ran {others} groups here: the reference is the one with the highest mean")
-        tables.append(Table(ref.section, labels[key], ref.task, ref_side, comparisons, notes, key))
+        rows = [Side(g, endpoint, len(versions[g.method]) > 1) for g in compared]
+        tables.append(table(rows, ref_side, figure, labels[key], notes, key))
     return tables
+
+
+def table(rows: list[Side], reference: Side, figure: Optional[str], protocol: str, notes: list[str],
+          key: tuple) -> Table:
+    """Each of ``rows`` against ``reference``, Holm-adjusted together: one table of one protocol."""
+    comparisons = [compare(side, reference, figure) for side in rows]
+    holm_adjust(comparisons)
+    g = reference.group
+    return Table(g.section, protocol, g.task, reference, comparisons, notes, key)
 
 
 def param_text(value: Any) -> str:
@@ -391,10 +399,8 @@ def variants(groups: list[SettingGroup], method: str, others: Iterable[str] = ()
                  and (b := best_group(members, m, figure, endpoint)) is not None]
         if not rows:
             continue
-        comparisons = [compare(side, Side(ref, reference_endpoint, with_version), figure) for side in rows]
-        holm_adjust(comparisons)
         notes = [f"reference: {method} with its default parameters"]
-        tables.append(Table(ref.section, labels[key], ref.task, comparisons[0].b, comparisons, notes, key))
+        tables.append(table(rows, Side(ref, reference_endpoint, with_version), figure, labels[key], notes, key))
     return tables
 
 
