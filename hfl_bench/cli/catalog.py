@@ -30,7 +30,7 @@ from rich.text import Text
 from hfl_bench import metadata_index
 from hfl_bench.cli.output import USER_ERRORS, fmt, plain
 from hfl_bench.config import ConfigError
-from hfl_bench.registry import REGISTRIES, unknown_message
+from hfl_bench.registry import REGISTRIES, skipped_entry_points, unknown_message
 from hfl_bench.registry import describe as first_line
 from hfl_bench.results.text import markdown_cell, terminal
 
@@ -425,7 +425,7 @@ def _checked(entry: Any, json_type: type) -> dict[str, Any]:
 
 class Live:
     """Answers from the imported registries (every registry discovered first, in ``KINDS`` order,
-    as for the index; a plugin that fails to load fails only the commands that need its kind)."""
+    as for the index; a plugin that fails to load is skipped with a warning, ``registry``)."""
 
     def __init__(self) -> None:
         try:
@@ -551,7 +551,8 @@ def answer(question: Callable[[Any], R]) -> R:
     except Stale:  # not expected of data built here
         return question(Live())
     finally:  # also when the answer is a user error: the index holds it
-        metadata_index.write(key, data)
+        if not skipped_entry_points():  # else each call imports again, so warns again about the plugin
+            metadata_index.write(key, data)
 
 
 def _ask_built(question: Callable[[Any], R], data: dict[str, Any]) -> R:

@@ -23,8 +23,11 @@ def error_text(exc: BaseException, with_traceback: bool = True) -> str:
 
 
 def run_cell(cfg: RunConfig, threads: Optional[int] = None,
-             progress: Optional[Callable[[int, int, dict], None]] = None) -> dict[str, Any]:
+             progress: Optional[Callable[[int, int, dict], None]] = None,
+             plugins: Optional[tuple] = None) -> dict[str, Any]:
     """Run one resolved cell and return its record; any exception becomes a failed record.
+    ``plugins``: the entry points the matrix's driver loaded at its start, the only ones this
+    process may load (a Ray task; ``hfl_bench.registry.pin``); None leaves the process as it is.
 
     A cell continues from its checkpoint if an interrupted matrix left one (on the machine that
     runs it); a checkpoint of other code or settings, or a damaged one, is dropped and the cell
@@ -34,6 +37,10 @@ def run_cell(cfg: RunConfig, threads: Optional[int] = None,
     from hfl_bench.checkpoint import CheckpointError
     from hfl_bench.results import records
 
+    if plugins is not None:
+        from hfl_bench.registry import pin
+
+        pin(plugins)
     try:
         if threads:
             import torch

@@ -4,6 +4,10 @@ return the record and the driver writes it (``done``), so records land in the dr
 even on a multi-machine cluster; a worker that dies costs only its own cell. Local workers of
 CUDA cells share out the visible GPUs (``--cells-per-gpu``, ``hfl_bench.matrix.gpus``).
 
+Workers and Ray tasks load the plugins the driver resolved at the matrix's start, no others
+(``plugins``: ``hfl_bench.registry.resolve_plugins`` / ``pin``): a plugin installed while a
+matrix runs is not loaded by its later cells, so it cannot change or break them.
+
 Workers die with their driver (``die_with``), however it ends, and leave Ctrl-C to it: the
 driver then ends them at once (``stop_workers``). A local Ray started by the driver is shut down
 with it; on Ctrl-C the cells in flight are cancelled.
@@ -21,6 +25,8 @@ from hfl_bench.matrix.suite import Cell
 EXECUTORS = ("local", "ray")
 
 Done = Callable[[Cell, dict[str, Any]], None]
+# The entry points a matrix's driver loaded at its start (``hfl_bench.registry.resolve_plugins``).
+Plugins = Optional[tuple[tuple[str, str, str, str], ...]]
 
 
 WATCH_INTERVAL_S = 0.5  # how often a pool worker checks that its driver is still there
@@ -94,7 +100,7 @@ def run_in_process(cells: list[Cell], done: Done, threads: Optional[int] = None,
 
 def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
                      cells_per_gpu: Optional[int] = None, gpus: Optional[int] = None,
-                     worker: Optional[Callable] = None) -> None:
+                     worker: Optional[Callable] = None, plugins: Plugins = None) -> None:
     """Up to ``jobs`` cells at once, each in a worker process of its own that sends its record back
     to this process. A worker that dies (killed by the out-of-memory killer, SIGKILL, a crash in
     native code) costs only its own cell, written as failed with the signal or exit code; the
@@ -104,7 +110,8 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
     starts on the GPU with the fewest cells running, at most ``cells_per_gpu`` per GPU (None:
     auto, from the peak memory the workers report; ``hfl_bench.matrix.gpus``). A pending cell that
     does not fit yet waits, and the cells after it that fit start first. ``worker`` is what each
-    worker process runs (default ``_cell_worker``; tests put a stand-in there)."""
+    worker process runs (default ``_cell_worker``; tests put a stand-in there), pinned to ``plugins``
+    (None: whatever is installed when it starts)."""
     import multiprocessing
     import os
     from multiprocessing.connection import wait
@@ -132,7 +139,7 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
                 # the worker's own copy names its GPU; ``device`` is not in the config hash, so the
                 # record path and the claim on it are the cell's as planned
                 cfg = cell.cfg if gpu is None else dataclasses.replace(cell.cfg, device=f"cuda:{gpu}")
-                process = context.Process(target=worker, args=(cfg, threads, os.getpid(), send),
+                process = context.Process(target=_pinned, args=(worker, plugins, cfg, threads, os.getpid(), send),
                                           name=f"hfl-bench cell {cell.label}", daemon=True)
                 process.start()
                 send.close()  # this process keeps only the receiving end: EOF once the worker is gone
@@ -153,6 +160,15 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
     except BaseException:  # Ctrl-C: end the running cells (their checkpoints stay for the rerun)
         stop_workers([process for process, _, _, _ in running.values()])
         raise
+
+
+def _pinned(worker: Callable, plugins: Plugins, *args: Any) -> None:
+    """A pool worker's target: load only the driver's plugins in this process, then ``worker``.
+    (Pinned here, not in the fork server: the server may outlive one matrix in a process.)"""
+    from hfl_bench.registry import pin
+
+    pin(plugins)
+    worker(*args)
 
 
 def _cell_worker(cfg: RunConfig, threads: int, driver_pid: int, send) -> None:
@@ -278,9 +294,10 @@ def unschedulable(cpus: float, gpus: float, resources: dict[str, float]) -> Opti
 
 def run_ray(cells: list[Cell], done: Done, address: Optional[str], cpus_per_cell: float = 1,
             gpus_per_cell: Optional[float] = None, jobs: Optional[int] = None,
-            threads: Optional[int] = None) -> None:
+            threads: Optional[int] = None, plugins: Plugins = None) -> None:
     """Each cell a Ray task with its CPU/GPU request; at most ``jobs`` in flight (default: all,
-    Ray's scheduler decides). The task returns the record; ``done`` writes it here."""
+    Ray's scheduler decides). The task, pinned to ``plugins``, returns the record; ``done`` writes
+    it here."""
     ray = ray_module()
     started = start_ray(address)
     in_flight: dict[Any, Cell] = {}
@@ -298,7 +315,7 @@ def run_ray(cells: list[Cell], done: Done, address: Optional[str], cpus_per_cell
                     done(cell, failed_record(cell.cfg, f"ConfigError: {problem}"))
                     continue
                 options = dict(num_cpus=cpus_per_cell, num_gpus=gpus, max_retries=0)
-                in_flight[remote.options(**options).remote(cell.cfg, threads)] = cell
+                in_flight[remote.options(**options).remote(cell.cfg, threads, plugins=plugins)] = cell
             if not in_flight:
                 break
             ready, _ = ray.wait(list(in_flight), num_returns=1)

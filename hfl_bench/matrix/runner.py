@@ -12,6 +12,7 @@ from hfl_bench.matrix.cells import error_text, failed_record
 from hfl_bench.matrix.executors import run_in_process, run_process_pool, run_ray
 from hfl_bench.matrix.resume import existing_record
 from hfl_bench.matrix.suite import Cell
+from hfl_bench.registry import resolve_plugins
 from hfl_bench.results.headline import headline_value
 from hfl_bench.results.records import FINAL_STATUSES, save_record, write_conflict
 
@@ -130,7 +131,9 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
     """Run every cell not already done; returns the summary rows in cell order. Nothing one cell
     raises, while running or while its record is built or written, stops the others: that cell
     is failed and the matrix goes on (Ctrl-C, a KeyboardInterrupt, does stop it).
-    ``cells_per_gpu`` is the local pool's most cells per GPU (None: auto; ``run_process_pool``)."""
+    ``cells_per_gpu`` is the local pool's most cells per GPU (None: auto; ``run_process_pool``).
+    The plugins are resolved once, here: worker processes and Ray tasks load exactly the entry
+    points this process loaded (one installed meanwhile is not loaded by a later cell)."""
     rows: dict[int, dict[str, Any]] = {}
     index = {id(cell): i for i, cell in enumerate(cells)}
 
@@ -166,10 +169,11 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
     todo = claim_cells(todo, held, report)
     try:
         if todo:
+            plugins = resolve_plugins()
             if executor == "ray":
-                run_ray(todo, done, address, cpus_per_cell, gpus_per_cell, jobs, threads)
+                run_ray(todo, done, address, cpus_per_cell, gpus_per_cell, jobs, threads, plugins)
             elif (jobs or 1) > 1:
-                run_process_pool(todo, done, jobs, threads or 1, cells_per_gpu)
+                run_process_pool(todo, done, jobs, threads or 1, cells_per_gpu, plugins=plugins)
             else:
                 run_in_process(todo, done, threads, round_progress)
     finally:
