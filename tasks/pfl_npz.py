@@ -48,7 +48,10 @@ Untrusted folders are checked before anything large is built: the number of clie
 in train/ and test/ is compared with config.json's num_clients first (a config claiming 20 million
 clients fails at once, naming at most a few files), config.json is read only up to
 ``MAX_CONFIG_BYTES``, every ``x`` must be finite, and config.json, train/, test/ and each client
-file must resolve (symlinks followed) inside the folder. ``data_files`` lists config.json and every
+file must resolve (symlinks followed) inside the folder. Decompression budget (``hfl_bench.npzfile``): the
+client files' declared uncompressed sizes together must fit ``MAX_IMAGES`` images of the task's shape
+(float32) before any file is read; each file's stream stops at its declared size, and an array a
+pickle asks for that is larger than its file is refused. ``data_files`` lists config.json and every
 client file: the fingerprint of the data (``hfl_bench.data``) covers exactly those.
 """
 
