@@ -37,6 +37,7 @@ from typing import ClassVar
 import numpy as np
 
 from hfl_bench.data import FINGERPRINT_CHARS, DatasetError, Task, TaskData, TaskInfo, files_fingerprint, register_task
+from hfl_bench.npzfile import ArraySpec, read_arrays
 from hfl_bench.paths import write_atomic
 from hfl_bench.tasks.cifar import CITATION as CIFAR_CITATION
 from hfl_bench.tasks.cifar import LICENSE as CIFAR_LICENSE
@@ -53,6 +54,9 @@ LOAD_BYTES_PER_VALUE = 1 + 4 + 4
 # Pixel modes PIL converts to RGB without loss of scale (8 bits a channel); 16-bit grey is scaled here.
 EIGHT_BIT_MODES = {"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"}
 SIXTEEN_BIT_GREY = {"I;16", "I;16B", "I;16L", "I;16N", "I"}  # "I": older PIL's 16-bit grey PNG
+# Pixels an image may declare in its header, checked before decoding: PIL's own default limit, at which
+# it only warns (it refuses at twice as many); one decoded RGB image then takes at most ~256 MiB.
+MAX_PIXELS = 89_478_485
 TOO_LARGE_HINT = ("set image_size on the task (a subclass of ImageFolderTask) to decode them smaller, or "
                   "train_subsample / test_subsample to decode fewer")
 
@@ -99,7 +103,7 @@ class ImageFolderTask(Task):
         # The same hash Task.load computes after us: the content hashes are cached by then, so it
         # costs stat calls only.
         key = self._with_settings(files_fingerprint(self.info, [p for files, _ in splits.values() for p in files]))
-        arrays = read_cache(key, classes, root, self.info.name)
+        arrays = read_cache(key, classes, root, self.info.name, self._cache_specs(classes, splits))
         if arrays is None:
             arrays = self._decode(splits)
             write_cache(key, arrays, classes, root, self.info.name)
@@ -136,6 +140,22 @@ class ImageFolderTask(Task):
             raise DatasetError(f"{name}: {root / 'test'} must hold the same class folders as train/: "
                                f"missing {missing or 'none'}, extra {extra or 'none'}")
         return classes, {split: _split_files(root / split, classes, name) for split in SPLITS}
+
+    def _cache_specs(self, classes: list[str], splits: dict[str, Split]) -> dict[str, ArraySpec]:
+        """The cache file's decompression budget (hfl_bench.npzfile): each split's number of kept
+        images, at image_size when set, else of any size within MAX_PIXELS an image and the memory
+        a load may take (as ``_check_memory`` allows for decoding); no image is opened for it."""
+        size, have = self.image_size, available_memory()
+        specs = {"format": ArraySpec("iu", None),
+                 "classes": ArraySpec("U", (), len(classes), 4 * max(len(c) for c in classes))}
+        for split, keep in (("train", self.train_subsample), ("test", self.test_subsample)):
+            n = len(splits[split][0]) if keep is None else min(keep, len(splits[split][0]))
+            cap = n * 3 * (MAX_PIXELS if size is None else size * size)
+            if have is not None:
+                cap = min(cap, have // LOAD_BYTES_PER_VALUE)
+            specs[f"{split}_x"] = ArraySpec("u", (3, size, size), n, 1, max_bytes=cap)
+            specs[f"{split}_y"] = ArraySpec("i", (), n)
+        return specs
 
     # ----------------------------------------------------------------------- decoding
 
@@ -189,12 +209,18 @@ class ImageFolderTask(Task):
 
         size = self.image_size
         try:
-            with Image.open(path) as image:
+            with Image.open(path) as image:  # reads the header only: the size is known before decoding
+                if image.width * image.height > MAX_PIXELS:
+                    raise DatasetError(f"{self.info.name}: image {path} declares {image.width}x{image.height} pixels, "
+                                       f"over the budget of {MAX_PIXELS:,} pixels an image; refused before decoding "
+                                       "it: replace it with a smaller copy")
                 image = _eight_bit(image)
                 image = image.convert("RGB")  # grey and palette PNGs get 3 channels, alpha is dropped
                 if size is not None and image.size != (size, size):
                     image = image.resize((size, size), Image.Resampling.BILINEAR)
                 return np.asarray(image).transpose(2, 0, 1)
+        except DatasetError:
+            raise
         except MemoryError:
             raise DatasetError(f"{self.info.name}: image {path} is too large to decode in the memory available; "
                                "replace it with a smaller copy") from None
@@ -379,16 +405,17 @@ def cache_folders(root: Path) -> list[Path]:
     return folders + [Path.home() / ".cache" / "hfl-bench" / "imagefolder"]
 
 
-def read_cache(key: str, classes: list[str], root: Path, task: str) -> dict[str, np.ndarray] | None:
-    """The cached arrays of this data, or None: a missing, unreadable or inconsistent cache file
-    is ignored (and rewritten after decoding)."""
+def read_cache(key: str, classes: list[str], root: Path, task: str,
+               specs: dict[str, ArraySpec]) -> dict[str, np.ndarray] | None:
+    """The cached arrays of this data, or None: a missing, unreadable or inconsistent cache file,
+    or one over ``specs`` (its decompression budget), is ignored (and rewritten after decoding)."""
     for folder in cache_folders(root):
         try:
-            with np.load(folder / f"{task}-{key}.npz", allow_pickle=False) as z:
-                if int(z["format"]) != CACHE_FORMAT or z["classes"].tolist() != classes:
-                    continue
-                arrays = {k: z[k] for k in ARRAY_KEYS}
-        except Exception:  # noqa: BLE001 - absent, truncated or garbage: decode again
+            z = read_arrays(folder / f"{task}-{key}.npz", specs, task)
+            if int(z["format"]) != CACHE_FORMAT or z["classes"].tolist() != classes:
+                continue
+            arrays = {k: z[k] for k in ARRAY_KEYS}
+        except Exception:  # noqa: BLE001 - absent, truncated, garbage or over budget: decode again
             continue
         train_x, test_x = arrays["train_x"], arrays["test_x"]
         if (train_x.dtype == test_x.dtype == np.uint8 and train_x.ndim == 4 and train_x.shape[1] == 3

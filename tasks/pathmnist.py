@@ -7,9 +7,23 @@ from pathlib import Path
 import numpy as np
 
 from hfl_bench.data import PAPER_PROTOCOL, Task, TaskInfo, missing_dataset, register_task, unreadable_dataset
+from hfl_bench.errors import DatasetError
+from hfl_bench.npzfile import ArraySpec, read_arrays
 
 FILE_NAME = "pathmnist.npz"
 SIZE = 28
+# The official splits' sizes: the decompression budget (hfl_bench.npzfile). A file with more rows is
+# not PathMNIST at size 28, and is refused before anything is inflated.
+ROWS = {"train": 89_996, "test": 7_180}
+
+
+def array_specs() -> dict[str, ArraySpec]:
+    """What the task reads of pathmnist.npz: uint8 [n, 28, 28, 3] images, [n, 1] integer labels."""
+    specs = {}
+    for split, rows in ROWS.items():
+        specs[f"{split}_images"] = ArraySpec("u", (SIZE, SIZE, 3), rows, max_itemsize=1)
+        specs[f"{split}_labels"] = ArraySpec("iu", (1,), rows)
+    return specs
 
 
 @register_task("pathmnist")
@@ -40,17 +54,15 @@ class PathMNIST(Task):
     def load_arrays(self, data_dir: Path, download: bool):
         path = data_dir / FILE_NAME
         if download:
-            data_dir.mkdir(parents=True, exist_ok=True)  # medmnist requires an existing root
+            _download(data_dir)
         elif not path.is_file():
             raise missing_dataset(self.info.name, path)
-        import medmnist
-
-        try:
-            splits = [
-                _arrays(medmnist.PathMNIST(split=s, root=str(data_dir), download=d, size=SIZE))
-                for s, d in (("train", download), ("test", False))
-            ]
-        except Exception as e:  # a truncated / garbage npz, missing keys, a failed download
+        try:  # our own reader, not medmnist's np.load: it checks the budget before inflating anything
+            arrays = read_arrays(path, array_specs(), self.info.name)
+            splits = [_arrays(arrays[f"{s}_images"], arrays[f"{s}_labels"]) for s in ROWS]
+        except DatasetError:
+            raise
+        except Exception as e:  # a truncated / garbage npz, missing keys
             raise unreadable_dataset(self.info.name, path, e, download) from e
         (train_x, train_y), (test_x, test_y) = splits
         return train_x, train_y, test_x, test_y
@@ -65,9 +77,21 @@ class PathMNIST(Task):
         return [labels[str(i)] for i in range(len(labels))]
 
 
-def _arrays(dataset) -> tuple[np.ndarray, np.ndarray]:
-    x = np.asarray(dataset.imgs)  # [N, H, W, C] uint8
-    y = np.asarray(dataset.labels).reshape(-1).astype(np.int64)  # [N, 1] -> [N]
-    if x.ndim != 4 or x.shape[-1] != 3 or len(y) != len(x):
-        raise ValueError(f"{len(x)} images of shape {x.shape[1:]} but {len(y)} labels")
-    return np.ascontiguousarray(x.transpose(0, 3, 1, 2)), y
+def _download(data_dir: Path) -> None:
+    """Fetch pathmnist.npz with medmnist (which checks the file's MD5 and fetches it again on a
+    mismatch); medmnist then reads the small test split of that verified file, which we discard."""
+    import medmnist
+
+    data_dir.mkdir(parents=True, exist_ok=True)  # medmnist requires an existing root
+    try:
+        medmnist.PathMNIST(split="test", root=str(data_dir), download=True, size=SIZE)
+    except Exception as e:  # a failed download
+        raise unreadable_dataset("pathmnist", data_dir / FILE_NAME, e, True) from e
+
+
+def _arrays(images: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[N, H, W, C] uint8 images to [N, C, H, W]; [N, 1] labels to [N] int64."""
+    y = labels.reshape(-1).astype(np.int64)
+    if len(y) != len(images):
+        raise ValueError(f"{len(images)} images but {len(y)} labels")
+    return np.ascontiguousarray(images.transpose(0, 3, 1, 2)), y

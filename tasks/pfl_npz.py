@@ -48,7 +48,10 @@ Untrusted folders are checked before anything large is built: the number of clie
 in train/ and test/ is compared with config.json's num_clients first (a config claiming 20 million
 clients fails at once, naming at most a few files), config.json is read only up to
 ``MAX_CONFIG_BYTES``, every ``x`` must be finite, and config.json, train/, test/ and each client
-file must resolve (symlinks followed) inside the folder. ``data_files`` lists config.json and every
+file must resolve (symlinks followed) inside the folder. Decompression budget (``hfl_bench.npzfile``): the
+client files' declared uncompressed sizes together must fit ``MAX_IMAGES`` images of the task's shape
+(float32) before any file is read; each file's stream stops at its declared size, and an array a
+pickle asks for that is larger than its file is refused. ``data_files`` lists config.json and every
 client file: the fingerprint of the data (``hfl_bench.data``) covers exactly those.
 """
 
@@ -56,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import pickle
 import zipfile
 from pathlib import Path
@@ -64,6 +68,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from hfl_bench.data import DatasetError, Task, TaskData, TaskInfo, register_task, resolve_data_dir
+from hfl_bench.npzfile import declared_size, human_bytes, open_member, read_npy_header
 from hfl_bench.tasks.cifar import CITATION as CIFAR_CITATION
 from hfl_bench.tasks.cifar import LICENSE as CIFAR_LICENSE
 
@@ -75,6 +80,14 @@ MEMBER = "data.npy"
 # PFLlib's config.json is a few KB per hundred clients; anything far larger is not one.
 MAX_CONFIG_BYTES = 64 << 20
 SHOWN_NAMES = 5  # file names an error lists at most
+# The decompression budget (hfl_bench.npzfile): images a folder may hold, train and test together.
+# MNIST, Fashion-MNIST and KMNIST have 70,000, CIFAR-10 60,000, SVHN 99,289 (without "extra").
+MAX_IMAGES = 100_000
+# Bytes a value may take in the budget: PFLlib writes float32 images (torch tensors' numpy copies).
+BYTES_PER_VALUE = 4
+LABEL_BYTES = 8  # int64 labels
+# Per file: the pickle's own framing (dict, keys, array reconstructors) around the raw array bytes.
+PICKLE_OVERHEAD = 64 << 10
 
 # numpy's array reconstructor, whatever module this numpy keeps it in.
 _RECONSTRUCT = np.empty(0).__reduce__()[0]
@@ -88,13 +101,28 @@ ALLOWED_GLOBALS = {
 
 
 class SafeUnpickler(pickle.Unpickler):
-    """Unpickles numpy arrays, dtypes and plain containers, and nothing that could run code."""
+    """Unpickles numpy arrays, dtypes and plain containers, and nothing that could run code; an
+    array larger than ``limit`` bytes is refused (numpy pickles an array's raw bytes, so a genuine
+    one is never larger than the member that holds it)."""
+
+    def __init__(self, stream: BinaryIO, limit: int) -> None:
+        super().__init__(stream)
+        self.limit = limit
 
     def find_class(self, module: str, name: str) -> Any:
         try:
-            return ALLOWED_GLOBALS[(module, name)]
+            found = ALLOWED_GLOBALS[(module, name)]
         except KeyError:
             raise pickle.UnpicklingError(f"refused to load global {module}.{name}") from None
+        return self._reconstruct if found is _RECONSTRUCT else found
+
+    def _reconstruct(self, subtype: Any, shape: Any, dtype: Any) -> Any:
+        """numpy's ``_reconstruct``, which allocates an empty array of any shape the pickle names:
+        a few bytes could ask for terabytes, so the size is checked first."""
+        size = math.prod(shape) * np.dtype(dtype).itemsize if isinstance(shape, tuple) else None
+        if size is None or size > self.limit:
+            raise pickle.UnpicklingError(f"refused an array of shape {shape} ({dtype}): larger than its file")
+        return _RECONSTRUCT(subtype, shape, dtype)
 
     def persistent_load(self, pid: Any) -> Any:
         raise pickle.UnpicklingError("refused a persistent id")
@@ -187,16 +215,20 @@ def _client_id(name: str) -> int | None:
     return int(stem) if stem.isdigit() and str(int(stem)) == stem else None
 
 
-def read_client_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """``(x, y)`` of one client file, read without letting the file run code (module docstring)."""
+def read_client_file(path: Path, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` of one client file, read without letting the file run code (module docstring)
+    and without inflating more than ``limit`` bytes (``hfl_bench.npzfile``; default: the largest
+    registered kind's budget)."""
+    if limit is None:
+        limit = max(kind().budget() for kind in FOLDER_TASKS) + PICKLE_OVERHEAD
     if not path.is_file():
         raise DatasetError(f"{NAME}: missing client file {path}")
     try:
         with zipfile.ZipFile(path) as archive:
             if archive.namelist() != [MEMBER]:
                 raise DatasetError(f"{NAME}: {path} should hold only {MEMBER}, found {archive.namelist()}")
-            with archive.open(MEMBER) as member:
-                obj = _read_pickled_npy(member, path)
+            with open_member(archive, MEMBER, limit, path, NAME) as member:
+                obj = _read_pickled_npy(member, path, limit)
     except DatasetError:
         raise
     except Exception as e:  # untrusted bytes can fail anywhere in zip, header or pickle: all are bad files
@@ -204,15 +236,11 @@ def read_client_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return _client_arrays(obj, path)
 
 
-def _read_pickled_npy(stream: BinaryIO, path: Path) -> Any:
-    version = np.lib.format.read_magic(stream)
-    readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-    if version not in readers:
-        raise DatasetError(f"{NAME}: {path}: unsupported .npy format version {version}")
-    shape, _, dtype = readers[version](stream)
+def _read_pickled_npy(stream: BinaryIO, path: Path, limit: int) -> Any:
+    shape, dtype = read_npy_header(stream)
     if dtype != np.dtype(object) or shape != ():
         raise DatasetError(f"{NAME}: {path}: expected a pickled dict (0-d object array), found {dtype} {shape}")
-    return SafeUnpickler(stream).load()
+    return SafeUnpickler(stream, limit).load()
 
 
 def _client_arrays(obj: Any, path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -229,9 +257,26 @@ def _client_arrays(obj: Any, path: Path) -> tuple[np.ndarray, np.ndarray]:
     return x, y.astype(np.int64)
 
 
-def read_split(folder: Path, split: str, n_clients: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def read_split(folder: Path, split: str, n_clients: int,
+               limit: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """Every client's arrays of one split, in cid order; the files must be exactly 0..n-1."""
-    return [read_client_file(path) for path in client_files(folder, split, n_clients)]
+    return [read_client_file(path, limit) for path in client_files(folder, split, n_clients)]
+
+
+def check_budget(paths: list[Path], budget: int, task: str) -> None:
+    """The client files' declared uncompressed sizes (from their zip directories, nothing inflated)
+    must fit ``budget`` together, before any file is read: each may be within it and all of them not."""
+    total = 0
+    for path in paths:
+        try:
+            total += declared_size(path, MEMBER)
+        except Exception as e:  # a bad file: read_client_file says what is wrong with it
+            raise DatasetError(f"{NAME}: {path} is not a valid client file ({type(e).__name__}: {e})") from None
+    if total > budget:
+        raise DatasetError(f"{task}: the {len(paths)} client files in {paths[0].parent.parent} declare "
+                           f"{human_bytes(total)} uncompressed, over the task's budget of {human_bytes(budget)} "
+                           f"({MAX_IMAGES:,} images); "
+                           "refused before decompressing them")
 
 
 def check_label_counts(config: dict[str, Any], labels: list[np.ndarray], folder: Path) -> None:
@@ -291,6 +336,10 @@ class PflNpz(Task):
         except Exception:  # whatever is wrong, load reports it with a clear message
             return {}
 
+    def budget(self) -> int:
+        """Bytes of arrays the folder may declare: ``MAX_IMAGES`` images of the task's shape (float32) and labels."""
+        return MAX_IMAGES * (math.prod(self.info.input_shape) * BYTES_PER_VALUE + LABEL_BYTES)
+
     def data_files(self, data_dir: Path) -> list[Path]:
         """config.json and every client file, train then test, checked as ``load`` checks them."""
         folder = find_folder(data_dir, self.info.name)
@@ -304,7 +353,11 @@ class PflNpz(Task):
         if config.get("num_classes", self.info.num_classes) != self.info.num_classes:
             raise DatasetError(f"{NAME}: {folder}/config.json has num_classes {config['num_classes']}, "
                                f"but task {self.info.name} is registered for {self.info.num_classes}")
-        train, test = read_split(folder, "train", n), read_split(folder, "test", n)
+        budget = self.budget()
+        files = client_files(folder, "train", n) + client_files(folder, "test", n)
+        check_budget(files, budget + len(files) * PICKLE_OVERHEAD, self.info.name)
+        limit = budget + PICKLE_OVERHEAD  # one file may hold the whole folder's images
+        train, test = read_split(folder, "train", n, limit), read_split(folder, "test", n, limit)
         check_label_counts(config, [np.concatenate([a[1], b[1]]) for a, b in zip(train, test)], folder)
         bounds = np.cumsum([0] + [len(y) for _, y in train])
         self._client_indices = [np.arange(lo, hi, dtype=np.int64) for lo, hi in zip(bounds[:-1], bounds[1:])]
