@@ -317,7 +317,8 @@ class Simulation:
         return drawn if faults is None else [c for c in drawn if not faults.misses(c, rnd)]
 
     def step(self, rnd: int) -> dict[str, Any]:
-        """Run round ``rnd`` and evaluate; raises ``Diverged``."""
+        """Run round ``rnd`` and evaluate; raises ``Diverged`` (a loss, or a model's logits at
+        evaluation, ``evaluation.NonFiniteOutputs``, not finite: the round is not recorded)."""
         fed, method = self.fed, self.method
         active = self.active_clients(rnd)
         fed.channel.start_round(rnd)
@@ -350,12 +351,12 @@ class Simulation:
         for rnd in range(len(self.history), self.cfg.rounds + 1):
             try:
                 entry = self.step(rnd)
+                every = self.cfg.checkpoint_every
+                if checkpoint and every and rnd % every == 0 and rnd < self.cfg.rounds:
+                    self.try_checkpoint(checkpoint, rnd)  # may test a deferred round: may diverge
             except Diverged as e:
-                status, error = "diverged", f"round {rnd}: {e}"
+                status, error = "diverged", diverged_error(e, rnd)
                 break
-            every = self.cfg.checkpoint_every
-            if checkpoint and every and rnd % every == 0 and rnd < self.cfg.rounds:
-                self.try_checkpoint(checkpoint, rnd)
             if progress:
                 progress(rnd, self.cfg.rounds, entry)
         return self.result(status, error)
@@ -394,8 +395,16 @@ class Simulation:
         return len(self.history) - 1
 
     def result(self, status: str = "ok", error: str | None = None) -> RunResult:
+        """The run's result. A deferred selected round whose test gives non-finite logits is never
+        scored: the run is diverged and its record has no selected figures (``metrics`` null)."""
         fed = self.fed
-        self.resolve_pending()
+        try:
+            self.resolve_pending()
+        except Diverged as e:
+            late = diverged_error(e, len(self.history) - 1)
+            status, error = "diverged", late if error is None else f"{error}; {late}"
+            if self.best is not None and self.best.global_acc is None:
+                self.best = None
         sent = np.stack(self.sent) if self.sent else np.zeros((0, fed.n_clients))
         faults = None if fed.faults is None else fed.faults.record(len(self.history) - 1, self.drawn_clients)
         modal = fed.modality_plan
@@ -420,6 +429,13 @@ def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False
     if resume and path.exists():
         sim.load_checkpoint(path)
     return sim.run(progress, checkpoint=path)
+
+
+def diverged_error(e: Diverged, rnd: int) -> str:
+    """A diverged run's ``error``: the round (a ``NonFiniteOutputs``'s own, which may be a deferred
+    round's, else ``rnd``) and what diverged."""
+    known = getattr(e, "round", None)
+    return f"round {rnd if known is None else known}: {e}"
 
 
 def _os_error_in(e: BaseException) -> OSError | None:

@@ -30,6 +30,15 @@ same module in each client's place, as FedCC's ensemble: once per distinct set o
 inputs, not once per client), each client's held-out rows are gathered once
 per run, and on a CPU convolutional models run with channels-last weights and inputs (measured
 faster, ``benchmarks/bench_inference.py``; the model's own tensors are put back afterwards).
+
+**Non-finite outputs.** A model (or an extra endpoint's predictor) whose logits hold a NaN or an
+infinity at any evaluation (validation, pooled validation, the local or global test, an endpoint's
+tests) is never scored: argmax would read such a row as class 0 and the model would get a figure
+it did not earn. The evaluator raises ``NonFiniteOutputs`` (a ``training.Diverged``) naming the
+round, the clients and the evaluation, before any count of that round is kept, and the engine ends
+the run as diverged like a training divergence. The check costs no host read of its own: each
+model's ``torch.isfinite(logits).all()`` stays on the device and is read in the copy that already
+brings that phase's counts to the host.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from hfl_bench.config import FINAL_ROUNDS, HELD_MIN_TRAIN_COUNT, POOLED_SELECTIO
 from hfl_bench.federation import RoundMetrics
 from hfl_bench.metering import Phase, PhaseTimer
 from hfl_bench.modalities import mask
-from hfl_bench.training import predict_logits
+from hfl_bench.training import Diverged, predict_logits
 
 if TYPE_CHECKING:
     from hfl_bench.federation import Federation
@@ -85,6 +94,31 @@ def seen_unseen_acc(correct: np.ndarray, test_counts: np.ndarray, held: np.ndarr
 def evaluate_global(fed: Federation, model: nn.Module) -> torch.Tensor:
     """Per-class correct counts on the task's standard test set, in large batches."""
     return class_correct(predict_logits(model, fed.data.test_x), fed.data.test_y, fed.num_classes)
+
+
+class NonFiniteOutputs(Diverged):
+    """Logits with a NaN or an infinity at evaluation: the round is not scored and the run is
+    diverged. ``found``: (clients, evaluation) of each model that gave them (a model shared by
+    several clients, or identical to theirs, names all of them); ``round``: the round evaluated
+    (set by ``Evaluator.__call__`` and ``Evaluator.resolve``)."""
+
+    def __init__(self, found: list[tuple[list[int], str]], round: int | None = None):
+        super().__init__(found, round)
+        self.found, self.round = found, round
+
+    def __str__(self) -> str:
+        by_what: dict[str, set[int]] = {}
+        for cids, what in self.found:
+            by_what.setdefault(what, set()).update(cids)
+        where = "; ".join(f"{_clients(sorted(cids))} at the {what}" for what, cids in by_what.items())
+        return f"non-finite logits (NaN or infinite), not scored: {where}"
+
+
+def _clients(cids: list[int], shown: int = 5) -> str:
+    if len(cids) == 1:
+        return f"client {cids[0]}"
+    names = ", ".join(map(str, cids[:shown]))
+    return f"clients {names}" + (f" ... ({len(cids)} in all)" if len(cids) > shown else "")
 
 
 # ----------------------------------------------------------------------------- speed helpers
@@ -264,6 +298,10 @@ class Evaluator:
         # ``fed.val_correct`` (updated for the clients whose model changed), never in the method's view
         self.pooled_correct = np.zeros(n)
         self.pending: Snapshot | None = None
+        # each model's finite-logits flag (on the device), its clients and which evaluation, since
+        # the last host read (``_checked``): read with that phase's counts, never on its own
+        self._checks: list[tuple[torch.Tensor, list[int], str]] = []
+        self._endpoint: str | None = None  # the extra endpoint being evaluated, for the checks' names
         self.fast_layout = fed.device.type == "cpu" and fed.data.test_x.dim() == 4
         # inputs prepared once per run: each client's validation and local test rows, the test set
         rows = lambda idx: (self._layout(fed.data.train_x[idx]), fed.data.train_y[idx])  # noqa: E731
@@ -297,11 +335,33 @@ class Evaluator:
 
     # -- the per-model measurements
 
+    def _logits(self, model: nn.Module, x: torch.Tensor, cid: int, what: str) -> torch.Tensor:
+        """``model``'s logits on ``x``, with its finite flag kept for the next ``_checked`` read."""
+        logits = predict_logits(model, x)
+        if self._endpoint is not None:
+            what = f"{what} of endpoint {self._endpoint}"
+        self._checks.append((torch.isfinite(logits).all(), [cid], what))
+        return logits
+
+    def _checked(self, values: torch.Tensor) -> np.ndarray:
+        """``values`` (1-D, on the device) on the host, with every finite flag kept since the last
+        read in the same copy; raises ``NonFiniteOutputs`` (round unset) if one is false."""
+        checks, self._checks = self._checks, []
+        if not checks:
+            return values.cpu().numpy()
+        flags = torch.stack([f.to(values.device) for f, _, _ in checks]).to(values.dtype)
+        read = torch.cat([values.reshape(-1), flags]).cpu().numpy()
+        n = values.numel()
+        bad = [(cids, what) for (_, cids, what), ok in zip(checks, read[n:]) if not ok]
+        if bad:
+            raise NonFiniteOutputs(bad)
+        return read[:n]
+
     def val_correct(self, model: nn.Module, cid: int) -> torch.Tensor:
         x, y = self._val[cid]
         if len(y) == 0:
             return torch.zeros(self.fed.num_classes, device=self.fed.device)
-        return class_correct(predict_logits(model, x), y, self.fed.num_classes)
+        return class_correct(self._logits(model, x, cid, "validation"), y, self.fed.num_classes)
 
     def local_test_correct(self, model: nn.Module, cid: int) -> int:
         return int(self.local_test_hits(model, cid))
@@ -311,18 +371,18 @@ class Evaluator:
         x, y = self._test[cid]
         if not len(y):
             return torch.zeros((), dtype=torch.long, device=self.fed.device)
-        return (predict_logits(model, x).argmax(-1) == y).sum()
+        return (self._logits(model, x, cid, "local test").argmax(-1) == y).sum()
 
     def global_class_correct(self, model: nn.Module, cid: int) -> torch.Tensor:
         """Per-class correct counts of ``model`` on the global test set as client ``cid`` sees it
         (on the device: callers read many at once)."""
-        logits = predict_logits(model, self._global_inputs[self._input_key[cid]])
+        logits = self._logits(model, self._global_inputs[self._input_key[cid]], cid, "global test")
         return class_correct(logits, self.fed.data.test_y, self.fed.num_classes)
 
     def pooled_val_hits(self, model: nn.Module, cid: int) -> torch.Tensor:
         """Correct predictions of ``model`` on the pooled validation set as client ``cid`` sees it
         (on the device)."""
-        logits = predict_logits(model, self._pooled_inputs[self._input_key[cid]])
+        logits = self._logits(model, self._pooled_inputs[self._input_key[cid]], cid, "pooled validation")
         return (logits.argmax(-1) == self._pooled_y).sum()
 
     def global_counts(self, models: list[nn.Module], cids: list[int]) -> list[np.ndarray]:
@@ -339,7 +399,13 @@ class Evaluator:
             by_input.setdefault(self._input_key[cid], []).append(i)
         for positions in by_input.values():
             reps, index = distinct([models[i] for i in positions])
-            per_rep = [measure(m, cids[positions[0]]) for m in reps]
+            per_rep = []
+            for r, m in enumerate(reps):
+                start = len(self._checks)
+                per_rep.append(measure(m, cids[positions[0]]))
+                # the flag of a model evaluated once for several clients names all of them
+                shared = [cids[i] for i, k in zip(positions, index) if k == r]
+                self._checks[start:] = [(f, shared, what) for f, _, what in self._checks[start:]]
             for i, r in zip(positions, index):
                 out[i] = per_rep[r]
         return list(torch.stack(out).cpu().numpy()) if out else []
@@ -348,16 +414,28 @@ class Evaluator:
 
     def __call__(self, rnd: int, models: list[nn.Module], changed: list[int], last: bool = False,
                  endpoints: dict[str, list[nn.Module]] | None = None) -> RoundMetrics:
-        fed, endpoints = self.fed, endpoints or {}
+        self._checks = []  # flags of measurements made outside a round (a benchmark's) are not this round's
+        try:
+            return self._round(rnd, models, changed, last, endpoints or {})
+        except NonFiniteOutputs as e:
+            e.round = rnd
+            raise
+        finally:
+            self._checks, self._endpoint = [], None
+
+    def _round(self, rnd: int, models: list[nn.Module], changed: list[int], last: bool,
+               endpoints: dict[str, list[nn.Module]]) -> RoundMetrics:
+        fed = self.fed
         with self.timer(Phase.EVALUATION):
             with channels_last([models[cid] for cid in changed], self.fast_layout):
                 for cid in changed:
                     fed.val_correct[cid] = self.val_correct(models[cid], cid)
                 if self.pooled:
                     hits = self.per_distinct(self.pooled_val_hits, [models[c] for c in changed], changed)
-                    self.pooled_correct[changed] = hits
+            val = self._val_acc()  # raises NonFiniteOutputs before any figure of the round is kept
+            if self.pooled:
+                self.pooled_correct[changed] = hits
             self.global_stale.update(changed)
-            val = self._val_acc()
             pooled = accuracy(self.pooled_correct, len(self._pooled_y)) if self.pooled else None
             score = self.selection_score(val if pooled is None else pooled)
             score = score if np.isfinite(score) else -np.inf
@@ -365,11 +443,12 @@ class Evaluator:
             if improves:
                 self.best_val = score
             if self.is_test_round(rnd, last):
-                if improves:  # this round's figures are exact: an older snapshot is no longer the best
-                    self.pending = None
                 self._test_figures(models, self.global_stale, self.local_correct, self.global_correct)
                 self.global_stale.clear()
-                return self._metrics(rnd, val, pooled, models, endpoints, self.local_correct, self.global_correct)
+                metrics = self._metrics(rnd, val, pooled, models, endpoints, self.local_correct, self.global_correct)
+                if improves:  # this round's figures are exact: an older snapshot is no longer the best
+                    self.pending = None  # (only now: a round not scored leaves the snapshot to the record)
+                return metrics
             if improves:
                 # The clients' own models too: a predictor may hold them outside its own state (FedCC's
                 # wrappers keep theirs in a plain list), and its snapshot would then keep nothing.
@@ -383,14 +462,22 @@ class Evaluator:
         snap, self.pending = self.pending, None
         if snap is None:
             return None
-        with self.timer(Phase.EVALUATION), loaded(snap.states):
-            self._test_figures(snap.models, snap.stale, snap.local_correct, snap.global_correct)
-            return self._metrics(snap.round, snap.val_acc, snap.pooled_val_acc, snap.models, snap.endpoints,
-                                 snap.local_correct, snap.global_correct)
+        self._checks = []
+        try:
+            with self.timer(Phase.EVALUATION), loaded(snap.states):
+                self._test_figures(snap.models, snap.stale, snap.local_correct, snap.global_correct)
+                return self._metrics(snap.round, snap.val_acc, snap.pooled_val_acc, snap.models, snap.endpoints,
+                                     snap.local_correct, snap.global_correct)
+        except NonFiniteOutputs as e:
+            e.round = snap.round
+            raise
+        finally:
+            self._checks, self._endpoint = [], None
 
     def _val_acc(self) -> np.ndarray:
+        """Every client's validation accuracy (the finite flags kept since the last read come with it)."""
         fed = self.fed
-        return accuracy(fed.val_correct.sum(1).cpu().numpy(), fed.val_counts.sum(1).cpu().numpy())
+        return accuracy(self._checked(fed.val_correct.sum(1)), fed.val_counts.sum(1).cpu().numpy())
 
     def _test_figures(self, models: list[nn.Module], stale: set[int], local_correct: np.ndarray,
                       global_correct: np.ndarray) -> None:
@@ -399,7 +486,7 @@ class Evaluator:
         with channels_last([models[c] for c in cids], self.fast_layout):
             hits = [self.local_test_hits(models[cid], cid) for cid in cids]
             counts = self.global_counts([models[c] for c in cids], cids)
-        for cid, hit in zip(cids, _read(hits)):
+        for cid, hit in zip(cids, self._checked(self._stacked(hits)).tolist()):
             local_correct[cid] = hit
         for cid, count in zip(cids, counts):
             global_correct[cid] = count
@@ -410,22 +497,34 @@ class Evaluator:
         local = accuracy(local_correct, self.local_total)
         global_class = global_correct / np.maximum(self.test_class_counts, 1) * 100
         global_acc = global_correct.sum(1) / max(self.test_class_counts.sum(), 1) * 100
-        per_client = {name: self.endpoint(predictors) for name, predictors in endpoints.items()}
+        per_client = {name: self.endpoint(predictors, name) for name, predictors in endpoints.items()}
         extra = {name: _means(figures) for name, figures in per_client.items()}
         seen, unseen = seen_unseen_acc(global_correct, self.test_class_counts, self.held)
         return RoundMetrics(rnd, val, local, global_acc, global_class, extra, per_client, seen, unseen, pooled)
 
-    def endpoint(self, predictors: list[nn.Module]) -> dict[str, np.ndarray]:
+    def endpoint(self, predictors: list[nn.Module], name: str | None = None) -> dict[str, np.ndarray]:
         """Each client's global and local test accuracy (percent; nan without a local test half)
-        with an extra endpoint's predictor."""
+        with an extra endpoint's predictor (``name``: the endpoint's, for a ``NonFiniteOutputs``)."""
         total = float(max(self.test_class_counts.sum(), 1))
         cids = list(range(len(predictors)))
-        with channels_last(predictors, self.fast_layout):
-            g = np.array([float(c.sum()) / total * 100 for c in self.global_counts(predictors, cids)])
-            hits = _read([self.local_test_hits(p, cid) for cid, p in enumerate(predictors)])
-            local = np.array([hits[cid] / self.local_total[cid] * 100 if self.local_total[cid] else np.nan
-                              for cid in cids])
+        self._endpoint = name if name is not None else "(unnamed)"
+        try:
+            with channels_last(predictors, self.fast_layout):
+                counts = self.global_counts(predictors, cids)
+                hits = [self.local_test_hits(p, cid) for cid, p in enumerate(predictors)]
+        finally:
+            self._endpoint = None
+        hits = self._checked(self._stacked(hits)).tolist()
+        g = np.array([float(c.sum()) / total * 100 for c in counts])
+        local = np.array([hits[cid] / self.local_total[cid] * 100 if self.local_total[cid] else np.nan
+                          for cid in cids])
         return {"global_acc": g, "local_acc": local}
+
+    def _stacked(self, values: list[torch.Tensor]) -> torch.Tensor:
+        """0-d counts (on one device or several) as one 1-D tensor, on the first one's device."""
+        if not values:
+            return torch.zeros(0, dtype=torch.long, device=self.fed.device)
+        return torch.stack([v.to(values[0].device) for v in values])
 
 
 def _means(figures: dict[str, np.ndarray]) -> dict[str, float | None]:
