@@ -72,15 +72,18 @@ def pinned_view(record: dict) -> dict:
     # The seen / unseen-class accuracy (schema 1.6) is the pinned per-class global figures of the same
     # models restricted to each client's classes: likewise left out, so adding it moved no pin.
     # Each client's figures in the final window (schema 1.6) are the pinned selected-round kind of
-    # figure of the same models, per client: left out likewise.
+    # figure of the same models, per client: left out likewise. So are schema 1.7's per-round
+    # endpoint figures (the pinned selected round's ``extra_endpoints`` kind of figure of the same
+    # predictors, at every test round) and its headline and selected blocks (a copy of the final
+    # figure and of the pinned selected-round figures).
     history = [{k: v for k, v in entry.items()
                 if k not in ("seconds", "phases", "client_global_acc", "client_local_acc", *GROUPS,
-                             *SEEN_UNSEEN_ROUND)}
+                             *SEEN_UNSEEN_ROUND, "endpoints")}
                for entry in record["history"]]
     metrics = None
     if record["metrics"]:
         metrics = {k: ({f: x for f, x in v.items() if f not in ("final", "seen_unseen")} if k in GROUPS else v)
-                   for k, v in record["metrics"].items() if k not in ("final", "seen_unseen")}
+                   for k, v in record["metrics"].items() if k not in ("final", "seen_unseen", "headline", "selected")}
     return {
         "method_version": record["method"]["version"],
         "status": record["status"],
