@@ -36,7 +36,8 @@ def run(method: str, eval_every: int, **extra) -> dict:
 
 def selected(record: dict) -> dict:
     """The selected round and its figures (the final windows are not part of the comparison)."""
-    metrics = {k: v for k, v in record["metrics"].items() if k != "final"}
+    # the headline block reads the final window too (schema 1.7)
+    metrics = {k: v for k, v in record["metrics"].items() if k not in ("final", "headline")}
     if "seen_unseen" in metrics:
         metrics["seen_unseen"] = {k: v for k, v in metrics["seen_unseen"].items() if k != "final"}
     return {"selection": record["selection"], "status": record["status"], "metrics": metrics}
