@@ -220,7 +220,7 @@ LAYERS = [
     ("building blocks", ("hfl_bench.data", "hfl_bench.partition", "hfl_bench.pools", "hfl_bench.augment",
                          "hfl_bench.metering", "hfl_bench.aggregation", "hfl_bench.training", "hfl_bench.graphs",
                          "hfl_bench.checkpoint", "hfl_bench.evaluation", "hfl_bench.families", "hfl_bench.tasks",
-                         "hfl_bench.faults", "hfl_bench.modalities")),
+                         "hfl_bench.faults", "hfl_bench.modalities", "hfl_bench.npzfile")),
     ("method API", ("hfl_bench.method_api", "hfl_bench.method_card")),
     ("methods", ("hfl_bench.methods",)),
     ("engine", ("hfl_bench.engine",)),

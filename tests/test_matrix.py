@@ -229,8 +229,10 @@ def test_method_variants(tmp_path):
     assert len(result.output.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("name", ["mini", "crad-table1", "digits", "cifar10-jpg", "robustness", "multimodal",
-                                  "dfml-controls"])
+SHIPPED_SUITES = sorted(p.stem for p in (REPO / "suites").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", SHIPPED_SUITES)  # every suite the repository ships
 def test_shipped_suites_parse(name):
     suite = load_suite(REPO / "suites" / f"{name}.yaml")
     cells = suite_cells(suite)
@@ -273,16 +275,29 @@ def test_shipped_suites_parse(name):
         hashes = {config_hash(vars(c.cfg)) for c in cells if not c.cfg.faults}
         assert all(config_hash(dict(vars(c.cfg), faults="")) in hashes for c in cells if c.cfg.faults)
     elif name == "dfml-controls":  # DFML's controls beside its defaults, at digits' calibrated protocol
-        assert suite.out == "leaderboards/reproduced/dfml-controls" and suite.seeds == [0, 1, 2, 3, 4]
+        assert suite.out == "leaderboards/reproduced/dfml-controls" and suite.seeds == list(range(10))
         assert suite.methods == ["dfml"] and suite.tasks == ["digits"]
-        assert [c.cfg.method_params for c in cells[::5]] == [{}, {"eval": "current"}, {"wsm": False},
-                                                             {"alpha_max": 0.0}]
+        assert [c.cfg.method_params for c in cells[::10]] == [{}, {"eval": "current"}, {"wsm": False},
+                                                              {"alpha_max": 0.0}]
         for field in ("rounds", "batch_size", "lr", "local_epochs", "heldout_fraction", "clients", "alpha", "pool"):
             assert {getattr(c.cfg, field) for c in cells} == {get_task("digits").info.defaults[field]}, field
         assert {c.cfg.public_size for c in cells} == {0}
         # the defaults are digits.yaml's dfml cells: the same config, so the same record names
         digits = {c.record_path().name for c in suite_cells(load_suite(REPO / "suites" / "digits.yaml"))}
-        assert {c.record_path().name for c in cells[:5]} <= digits
+        assert {c.record_path().name for c in cells[:10]} <= digits
+    elif name in ("crad-ablations", "crad-sweeps"):  # one folder; the base point pairs with both sweeps
+        assert suite.out == "leaderboards/reproduced/crad-ablations" and suite.seeds == list(range(10))
+        assert suite.methods == ["crad", "uniform-kd"] and suite.tasks == ["digits"]
+        assert {c.cfg.public_size for c in cells} == {0}
+        if name == "crad-ablations":  # every CRAD rule the registry holds, at digits' defaults
+            from hfl_bench.registry import AGGREGATORS
+
+            rules = {c.cfg.method_params.get("aggregator", "crad") for c in cells if c.cfg.method == "crad"}
+            assert rules == {n for n in builtin_names(AGGREGATORS) if n.startswith("crad")}
+            assert {c.cfg.alpha for c in cells} == {0.3} and {c.cfg.clients for c in cells} == {10}
+        else:  # alpha 0.1 / 1.0 at N = 10, and N = 15 / 20 with 10 active, for both methods
+            settings = {(c.cfg.alpha, c.cfg.clients, c.cfg.clients_per_round) for c in cells}
+            assert settings == {(0.1, 10, None), (1.0, 10, None), (0.3, 15, 10), (0.3, 20, 10)}
     elif name == "crad-table1":
         assert suite.seeds == [1024] and set(suite.tasks) == {"cifar10", "cifar100", "pathmnist"}
         assert {c.cfg.pool for c in cells} == {"paper"} and {c.cfg.rounds for c in cells} == {300}
