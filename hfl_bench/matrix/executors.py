@@ -313,7 +313,7 @@ class TermAsLocal:
     while the driver fetches and writes a finished cell's record waits until it is written
     (``held``). Only the main thread can set handlers; elsewhere this does nothing (Ray's own
     handling stays). A SIGTERM to the whole process group also reaches the local Ray's own
-    processes (they share it), whose exits can leave the driver blocked in Ray; it is not covered."""
+    processes (they share it), which drain for some seconds; the driver ends the same way after."""
 
     def __init__(self) -> None:
         import signal
