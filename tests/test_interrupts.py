@@ -147,3 +147,43 @@ def test_killing_a_pool_matrix_driver_ends_its_workers(tmp_path):
         assert time.monotonic() - t0 < 10
     finally:
         _cleanup(proc, pids)
+
+
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_sigterm_ends_a_matrix_as_the_os_would_and_the_rerun_resumes(tmp_path, executor):
+    """SIGTERM to the driver of ``matrix --jobs 1`` (a preemption): a local one dies of the signal
+    (no handler: exit -15, nothing printed), and a Ray one ends the same way, not with Ray's crash
+    dump and exit 134 or 1; the finished cell's record is intact, the running cell's checkpoint
+    stays, and the same command skips the first and resumes the second."""
+    if executor == "ray":
+        pytest.importorskip("ray")
+    out = tmp_path / "records"
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump({
+        "methods": ["local"], "tasks": ["digits"], "seeds": [0, 1], "out": str(out),
+        "settings": {"rounds": 6, "clients": 3, "checkpoint_every": 1}}))
+    args = ["matrix", "suite.yaml", "--executor", executor, "--jobs", "1", "--json"]
+    env = dict(ENV, RAY_worker_niceness="0")  # see test_matrix's ray_cluster: beside busy cores
+    proc = subprocess.Popen([*CLI, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        # seed 0 written and seed 1 past its first round: 5 more rounds to go when SIGTERM comes
+        _wait_for(lambda: list(out.glob("*seed0.json")) and list((out / ".checkpoints").glob("*seed1.pt")), 180,
+                  "the first record and the second cell's checkpoint", proc)
+        first = list(out.glob("*seed0.json"))[0].read_text()
+        os.kill(proc.pid, signal.SIGTERM)  # the driver alone, as a scheduler's kill does
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == -signal.SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stderr and "SIGTERM received" not in stderr and not stdout, stderr[-3000:]
+    assert len(list(out.glob("*.json"))) == 1 and list(out.glob("*seed0.json"))[0].read_text() == first
+    assert json.loads(first)["status"] == "ok"
+    assert len(list((out / ".checkpoints").glob("*seed1.pt"))) == 1  # kept for the rerun
+    done = subprocess.run([*CLI, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cells = {row["seed"]: row for row in json.loads(done.stdout)["cells"]}
+    assert cells[0]["status"] == "skipped" and cells[1]["status"] == "ok"
+    resumed = json.loads(Path(cells[1]["record"]).read_text())
+    assert resumed["federation"]["resumed_from_rounds"]

@@ -10,11 +10,14 @@ matrix runs is not loaded by its later cells, so it cannot change or break them.
 
 Workers die with their driver (``die_with``), however it ends, and leave Ctrl-C to it: the
 driver then ends them at once (``stop_workers``). A local Ray started by the driver is shut down
-with it; on Ctrl-C the cells in flight are cancelled.
+with it; on Ctrl-C the cells in flight are cancelled. SIGTERM ends a Ray matrix as it ends a local
+one (``TermAsLocal``): the cells in flight cancelled, Ray shut down, then the driver dies of the
+signal, its finished records and its cells' checkpoints kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Optional
 
@@ -30,6 +33,7 @@ Plugins = Optional[tuple[tuple[str, str, str, str], ...]]
 
 
 WATCH_INTERVAL_S = 0.5  # how often a pool worker checks that its driver is still there
+RAY_WAIT_S = 0.5  # how long the Ray driver blocks in ray.wait, which does not run signal handlers
 
 
 def _pool_init(threads: int, driver_pid: Optional[int] = None) -> None:
@@ -292,14 +296,101 @@ def unschedulable(cpus: float, gpus: float, resources: dict[str, float]) -> Opti
     return None
 
 
+class _Terminated(BaseException):
+    """SIGTERM reached a Ray matrix's driver (``TermAsLocal``); not an Exception, so no cell's
+    error handling takes it for a failure."""
+
+
+class TermAsLocal:
+    """SIGTERM in a Ray matrix's driver, handled as a local matrix's driver takes it: the process
+    ends by the signal (exit status 143 in a shell, -15 from ``subprocess``), silently, keeping
+    the records already written and the checkpoints of the cells in flight, so the same command
+    resumes. ``ray.init`` replaces any SIGTERM handler twice over (a Python one that exits with the
+    signal's number, and the core worker's native failure handler that prints a crash dump and
+    aborts, exit 134), so ``install`` is called after it and puts a handler of ours back; Ray's
+    clean-up (cancelling the cells in flight, ``ray.shutdown``) runs as the ``_Terminated`` it
+    raises unwinds, and ``finish`` then ends the process by SIGTERM itself. A SIGTERM that arrives
+    while the driver fetches and writes a finished cell's record waits until it is written
+    (``held``). Only the main thread can set handlers; elsewhere this does nothing (Ray's own
+    handling stays). A SIGTERM to the whole process group also reaches the local Ray's own
+    processes (they share it), which drain for some seconds; the driver ends the same way after."""
+
+    def __init__(self) -> None:
+        import signal
+        import threading
+
+        self.active = threading.current_thread() is threading.main_thread()
+        self.previous = signal.getsignal(signal.SIGTERM) if self.active else None
+        self.received = False
+        self.busy = False
+
+    def install(self) -> None:
+        import signal
+
+        if self.active:
+            signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        import signal
+
+        if self.received:
+            return
+        self.received = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one would cut the clean-up short
+        if not self.busy:
+            raise _Terminated()
+
+    @contextlib.contextmanager
+    def held(self):
+        """A SIGTERM meanwhile (a finished cell's record fetched and written) waits until the end."""
+        self.busy = True
+        try:
+            yield
+        finally:
+            self.busy = False
+        if self.received:
+            raise _Terminated()
+
+    def finish(self) -> None:
+        """After Ray's clean-up: die by SIGTERM if one came, else put the previous handler back."""
+        import os
+        import signal
+
+        if not self.active:
+            return
+        if self.received:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+            os.kill(os.getpid(), signal.SIGTERM)  # the process ends here, as a local matrix would
+        signal.signal(signal.SIGTERM, self.previous if self.previous is not None else signal.SIG_DFL)
+
+
 def run_ray(cells: list[Cell], done: Done, address: Optional[str], cpus_per_cell: float = 1,
             gpus_per_cell: Optional[float] = None, jobs: Optional[int] = None,
             threads: Optional[int] = None, plugins: Plugins = None) -> None:
     """Each cell a Ray task with its CPU/GPU request; at most ``jobs`` in flight (default: all,
     Ray's scheduler decides). The task, pinned to ``plugins``, returns the record; ``done`` writes
-    it here."""
+    it here. SIGTERM ends it as it ends a local matrix (``TermAsLocal``)."""
     ray = ray_module()
-    started = start_ray(address)
+    term = TermAsLocal()
+    started = False
+    try:
+        started = start_ray(address)
+        term.install()  # after ray.init, which replaced it
+        _ray_cells(ray, cells, done, cpus_per_cell, gpus_per_cell, jobs, threads, plugins, term.held)
+    except _Terminated:
+        pass  # the cells in flight are cancelled; ends by the signal below
+    finally:
+        try:
+            if started:
+                ray.shutdown()
+        finally:
+            term.finish()
+
+
+def _ray_cells(ray, cells: list[Cell], done: Done, cpus_per_cell: float,
+               gpus_per_cell: Optional[float], jobs: Optional[int], threads: Optional[int],
+               plugins: Plugins, held: Callable = contextlib.nullcontext) -> None:
     in_flight: dict[Any, Cell] = {}
     try:
         remote = ray.remote(run_cell)
@@ -318,20 +409,21 @@ def run_ray(cells: list[Cell], done: Done, address: Optional[str], cpus_per_cell
                 in_flight[remote.options(**options).remote(cell.cfg, threads, plugins=plugins)] = cell
             if not in_flight:
                 break
-            ready, _ = ray.wait(list(in_flight), num_returns=1)
-            cell = in_flight.pop(ready[0])
-            try:
-                record = ray.get(ready[0])
-            except Exception as e:  # noqa: BLE001 - a crashed worker or node
-                record = failed_record(cell.cfg, error_text(e, with_traceback=False))
-            done(cell, record)
-    except BaseException:  # Ctrl-C: cells in flight on a cluster would otherwise run on
+            # with a timeout: a signal's Python handler (SIGTERM, Ctrl-C) runs only between calls
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=RAY_WAIT_S)
+            if not ready:
+                continue
+            with held():  # a finished cell's record is written before a SIGTERM ends the driver
+                cell = in_flight.pop(ready[0])
+                try:
+                    record = ray.get(ready[0])
+                except Exception as e:  # noqa: BLE001 - a crashed worker or node
+                    record = failed_record(cell.cfg, error_text(e, with_traceback=False))
+                done(cell, record)
+    except BaseException:  # Ctrl-C, SIGTERM: cells in flight on a cluster would otherwise run on
         for ref in list(in_flight):
             try:
                 ray.cancel(ref, force=True)
             except Exception:  # noqa: BLE001 - best effort
                 pass
         raise
-    finally:
-        if started:
-            ray.shutdown()
