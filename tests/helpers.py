@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from pathlib import Path
 
 import torch
@@ -105,3 +106,16 @@ def in_float64(fed: Federation) -> Federation:
 # Two execution paths' float64 parameters agree within this (in_float64's bound, ~1e-10, with two
 # orders of margin).
 ATOL64 = 1e-8
+
+
+def write_dist(root: Path, package: str, dist: str, source: str, entry_points: str) -> None:
+    """A real installed distribution under ``root`` (a folder for sys.path / PYTHONPATH): the package
+    ``package`` with ``source`` as its __init__, and a dist-info with ``entry_points``, so that
+    importlib.metadata discovers it as pip would have installed it."""
+    (root / package).mkdir(parents=True)
+    (root / package / "__init__.py").write_text(textwrap.dedent(source))
+    info = root / f"{package}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(entry_points)
+    (info / "top_level.txt").write_text(package + "\n")

@@ -17,21 +17,13 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import yaml
 
 from hfl_bench.testing import QUICK
 
-
-def _write_dist(site: Path, package: str, dist: str, source: str, entry_points: str) -> None:
-    (site / package).mkdir(parents=True)
-    (site / package / "__init__.py").write_text(textwrap.dedent(source))
-    info = site / f"{package}-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(entry_points)
+from helpers import write_dist
 
 
 def _cli(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -47,7 +39,7 @@ def _lines(text: str) -> list[str]:
 
 def test_a_plugin_that_fails_to_import_is_skipped(tmp_path):
     site = tmp_path / "site"
-    _write_dist(site, "hflb_broken", "hflb-broken", "import hflb_no_such_dependency\n",
+    write_dist(site, "hflb_broken", "hflb-broken", "import hflb_no_such_dependency\n",
                 "[hfl_bench.methods]\nbroken = hflb_broken\n")
     warning = ("warning: plugin hflb-broken's entry point 'broken' (hfl_bench.methods: hflb_broken) failed to "
                "import: ModuleNotFoundError: No module named 'hflb_no_such_dependency'; skipped")
@@ -96,7 +88,7 @@ register_method(method("crad"))
 def test_a_plugin_that_takes_a_builtin_name_is_refused_with_both_names(tmp_path):
     site = tmp_path / "site"
     # "a-taker" sorts before the built-ins' entry point ("builtin"): they still load first
-    _write_dist(site, "hflb_taker", "hflb-taker", TAKER, "[hfl_bench.methods]\na-taker = hflb_taker\n")
+    write_dist(site, "hflb_taker", "hflb-taker", TAKER, "[hfl_bench.methods]\na-taker = hflb_taker\n")
     proc = _cli(site, tmp_path, "list", "methods", "--json")
     assert proc.returncode == 0, proc.stderr
     rows = {row["name"]: row for row in json.loads(proc.stdout)}
@@ -170,7 +162,7 @@ def test_a_matrix_resolves_its_plugins_once_at_start(tmp_path):
     ``local`` cells start after it is installed. Their workers load only the plugins the driver
     resolved: hflb-late is never imported, and no line is about it."""
     site = tmp_path / "site"
-    _write_dist(site, "hflb_installer", "hflb-installer", INSTALLER,
+    write_dist(site, "hflb_installer", "hflb-installer", INSTALLER,
                 "[hfl_bench.methods]\ninstaller = hflb_installer\n")
     suite = tmp_path / "suite.yaml"
     suite.write_text(yaml.safe_dump({

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,8 @@ from hfl_bench.registry import (
     RegistryError,
 )
 from hfl_bench.testing import builtin_names, is_builtin
+
+from helpers import write_dist
 
 # --------------------------------------------------------------------------- Registry basics
 
@@ -195,22 +196,12 @@ class ObjMethod(Method):
 '''
 
 
-def _write_dist(root: Path, package: str, dist: str, source: str, entry_points: str) -> None:
-    (root / package).mkdir(parents=True)
-    (root / package / "__init__.py").write_text(textwrap.dedent(source))
-    info = root / f"{package}-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(entry_points)
-    (info / "top_level.txt").write_text(package + "\n")
-
-
 @pytest.fixture(scope="module")
 def plugin_path(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("plugins")
-    _write_dist(root, "hflb_demo_plugin", "hflb-demo-plugin", PLUGIN_MODULE,
+    write_dist(root, "hflb_demo_plugin", "hflb-demo-plugin", PLUGIN_MODULE,
                 "[hfl_bench.methods]\ndemo = hflb_demo_plugin\n")
-    _write_dist(root, "hflb_demo_plugin2", "hflb-demo-plugin2", OBJ_PLUGIN_MODULE,
+    write_dist(root, "hflb_demo_plugin2", "hflb-demo-plugin2", OBJ_PLUGIN_MODULE,
                 "[hfl_bench.methods]\nobj-method = hflb_demo_plugin2:ObjMethod\n")
     return root
 
@@ -264,7 +255,7 @@ def obj_plugin_registry(tmp_path, monkeypatch):
 
     METHODS.discover()  # the global registry must not pick the plugin up
     root = tmp_path / "site"
-    _write_dist(root, "hflb_demo_plugin2", "hflb-demo-plugin2", OBJ_PLUGIN_MODULE,
+    write_dist(root, "hflb_demo_plugin2", "hflb-demo-plugin2", OBJ_PLUGIN_MODULE,
                 "[hfl_bench.methods]\nobj-method = hflb_demo_plugin2:ObjMethod\n")
     monkeypatch.syspath_prepend(str(root))
     importlib.invalidate_caches()
