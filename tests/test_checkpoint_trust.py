@@ -337,3 +337,16 @@ def test_a_matrix_cell_starts_over_from_a_damaged_checkpoint_and_its_record_says
     assert "is damaged" in refused and str(tmp_path) not in refused  # no machine path in a record
     uninterrupted = run_cell(crad_config(tmp_path / "again"))
     assert record["metrics"]["final"] == uninterrupted["metrics"]["final"]  # it started over, not from the damage
+
+
+def test_a_matrix_cell_with_a_folder_at_its_checkpoint_path_starts_over_and_finishes(tmp_path, caplog):
+    """A non-empty folder where the cell's checkpoint would be: refused as no checkpoint, the cell
+    runs from the start (its checkpoint writes warn), and its record says why it did not resume."""
+    cfg = crad_config(tmp_path)
+    folder = paths.checkpoint_path(cfg)
+    (folder / "inside").mkdir(parents=True)
+    with caplog.at_level("WARNING"):
+        record = run_cell(cfg)
+    assert record["status"] == "ok", record.get("error")
+    assert "not a regular file (a folder)" in record["federation"]["checkpoint_refused"]
+    assert "not written" in caplog.text and folder.is_dir()
