@@ -498,7 +498,7 @@ class Evaluator:
         global_class = global_correct / np.maximum(self.test_class_counts, 1) * 100
         global_acc = global_correct.sum(1) / max(self.test_class_counts.sum(), 1) * 100
         per_client = {name: self.endpoint(predictors, name) for name, predictors in endpoints.items()}
-        extra = {name: _means(figures) for name, figures in per_client.items()}
+        extra = {name: endpoint_means(figures) for name, figures in per_client.items()}
         seen, unseen = seen_unseen_acc(global_correct, self.test_class_counts, self.held)
         return RoundMetrics(rnd, val, local, global_acc, global_class, extra, per_client, seen, unseen, pooled)
 
@@ -525,11 +525,6 @@ class Evaluator:
         if not values:
             return torch.zeros(0, dtype=torch.long, device=self.fed.device)
         return torch.stack([v.to(values[0].device) for v in values])
-
-
-def _means(figures: dict[str, np.ndarray]) -> dict[str, float | None]:
-    """An endpoint's figures over all clients: mean global, mean local (where a client has one)."""
-    return endpoint_means(figures)
 
 
 def endpoint_means(figures: dict[str, np.ndarray], clients: Sequence[int] | None = None) -> dict[str, float | None]:
