@@ -86,7 +86,12 @@ class RunConfig:
     rounds: int | None = setting(None, "Communication rounds R; default: the task's.")
     local_epochs: int | None = setting(None, "Local epochs per round; default: the task's, else 1.")
     batch_size: int | None = setting(None, "Local batch size; default: the task's, else 64.")
-    lr: float | None = setting(None, "SGD learning rate; default: the task's, else 0.01.")
+    optimizer: str = setting("sgd", "The clients' optimizer, one for every method of a comparison: sgd (the "
+                                    "protocol's: --lr with the run's momentum and weight decay) or adam (Adam at "
+                                    "--lr, betas 0.9 / 0.999, no weight decay: e.g. --optimizer adam --lr 0.001, "
+                                    "FedCC's paper recipe). A method's own extra optimizers (a digest step's, a "
+                                    "generator's) keep their rules.")
+    lr: float | None = setting(None, "Learning rate of the clients' optimizer; default: the task's, else 0.01.")
     momentum: float | None = setting(None, "SGD momentum; default: the task's, else 0.9.", flags=None)
     weight_decay: float | None = setting(None, "SGD weight decay; default: the task's, else 5e-4.", flags=None)
     grad_clip: float = setting(10.0, "Gradient clipping (global norm); 0 disables.", flags=None)
@@ -106,6 +111,10 @@ class RunConfig:
     eval_every: int = setting(EVAL_EVERY, "Test rounds (global test set, local test halves, extra endpoints) every "
                                           "k rounds, plus each of the last 10 rounds and the selected round; "
                                           "validation runs every round. 1 tests every round.")
+    ensemble: bool = setting(False, "Also evaluate the plain ensemble of every client's evaluated model (the mean of "
+                                    "their softmaxes) as the extra endpoint 'ensemble', for every method alike (a "
+                                    "method with an ensemble of its own, FedCC's, reports that one). Evaluation "
+                                    "only: training and the config hash are unchanged; none on a multimodal task.")
     device: str = setting("auto", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.")
     exec: str = setting("auto", "Peer-KD execution path: reference (per batch, as Algorithm 1), fast (each teacher "
                                 "runs once over all its students' views) or auto (= fast).")
@@ -134,11 +143,14 @@ DEVICE_NAME = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 # ``preset`` is hashed through the hyperparameters it sets (``method_params`` once resolved), so
 # ``--preset paper`` and the same values by ``--set`` are one run with one hash.
 NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "cuda_graphs",
-                "checkpoint_every", "preset")
+                "checkpoint_every", "preset", "ensemble")
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 # Fields added after the first records: left out of the hash at their default, so a config that
 # does not use them keeps the hash it always had (older records stay comparable).
-HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "faults": "", "recipient_fraction": None, "missing_modality": None}
+HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "faults": "", "recipient_fraction": None, "missing_modality": None,
+                         "optimizer": "sgd"}
+# The clients' optimizers a run may name (``--optimizer``; ``federation.Federation.make_optimizer``).
+OPTIMIZERS = ("sgd", "adam")
 # Settings that no longer exist: ``vmap`` (stacked teacher inference) and ``lockstep`` (same-
 # architecture students trained together), batching options removed because they were slower
 # than the default wherever they were measured. Records and checkpoints written before carry them
@@ -225,6 +237,7 @@ def validate(cfg: RunConfig) -> None:
         (cfg.checkpoint_every >= 0, f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
         (cfg.batch_size is None or cfg.batch_size >= 2, f"--batch-size must be >= 2, got {cfg.batch_size}"),
         (cfg.lr is None or cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}"),
+        (cfg.optimizer in OPTIMIZERS, f"--optimizer must be {' or '.join(OPTIMIZERS)}, got {cfg.optimizer!r}"),
         (cfg.momentum is None or 0 <= cfg.momentum < 1, f"momentum must be in [0, 1), got {cfg.momentum}"),
         (cfg.weight_decay is None or cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}"),
         (cfg.grad_clip >= 0, f"grad_clip must be >= 0 (0 disables clipping), got {cfg.grad_clip}"),

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from torch import nn
 
 from hfl_bench import checkpoint as ckpt
 from hfl_bench import config as config_mod
@@ -27,6 +28,7 @@ from hfl_bench.evaluation import (  # noqa: F401 (re-exported)
     evaluate_global,
     selection_score,
 )
+from hfl_bench.families.ensemble import with_mean_ensemble
 from hfl_bench.faults import canonical_config, plan_for
 from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
 from hfl_bench.metering import Budget, Channel, PhaseTimer
@@ -295,13 +297,19 @@ class Simulation:
         self.method.setup(fed)
         self.evaluator = Evaluator(fed, fed.timer, cfg.eval_every)
         self.all_clients = list(range(fed.n_clients))
-        initial = self.evaluator(0, self.method.eval_models(fed), self.all_clients,
-                                 endpoints=self.method.endpoints(fed))
+        models = self.method.eval_models(fed)
+        initial = self.evaluator(0, models, self.all_clients, endpoints=self.endpoints(models))
         self.groups = fed.client_groups
         self.history = [_history_entry(initial, 0, 0.0, {}, fed.timer.pop(), self.groups)]
         self.best: RoundMetrics | None = None
         self.sent: list[np.ndarray] = []
         self.resumed_from: list[int] = []  # rounds of the checkpoints this run was resumed from
+
+    def endpoints(self, models: list[nn.Module]) -> dict[str, list[nn.Module]]:
+        """The method's extra endpoints, and with ``--ensemble`` the plain ensemble of ``models``
+        (the clients' evaluated models; ``families.ensemble``)."""
+        endpoints = self.method.endpoints(self.fed)
+        return with_mean_ensemble(endpoints, models, self.fed) if self.cfg.ensemble else endpoints
 
     def drawn_clients(self, rnd: int) -> list[int]:
         """The clients drawn for round ``rnd`` (all of them without --clients-per-round)."""
@@ -329,8 +337,8 @@ class Simulation:
             changed = sorted(set(method.changed_clients(fed, active)))
         else:  # every drawn client is a straggler that misses this round: nothing runs
             scalars, changed = {}, []
-        metrics = self.evaluator(rnd, method.eval_models(fed), changed, last=rnd == self.cfg.rounds,
-                                 endpoints=method.endpoints(fed))
+        models = method.eval_models(fed)
+        metrics = self.evaluator(rnd, models, changed, last=rnd == self.cfg.rounds, endpoints=self.endpoints(models))
         seconds = time.perf_counter() - t_round
         self.sent.append(fed.channel.sent.copy())
         nbytes = int(fed.channel.sent.sum() + fed.channel.server_sent)

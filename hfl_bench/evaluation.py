@@ -68,8 +68,16 @@ def accuracy(correct: np.ndarray, total: np.ndarray) -> np.ndarray:
     return np.where(total > 0, correct / np.maximum(total, 1) * 100, np.nan)
 
 
-def class_correct(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
-    hit = logits.argmax(dim=-1) == y
+def row_hits(model: nn.Module, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Which rows ``model`` got right: ``argmax == y``, or the predictor's own rule where it has a
+    ``hits(logits, y)`` method (an extra endpoint scored by a paper's rule: FedCC's open-set one)."""
+    rule = getattr(model, "hits", None)
+    return rule(logits, y) if callable(rule) else logits.argmax(dim=-1) == y
+
+
+def class_correct(logits: torch.Tensor, y: torch.Tensor, num_classes: int,
+                  model: nn.Module | None = None) -> torch.Tensor:
+    hit = row_hits(model, logits, y) if model is not None else logits.argmax(dim=-1) == y
     return torch.bincount(y[hit], minlength=num_classes).float()
 
 
@@ -361,7 +369,7 @@ class Evaluator:
         x, y = self._val[cid]
         if len(y) == 0:
             return torch.zeros(self.fed.num_classes, device=self.fed.device)
-        return class_correct(self._logits(model, x, cid, "validation"), y, self.fed.num_classes)
+        return class_correct(self._logits(model, x, cid, "validation"), y, self.fed.num_classes, model)
 
     def local_test_correct(self, model: nn.Module, cid: int) -> int:
         return int(self.local_test_hits(model, cid))
@@ -371,19 +379,19 @@ class Evaluator:
         x, y = self._test[cid]
         if not len(y):
             return torch.zeros((), dtype=torch.long, device=self.fed.device)
-        return (self._logits(model, x, cid, "local test").argmax(-1) == y).sum()
+        return row_hits(model, self._logits(model, x, cid, "local test"), y).sum()
 
     def global_class_correct(self, model: nn.Module, cid: int) -> torch.Tensor:
         """Per-class correct counts of ``model`` on the global test set as client ``cid`` sees it
         (on the device: callers read many at once)."""
         logits = self._logits(model, self._global_inputs[self._input_key[cid]], cid, "global test")
-        return class_correct(logits, self.fed.data.test_y, self.fed.num_classes)
+        return class_correct(logits, self.fed.data.test_y, self.fed.num_classes, model)
 
     def pooled_val_hits(self, model: nn.Module, cid: int) -> torch.Tensor:
         """Correct predictions of ``model`` on the pooled validation set as client ``cid`` sees it
         (on the device)."""
         logits = self._logits(model, self._pooled_inputs[self._input_key[cid]], cid, "pooled validation")
-        return (logits.argmax(-1) == self._pooled_y).sum()
+        return row_hits(model, logits, self._pooled_y).sum()
 
     def global_counts(self, models: list[nn.Module], cids: list[int]) -> list[np.ndarray]:
         """``global_class_correct`` of ``models[i]`` for client ``cids[i]`` (``per_distinct``)."""

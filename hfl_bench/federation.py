@@ -159,7 +159,8 @@ class RoundView(Protocol):
         """Clients that miss a modality of a multimodal task (none for a single-modality task)."""
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        """The protocol's optimizer (SGD with the run's lr, momentum and weight decay) for ``model``."""
+        """The run's optimizer for ``model`` (``--optimizer``: the protocol's SGD with the run's lr,
+        momentum and weight decay, or Adam at the run's lr)."""
 
 
 def _members(protocol: type) -> frozenset[str]:
@@ -239,7 +240,10 @@ class Federation:
         return self.val_correct / self.val_counts.clamp_min(1)
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        """The protocol's optimizer (SGD with the run's lr, momentum and weight decay) for ``model``."""
+        """The run's optimizer for ``model`` (``--optimizer``): the protocol's SGD with the run's lr,
+        momentum and weight decay, or Adam at the run's lr without weight decay."""
+        if self.cfg.optimizer == "adam":
+            return torch.optim.Adam(model.parameters(), lr=self.cfg.lr)
         return torch.optim.SGD(model.parameters(), lr=self.cfg.lr, momentum=self.cfg.momentum,
                                weight_decay=self.cfg.weight_decay)
 

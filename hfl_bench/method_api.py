@@ -16,7 +16,8 @@ building blocks):
 
 - models: ``new_model(fed, member, *seed_parts)`` builds a seeded model on the run's device,
   laid out as the engine lays out client models; ``with seeded_init(fed, *seed_parts):`` seeds a
-  method's own modules; ``fed.make_optimizer(model)`` the protocol's SGD;
+  method's own modules; ``fed.make_optimizer(model)`` the run's optimizer (the protocol's SGD, or
+  ``--optimizer adam``);
 - plans: ``make_plan(fed, cid, rnd, epochs, purpose)`` a client's seeded epoch (batch order and
   augmented views); ``transfer_plan(fed, x, epochs=, seed_parts=)`` seeded epochs over shared inputs;
 - training: ``train_client(fed, client, plan, loss)`` with a loss the method supplies
@@ -138,11 +139,20 @@ class Method(abc.ABC):
         reading only ``self.params``: the leaderboard asks it of old records too)."""
         return self.card.predictor
 
+    def transfer(self) -> str:
+        """What the method reads beyond its clients' private data (``method_card.TRANSFERS``), in
+        every record's ``method.transfer`` and so in its setting section: the card's, unless a
+        hyperparameter changes it (FedMD without its transfer step reads the public set unlabelled;
+        override then, reading only ``self.params``)."""
+        return self.card.transfer
+
     def endpoints(self, fed: RoundView) -> dict[str, list[nn.Module]]:
         """Extra per-client predictors reported beside the headline metric (e.g. a shared model or
-        an ensemble), evaluated whenever the global test set is; reported at the selected round.
-        A predictor shared by every client is the same module in every client's place: the
-        evaluator then runs it once per distinct set of test inputs, not once per client."""
+        an ensemble), evaluated at every test round (a history curve and a final-window figure) and
+        at the selected round. A predictor shared by every client is the same module in every
+        client's place: the evaluator then runs it once per distinct set of test inputs, not once
+        per client. A predictor with a ``hits(logits, y)`` method (a bool per row) is scored by that
+        rule instead of ``argmax == y`` (FedCC's open-set rule): an endpoint only, never a headline."""
         return {}
 
     def hparams(self) -> dict[str, Any]:

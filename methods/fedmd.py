@@ -25,6 +25,10 @@ and nothing more by default; the paper's private initialization after transfer l
 on the private data before round 1, on top of the rounds' budget) is the ``paper`` preset. The alignment
 set is the whole public set each round by default; the official code draws a fresh subset, which
 ``alignment_size`` reproduces (a seeded draw shared by every client, so it costs no bytes).
+FedCC's paper compares against FedMD on an *unlabelled* public set: ``--set transfer_epochs=0``
+drops the only step that reads the labels, and the record then states the transfer data as
+``public-unlabelled`` (``Method.transfer``), so those records sit in the unlabelled public set's
+section beside FedCC and MSFKD rather than as a preset, whose budget class would put them apart.
 
 The digest keeps one Adam optimizer per client across rounds, as the official Keras model keeps
 its compiled optimizer; it runs unaugmented and is clipped like every other step. The revisit
@@ -93,7 +97,8 @@ class FedMD(Method):
             "before round 1, every client: transfer_epochs of CE on the labeled public set, then "
             "private_init_epochs on its private data (none by default; the paper preset sets them), with its "
             "own SGD; extra budget beyond the R rounds",
-            "public labels are used only in the transfer step",
+            "public labels are used only in the transfer step; with transfer_epochs=0 never (FedCC's FedMD: the "
+            "record's transfer is then public-unlabelled, a setting section of its own)",
             "alignment set: the whole public set each round (alignment_size = 0); the official code draws a subset",
             "consensus: mean of the active clients' eval-mode logits, own included; decentralized all-to-all "
             "broadcast of the M x C float32 logit matrix",
@@ -103,6 +108,11 @@ class FedMD(Method):
         ),
     )
     Params = FedMDParams
+
+    def transfer(self) -> str:
+        """Without the transfer step (``transfer_epochs=0``) the public labels are never read: the
+        public set is used unlabelled, as FedCC's comparison ran FedMD, and the record says so."""
+        return "public-unlabelled" if self.params.transfer_epochs == 0 else self.card.transfer
 
     def check(self, fed: RoundView) -> None:
         p = self.params
@@ -116,11 +126,13 @@ class FedMD(Method):
     def initialize(self, fed: RoundView) -> None:
         """Transfer learning on the labeled public set, then private training, for every client."""
         p = self.params
-        x, y = fed.public_x, fed.public_y
+        x = fed.public_x
         with fed.timer(Phase.INITIALIZATION):
             for c in fed.clients:
-                labeled = transfer_plan(fed, x, y=y, epochs=p.transfer_epochs, seed_parts=("transfer", c.cid))
-                train_client(fed, c, labeled, who=f"client {c.cid} (transfer)")
+                if p.transfer_epochs > 0:  # without it the public labels are never read
+                    labeled = transfer_plan(fed, x, y=fed.public_y, epochs=p.transfer_epochs,
+                                            seed_parts=("transfer", c.cid))
+                    train_client(fed, c, labeled, who=f"client {c.cid} (transfer)")
                 if p.private_init_epochs > 0:
                     train_client(fed, c, make_plan(fed, c.cid, 0, epochs=p.private_init_epochs, purpose="private-init"))
 

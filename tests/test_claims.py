@@ -114,13 +114,13 @@ def clients_runs(real: dict, method: str, n: int, accs: list[float]) -> list[dic
     return out
 
 
-def test_a_trend_compares_the_largest_setting_with_the_smallest(real, tmp_path):  # noqa: F811
+def test_a_trend_compares_the_last_setting_it_lists_with_the_first(real, tmp_path):  # noqa: F811
     small = [60.0 + d for d in (1.0, 1.2, 0.8, 1.1, 0.9, 1.0)]
     large = [50.0 + d for d in (5.0, 5.5, 4.5, 5.2, 4.8, 5.0)]
     write(tmp_path / "reproduced" / "runs", *clients_runs(real, "crad", 10, small),
           *clients_runs(real, "uniform-kd", 10, [60.0] * 6), *clients_runs(real, "crad", 20, large),
           *clients_runs(real, "uniform-kd", 20, [50.0] * 6))
-    trend = {"records": "reproduced/runs", "over": "clients", "values": [20, 15, 10],
+    trend = {"records": "reproduced/runs", "over": "clients", "values": [10, 15, 20],
              "a": {"method": "crad"}, "b": {"method": "uniform-kd"}}
     c = run_json(claims_file(tmp_path, claim(trend=trend)))["c1"]
     [r] = c["results"]
@@ -128,6 +128,9 @@ def test_a_trend_compares_the_largest_setting_with_the_smallest(real, tmp_path):
     assert r["notes"] == ["clients=10: +1.00 (ratio 1.02, n=6)", "clients=15: no records",
                           "clients=20: +5.00 (ratio 1.10, n=6)"]
     assert r["ci95"][0] > 0 and r["p_holm"] < 1e-4  # Welch's t-test, a family of one
+    # the order is the claim's: an advantage that should grow as N shrinks lists 20 first
+    c = run_json(claims_file(tmp_path, claim(trend=dict(trend, values=[20, 15, 10]))))["c1"]
+    assert (c["results"][0]["mean_difference"], c["verdict"]) == (-4.0, "contradicted")
 
 
 @pytest.mark.parametrize("change, message", [
@@ -139,7 +142,7 @@ def test_a_trend_compares_the_largest_setting_with_the_smallest(real, tmp_path):
      "'records' must be a folder relative to the claims file, inside its folder"),
     ({"comparisons": [one({"method": "crad", "figure": "best"}, {"method": "local"})]}, "'figure' must be one of"),
     ({"trend": {"records": "r", "over": "rounds", "values": [1, 2], "a": {"method": "crad"},
-                "b": {"method": "local"}}}, "'over' must be one of clients, alpha"),
+                "b": {"method": "local"}}}, "'over' must be one of clients, alpha, k"),
 ])
 def test_a_bad_claims_file_is_one_line_exit_2(tmp_path, change, message):
     c = claim() | change
@@ -158,3 +161,43 @@ def test_text_from_the_claims_file_is_escaped(folder, tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| c1 "))
     assert "A \\| B &lt;b&gt;x&lt;/b&gt; \\[link\\](http://x)" in row
     assert row.count(" | ") == 9  # ten cells: the claim's text added none
+
+
+def skew_runs(real: dict, method: str, k: int, accs: list[float], optimizer: str = "sgd") -> list[dict]:  # noqa: F811
+    """Runs on ``classes`` k (another partition per k) under one clients' optimizer."""
+    out = runs(real, method, accs)
+    tag = f"-k{k}-{optimizer}"
+    for r in out:
+        r["partition"] |= {"scheme": "classes", "params": {"k": k}}
+        r["partition"]["hash"] += f"-k{k}"
+        r["config"] |= {"partition": "classes", "classes_per_client": k, "optimizer": optimizer}
+        r["config"] |= {"lr": 0.001} if optimizer == "adam" else {}
+        r["config_hash"] += tag
+        r["record_id"] += tag
+    return out
+
+
+def test_sides_are_selected_by_k_and_optimizer_and_a_trend_runs_over_k(real, tmp_path):  # noqa: F811
+    sgd, adam = "sgd", "adam"
+    write(tmp_path / "reproduced" / "runs",
+          *skew_runs(real, "crad", 2, [60.0 + d for d in (1.0, 1.2, 0.8, 1.1, 0.9, 1.0)]),
+          *skew_runs(real, "local", 2, [60.0] * 6),
+          *skew_runs(real, "crad", 1, [50.0 + d for d in (5.0, 5.5, 4.5, 5.2, 4.8, 5.0)]),
+          *skew_runs(real, "local", 1, [50.0] * 6),
+          *skew_runs(real, "crad", 1, [40.0] * 6, adam), *skew_runs(real, "local", 1, BASE, adam))
+    path = claims_file(tmp_path, claim("sgd", comparisons=[
+        {**one({"method": "crad"}, {"method": "local"}), "k": 1, "optimizer": sgd}]),
+        claim("adam", comparisons=[{**one({"method": "crad"}, {"method": "local"}), "k": 1,
+                                    "optimizer": "adam lr=0.001"}]),
+        claim("widens", trend={"records": "reproduced/runs", "over": "k", "values": [2, 1], "optimizer": sgd,
+                               "a": {"method": "crad"}, "b": {"method": "local"}}))
+    got = run_json(path)
+    assert got["sgd"]["results"][0]["test"] == "crad - local at k=1 optimizer=sgd"
+    assert (got["sgd"]["results"][0]["mean_difference"], got["sgd"]["verdict"]) == (5.0, "reproduced")
+    assert got["adam"]["verdict"] == "contradicted"  # 40 against 60-61
+    r = got["widens"]["results"][0]
+    assert (r["mean_difference"], got["widens"]["verdict"]) == (4.0, "reproduced")  # 5.0 at k=1 - 1.0 at k=2
+    # without the optimizer, k=1 matches two groups of crad: one line, exit 2, naming what to add
+    path = claims_file(tmp_path, claim("both", comparisons=[{**one({"method": "crad"}, {"method": "local"}), "k": 1}]))
+    result, out, err = invoke_cli("leaderboard", "claims", str(path))
+    assert result.exit_code == 2 and "matches 2 groups" in out + err and "optimizer" in out + err

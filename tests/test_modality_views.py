@@ -174,6 +174,9 @@ class FakeMethod:
     def predictor(self) -> str:
         return self.card.predictor
 
+    def transfer(self) -> str:
+        return self.card.transfer
+
 
 def fake_result(modalities: dict | None = None, faults: dict | None = None) -> tuple[RunConfig, RunResult]:
     """Four clients; recipients 1 and 3 and donors 0 and 2 when ``modalities`` is set."""

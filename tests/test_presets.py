@@ -90,7 +90,7 @@ def test_a_preset_fills_its_hyperparameters_and_an_explicit_set_wins():
     assert cfg.preset is None  # the paper's warm-up changed: no longer the paper preset
     cfg = _resolved(method="fedsocket", preset="paper", method_params={"lambda_kd": "0.4"})
     assert cfg.preset == "paper"  # every value of the preset still holds
-    cfg = _resolved(method="fedcc", preset="paper", public_size=100, method_params={"optimizer": "sgd"})
+    cfg = _resolved(method="fedcc", preset="paper", public_size=100, method_params={"optimizer": "run"})
     assert cfg.method_params == {"pseudo_in_budget": False} and cfg.preset is None
     assert _resolved(method="fedmd", public_size=100).preset is None
 

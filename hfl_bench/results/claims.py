@@ -9,7 +9,8 @@ folder outside) is one line (``ClaimsError``).
 
 **A comparison** A - B reads two groups of one records folder, each selected by method and method
 parameters (none: the method's defaults; ``paired.params_label`` labels them, as ``compare
---variants``) and, where given, the Dirichlet ``alpha``, ``clients`` and ``clients_per_round``;
+--variants``) and, where given, the Dirichlet ``alpha``, the classes per client ``k``, ``clients``,
+``clients_per_round``, the ``task`` and the clients' ``optimizer`` (as sections name it);
 a side that matches two groups is an error (name more). The groups are paired by seed
 (``paired.pair``: the same seed and partition hash) and read at the headline figure (the mean
 global accuracy over the final window, ``figures.headline_value``), of the model or of a side's
@@ -21,8 +22,9 @@ gives the mean difference, its 95% t-interval and the sign-flip p; Holm runs ove
 of one claim (``paired.holm``).
 
 **A trend** (an advantage that widens with a setting, e.g. the pool size): at each value of the
-setting (``over``: ``clients`` or ``alpha``) the per-seed paired differences A - B as above; the
-test is the largest value's differences against the smallest's, Welch's t-test
+setting (``over``: ``clients``, ``alpha`` or ``k``) the per-seed paired differences A - B as above;
+the values in the order the claim runs (the pool growing, the skew getting more severe: ``k``
+2 then 1), and the test is the last value's differences against the first's, Welch's t-test
 (``scipy.stats.ttest_ind``, ``equal_var=False``: the partitions differ between values, so nothing
 pairs across them), its 95% interval and two-sided p; beside it the ratio mean A / mean B at
 each value (the paper's "factor").
@@ -59,21 +61,25 @@ RULES = (f"A comparison A - B is {REPRODUCED} when its {CONFIDENCE:.0%} interval
          "partition), figure: the mean global accuracy over the final window, of the model or of an extra "
          "endpoint, unless the row says otherwise (records before schema 1.7 hold an endpoint's selected round "
          "only); p: the exact sign-flip p, Holm over the comparisons of one claim. "
-         "A trend compares the per-seed differences at the largest setting with those at the smallest "
+         "A trend compares the per-seed differences at the last setting it lists with those at the first "
          "(Welch's t-test: the partitions differ). With three seeds the smallest sign-flip p is 0.25: a "
          f"comparison on three seeds stays {NOT_RESOLVED} whatever its interval. A CPU-scale test checks a claim's "
          "direction and mechanism, not the paper's absolute figure.")
 
 GAP = "selected-minus-final"
 SIDE_FIGURES = ("selected", "final", GAP)
-SELECT = ("alpha", "clients", "clients_per_round")  # the config fields a side may also be selected by
+# The settings a side may also be selected by: numbers (the Dirichlet alpha, the classes per client
+# k, the pool) and texts (the task; the clients' optimizer as sections name it, "adam lr=0.001").
+NUMBER_SELECT = ("alpha", "k", "clients", "clients_per_round")
+TEXT_SELECT = ("task", "optimizer")
+SELECT = NUMBER_SELECT + TEXT_SELECT
 FILE_KEYS = ("claims",)
 CLAIM_KEYS = ("id", "paper", "claim", "figures", "needs", "test", "note", "comparisons", "trend")
 CLAIM_REQUIRED = ("id", "paper", "claim", "figures", "needs")
 SIDE_KEYS = ("method", "params", "endpoint", "figure", *SELECT)
 COMPARISON_KEYS = ("records", "a", "b", *SELECT)
 TREND_KEYS = ("records", "a", "b", "over", "values", *SELECT)
-TREND_OVER = ("clients", "alpha")
+TREND_OVER = ("clients", "alpha", "k")
 
 
 class ClaimsError(ValueError):
@@ -105,7 +111,7 @@ class SideSpec:
 
 
 def where_label(where: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v:g}" for k, v in where.items())
+    return " ".join(f"{k}={v}" if isinstance(v, str) else f"{k}={v:g}" for k, v in where.items())
 
 
 def pair_label(a: SideSpec, b: SideSpec) -> str:
@@ -195,7 +201,7 @@ def _trend(raw: Any, where: str) -> TrendSpec:
     if over in shared:
         raise ClaimsError(f"{where}: {over} is what the trend runs over; give it in 'values' only")
     return TrendSpec(_records(raw["records"], where), _side(raw["a"], shared, f"{where}: a"),
-                     _side(raw["b"], shared, f"{where}: b"), over, tuple(sorted(values)))
+                     _side(raw["b"], shared, f"{where}: b"), over, tuple(values))
 
 
 def _side(raw: Any, shared: dict[str, Any], where: str) -> SideSpec:
@@ -215,8 +221,10 @@ def _side(raw: Any, shared: dict[str, Any], where: str) -> SideSpec:
 def _select(raw: dict[str, Any], where: str) -> dict[str, Any]:
     out = {k: raw[k] for k in SELECT if k in raw}
     for k, v in out.items():
-        if not _number(v):
+        if k in NUMBER_SELECT and not _number(v):
             raise ClaimsError(f"{where}: '{k}' must be a number")
+        if k in TEXT_SELECT:
+            out[k] = _text(v, f"{where}: {k}")
     return out
 
 
@@ -258,14 +266,18 @@ def _number(v: Any) -> bool:
 
 
 def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
     return _number(a) and _number(b) and math.isclose(a, b)
 
 
 def setting_of(g: SettingGroup, key: str) -> Any:
-    """The value of a SELECT field in a group's setting."""
-    if key == "alpha":
-        return g.partition_params.get("alpha")
-    return g.n_clients if key == "clients" else g.clients_per_round
+    """The value of a SELECT field in a group's setting (None where the group has no such setting:
+    ``k`` of a Dirichlet partition)."""
+    if key in ("alpha", "k"):
+        return g.partition_params.get(key)
+    return {"clients": g.n_clients, "clients_per_round": g.clients_per_round, "task": g.task,
+            "optimizer": g.optimizer}[key]
 
 
 # ----------------------------------------------------------------------------- the tests
@@ -359,7 +371,7 @@ class Evaluation:
         found = [g for g in self.groups(records) if side.matches(g, extra or {})]
         if len(found) > 1:
             raise ClaimsError(f"{side.label()} matches {len(found)} groups in {records} (versions or settings "
-                              f"differ); name alpha, clients or clients_per_round")
+                              f"differ); name {', '.join(SELECT)}")
         return found[0] if found else None
 
     def claim(self, spec: ClaimSpec) -> ClaimResult:

@@ -44,6 +44,7 @@ from hfl_bench.results.setting import (
     Stat,
     budget_class,
     headline_of,
+    optimizer_setting,
     peer_data_setting,
     section_label,
     section_order,
@@ -236,9 +237,9 @@ class PlotSection:
 
 def plot_section(record: dict[str, Any]) -> PlotSection:
     t, single, budget = transfer_setting(record), single_architecture(record), budget_class(record)
-    peers = peer_data_setting(record)
-    return PlotSection(section_order(t, single, budget, peer_data=peers), section_label(t, single, budget,
-                                                                                         peer_data=peers))
+    peers, optimizer = peer_data_setting(record), optimizer_setting(record)
+    return PlotSection(section_order(t, single, budget, peer_data=peers, optimizer=optimizer),
+                       section_label(t, single, budget, peer_data=peers, optimizer=optimizer))
 
 
 def setting_title(label: str) -> str:

@@ -340,7 +340,7 @@ def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
             "notes": list(method.card.notes),
             "plugin_dist": plugin_dist(type(method).__module__),
             "hparams": method.hparams(),
-            **card_setting(method.card, method.predictor()),
+            **card_setting(method.card, method.predictor(), method.transfer()),
             # Schema 1.6: the card's preset the hyperparameters hold (``--preset``), null for the
             # protocol's budget (``engine.canonical_identity``).
             "preset": cfg.preset,
@@ -409,12 +409,12 @@ def selection_block(result: RunResult) -> dict[str, Any]:
     return block
 
 
-def card_setting(card: Any, predictor: str) -> dict[str, Any]:
+def card_setting(card: Any, predictor: str, transfer: str | None = None) -> dict[str, Any]:
     """What the leaderboard's setting section reads from a method's card: the transfer data it reads
-    and whether it needs a single architecture (schema 1.6), whether its client models are trained
-    on peers' data, and ``predictor``, what the run's headline evaluated (``Method.predictor``,
-    schema 1.7)."""
-    return {"transfer": card.transfer, "single_architecture": bool(card.single_architecture),
+    (``transfer``: the run's, ``Method.transfer``; default the card's) and whether it needs a single
+    architecture (schema 1.6), whether its client models are trained on peers' data, and
+    ``predictor``, what the run's headline evaluated (``Method.predictor``, schema 1.7)."""
+    return {"transfer": transfer or card.transfer, "single_architecture": bool(card.single_architecture),
             "peer_data": bool(card.peer_data), "predictor": predictor}
 
 
@@ -474,6 +474,7 @@ def build_failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
         params = coerce_params(cls.Params, cfg.method_params, cfg.method)
         method["hparams"] = dataclasses.asdict(params)
         method["predictor"] = cls(params).predictor()  # what the run would have evaluated
+        method["transfer"] = cls(params).transfer()
         method["version"] = _run_version(card.version, method["hparams"])
     except Exception:  # noqa: BLE001 - unknown method or bad hyperparameters: keep what we have
         pass

@@ -231,7 +231,7 @@ UNMATCHED_COLUMNS = ("method", "published as", "task", "pool", "setting", "seeds
 SEEN_UNSEEN_CSV = ("seen_mean", "seen_sd", "unseen_mean", "unseen_sd", "final_seen_mean", "final_seen_sd",
                    "final_unseen_mean", "final_unseen_sd", "all_seen_mean", "all_unseen_mean")
 CSV_COLUMNS = (
-    "row_type", "section", "transfer", "single_architecture", "budget", "peer_data", "group_id", "method",
+    "row_type", "section", "transfer", "single_architecture", "budget", "peer_data", "optimizer", "group_id", "method",
     "method_version", "predictor",
     "commits", "task", "pool", "partition_scheme",
     "partition_params", "n_clients", "clients_per_round", "rounds", "local_epochs", "method_params", "faults",
@@ -302,7 +302,7 @@ def _section_fields(g: SettingGroup) -> dict[str, Any]:
     """A group's setting section and its parts (csv and json; ``single_architecture`` null where
     nothing says)."""
     return {"section": g.section, "transfer": g.transfer, "single_architecture": g.single_architecture,
-            "budget": g.budget, "peer_data": g.peer_data}
+            "budget": g.budget, "peer_data": g.peer_data, "optimizer": g.optimizer}
 
 
 def _csv_figures(g: SettingGroup, endpoint: Optional[str] = None) -> dict[str, Any]:

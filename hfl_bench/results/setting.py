@@ -21,8 +21,9 @@ clients'. A record with both sections (refused by the engine) keeps the honest c
 
 The **setting section** a group belongs to (``SettingGroup.section``) is part of the protocol
 too: the transfer data its method reads (``transfer_setting``), whether its pool is a single
-architecture (``single_architecture``), its budget class (``budget_class``), the fault and
-modality settings, and whether its client models are trained on other clients' data
+architecture (``single_architecture``), its budget class (``budget_class``), the clients'
+optimizer (``optimizer_setting``: a comparison run under ``--optimizer adam`` is its own section), the
+fault and modality settings, and whether its client models are trained on other clients' data
 (``peer_data_setting``: models that travel to peers and train on their shards, DFML; such a
 section's label ends in ``PEER_DATA_LABEL`` and every view that shows it gives ``PEER_DATA_REASON``,
 ``section_reasons``). Groups of two sections are never ranked together, and every view shows one
@@ -57,6 +58,7 @@ NO_MODALITIES = "none"  # the modality setting of a single-modality run
 CLIENTS = ("headline", "all", "honest", "faulty", "recipients", "donors")  # whose figure ``SettingGroup.stat`` reads
 UNKNOWN = "unknown"  # a transfer no record or registered card states
 PROTOCOL_BUDGET = "protocol"  # the budget class of a run under the protocol's budget (no preset)
+PROTOCOL_OPTIMIZER = "sgd"  # the optimizer setting of a run under the protocol's optimizer (``config.optimizer``)
 # What a section label says of the transfer data (method_card.TRANSFERS), in the sections' order.
 TRANSFER_LABELS = {"none": "data-free", "public-unlabelled": "unlabelled public set",
                    "public-labelled": "labelled public set", "synthetic": "synthetic data",
@@ -231,23 +233,40 @@ def budget_label(budget: str) -> str:
     return "protocol budget" if budget == PROTOCOL_BUDGET else f"preset {budget}"
 
 
+def optimizer_setting(record: dict[str, Any]) -> str:
+    """The clients' optimizer a record ran (``config.optimizer``): ``sgd`` (the protocol's, also for
+    a record that predates the setting), or the name with its learning rate, ``adam lr=0.001``:
+    a comparison under one optimizer is one section, apart from the protocol's."""
+    cfg = record.get("config") if isinstance(record.get("config"), dict) else {}
+    name = cfg.get("optimizer")
+    if name in (None, PROTOCOL_OPTIMIZER):
+        return PROTOCOL_OPTIMIZER
+    lr = cfg.get("lr")
+    number = isinstance(lr, (int, float)) and not isinstance(lr, bool)
+    return f"{name if isinstance(name, str) else canonical(name)} lr={f'{lr:g}' if number else canonical(lr)}"
+
+
 def section_order(transfer: str, single: Optional[bool], budget: str, faults: str = NO_FAULTS,
-                  modalities: str = NO_MODALITIES, peer_data: bool = False) -> tuple:
+                  modalities: str = NO_MODALITIES, peer_data: bool = False,
+                  optimizer: str = PROTOCOL_OPTIMIZER) -> tuple:
     """Where a setting section goes among the others: the data-free, heterogeneous, protocol-budget,
-    fault-free, single-modality one first; then by transfer data, pool, budget, faults, modalities;
-    a section of models trained on peers' data right after the same section without."""
+    protocol-optimizer, fault-free, single-modality one first; then by transfer data, pool, budget,
+    optimizer, faults, modalities; a section of models trained on peers' data right after the same
+    section without."""
     order = list(TRANSFER_LABELS)
     return (order.index(transfer) if transfer in order else len(order), {False: 0, True: 1}.get(single, 2),
-            budget != PROTOCOL_BUDGET, budget, faults != NO_FAULTS, faults, modalities != NO_MODALITIES, modalities,
-            peer_data)
+            budget != PROTOCOL_BUDGET, budget, optimizer != PROTOCOL_OPTIMIZER, optimizer, faults != NO_FAULTS,
+            faults, modalities != NO_MODALITIES, modalities, peer_data)
 
 
 def section_label(transfer: str, single: Optional[bool], budget: str, faults: str = NO_FAULTS,
-                  modalities: str = NO_MODALITIES, peer_data: bool = False) -> str:
+                  modalities: str = NO_MODALITIES, peer_data: bool = False,
+                  optimizer: str = PROTOCOL_OPTIMIZER) -> str:
     """A setting section's label: ``data-free, heterogeneous pool, protocol budget``, with
-    ``faults=<spec>``, the modality setting and ``PEER_DATA_LABEL`` appended where they apply
-    (docs/guide/leaderboards.md)."""
+    ``optimizer <name> lr=<lr>`` (a run under ``--optimizer``), ``faults=<spec>``, the modality
+    setting and ``PEER_DATA_LABEL`` appended where they apply (docs/guide/leaderboards.md)."""
     parts = [TRANSFER_LABELS.get(transfer, TRANSFER_LABELS[UNKNOWN]), pool_label(single), budget_label(budget)]
+    parts += [f"optimizer {optimizer}"] if optimizer != PROTOCOL_OPTIMIZER else []
     parts += [f"faults={faults}"] if faults != NO_FAULTS else []
     parts += [modalities] if modalities != NO_MODALITIES else []
     parts += [PEER_DATA_LABEL] if peer_data else []
@@ -471,6 +490,7 @@ class SettingGroup:
     single_architecture: Optional[bool] = None  # one architecture for every client (None: nothing says)
     budget: str = PROTOCOL_BUDGET  # the budget class (``budget_class``): part of the section
     peer_data: bool = False  # client models trained on peers' data (``peer_data_setting``): part of the section
+    optimizer: str = PROTOCOL_OPTIMIZER  # the clients' optimizer (``optimizer_setting``): part of the section
     predictor: str = UNKNOWN  # what the headline evaluated (``predictor_setting``): shown, not part of the section
 
     @property
@@ -552,27 +572,27 @@ class SettingGroup:
     def section_key(self) -> tuple:
         """The setting section's place among the sections (``section_order``)."""
         return section_order(self.transfer, self.single_architecture, self.budget, self.faults, self.modalities,
-                             self.peer_data)
+                             self.peer_data, self.optimizer)
 
     @property
     def section(self) -> str:
         """The setting section's label (``section_label``)."""
         return section_label(self.transfer, self.single_architecture, self.budget, self.faults, self.modalities,
-                             self.peer_data)
+                             self.peer_data, self.optimizer)
 
     def protocol(self) -> tuple:
         """What the rank compares methods within: task, partition, clients, rounds, epochs, the
         fault setting (a group with faults is never ranked against fault-free ones), the selection
         rule (records selected on the honest clients' validation, before issue 30, never ranked
         against records selected on every client's), the setting section (``section_key``: transfer
-        data, single architecture, budget class, fault setting, modality setting, peer data: groups of two
+        data, single architecture, budget class, optimizer, fault setting, modality setting, peer data: groups of two
         sections are never ranked together) and the data (the data fingerprint and class count: one
         task name on two image folders is two protocols; a record without a fingerprint is "unknown
         data", its own)."""
         return (self.task, self.partition_scheme, canonical(self.partition_params), self.n_clients,
                 self.clients_per_round, self.rounds, self.local_epochs, self.faults, self.modalities,
                 self.data_fingerprint, self.num_classes, self.selection_rule, self.transfer,
-                self.single_architecture, self.budget, self.peer_data)
+                self.single_architecture, self.budget, self.peer_data, self.optimizer)
 
     @property
     def data_label(self) -> str:
@@ -603,6 +623,7 @@ def describe(seeds: SeedGroup) -> SettingGroup:
         faults=fault_setting(first), modalities=modality_setting(first), selection_rule=seeds.selection_rule,
         **_data_of(first), transfer=transfer_setting(first), single_architecture=single_architecture(first),
         budget=budget_class(first), peer_data=peer_data_setting(first), predictor=predictor_setting(first),
+        optimizer=optimizer_setting(first),
     )
 
 
