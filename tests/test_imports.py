@@ -223,8 +223,9 @@ LAYERS = [
                          "hfl_bench.faults", "hfl_bench.modalities", "hfl_bench.npzfile")),
     ("method API", ("hfl_bench.method_api", "hfl_bench.method_card")),
     ("methods", ("hfl_bench.methods",)),
-    ("engine", ("hfl_bench.engine",)),
-    ("results and matrix", ("hfl_bench.results", "hfl_bench.matrix")),
+    ("engine and the resolved run", ("hfl_bench.engine", "hfl_bench.resolved")),
+    ("results, trackers, the run path and matrix", ("hfl_bench.results", "hfl_bench.trackers", "hfl_bench.runpath",
+                                                    "hfl_bench.matrix")),
     ("command line", ("hfl_bench.cli",)),
     ("test helpers for plugin authors (they run the command line as a program)", ("hfl_bench.testing",)),
 ]
