@@ -281,11 +281,13 @@ def compare(records: Iterable[RunRecord], against: str, methods: Iterable[str] =
 
 
 def comparison_frame(tables: list) -> Any:
-    """The comparisons of ``compare`` as a pandas frame, one row per compared group (needs pandas)."""
+    """The comparisons of ``compare`` as a pandas frame, one row per compared group: the columns of
+    ``leaderboard compare --json`` (``a``, ``b``, ``n``, ``mean_difference``, ``ci95``, ``p_sign_flip``,
+    ``p_holm``, ``verdict`` ...) less the pairing details, with the table's task and protocol (needs pandas)."""
     pd = _pandas()
     rows = []
     for t in tables:
         for c in t.as_dict()["comparisons"]:
             rows.append({"task": t.task, "protocol": t.protocol, "reference": t.reference.label,
-                         **{k: v for k, v in c.items() if not isinstance(v, (dict, list))}})
+                         **{k: v for k, v in c.items() if k != "pairing"}})
     return pd.DataFrame(rows)

@@ -215,6 +215,9 @@ class WandB(Tracker):
     def finish(self, record: dict[str, Any], path: Optional[Path]) -> None:
         import wandb
 
+        history = [e for e in record.get("history") or [] if isinstance(e, dict)]
+        if history:  # the run's last round, not the last logged (a round scored late is logged last)
+            self.run.summary.update({"round": history[-1].get("round"), **round_values(history[-1])})
         self.run.summary.update({f"summary/{k}": v for k, v in summary_values(record).items()})
         self.run.summary["status"] = str(record.get("status"))
         if path is not None:

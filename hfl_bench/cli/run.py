@@ -15,7 +15,6 @@ from rich.table import Table
 from rich.text import Text
 
 from hfl_bench import config as config_mod
-from hfl_bench import runpath
 from hfl_bench.cli.options import CLI_SETTINGS, config_help, given_settings, with_settings
 from hfl_bench.cli.output import (
     USER_ERRORS,
@@ -41,7 +40,6 @@ from hfl_bench.resolved import (  # noqa: F401 (idle_cores, largest_model_params
     resolve_run,
 )
 from hfl_bench.results.text import terminal
-from hfl_bench.trackers import Trackers
 
 
 def build_config(config_file: Optional[Path], flags: dict[str, Any], sets: list[str]) -> RunConfig:
@@ -79,6 +77,9 @@ def run(
     """Run one method on one task and write one JSON record.
 
     An option given overrides the --config file, which overrides the defaults."""
+    from hfl_bench import runpath  # the results layer: imported by the command, not at start-up
+    from hfl_bench.trackers import Trackers
+
     flags = given_settings(ctx, settings)
     if threads is not None and threads < 1:
         fail(f"--threads must be >= 1, got {threads}")
