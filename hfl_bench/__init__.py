@@ -1,8 +1,9 @@
 """hfl-bench: a benchmark suite for heterogeneous federated learning.
 
 The Python API (``hfl_bench.api``) is re-exported here: ``hfl_bench.run``, ``hfl_bench.load_records``,
-``hfl_bench.group``, ``hfl_bench.compare``, ``RunConfig``, ``RunRecord``, ``ConfigError``. They are
-imported on first use (PEP 562), so ``import hfl_bench`` stays light and the package's own modules,
+``hfl_bench.group``, ``hfl_bench.compare``, ``hfl_bench.plot``, ``RunConfig``, ``RunRecord`` and the
+errors meant for the user (``ConfigError``, ``RegistryError``, ``DatasetError``, ``PartitionError``).
+They are imported on first use (PEP 562), so ``import hfl_bench`` stays light and the package's own modules,
 which import it for its version, never import the layers above them.
 """
 
@@ -10,9 +11,10 @@ __version__ = "0.1.0"
 
 # name -> the module that defines it
 _API = {
-    "run": "hfl_bench.api", "load_records": "hfl_bench.api", "group": "hfl_bench.api", "compare": "hfl_bench.api",
-    "comparison_frame": "hfl_bench.api", "RunRecord": "hfl_bench.api", "Records": "hfl_bench.api",
-    "RecordNotSaved": "hfl_bench.api", "RunConfig": "hfl_bench.config", "ConfigError": "hfl_bench.config",
+    **{name: "hfl_bench.api" for name in ("run", "load_records", "group", "compare", "plot", "comparison_frame",
+                                          "RunRecord", "Records", "RecordNotSaved")},
+    "RunConfig": "hfl_bench.config", "ConfigError": "hfl_bench.config", "RegistryError": "hfl_bench.registry",
+    "DatasetError": "hfl_bench.errors", "PartitionError": "hfl_bench.errors",
 }
 __all__ = ["__version__", *_API]
 

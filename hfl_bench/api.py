@@ -9,7 +9,9 @@ notebook and read records back, on the same code paths as the command line.
 - ``load_records(folder)``: the records under a folder (or file), as ``RunRecord``s.
 - ``group(records)``: the leaderboard's groups (one setting and method version over its seeds);
   ``compare(records, against=...)``: the leaderboard's paired comparison (``leaderboard compare``).
-- ``RunRecord.to_frame()`` and ``Records.to_frame()``: pandas frames, where pandas is installed.
+- ``plot(folder, kind="curves", out=...)``: ``hfl-bench plot``'s figures.
+- ``RunRecord.to_frame()``, ``Records.to_frame()`` and ``comparison_frame(tables)``: pandas frames,
+  where pandas is installed.
 """
 
 from __future__ import annotations
@@ -278,6 +280,18 @@ def compare(records: Iterable[RunRecord], against: str, methods: Iterable[str] =
     if not any(g.method == against for g in groups):
         raise ComparisonError(f"no records of {against} to compare against")
     return paired_against(groups, against, methods, figure)
+
+
+def plot(*paths: str | Path, kind: str = "curves", out: str | Path = "plots", tasks: Iterable[str] = (),
+         methods: Iterable[str] = ()) -> list[Path]:
+    """``hfl-bench plot KIND PATHS --out OUT``: one PNG per kind, task and setting drawn from the
+    records under ``paths`` (``curves``: the global accuracy per round, mean and band over the
+    seeds; ``per-class``, ``per-arch``, ``seen-unseen``, ``bytes``, ``robustness``, ``cd``, ``all``).
+    Returns the PNG paths; ``PlotError`` (one line) for bad input."""
+    from hfl_bench.results.plots import make_plots
+
+    written, _ = make_plots(kind, [Path(p) for p in paths], Path(out), list(tasks), list(methods))
+    return [w.png for w in written]
 
 
 def comparison_frame(tables: list) -> Any:

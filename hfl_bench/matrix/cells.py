@@ -14,11 +14,14 @@ TRACEBACK_LINES = 12  # lines of traceback kept in a failed record's error text
 
 
 def error_text(exc: BaseException, with_traceback: bool = True) -> str:
-    """``Type: message``, then the tail of the traceback (where in the code it broke)."""
+    """``Type: message``, then the traceback's header and its tail (where in the code it broke)."""
     text = f"{type(exc).__name__}: {exc}"
     if with_traceback and exc.__traceback__ is not None:
         lines = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip().splitlines()
-        text += "\n" + "\n".join(lines[-TRACEBACK_LINES:])
+        tail = lines[-TRACEBACK_LINES:]
+        if lines and tail[0] != lines[0]:  # the header, "Traceback (most recent call last):", then the tail
+            tail = [lines[0], "  ...", *tail]
+        text += "\n" + "\n".join(tail)
     return text
 
 
