@@ -99,9 +99,11 @@ def record_filename(record: dict[str, Any]) -> str:
     return f"{record_stem(cfg.get('task'), cfg.get('method'), record.get('config_hash'), cfg.get('seed'))}.json"
 
 
-def record_path(cfg: RunConfig) -> Path:
-    """Where the record of a (resolved) config is written: ``<out>/<task>__<method>__<hash>__seed<S>.json``."""
-    stem = record_stem(cfg.task, cfg.method, config_hash(dataclasses.asdict(cfg)), cfg.seed)
+def record_path(cfg: RunConfig, chash: str | None = None) -> Path:
+    """Where the record of a (resolved) config is written: ``<out>/<task>__<method>__<hash>__seed<S>.json``
+    (``chash``: the config's hash when the caller has it)."""
+    chash = chash if chash is not None else config_hash(dataclasses.asdict(cfg))
+    stem = record_stem(cfg.task, cfg.method, chash, cfg.seed)
     return inside(cfg.out, f"{stem}.json")
 
 

@@ -39,6 +39,9 @@ class ResolvedRun:
     config_hash: str
     record_path: Path
     checkpoint_path: Path
+    # the method version this code records for the run (``records.registered_version``: the card's,
+    # with its aggregation rule's past "1.0"), as its record will say
+    version: str | None = None
 
     @property
     def method_cls(self) -> type[Method]:
@@ -57,18 +60,6 @@ class ResolvedRun:
     def card(self) -> MethodCard:
         return self.method_cls.card
 
-    @property
-    def version(self) -> str | None:
-        """The method version this code records for the run (``records.registered_version``)."""
-        from hfl_bench.aggregation import run_version
-
-        try:
-            hparams = dataclasses.asdict(config_mod.coerce_params(self.method_cls.Params, dict(self.cfg.method_params),
-                                                                  self.cfg.method))
-        except Exception:  # noqa: BLE001 - checked by resolve_run; a stand-in Params may not be a dataclass
-            return self.card.version
-        return run_version(self.card.version, hparams)
-
     def claim(self) -> claims.Claim:
         """Claim the record file for this process (``claims.take``): ClaimError, one line, when a
         running process holds it."""
@@ -86,11 +77,14 @@ def resolve_run(cfg: RunConfig) -> ResolvedRun:
     RegistryError for an unknown task or pool, UnsafePathError for a name that cannot name a file."""
     config_mod.validate(cfg)  # before torch is imported
     from hfl_bench import engine
+    from hfl_bench.aggregation import run_version
 
-    _, cfg = engine.load_task(cfg)
-    engine.make_method(cfg)  # an unknown method or hyperparameter: refused before any data loads
-    record = paths.record_path(cfg)
-    return ResolvedRun(cfg, config_mod.config_hash(dataclasses.asdict(cfg)), record, paths.checkpoint_for(record))
+    # the task's defaults, the canonical (hashed) form, the method and its hyperparameters checked
+    _, cfg, method = engine.resolve_for_run(cfg, checked=True)
+    chash = config_mod.config_hash(dataclasses.asdict(cfg))
+    record = paths.record_path(cfg, chash)
+    return ResolvedRun(cfg, chash, record, paths.checkpoint_for(record), run_version(method.card.version,
+                                                                                     method.hparams()))
 
 
 def resolve_settings(settings: dict[str, Any]) -> ResolvedRun:

@@ -21,7 +21,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from hfl_bench import paths
+from hfl_bench import claims, paths
 from hfl_bench.resolved import ResolvedRun
 from hfl_bench.results import records
 from hfl_bench.trackers import Trackers
@@ -35,9 +35,9 @@ def begin(run: ResolvedRun, check_out: bool = True):
     finished record of other data or another method version at the record path (ConfigError)."""
     if check_out:
         paths.check_out_dir(run.cfg.out)  # a file or an unwritable folder: refused before any training
-    claim = run.claim()
+    claim = claims.take(run.record_path)  # one writer per record file
     try:
-        records.check_same_data(run.cfg, run.record_path)
+        records.check_same_data(run.cfg, run.record_path, run.version)
     except BaseException:
         claim.release()
         raise
@@ -67,7 +67,7 @@ def execute(run: ResolvedRun, progress: Optional[ProgressFn] = None, resume: boo
             checkpoint.unlink(missing_ok=True)
         result = engine.run(cfg, progress=each, checkpoint=checkpoint)
     try:
-        record = records.build_record(cfg, result)
+        record = records.build_record(cfg, result, run.config_hash)
     except Exception as e:  # noqa: BLE001 - the run finished: keep what can be kept, say what broke
         return records.build_failed_record(cfg, f"the run finished but its record could not be built: "
                                                 f"{type(e).__name__}: {e}")
@@ -95,7 +95,7 @@ def save(run: ResolvedRun, record: dict[str, Any], keep_final: bool = False,
     fallback folder (``records.write_conflict``); with ``keep_final`` a failed record never
     replaces a finished one. Then the trackers log the record's summary and the written file."""
     final = record.get("status") in records.FINAL_STATUSES
-    divert = records.write_conflict(run.cfg) if final or not keep_final else None
+    divert = records.write_conflict(run.cfg, run.record_path, run.version) if final or not keep_final else None
     saved = records.save_record(record, run.cfg.out, keep_final=keep_final, divert=divert)
     if trackers:
         trackers.finish(saved.record, saved.path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -92,11 +93,11 @@ def run(
         resolved = _resolve(build_config(config_file, flags, sets))
         torch_threads.set(threads or auto_threads(resolved.cfg, resolved.task.info))
         show_progress = not (quiet or as_json)
-        with _progress(show_progress, resolved.cfg) as update:
+        with _progress(show_progress, resolved.cfg.method, resolved.cfg.task, resolved.cfg.rounds) as update:
             # the claim, the same-data check, the run, the atomic write (``runpath``)
             outcome = runpath.run_resolved(resolved, progress=done.tracking(update), resume=resume,
                                            trackers=trackers,
-                                           started=lambda: _say_checkpoint(resolved.checkpoint_path, resume))
+                                           started=functools.partial(_say_checkpoint, resolved.checkpoint_path, resume))
     except USER_ERRORS as e:
         torch_threads.restore()
         fail(str(e))
@@ -223,8 +224,8 @@ class _progress:
     a terminal; otherwise (piped, redirected, captured) plain lines, one every
     max(1, rounds // 20) rounds and at the last, without escape sequences."""
 
-    def __init__(self, enabled: bool, cfg: RunConfig):
-        self.enabled, self.cfg = enabled, cfg
+    def __init__(self, enabled: bool, method: str, task: str, rounds: int):
+        self.enabled, self.what, self.rounds = enabled, f"{method} on {task}", rounds
         self.tty = err.is_terminal
         self.start = time.monotonic()
         self.first_round: Optional[int] = None  # the round before the first reported (a resumed run)
@@ -241,8 +242,8 @@ class _progress:
         if not self.tty:
             return self.line
         self.bar.start()
-        description = escape(terminal(f"{self.cfg.method} on {self.cfg.task}"))  # the column reads markup
-        self.task = self.bar.add_task(description, total=self.cfg.rounds, val="-")
+        description = escape(terminal(self.what))  # the column reads markup
+        self.task = self.bar.add_task(description, total=self.rounds, val="-")
         return self.update
 
     def update(self, rnd: int, total: int, entry: dict[str, Any]) -> None:
@@ -258,7 +259,7 @@ class _progress:
         done = rnd - self.first_round
         eta = elapsed / done * (total - rnd) if done > 0 else None
         val = entry.get("mean_val_acc")
-        text = (f"{self.cfg.method} on {self.cfg.task}: round {rnd}/{total}  "
+        text = (f"{self.what}: round {rnd}/{total}  "
                 f"val {f'{val:.1f}%' if isinstance(val, (int, float)) else '-'}  "
                 f"elapsed {_clock(elapsed)}  eta {_clock(eta) if eta is not None else '-'}")
         stream = sys.stderr
