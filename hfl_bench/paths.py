@@ -113,6 +113,16 @@ def checkpoint_path(cfg: RunConfig) -> Path:
     return checkpoint_for(record)
 
 
+# The experiment trackers' files in a record folder (``<out>/trackers/<tracker>/``, ``hfl_bench.trackers``):
+# they may hold copies of records (an artifact), so the record walker leaves them out.
+TRACKER_FOLDER = "trackers"
+
+
+def trackers_folder(out: str | Path, tracker: str) -> Path:
+    """Where ``tracker`` writes in the record folder ``out``."""
+    return Path(out) / TRACKER_FOLDER / tracker
+
+
 def checkpoint_for(record: Path) -> Path:
     """The checkpoint that belongs to the record file ``record``."""
     return record.parent / ".checkpoints" / f"{record.stem}.pt"

@@ -2,14 +2,17 @@
 path (``hfl_bench.runpath``). Each is an extra (``pip install 'hfl-bench[tensorboard]'``, ``[mlflow]``,
 ``[wandb]``) and works offline:
 
-- ``tensorboard``: event files under ``<out>/tensorboard/<record stem>/`` (``tensorboard --logdir``),
-  with a copy of the record beside them.
+- ``tensorboard``: event files under ``<out>/trackers/tensorboard/<record stem>/`` (``tensorboard
+  --logdir``), with a copy of the record beside them.
 - ``mlflow``: a run in the experiment ``hfl-bench`` (or ``$MLFLOW_EXPERIMENT_NAME``) at
-  ``$MLFLOW_TRACKING_URI``, by default MLflow's file store ``<out>/mlruns`` (for which
+  ``$MLFLOW_TRACKING_URI``, by default MLflow's file store ``<out>/trackers/mlruns`` (for which
   ``MLFLOW_ALLOW_FILE_STORE`` is set to true unless set already); the record is the run's artifact.
 - ``wandb``: a run in the project ``hfl-bench`` (or ``$WANDB_PROJECT``), in ``$WANDB_MODE``, by
-  default ``offline`` (files under ``<out>/wandb``; ``wandb sync`` uploads them); the record is
-  an artifact of type ``record``.
+  default ``offline`` (files under ``<out>/trackers/wandb``; ``wandb sync`` uploads them); the
+  record is an artifact of type ``record``.
+
+The trackers' folder ``<out>/trackers`` holds copies of records (artifacts): the record walker
+(``results.loading.record_files``) leaves it out, so ``leaderboard show <out>`` counts each run once.
 
 Per round each logs, at step = the round, the round's figures of the record's history: the mean
 global, local and validation accuracy (``global_acc`` is the headline's per-round figure), those of
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from hfl_bench.config import ConfigError
+from hfl_bench.paths import TRACKER_FOLDER, trackers_folder
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +126,7 @@ class TensorBoard(Tracker):
     def start(self, run: Any) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.folder = Path(run.cfg.out) / "tensorboard" / run.record_path.stem
+        self.folder = trackers_folder(run.cfg.out, "tensorboard") / run.record_path.stem
         self.writer = SummaryWriter(log_dir=str(self.folder))
         self.writer.add_text("config", f"```\n{json.dumps(_config(run), indent=1)}\n```", 0)
 
@@ -157,7 +161,7 @@ class MLflow(Tracker):
 
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:  # offline: MLflow's file store, which MLflow 3 keeps behind a switch
-            uri = (Path(run.cfg.out) / "mlruns").resolve().as_uri()
+            uri = trackers_folder(run.cfg.out, "mlruns").resolve().as_uri()
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri)
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT
@@ -167,8 +171,10 @@ class MLflow(Tracker):
         tags = {"hfl_bench.method": cfg.method, "hfl_bench.task": cfg.task, "hfl_bench.seed": str(cfg.seed),
                 "hfl_bench.config_hash": run.config_hash}
         self.run_id = self.client.create_run(experiment_id, run_name=run.record_path.stem, tags=tags).info.run_id
-        for k, v in _flat(_config(run)).items():
-            self.client.log_param(self.run_id, k, json.dumps(v) if not isinstance(v, str) else v)
+        from mlflow.entities import Param
+
+        params = [Param(k, v if isinstance(v, str) else json.dumps(v)) for k, v in _flat(_config(run)).items()]
+        self.client.log_batch(self.run_id, params=params)
 
     def log(self, step: int, values: dict[str, float]) -> None:
         from mlflow.entities import Metric
@@ -198,7 +204,7 @@ class WandB(Tracker):
     def start(self, run: Any) -> None:
         import wandb
 
-        folder = Path(run.cfg.out)
+        folder = Path(run.cfg.out) / TRACKER_FOLDER  # W&B adds its own wandb/ folder
         folder.mkdir(parents=True, exist_ok=True)
         mode = os.environ.get("WANDB_MODE") or "offline"
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or EXPERIMENT, name=run.record_path.stem,

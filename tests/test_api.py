@@ -154,11 +154,15 @@ def test_each_path_keeps_a_record_of_other_data_or_another_version(tmp_path, pat
 
 def test_load_records_group_and_compare(tmp_path):
     out = tmp_path / "runs"
+    tracked = ["tensorboard"] if _installed("tensorboard") else []
     for method in ("local", "fml"):
         for seed in (0, 1):
-            hfl_bench.run(**{**TINY, "method": method, "seed": seed, "out": str(out)}, threads=1)
+            r = hfl_bench.run(**{**TINY, "method": method, "seed": seed, "out": str(out)}, threads=1, trackers=tracked)
+            assert r.path.is_file() and r.path == _record_path({**TINY, "method": method, "seed": seed}, out)
+            if tracked:  # hfl_bench.run takes the trackers the command line takes
+                assert list((out / "trackers" / "tensorboard" / r.path.stem).glob("events.out.tfevents.*"))
     (out / "notes.json").write_text("[]")
-    records = hfl_bench.load_records(out)
+    records = hfl_bench.load_records(out)  # the trackers' copies of the records (trackers/) are not read
     assert sorted((r.method, r.seed) for r in records) == [("fml", 0), ("fml", 1), ("local", 0), ("local", 1)]
     assert len(records.skipped) == 1 and "notes.json" in records.skipped[0]
     assert all(r.status == "ok" and isinstance(r.headline, float) for r in records)
@@ -245,7 +249,7 @@ def test_tensorboard_logs_the_records_history(tracked):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     path, record = tracked
-    events = EventAccumulator(str(path.parent / "tensorboard" / path.stem), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(path.parent / "trackers" / "tensorboard" / path.stem), size_guidance={"scalars": 0})
     events.Reload()
     logged = {e.step: e.value for e in events.Scalars("global_acc")}
     assert set(logged) == {0, 1, 2, 3}  # round 0 (the initial models) is logged at the end, at its round
@@ -256,7 +260,7 @@ def test_tensorboard_logs_the_records_history(tracked):
                                      if e.get("client_global_acc")}, rel=1e-6)
     [headline] = events.Scalars("summary/headline_global_acc")
     assert headline.value == pytest.approx(record["metrics"]["headline"]["value"], rel=1e-6)
-    assert json.loads((path.parent / "tensorboard" / path.stem / "record.json").read_text()) == record
+    assert json.loads((path.parent / "trackers" / "tensorboard" / path.stem / "record.json").read_text()) == record
 
 
 def test_mlflow_logs_the_records_history(tracked):
@@ -265,7 +269,7 @@ def test_mlflow_logs_the_records_history(tracked):
     from mlflow.tracking import MlflowClient
 
     path, record = tracked
-    client = MlflowClient(tracking_uri=(path.parent / "mlruns").as_uri())
+    client = MlflowClient(tracking_uri=(path.parent / "trackers" / "mlruns").as_uri())
     [run] = client.search_runs([client.get_experiment_by_name("hfl-bench").experiment_id])
     assert run.info.run_name == path.stem and run.info.status == "FINISHED"
     assert run.data.tags["hfl_bench.config_hash"] == record["config_hash"]
@@ -279,7 +283,7 @@ def test_mlflow_logs_the_records_history(tracked):
 def test_wandb_logs_the_records_history_offline(tracked):
     pytest.importorskip("wandb")
     path, record = tracked
-    [run_file] = (path.parent / "wandb").glob("offline-run-*/run-*.wandb")
+    [run_file] = (path.parent / "trackers" / "wandb").glob("offline-run-*/run-*.wandb")
     logged, summary = {}, {}
     for r in _wandb_records(run_file):
         kind = r.WhichOneof("record_type")
@@ -324,7 +328,7 @@ def test_a_suites_trackers_log_each_cell(tmp_path):
     row = _matrix(_suite(tmp_path, out, trackers=["tensorboard"]), "local")
     assert row["status"] == "ok"
     record = json.loads(Path(row["record"]).read_text())
-    events = EventAccumulator(str(out / "tensorboard" / Path(row["record"]).stem))
+    events = EventAccumulator(str(out / "trackers" / "tensorboard" / Path(row["record"]).stem))
     events.Reload()
     assert {e.step: e.value for e in events.Scalars("global_acc")} == pytest.approx(_curve(record), rel=1e-6)
     with pytest.raises(ConfigError, match=r"suite.yaml: trackers: known are tensorboard, mlflow, wandb"):
