@@ -58,7 +58,7 @@ THREADS_HELP = (
 )
 TRACKER_HELP = ("Log each round and the record to an experiment tracker: tensorboard, mlflow or wandb "
                 "(repeatable; each an extra, e.g. pip install 'hfl-bench[tensorboard]'; offline by default, "
-                "files under --out). Never part of the config hash; a tracker that fails is a warning.")
+                "files under <out>/trackers). Never part of the config hash; a tracker that fails is a warning.")
 
 
 @with_settings(CLI_SETTINGS)
@@ -99,10 +99,8 @@ def run(
                                            trackers=trackers,
                                            started=functools.partial(_say_checkpoint, resolved.checkpoint_path, resume))
     except USER_ERRORS as e:
-        torch_threads.restore()
         fail(str(e))
     except KeyboardInterrupt:
-        torch_threads.restore()
         interrupted(_interrupted_at(resolved, done), command_line(["--resume"]))
     finally:
         torch_threads.restore()  # after the record: its environment shows the threads the run used
