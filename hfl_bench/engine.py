@@ -233,13 +233,24 @@ def check_method_for_task(cls: type[Method], task: str) -> None:
                           f"{card.why_single_modality}. Methods that do: {', '.join(able)}")
 
 
-def load_task(cfg: RunConfig):
-    """The config's task and the config resolved against its defaults (checked before and after)."""
-    config_mod.validate(cfg)  # types and ranges first: a bad value never reaches the task
+def load_task(cfg: RunConfig, checked: bool = False):
+    """The config's task and the config resolved against its defaults (checked before and after;
+    ``checked``: the caller has already run ``config.validate`` on ``cfg``)."""
+    if not checked:
+        config_mod.validate(cfg)  # types and ranges first: a bad value never reaches the task
     task = get_task(cfg.task)
-    resolved = config_mod.resolve(cfg, {**task.info.defaults, **task.folder_defaults(cfg.data_dir)})
+    # the task's defaults filled in, checked again, floats in their one hashed form
+    resolved = config_mod.canonical_settings(
+        config_mod.resolve(cfg, {**task.info.defaults, **task.folder_defaults(cfg.data_dir)}))
     modality_plan_for(resolved, task.info)  # a modality setting that does not fit the task: before any data loads
-    return task, canonical_identity(canonical_config(resolved))  # the fault spec checked and spelled one way
+    return task, canonical_method(canonical_config(resolved))  # the fault spec checked and spelled one way
+
+
+def resolve_for_run(cfg: RunConfig, checked: bool = False):
+    """``load_task`` and ``make_method`` in one step: the task, the resolved config and the method
+    it runs (an unknown method or hyperparameter refused before any data loads)."""
+    task, cfg = load_task(cfg, checked)
+    return task, cfg, make_method(cfg)
 
 
 def canonical_identity(cfg: RunConfig) -> RunConfig:
@@ -250,7 +261,12 @@ def canonical_identity(cfg: RunConfig) -> RunConfig:
     resolved hyperparameters hold, or None (``method_card.matching_preset``). An unknown preset is
     refused (ConfigError); an unknown method or hyperparameter is left as given: ``make_method``
     reports it (with the method's hyperparameter table on a terminal)."""
-    cfg = config_mod.canonical_settings(cfg)
+    return canonical_method(config_mod.canonical_settings(cfg))
+
+
+def canonical_method(cfg: RunConfig) -> RunConfig:
+    """``canonical_identity`` of a config whose settings are already canonical: its preset and
+    hyperparameters in the one hashed form."""
     try:
         cls = get_method_class(cfg.method)
     except RegistryError:

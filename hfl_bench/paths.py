@@ -99,9 +99,11 @@ def record_filename(record: dict[str, Any]) -> str:
     return f"{record_stem(cfg.get('task'), cfg.get('method'), record.get('config_hash'), cfg.get('seed'))}.json"
 
 
-def record_path(cfg: RunConfig) -> Path:
-    """Where the record of a (resolved) config is written: ``<out>/<task>__<method>__<hash>__seed<S>.json``."""
-    stem = record_stem(cfg.task, cfg.method, config_hash(dataclasses.asdict(cfg)), cfg.seed)
+def record_path(cfg: RunConfig, chash: str | None = None) -> Path:
+    """Where the record of a (resolved) config is written: ``<out>/<task>__<method>__<hash>__seed<S>.json``
+    (``chash``: the config's hash when the caller has it)."""
+    chash = chash if chash is not None else config_hash(dataclasses.asdict(cfg))
+    stem = record_stem(cfg.task, cfg.method, chash, cfg.seed)
     return inside(cfg.out, f"{stem}.json")
 
 
@@ -109,6 +111,16 @@ def checkpoint_path(cfg: RunConfig) -> Path:
     """Where a run's checkpoint is kept: ``<out>/.checkpoints/<record file stem>.pt``."""
     record = record_path(cfg)
     return checkpoint_for(record)
+
+
+# The experiment trackers' files in a record folder (``<out>/trackers/<tracker>/``, ``hfl_bench.trackers``):
+# they may hold copies of records (an artifact), so the record walker leaves them out.
+TRACKER_FOLDER = "trackers"
+
+
+def trackers_folder(out: str | Path, tracker: str) -> Path:
+    """Where ``tracker`` writes in the record folder ``out``."""
+    return Path(out) / TRACKER_FOLDER / tracker
 
 
 def checkpoint_for(record: Path) -> Path:

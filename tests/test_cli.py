@@ -360,7 +360,7 @@ def test_config_file_and_flag_override(runner, tmp_path):
 
 
 # Options of ``run`` that are not run settings (declared in hfl_bench.cli.run itself).
-RUN_ONLY_OPTIONS = {"--config", "--set", "--json", "--quiet", "-q", "--threads", "--resume"}
+RUN_ONLY_OPTIONS = {"--config", "--set", "--json", "--quiet", "-q", "--threads", "--resume", "--tracker"}
 
 
 def _command(name: str):

@@ -223,8 +223,10 @@ LAYERS = [
                          "hfl_bench.faults", "hfl_bench.modalities", "hfl_bench.npzfile")),
     ("method API", ("hfl_bench.method_api", "hfl_bench.method_card")),
     ("methods", ("hfl_bench.methods",)),
-    ("engine", ("hfl_bench.engine",)),
-    ("results and matrix", ("hfl_bench.results", "hfl_bench.matrix")),
+    ("engine and the resolved run", ("hfl_bench.engine", "hfl_bench.resolved")),
+    ("results, trackers, the run path and matrix", ("hfl_bench.results", "hfl_bench.trackers", "hfl_bench.runpath",
+                                                    "hfl_bench.matrix")),
+    ("Python API", ("hfl_bench.api",)),
     ("command line", ("hfl_bench.cli",)),
     ("test helpers for plugin authors (they run the command line as a program)", ("hfl_bench.testing",)),
 ]
@@ -250,3 +252,17 @@ def test_imports_point_down_the_layers():
               for m, imports in import_graph(with_type_checking=False).items()
               for i in sorted(imports) if layer_of(i) > layer_of(m)]
     assert not upward, "imports against the dependency direction:\n" + "\n".join(upward)
+
+
+def test_the_package_root_re_exports_the_python_api_lazily():
+    # ``hfl_bench`` sits at the bottom (every module imports it for its version) and imports nothing
+    # when imported; its re-exports (PEP 562 ``__getattr__``) name modules of the API layer or below,
+    # looked up on first use, so ``import hfl_bench`` neither imports torch nor climbs the layers.
+    import hfl_bench
+
+    tree = ast.parse(module_files()[PACKAGE].read_text())
+    assert not [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    api = [level for level, (name, _) in enumerate(LAYERS) if name == "Python API"][0]
+    for name, module in hfl_bench._API.items():
+        assert module in module_files() and layer_of(module) <= api, (name, module)
+        assert getattr(hfl_bench, name) is getattr(__import__(module, fromlist=[name]), name)

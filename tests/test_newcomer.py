@@ -210,7 +210,7 @@ def test_threads_must_be_positive(tmp_path):
 
 
 def test_auto_threads_rule(monkeypatch):
-    from hfl_bench.cli import run as run_mod
+    from hfl_bench import resolved as run_mod
     from hfl_bench.config import RunConfig
     from hfl_bench.registry import TASKS
 

@@ -103,7 +103,8 @@ def matrix(
                     bar.cell_done(row)
 
                 rows = run_matrix(cells, executor, jobs, threads, address, cpus_per_cell, gpus_per_cell,
-                                  on_cell=on_cell, round_progress=bar.rounds, cells_per_gpu=per_gpu)
+                                  on_cell=on_cell, round_progress=bar.rounds, cells_per_gpu=per_gpu,
+                                  trackers=suite.trackers)
             elapsed = time.perf_counter() - t0
     except USER_ERRORS as e:
         fail(str(e))

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -16,7 +15,6 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 from rich.text import Text
 
-from hfl_bench import claims, paths
 from hfl_bench import config as config_mod
 from hfl_bench.cli.options import CLI_SETTINGS, config_help, given_settings, with_settings
 from hfl_bench.cli.output import (
@@ -34,7 +32,14 @@ from hfl_bench.cli.output import (
     plain,
 )
 from hfl_bench.config import ConfigError, RunConfig
-from hfl_bench.paths import checkpoint_path
+from hfl_bench.resolved import (  # noqa: F401 (idle_cores, largest_model_params: re-exported)
+    ResolvedRun,
+    TorchThreads,
+    auto_threads,
+    idle_cores,
+    largest_model_params,
+    resolve_run,
+)
 from hfl_bench.results.text import terminal
 
 
@@ -46,15 +51,14 @@ def build_config(config_file: Optional[Path], flags: dict[str, Any], sets: list[
     return RunConfig(**values, method_params=method_params)
 
 
-# The default of --threads (``auto_threads``): one torch thread unless the models are large and
-# many cores are idle; more threads on small models contend for the cores and run slower.
-LARGE_MODEL_PARAMS = 1_000_000
-MANY_IDLE_CORES = 4
 THREADS_HELP = (
     "Torch CPU threads for this run. Default: 1, unless the pool's largest model has >= 1M parameters "
     "and >= 4 cores are idle (cores less the 1-minute load average); then the idle cores, at most "
     "torch's own default."
 )
+TRACKER_HELP = ("Log each round and the record to an experiment tracker: tensorboard, mlflow or wandb "
+                "(repeatable; each an extra, e.g. pip install 'hfl-bench[tensorboard]'; offline by default, "
+                "files under <out>/trackers). Never part of the config hash; a tracker that fails is a warning.")
 
 
 @with_settings(CLI_SETTINGS)
@@ -68,72 +72,42 @@ def run(
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
     resume: bool = typer.Option(False, "--resume",
                                 help="Continue from this exact config's checkpoint, if there is one."),
+    tracker: list[str] = typer.Option([], "--tracker", help=TRACKER_HELP),
     **settings: Any,
 ):
     """Run one method on one task and write one JSON record.
 
     An option given overrides the --config file, which overrides the defaults."""
+    from hfl_bench import runpath  # the results layer: imported by the command, not at start-up
+    from hfl_bench.trackers import Trackers
+
     flags = given_settings(ctx, settings)
     if threads is not None and threads < 1:
         fail(f"--threads must be >= 1, got {threads}")
     done = _Rounds()
-    cfg: Optional[RunConfig] = None
-    torch_threads = _TorchThreads()
-    claim = _NoClaim()
+    resolved: Optional[ResolvedRun] = None
+    torch_threads = TorchThreads()
     try:
-        cfg = build_config(config_file, flags, sets)
-        config_mod.validate(cfg)  # before torch is even imported: a bad value costs no start-up
-        from hfl_bench import engine
-        from hfl_bench.results import records
-
-        task, cfg = engine.load_task(cfg)
-        _make_method(engine, cfg)  # unknown method or hyperparameter: fail before loading data
-        torch_threads.set(threads or auto_threads(cfg, task.info))
-        target = paths.record_path(cfg)  # names that can be file names, inside --out
-        paths.check_out_dir(cfg.out)  # a file or an unwritable folder: refused before any training
-        claim = claims.take(target)  # one writer per record file: a concurrent run of it is refused
-        records.check_same_data(cfg, target)  # never overwrite a record of other data or method version
+        trackers = Trackers(tracker)
+        # checked, resolved and named once (``resolve_run``), before torch is even imported
+        resolved = _resolve(build_config(config_file, flags, sets))
+        torch_threads.set(threads or auto_threads(resolved.cfg, resolved.task.info))
         show_progress = not (quiet or as_json)
-        _say_checkpoint(checkpoint_path(cfg), resume)
-        with _progress(show_progress, cfg) as update:
-            result = engine.run(cfg, progress=done.tracking(update), resume=resume)
+        with _progress(show_progress, resolved.cfg.method, resolved.cfg.task, resolved.cfg.rounds) as update:
+            # the claim, the same-data check, the run, the atomic write (``runpath``)
+            outcome = runpath.run_resolved(resolved, progress=done.tracking(update), resume=resume,
+                                           trackers=trackers,
+                                           started=functools.partial(_say_checkpoint, resolved.checkpoint_path, resume))
     except USER_ERRORS as e:
-        torch_threads.restore()
-        claim.release()
         fail(str(e))
     except KeyboardInterrupt:
-        torch_threads.restore()
-        claim.release()
-        interrupted(_interrupted_at(cfg, done), command_line(["--resume"]))
-    except BaseException:
-        torch_threads.restore()
-        claim.release()
-        raise
-    try:
-        _finish(cfg, result, as_json)
+        interrupted(_interrupted_at(resolved, done), command_line(["--resume"]))
     finally:
-        claim.release()
         torch_threads.restore()  # after the record: its environment shows the threads the run used
+    _finish(outcome.saved, as_json)
 
 
-class _NoClaim:
-    """Stands for the claim before it is taken (``claims.take``)."""
-
-    def release(self) -> None:
-        pass
-
-
-def _finish(cfg: RunConfig, result: Any, as_json: bool) -> None:
-    from hfl_bench.results import records
-
-    try:
-        record = records.build_record(cfg, result)
-    except Exception as e:  # noqa: BLE001 - the run finished: keep what can be kept, say what broke
-        record = records.build_failed_record(cfg, f"the run finished but its record could not be built: "
-                                                  f"{type(e).__name__}: {e}")
-    # re-checked at the write: a finished record of other data or another method version that
-    # appeared while this run trained (a writer that takes no claim) is kept; this one goes beside
-    saved = records.save_record(record, cfg.out, divert=records.write_conflict(cfg))
+def _finish(saved: Any, as_json: bool) -> None:
     record = saved.record
     if saved.path is None:  # nowhere to write: the record goes to stdout, the one place left
         sys.stdout.write(json.dumps(record, indent=1) + "\n")
@@ -151,90 +125,25 @@ def _finish(cfg: RunConfig, result: Any, as_json: bool) -> None:
         raise typer.Exit(1)
 
 
-def _make_method(engine: Any, cfg: RunConfig) -> None:
-    """``engine.make_method``; an unknown ``--set`` key prints the error line and then, when
-    stderr is a terminal, the method's hyperparameter table (``hfl-bench describe METHOD``),
-    exit code 2. Piped or captured, the error stays one line (scripts and logs read one line per
-    user error) and names ``hfl-bench describe METHOD`` instead."""
+def _resolve(cfg: RunConfig) -> ResolvedRun:
+    """``resolve_run``; an unknown ``--set`` key prints the error line and then, when stderr is a
+    terminal, the method's hyperparameter table (``hfl-bench describe METHOD``), exit code 2.
+    Piped or captured, the error stays one line (scripts and logs read one line per user error)
+    and names ``hfl-bench describe METHOD`` instead."""
     try:
-        engine.make_method(cfg)
+        return resolve_run(cfg)
     except ConfigError as e:
+        if not str(e).startswith("unknown hyperparameter"):
+            raise
         from hfl_bench.cli.describe import hyperparameters, print_params
         from hfl_bench.method_api import get_method_class
 
         params_cls = get_method_class(cfg.method).Params
-        known = {f.name for f in dataclasses.fields(params_cls)} if dataclasses.is_dataclass(params_cls) else set()
-        if not isinstance(cfg.method_params, dict) or not set(cfg.method_params) - known:
-            raise
         if not err.is_terminal:
             fail(f"{e} (hfl-bench describe {cfg.method} shows their types, defaults and help)")
         err.print(line("error:", "bold red", str(e)), highlight=False, soft_wrap=True)
         print_params(err, cfg.method, hyperparameters(params_cls))
         raise typer.Exit(2) from None
-
-
-def idle_cores() -> int:
-    """Cores this process may use, less the 1-minute load average (at least 1)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        load = 0.0
-    return max(1, int(cores - load))
-
-
-def largest_model_params(cfg: RunConfig, info: Any) -> int:
-    """Parameters of the pool's largest member on this task (built on the meta device: no memory)."""
-    import torch
-
-    from hfl_bench.pools import build_model, get_pool, n_params
-
-    with torch.device("meta"):
-        return max(n_params(build_model(m, info)) for m in get_pool(cfg.pool).members)
-
-
-def auto_threads(cfg: RunConfig, info: Any) -> int:
-    """The default of ``--threads``: 1, unless the pool's models are large (>= 1M parameters)
-    and many cores are idle (>= 4), then the idle cores, at most torch's default."""
-    import torch
-
-    idle = idle_cores()
-    if idle < MANY_IDLE_CORES:
-        return 1
-    try:
-        large = largest_model_params(cfg, info) >= LARGE_MODEL_PARAMS
-    except Exception:  # noqa: BLE001 - only a default; the run reports a broken pool itself
-        return 1
-    return min(idle, torch.get_num_threads()) if large else 1
-
-
-class _TorchThreads:
-    """Sets torch's intra-op threads for the run and restores the previous count afterwards
-    (the command may run in a process that goes on, e.g. tests or a notebook)."""
-
-    def __init__(self):
-        self.previous: Optional[int] = None
-
-    def set(self, n: int) -> None:
-        import torch
-
-        if self.previous is None:
-            self.previous = torch.get_num_threads()
-        torch.set_num_threads(n)
-        try:  # only possible before any inter-op work in this process; harmless to skip
-            torch.set_num_interop_threads(n)
-        except RuntimeError:
-            pass
-
-    def restore(self) -> None:
-        if self.previous is not None:
-            import torch
-
-            torch.set_num_threads(self.previous)
-            self.previous = None
 
 
 class _Rounds:
@@ -252,12 +161,13 @@ class _Rounds:
         return progress
 
 
-def _interrupted_at(cfg: Optional[RunConfig], done: _Rounds) -> str:
-    if cfg is None or cfg.rounds is None:
+def _interrupted_at(resolved: Optional[ResolvedRun], done: _Rounds) -> str:
+    if resolved is None:
         return "before the run started"
-    where = f"after round {done.last} of {cfg.rounds}" if done.last is not None else "before round 1"
+    rounds = resolved.cfg.rounds
+    where = f"after round {done.last} of {rounds}" if done.last is not None else "before round 1"
     try:
-        has_checkpoint = checkpoint_path(cfg).exists()
+        has_checkpoint = resolved.checkpoint_path.exists()
     except Exception:  # noqa: BLE001 - only for the message
         has_checkpoint = False
     resume = ("--resume continues from its last checkpoint" if has_checkpoint else
@@ -312,8 +222,8 @@ class _progress:
     a terminal; otherwise (piped, redirected, captured) plain lines, one every
     max(1, rounds // 20) rounds and at the last, without escape sequences."""
 
-    def __init__(self, enabled: bool, cfg: RunConfig):
-        self.enabled, self.cfg = enabled, cfg
+    def __init__(self, enabled: bool, method: str, task: str, rounds: int):
+        self.enabled, self.what, self.rounds = enabled, f"{method} on {task}", rounds
         self.tty = err.is_terminal
         self.start = time.monotonic()
         self.first_round: Optional[int] = None  # the round before the first reported (a resumed run)
@@ -330,8 +240,8 @@ class _progress:
         if not self.tty:
             return self.line
         self.bar.start()
-        description = escape(terminal(f"{self.cfg.method} on {self.cfg.task}"))  # the column reads markup
-        self.task = self.bar.add_task(description, total=self.cfg.rounds, val="-")
+        description = escape(terminal(self.what))  # the column reads markup
+        self.task = self.bar.add_task(description, total=self.rounds, val="-")
         return self.update
 
     def update(self, rnd: int, total: int, entry: dict[str, Any]) -> None:
@@ -347,7 +257,7 @@ class _progress:
         done = rnd - self.first_round
         eta = elapsed / done * (total - rnd) if done > 0 else None
         val = entry.get("mean_val_acc")
-        text = (f"{self.cfg.method} on {self.cfg.task}: round {rnd}/{total}  "
+        text = (f"{self.what}: round {rnd}/{total}  "
                 f"val {f'{val:.1f}%' if isinstance(val, (int, float)) else '-'}  "
                 f"elapsed {_clock(elapsed)}  eta {_clock(eta) if eta is not None else '-'}")
         stream = sys.stderr

@@ -2,65 +2,61 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import traceback
 from typing import Any, Callable, Optional
 
 from hfl_bench.config import RunConfig
-from hfl_bench.paths import checkpoint_path, remove_checkpoint
+from hfl_bench.paths import remove_checkpoint
+from hfl_bench.resolved import ResolvedRun, resolve_run
 
 TRACEBACK_LINES = 12  # lines of traceback kept in a failed record's error text
 
 
 def error_text(exc: BaseException, with_traceback: bool = True) -> str:
-    """``Type: message``, then the tail of the traceback (where in the code it broke)."""
+    """``Type: message``, then the traceback's header and its tail (where in the code it broke)."""
     text = f"{type(exc).__name__}: {exc}"
     if with_traceback and exc.__traceback__ is not None:
         lines = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip().splitlines()
-        text += "\n" + "\n".join(lines[-TRACEBACK_LINES:])
+        tail = lines[-TRACEBACK_LINES:]
+        if lines and tail[0] != lines[0]:  # the header, "Traceback (most recent call last):", then the tail
+            tail = [lines[0], "  ...", *tail]
+        text += "\n" + "\n".join(tail)
     return text
 
 
-def run_cell(cfg: RunConfig, threads: Optional[int] = None,
+def run_cell(job: ResolvedRun | RunConfig, threads: Optional[int] = None,
              progress: Optional[Callable[[int, int, dict], None]] = None,
              plugins: Optional[tuple] = None) -> dict[str, Any]:
-    """Run one resolved cell and return its record; any exception becomes a failed record.
-    ``plugins``: the entry points the matrix's driver loaded at its start, the only ones this
-    process may load (a Ray task; ``hfl_bench.registry.pin``); None leaves the process as it is.
+    """Run one cell on the run path (``runpath.execute``) and return its record; any exception
+    becomes a failed record. ``job`` is the cell's ``ResolvedRun`` (a bare config is resolved
+    here first). ``plugins``: the entry points the matrix's driver loaded at its start, the only
+    ones this process may load (a Ray task; ``hfl_bench.registry.pin``); None leaves the process
+    as it is.
 
     A cell continues from its checkpoint if an interrupted matrix left one (on the machine that
     runs it); a checkpoint of other code or settings, or a damaged one, is dropped and the cell
     starts over, and its record says why (``federation.checkpoint_refused``). The
-    cell removes its own checkpoint once it has a record, so a Ray worker leaves none behind."""
-    from hfl_bench import engine
-    from hfl_bench.checkpoint import CheckpointError
-    from hfl_bench.results import records
+    cell removes its own checkpoint once it has a record, so a Ray worker leaves none behind.
+    The driver claims the record and checks its folder before (``runpath.begin``) and writes it
+    after (``runpath.save``)."""
+    from hfl_bench import runpath
 
     if plugins is not None:
         from hfl_bench.registry import pin
 
         pin(plugins)
+    cfg = job.cfg if isinstance(job, ResolvedRun) else job
     try:
         if threads:
             import torch
 
             torch.set_num_threads(threads)
-        checkpoint = checkpoint_path(cfg)  # UnsafePathError for a name that cannot name a file
-        refused = None
-        try:
-            result = engine.run(cfg, progress=progress, resume=True)
-        except CheckpointError as e:
-            refused = str(e).replace(str(checkpoint), checkpoint.name)  # a record names no machine path
-            with contextlib.suppress(OSError):  # a folder stays: the new run's checkpoint writes warn about it
-                checkpoint.unlink(missing_ok=True)
-            result = engine.run(cfg, progress=progress)
-        record = records.build_record(cfg, result)
-        if refused:  # the cell started over: its record says why it did not resume
-            record["federation"]["checkpoint_refused"] = refused
+        run = job if isinstance(job, ResolvedRun) else resolve_run(job)  # UnsafePathError for a bad name
+        record = runpath.execute(run, progress, resume=True, restart_refused=True)
     except Exception as e:  # noqa: BLE001 - the matrix records every failure and goes on
         return failed_record(cfg, error_text(e))
-    remove_checkpoint(checkpoint)  # a warning if it cannot be removed: the record must not be lost
+    remove_checkpoint(run.checkpoint_path)  # a warning if it cannot be removed: the record must not be lost
     return record
 
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.matrix.cells import error_text, failed_record, run_cell
 from hfl_bench.matrix.suite import Cell
+from hfl_bench.resolved import ResolvedRun
 
 EXECUTORS = ("local", "ray")
 
@@ -99,7 +100,7 @@ def run_in_process(cells: list[Cell], done: Done, threads: Optional[int] = None,
     """Serially, in this process (``--jobs 1``)."""
     for cell in cells:
         progress = round_progress(cell) if round_progress else None
-        done(cell, run_cell(cell.cfg, threads, progress))
+        done(cell, run_cell(job_of(cell), threads, progress))
 
 
 def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
@@ -142,8 +143,8 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
                 receive, send = context.Pipe(duplex=False)
                 # the worker's own copy names its GPU; ``device`` is not in the config hash, so the
                 # record path and the claim on it are the cell's as planned
-                cfg = cell.cfg if gpu is None else dataclasses.replace(cell.cfg, device=f"cuda:{gpu}")
-                process = context.Process(target=_pinned, args=(worker, plugins, cfg, threads, os.getpid(), send),
+                job = job_of(cell, None if gpu is None else f"cuda:{gpu}")
+                process = context.Process(target=_pinned, args=(worker, plugins, job, threads, os.getpid(), send),
                                           name=f"hfl-bench cell {cell.label}", daemon=True)
                 process.start()
                 send.close()  # this process keeps only the receiving end: EOF once the worker is gone
@@ -175,13 +176,22 @@ def _pinned(worker: Callable, plugins: Plugins, *args: Any) -> None:
     worker(*args)
 
 
-def _cell_worker(cfg: RunConfig, threads: int, driver_pid: int, send) -> None:
+def job_of(cell: Cell, device: Optional[str] = None) -> ResolvedRun | RunConfig:
+    """What a cell's worker runs: its ``ResolvedRun`` (a bare config for a cell built without one),
+    on ``device`` when given (not hashed: the same record path and claim)."""
+    if cell.run is not None:
+        return cell.run if device is None else cell.run.with_device(device)
+    return cell.cfg if device is None else dataclasses.replace(cell.cfg, device=device)
+
+
+def _cell_worker(job: ResolvedRun | RunConfig, threads: int, driver_pid: int, send) -> None:
     """One cell in its own worker process: set up as a pool worker, run, send the record back (the
     last message; a CUDA cell sends its peak memory once before it, ``gpus.memory_reporter``)."""
     from hfl_bench.matrix.gpus import memory_reporter
 
     _pool_init(threads, driver_pid)
-    send.send(run_cell(cfg, threads, memory_reporter(cfg.device, send.send)))
+    device = job.cfg.device if isinstance(job, ResolvedRun) else job.device
+    send.send(run_cell(job, threads, memory_reporter(device, send.send)))
     send.close()
 
 
@@ -406,7 +416,7 @@ def _ray_cells(ray, cells: list[Cell], done: Done, cpus_per_cell: float,
                     done(cell, failed_record(cell.cfg, f"ConfigError: {problem}"))
                     continue
                 options = dict(num_cpus=cpus_per_cell, num_gpus=gpus, max_retries=0)
-                in_flight[remote.options(**options).remote(cell.cfg, threads, plugins=plugins)] = cell
+                in_flight[remote.options(**options).remote(job_of(cell), threads, plugins=plugins)] = cell
             if not in_flight:
                 break
             # with a timeout: a signal's Python handler (SIGTERM, Ctrl-C) runs only between calls

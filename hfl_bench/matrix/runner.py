@@ -4,17 +4,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
-from hfl_bench import claims, paths
-from hfl_bench.config import RunConfig
+from hfl_bench import claims, runpath
+from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.matrix.cells import error_text, failed_record
 from hfl_bench.matrix.executors import run_in_process, run_process_pool, run_ray
 from hfl_bench.matrix.resume import existing_record
 from hfl_bench.matrix.suite import Cell
 from hfl_bench.registry import resolve_plugins
+from hfl_bench.resolved import resolve_run
 from hfl_bench.results.headline import headline_value
-from hfl_bench.results.records import FINAL_STATUSES, save_record, write_conflict
+from hfl_bench.results.records import save_record
+from hfl_bench.trackers import Trackers
 
 
 def _record_path(cell: Cell) -> Optional[Path]:
@@ -79,13 +81,19 @@ def failed_row(cell: Cell, error: str, path: Optional[Path] = None) -> dict[str,
     return row
 
 
-def record_cell(cell: Cell, record: dict[str, Any]) -> dict[str, Any]:
-    """Write a cell's record (``records.save_record``: strict JSON, a fallback folder when
-    ``--out`` cannot take it, a finished record never replaced by a failed one) and return its
-    summary row. A record written anywhere but its own path, or nowhere, makes the cell failed
-    and its error says where the record is (or that it is lost)."""
-    final = record.get("status") in FINAL_STATUSES  # re-checked at the write (``records.write_conflict``)
-    saved = save_record(record, cell.cfg.out, keep_final=True, divert=write_conflict(cell.cfg) if final else None)
+def record_cell(cell: Cell, record: dict[str, Any], trackers: Iterable[str] = ()) -> dict[str, Any]:
+    """Write a cell's record (``runpath.save``: strict JSON, atomic, a fallback folder when
+    ``--out`` cannot take it, a finished record never replaced by a failed one nor by one of other
+    data or another method version) and return its summary row; then log it to ``trackers``
+    (``Trackers.replay``: the cell ran elsewhere). A record written anywhere but its own path, or
+    nowhere, makes the cell failed and its error says where the record is (or that it is lost)."""
+    if cell.run is not None:
+        logged = Trackers(trackers)
+        if logged:
+            logged.start(cell.run)
+        saved = runpath.save(cell.run, record, keep_final=True, trackers=logged)
+    else:  # a cell that did not resolve: no run path to take, its failed record is written as is
+        saved = save_record(record, cell.cfg.out, keep_final=True)
     written = saved.record
     if saved.problem is None:
         return summary_row(cell, written, written["status"], saved.path)
@@ -97,13 +105,11 @@ def record_cell(cell: Cell, record: dict[str, Any]) -> dict[str, Any]:
 
 def engine_check(cfg: RunConfig) -> None:
     """Raise what can be known about a resolved cell without loading data: an unknown method,
-    pool or hyperparameter, a name that cannot name a record file. (A method's own ``check``
-    needs the clients, so runs only in a run.)"""
-    from hfl_bench import engine
+    pool or hyperparameter, a name that cannot name a record file (``resolve_run``). (A method's
+    own ``check`` needs the clients, so runs only in a run.)"""
     from hfl_bench.pools import get_pool
 
-    paths.record_path(cfg)
-    engine.make_method(cfg)
+    resolve_run(cfg)
     get_pool(cfg.pool)
 
 
@@ -127,13 +133,14 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
                threads: Optional[int] = None, address: Optional[str] = None, cpus_per_cell: float = 1,
                gpus_per_cell: Optional[float] = None, on_cell: Optional[Callable[[dict], None]] = None,
                round_progress: Optional[Callable[[Cell], Callable]] = None,
-               cells_per_gpu: Optional[int] = None) -> list[dict[str, Any]]:
+               cells_per_gpu: Optional[int] = None, trackers: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Run every cell not already done; returns the summary rows in cell order. Nothing one cell
     raises, while running or while its record is built or written, stops the others: that cell
     is failed and the matrix goes on (Ctrl-C, a KeyboardInterrupt, does stop it).
     ``cells_per_gpu`` is the local pool's most cells per GPU (None: auto; ``run_process_pool``).
     The plugins are resolved once, here: worker processes and Ray tasks load exactly the entry
-    points this process loaded (one installed meanwhile is not loaded by a later cell)."""
+    points this process loaded (one installed meanwhile is not loaded by a later cell).
+    ``trackers``: tracker names each written record is logged to (``hfl_bench.trackers``)."""
     rows: dict[int, dict[str, Any]] = {}
     index = {id(cell): i for i, cell in enumerate(cells)}
 
@@ -146,7 +153,7 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
 
     def done(cell: Cell, record: dict[str, Any]) -> None:
         try:
-            row = record_cell(cell, record)
+            row = record_cell(cell, record, trackers)
         except Exception as e:  # noqa: BLE001 - one cell's record never stops the matrix
             row = failed_row(cell, f"record not written: {error_text(e, with_traceback=False)}")
         claim = held.pop(id(cell), None)
@@ -184,17 +191,19 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
 
 def claim_cells(todo: list[Cell], held: dict[int, "claims.Claim"],
                 report: Callable[[Cell, dict[str, Any]], None]) -> list[Cell]:
-    """Claim each cell's record path for this matrix (``claims``): a cell another running process
-    is writing is failed with one line, neither run nor written; the claims taken go to ``held``."""
+    """Claim each cell's record path for this matrix and check it (``runpath.begin``, as every run
+    does): a cell another running process is writing, or whose path holds a finished record of
+    other data or another method version, is failed with one line, neither run nor written; the
+    claims taken go to ``held``. (The output folder was checked once for the whole matrix.)"""
     runnable = []
     for cell in todo:
         path = _record_path(cell)
-        if path is None:  # a name that cannot be a file name: the cell runs and fails on its own
+        if path is None or cell.run is None:  # a name that cannot be a file name: the cell runs and fails on its own
             runnable.append(cell)
             continue
         try:
-            held[id(cell)] = claims.take(path)
-        except claims.ClaimError as e:
+            held[id(cell)] = runpath.begin(cell.run, check_out=False)
+        except ConfigError as e:  # claims.ClaimError, or a record of other data / method version
             report(cell, failed_row(cell, str(e), path))
             continue
         except OSError:  # the folder cannot take the lock file: the record write reports that

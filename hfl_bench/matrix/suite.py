@@ -14,9 +14,10 @@ from hfl_bench import config as config_mod
 from hfl_bench import paths
 from hfl_bench.config import ConfigError, RunConfig, read_yaml_mapping
 from hfl_bench.matrix.cells import error_text
+from hfl_bench.resolved import ResolvedRun, resolve_run
 
 SUITE_KEYS = ("name", "description", "out", "methods", "tasks", "seeds", "faults", "settings",
-              "task_overrides", "method_overrides")
+              "task_overrides", "method_overrides", "trackers")
 # Set by the suite's axes and its ``out``, so not allowed among the settings.
 AXIS_FIELDS = ("method", "task", "seed", "out")
 SETTING_KEYS = tuple(k for k in config_mod.FIELDS if k not in AXIS_FIELDS)
@@ -40,6 +41,8 @@ class Suite:
     # A method's override, or its variants: a list of overrides, each one run of the method per
     # task, seed and fault setting (``variants``).
     method_overrides: dict[str, dict[str, Any] | list[dict[str, Any]]] = field(default_factory=dict)
+    # Experiment trackers every cell's record is logged to (``hfl_bench.trackers``; never hashed).
+    trackers: list[str] = field(default_factory=list)
 
     def variants(self, method: str) -> list[dict[str, Any]]:
         """The method's overrides, one per variant: ``[override]`` (``[{}]`` without one), or its list."""
@@ -49,13 +52,16 @@ class Suite:
 
 @dataclass
 class Cell:
-    """One run of the matrix. ``cfg`` is resolved against the task's defaults; when resolution
-    failed (an unknown task, a bad setting) it is the unresolved config and ``error`` says why."""
+    """One run of the matrix. ``cfg`` is resolved against the task's defaults and ``run`` is its
+    ``ResolvedRun`` (``hfl_bench.resolved``: what the run path takes); when resolution failed (an
+    unknown task or method, a bad setting) ``run`` is None, ``cfg`` is as far as it resolved and
+    ``error`` says why."""
 
     cfg: RunConfig
     error: Optional[str] = None
     # The method's variant (``variant_text`` of its override) when the suite lists several; else "".
     variant: str = ""
+    run: Optional[ResolvedRun] = None
 
     @property
     def label(self) -> str:
@@ -64,7 +70,7 @@ class Cell:
         return f"{self.cfg.method}{variant} on {self.cfg.task}, seed {self.cfg.seed}{faults}"
 
     def record_path(self) -> Path:
-        return paths.record_path(self.cfg)
+        return self.run.record_path if self.run is not None else paths.record_path(self.cfg)
 
 
 def load_suite(path: str | Path) -> Suite:
@@ -87,9 +93,15 @@ def parse_suite(data: dict[str, Any], default_name: str = "suite", where: str = 
     out = data.get("out", "runs")
     if not isinstance(out, str) or not out.strip():
         raise ConfigError(f"{where}: out must be a folder path, got {out!r}")
+    trackers = data.get("trackers") or []
+    if not isinstance(trackers, (list, str)):
+        raise ConfigError(f"{where}: trackers must be a list of tracker names, got {trackers!r}")
+    from hfl_bench.trackers import check_names
+
     return Suite(name=str(data.get("name") or default_name), methods=methods, tasks=tasks, seeds=seeds,
                  faults=faults, out=out, description=str(data.get("description") or ""), settings=settings,
-                 task_overrides=task_overrides, method_overrides=method_overrides)
+                 task_overrides=task_overrides, method_overrides=method_overrides,
+                 trackers=check_names(trackers, f"{where}: trackers"))
 
 
 def _check_keys(data: dict[str, Any], known: Iterable[str], where: str) -> None:
@@ -302,16 +314,21 @@ def _one_cell_per_record(suite: Suite, cells: list[Cell]) -> None:
 
 
 def resolve_cell(values: dict[str, Any]) -> Cell:
-    """Resolve one cell against its task's defaults; a failure is kept on the cell, not raised,
-    so the matrix can record it as a failed cell and go on."""
+    """Resolve one cell (``resolve_run``: the task's defaults, the method and its hyperparameters,
+    the record path); a failure is kept on the cell, not raised, so the matrix can record it as a
+    failed cell and go on. Its record is then named by the config as far as it resolves."""
     from hfl_bench import engine
 
     cfg = RunConfig(**values)
     try:
-        _, resolved = engine.load_task(cfg)
+        run = resolve_run(cfg)
     except Exception as e:  # noqa: BLE001 - any cell problem becomes that cell's failed record
+        try:
+            _, cfg = engine.load_task(cfg)  # e.g. an unknown method: the task's defaults still apply
+        except Exception:  # noqa: BLE001
+            pass
         return Cell(cfg, error_text(e, with_traceback=False))
-    return Cell(resolved)
+    return Cell(run.cfg, run=run)
 
 
 def expected_filename(cfg: RunConfig) -> str:

@@ -278,10 +278,12 @@ def faults_section(cfg_dict: dict[str, Any], faults: dict[str, Any]) -> dict[str
     return {**faults, "selection": "all", "baseline_config_hash": config_hash(baseline)}
 
 
-def build_record(cfg: RunConfig, result: RunResult) -> dict[str, Any]:
+def build_record(cfg: RunConfig, result: RunResult, chash: str | None = None) -> dict[str, Any]:
+    """The record of a finished run; ``chash``: the config's hash when the caller has it (a
+    ``ResolvedRun``'s), else computed here."""
     fed, method, best = result.fed, result.method, result.best
     cfg_dict = dataclasses.asdict(cfg)
-    chash = config_hash(cfg_dict)
+    chash = chash if chash is not None else config_hash(cfg_dict)
     labels = fed.data.train_y.cpu().numpy()
     train_counts = fed.partition.class_counts(labels, fed.num_classes, "train")
     assignment = [c.arch.name for c in fed.clients]
@@ -675,11 +677,12 @@ def other_version_message(path: Path, method: str, recorded: str, current: str) 
             f"(its numerics changed); it is not overwritten: archive it or use another --out")
 
 
-def check_same_data(cfg: RunConfig, path: Path) -> None:
+def check_same_data(cfg: RunConfig, path: Path, version: str | None = None) -> None:
     """Before a run: ConfigError when ``path`` holds a record of this config run on other data, or
     by another version of the method (its file name would be the same: a finished result is never
     overwritten by another's). Data that cannot be fingerprinted, or a record without a
-    fingerprint or a method version (older records), is not a conflict."""
+    fingerprint or a method version (older records), is not a conflict. ``version``: the run's
+    method version when the caller knows it (``ResolvedRun.version``), else ``registered_version``."""
     if not path.is_file():
         return
     try:
@@ -690,19 +693,20 @@ def check_same_data(cfg: RunConfig, path: Path) -> None:
     recorded = other_data(record, current)
     if recorded is not None:
         raise ConfigError(other_data_message(path, recorded, current))
-    version = registered_version(cfg.method, cfg.method_params)
+    version = version if version is not None else registered_version(cfg.method, cfg.method_params)
     recorded = other_version(record, version)
     if recorded is not None and record.get("status") in FINAL_STATUSES:  # a failed run is no result
         raise ConfigError(other_version_message(path, cfg.method, recorded, version))
 
 
-def write_conflict(cfg: RunConfig) -> str | None:
-    """At the write: why this run's record may not replace the file at its path (a finished
-    record of other data, or of another method version: ``check_same_data``), or None."""
+def write_conflict(cfg: RunConfig, path: Path | None = None, version: str | None = None) -> str | None:
+    """At the write: why this run's record may not replace the file at ``path`` (default: the
+    config's record path) (a finished record of other data, or of another method version:
+    ``check_same_data``), or None."""
     try:
         from hfl_bench.paths import record_path
 
-        check_same_data(cfg, record_path(cfg))
+        check_same_data(cfg, path if path is not None else record_path(cfg), version)
     except ConfigError as e:
         return str(e)
     return None

@@ -1,0 +1,328 @@
+"""Experiment trackers: TensorBoard, MLflow and Weights & Biases, as optional callbacks on the run
+path (``hfl_bench.runpath``). Each is an extra (``pip install 'hfl-bench[tensorboard]'``, ``[mlflow]``,
+``[wandb]``) and works offline:
+
+- ``tensorboard``: event files under ``<out>/trackers/tensorboard/<record stem>/`` (``tensorboard
+  --logdir``), with a copy of the record beside them.
+- ``mlflow``: a run in the experiment ``hfl-bench`` (or ``$MLFLOW_EXPERIMENT_NAME``) at
+  ``$MLFLOW_TRACKING_URI``, by default MLflow's file store ``<out>/trackers/mlruns`` (for which
+  ``MLFLOW_ALLOW_FILE_STORE`` is set to true unless set already); the record is the run's artifact.
+- ``wandb``: a run in the project ``hfl-bench`` (or ``$WANDB_PROJECT``), in ``$WANDB_MODE``, by
+  default ``offline`` (files under ``<out>/trackers/wandb``; ``wandb sync`` uploads them); the
+  record is an artifact of type ``record``.
+
+The trackers' folder ``<out>/trackers`` holds copies of records (artifacts): the record walker
+(``results.loading.record_files``) leaves it out, so ``leaderboard show <out>`` counts each run once.
+
+Per round each logs, at step = the round, the round's figures of the record's history: the mean
+global, local and validation accuracy (``global_acc`` is the headline's per-round figure), those of
+each client group (``honest/global_acc`` ...), the bytes sent, and each client's figures where the
+history holds them (``client/3/global_acc``, the final rounds). At the end: the record's summary
+(headline, selected round and its figures, bytes per client per round, budget, wall time, status)
+and the record file. A test round the engine scores late (the selected round) is logged at the
+end, at its round.
+
+A tracker never enters the config hash, and never costs a run: any failure of a tracker (not
+installed, a tracking server down, a full disk) is one warning and that tracker is dropped; the
+run and its record go on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from hfl_bench.config import ConfigError
+from hfl_bench.paths import TRACKER_FOLDER, trackers_folder
+
+log = logging.getLogger(__name__)
+
+TRACKERS = ("tensorboard", "mlflow", "wandb")
+EXTRAS = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
+GROUPS = ("honest", "faulty", "recipients", "donors")
+FIGURES = ("global_acc", "local_acc", "mean_val_acc", "seen_acc", "unseen_acc")
+EXPERIMENT = "hfl-bench"
+
+
+def check_names(names: Iterable[str], where: str = "--tracker") -> list[str]:
+    """The tracker names, each known and listed once (ConfigError, one line, otherwise)."""
+    if isinstance(names, str):
+        names = [names]
+    out: list[str] = []
+    for name in names:
+        if not isinstance(name, str) or name not in TRACKERS:
+            raise ConfigError(f"unknown tracker {name!r} in {where}: known are {', '.join(TRACKERS)}")
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def round_values(entry: dict[str, Any]) -> dict[str, float]:
+    """A history entry's figures as tracker metrics (module doc); None figures are left out."""
+    values: dict[str, Any] = {k: entry.get(k) for k in FIGURES}
+    for group in GROUPS:
+        if isinstance(entry.get(group), dict):
+            values.update({f"{group}/{k}": entry[group].get(k) for k in FIGURES})
+    values["bytes"] = entry.get("bytes")
+    for key in ("client_global_acc", "client_local_acc"):
+        for cid, v in enumerate(entry.get(key) or []):
+            values[f"client/{cid}/{key[len('client_'):]}"] = v
+    return {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def summary_values(record: dict[str, Any]) -> dict[str, float]:
+    """A record's summary as tracker metrics: headline, selected round and figures, cost, budget."""
+    from hfl_bench.results.headline import headline_value
+
+    m = record.get("metrics") or {}
+    cost = record.get("cost") or {}
+    values: dict[str, Any] = {"headline_global_acc": headline_value(record),
+                              "selected_round": (record.get("selection") or {}).get("round"),
+                              **{f"selected_{k}": m.get(k) for k in ("global_acc", "local_acc", "mean_val_acc")},
+                              "bytes_sent_per_client_per_round": cost.get("bytes_sent_per_client_per_round"),
+                              "bytes_total": cost.get("bytes_total"),
+                              "wall_time_total_s": cost.get("wall_time_total_s")}
+    for c in m.get("per_client") or []:
+        if isinstance(c, dict):
+            values.update({f"selected_client/{c.get('cid')}/{k}": c.get(k) for k in ("global_acc", "local_acc")})
+    values.update({f"budget/{k}": v for k, v in _flat(cost.get("budget") or {}).items()})
+    return {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(node, dict):
+        return {prefix: node} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        out.update(_flat(v, f"{prefix}/{k}" if prefix else str(k)))
+    return out
+
+
+class Tracker:
+    """One tracker of one run: ``start``, ``log`` per round, ``finish`` with the record."""
+
+    name = ""
+
+    def start(self, run: Any) -> None:
+        raise NotImplementedError
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        raise NotImplementedError
+
+    def finish(self, record: dict[str, Any], path: Optional[Path]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """End the tracker's run without a record (the run raised)."""
+
+
+class TensorBoard(Tracker):
+    name = "tensorboard"
+
+    def start(self, run: Any) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.folder = trackers_folder(run.cfg.out, "tensorboard") / run.record_path.stem
+        self.writer = SummaryWriter(log_dir=str(self.folder))
+        self.writer.add_text("config", f"```\n{json.dumps(_config(run), indent=1)}\n```", 0)
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        for k, v in values.items():
+            self.writer.add_scalar(k, v, step)
+
+    def finish(self, record: dict[str, Any], path: Optional[Path]) -> None:
+        step = int((record.get("federation") or {}).get("rounds_run") or 0)
+        for k, v in summary_values(record).items():
+            self.writer.add_scalar(f"summary/{k}", v, step)
+        self.writer.add_text("status", str(record.get("status")), step)
+        self.writer.flush()
+        if path is not None:  # TensorBoard has no artifacts: the record goes beside its events
+            from hfl_bench.paths import write_atomic
+
+            write_atomic(self.folder / "record.json", Path(path).read_bytes())
+        self.close()
+
+    def close(self) -> None:
+        writer = getattr(self, "writer", None)
+        if writer is not None:
+            writer.close()
+            self.writer = None
+
+
+class MLflow(Tracker):
+    name = "mlflow"
+
+    def start(self, run: Any) -> None:
+        from mlflow.tracking import MlflowClient
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:  # offline: MLflow's file store, which MLflow 3 keeps behind a switch
+            uri = trackers_folder(run.cfg.out, "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=uri)
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT
+        experiment = self.client.get_experiment_by_name(name)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+        cfg = run.cfg
+        tags = {"hfl_bench.method": cfg.method, "hfl_bench.task": cfg.task, "hfl_bench.seed": str(cfg.seed),
+                "hfl_bench.config_hash": run.config_hash}
+        self.run_id = self.client.create_run(experiment_id, run_name=run.record_path.stem, tags=tags).info.run_id
+        from mlflow.entities import Param
+
+        params = [Param(k, v if isinstance(v, str) else json.dumps(v)) for k, v in _flat(_config(run)).items()]
+        self.client.log_batch(self.run_id, params=params)
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, v, now, step) for k, v in values.items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def finish(self, record: dict[str, Any], path: Optional[Path]) -> None:
+        step = int((record.get("federation") or {}).get("rounds_run") or 0)
+        self.log(step, {f"summary/{k}": v for k, v in summary_values(record).items()})
+        self.client.set_tag(self.run_id, "hfl_bench.status", str(record.get("status")))
+        if path is not None:
+            self.client.log_artifact(self.run_id, str(path))
+        self.client.set_terminated(self.run_id, "FINISHED" if record.get("status") != "failed" else "FAILED")
+        self.run_id = None
+
+    def close(self) -> None:
+        if getattr(self, "run_id", None) is not None:
+            self.client.set_terminated(self.run_id, "KILLED")
+            self.run_id = None
+
+
+class WandB(Tracker):
+    name = "wandb"
+
+    def start(self, run: Any) -> None:
+        import wandb
+
+        folder = Path(run.cfg.out) / TRACKER_FOLDER  # W&B adds its own wandb/ folder
+        folder.mkdir(parents=True, exist_ok=True)
+        mode = os.environ.get("WANDB_MODE") or "offline"
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or EXPERIMENT, name=run.record_path.stem,
+                              dir=str(folder), mode=mode, config=_config(run), reinit="create_new",
+                              tags=[run.cfg.method, run.cfg.task], settings=wandb.Settings(silent=True,
+                                                                                          console="off"))
+        self.run.define_metric("round")
+        self.run.define_metric("*", step_metric="round")
+        self.stem = run.record_path.stem
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.run.log({"round": step, **values})
+
+    def finish(self, record: dict[str, Any], path: Optional[Path]) -> None:
+        import wandb
+
+        history = [e for e in record.get("history") or [] if isinstance(e, dict)]
+        if history:  # the run's last round, not the last logged (a round scored late is logged last)
+            self.run.summary.update({"round": history[-1].get("round"), **round_values(history[-1])})
+        self.run.summary.update({f"summary/{k}": v for k, v in summary_values(record).items()})
+        self.run.summary["status"] = str(record.get("status"))
+        if path is not None:
+            artifact = wandb.Artifact(_artifact_name(self.stem), type="record")
+            artifact.add_file(str(path))
+            self.run.log_artifact(artifact)
+        self.run.finish(exit_code=0 if record.get("status") != "failed" else 1)
+        self.run = None
+
+    def close(self) -> None:
+        if getattr(self, "run", None) is not None:
+            self.run.finish(exit_code=1)
+            self.run = None
+
+
+def _artifact_name(stem: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in stem)
+
+
+CLASSES = {"tensorboard": TensorBoard, "mlflow": MLflow, "wandb": WandB}
+
+
+def _config(run: Any) -> dict[str, Any]:
+    """The run's config as a record stores it (no machine paths), with its hash."""
+    import dataclasses
+
+    from hfl_bench.paths import portable_config
+
+    return {**portable_config(dataclasses.asdict(run.cfg)), "config_hash": run.config_hash}
+
+
+class Trackers:
+    """The trackers of one run. Every call is guarded: a tracker that raises is one warning and is
+    dropped; the run goes on. ``round`` takes the history entries as the engine reports them;
+    ``finish`` logs what the record holds that was not logged live (a late-scored round), then the
+    summary and the record file."""
+
+    def __init__(self, names: Iterable[str] = ()):
+        self.names = check_names(names)
+        self.active: list[Tracker] = []
+        self.logged: dict[int, dict[str, float]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def _guard(self, tracker: Tracker, what: str, call) -> None:
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - a tracker never costs the run (module doc)
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            hint = (f" (pip install 'hfl-bench[{EXTRAS[tracker.name]}]')" if isinstance(e, ImportError) else "")
+            log.warning("tracker %s: %s failed (%s: %s)%s; the run goes on without it", tracker.name, what,
+                        type(e).__name__, first, hint)
+            if tracker in self.active:
+                self.active.remove(tracker)
+                try:
+                    tracker.close()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def start(self, run: Any) -> None:
+        self.active, self.logged = [], {}
+        for name in self.names:
+            tracker = CLASSES[name]()
+            self.active.append(tracker)
+            self._guard(tracker, "start", lambda t=tracker: t.start(run))
+
+    def round(self, entry: dict[str, Any]) -> None:
+        rnd = entry.get("round")
+        if not isinstance(rnd, int):
+            return
+        values = round_values(entry)
+        self.logged[rnd] = values
+        for tracker in list(self.active):
+            self._guard(tracker, f"logging round {rnd}", lambda t=tracker: t.log(rnd, values))
+
+    def finish(self, record: dict[str, Any], path: Optional[Path]) -> None:
+        for entry in record.get("history") or []:  # rounds scored late, or never seen (a replay)
+            if isinstance(entry, dict) and isinstance(entry.get("round"), int):
+                values = round_values(entry)
+                seen = self.logged.get(entry["round"], {})
+                late = {k: v for k, v in values.items() if seen.get(k) != v}
+                if late:
+                    self.logged[entry["round"]] = {**seen, **late}
+                    for tracker in list(self.active):
+                        self._guard(tracker, f"logging round {entry['round']}",
+                                    lambda t=tracker, e=entry, lv=late: t.log(e["round"], lv))
+        for tracker in list(self.active):
+            self._guard(tracker, "logging the record", lambda t=tracker: t.finish(record, path))
+        self.active = []
+
+    def close(self) -> None:
+        """End every tracker's run without a record (the run raised or was interrupted)."""
+        for tracker in list(self.active):
+            self._guard(tracker, "closing", tracker.close)
+        self.active = []
+
+    def replay(self, run: Any, record: dict[str, Any], path: Optional[Path]) -> None:
+        """Log a finished record (a matrix cell run elsewhere): its history round by round, then
+        ``finish``. What a tracker receives is what it would have live."""
+        self.start(run)
+        self.finish(record, path)
