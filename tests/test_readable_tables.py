@@ -114,3 +114,36 @@ def test_a_folder_without_records_is_an_error(tmp_path):
         result = CliRunner().invoke(app, ["leaderboard", "show", str(folder)])
         assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
         assert result.output.startswith("error: no")
+
+
+# ----------------------------------------------------------------------------- papercuts
+
+
+def test_names_a_user_types_get_a_suggestion():
+    result = CliRunner().invoke(app, ["describe", "crda"])
+    assert result.exit_code == 2 and "Did you mean 'crad' (a method)?" in result.output
+    result = CliRunner().invoke(app, ["describe", "crad-stage"])
+    assert "Did you mean 'crad-stage1' (an aggregator)?" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, ["run", "--method", "crad", "--task", "digits", "--set", "lamda=0.5"])
+    assert result.exit_code == 2 and "lamda. Did you mean 'lam'?" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, ["runn"])
+    assert result.exit_code == 2 and "Did you mean 'run'?" in result.output
+
+
+def test_compare_defaults_to_local():
+    result = CliRunner().invoke(app, ["leaderboard", "compare", str(DIGITS), "-m", "crad", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    tables = json.loads(result.stdout)["tables"]
+    assert {(c["a_method"], c["b_method"]) for t in tables for c in t["comparisons"]} == {("crad", "local")}
+
+
+def test_html_takes_out_and_keeps_the_positional_form_for_now(tmp_path):
+    record = sorted(DIGITS.glob("digits__crad__*seed0.json"))[0]
+    result = CliRunner().invoke(app, ["leaderboard", "html", str(record), "--out", str(tmp_path / "new")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "new" / "index.html").is_file() and "deprecated" not in result.output
+    result = CliRunner().invoke(app, ["leaderboard", "html", str(tmp_path / "old"), str(record)])
+    assert result.exit_code == 0 and (tmp_path / "old" / "index.html").is_file()
+    assert "deprecated: the output folder as the first argument; write --out" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, ["leaderboard", "html"])
+    assert result.exit_code == 2 and "--out FOLDER" in result.output

@@ -287,8 +287,8 @@ def _print_rank(ranked: list[dict[str, Any]], unranked: list[dict[str, Any]], fm
 def compare(
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
     against: Optional[str] = typer.Option(None, "--against", "-b", help="The reference method B: each comparison is "
-                                          "A - B. With --variants: one more row, B's best group against the "
-                                          "method's default group."),
+                                          "A - B \\[default: local, unless --variants]. With --variants: one more "
+                                          "row, B's best group against the method's default group."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Compare the groups of this method that differ "
                                            "in method parameters (e.g. --set aggregator=...) against its group with "
                                            "none (its defaults), each labelled by the parameters that differ."),
@@ -306,7 +306,8 @@ def compare(
     fmt: str = typer.Option("table", "--format", "-f", help="table (plain lines when piped), markdown or json."),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
 ):
-    """Paired comparisons A - B within each protocol both ran: records paired by seed (a pair must
+    """Paired comparisons A - B within each protocol both ran (B: --against, local by default):
+    records paired by seed (a pair must
     share its partition hash; other seeds are dropped and counted, mixed hosts marked), the mean
     difference with its 95% t-interval, the exact sign-flip p-value and its Holm adjustment over the
     comparisons of one table; "resolved" when the interval excludes zero and the Holm-adjusted p is
@@ -326,9 +327,9 @@ def compare(
     from hfl_bench.results.paired import why_not_comparable
 
     fmt = output_format(fmt, as_json, COMPARE_FORMATS)
-    if against is None and variants is None:
-        fail("give --against METHOD (other methods against it) or --variants METHOD (its parameter variants "
-             "against its default group)")
+    default_reference = against is None and variants is None
+    if default_reference:
+        against = DEFAULT_REFERENCE
     if variants is not None and method:
         fail("--method picks the methods compared against --against; with --variants every variant is compared "
              "(name another method with --against)")
@@ -343,6 +344,9 @@ def compare(
     groups = [g for g in build_groups(records) if not task or g.task in task]
     names = sorted({g.method for g in groups})
     named = [(variants, "--variants"), (against, "--against"), *((m, "--method") for m in method)]
+    if default_reference and against not in names:
+        fail(f"no records of {against}, the default reference; name another with --against METHOD (one of: "
+             f"{', '.join(names) or 'none'}) or compare a method's variants with --variants METHOD")
     for name, flag in named:
         if name is not None and name not in names:
             fail(f"{flag}: {unknown_message('method', name, names)}")
@@ -394,6 +398,7 @@ def _check_endpoint(groups: list, methods: set, endpoint: Optional[str], flag: s
 
 
 CLAIMS_FORMATS = ("table", "markdown", "json")
+DEFAULT_REFERENCE = "local"  # compare's B without --against: no communication at all
 
 
 @app.command(cls=BenchCommand)
@@ -470,10 +475,12 @@ def validate(
 
 @app.command(cls=BenchCommand)
 def html(
-    out_dir: Path = typer.Argument(..., help="The folder to write the site into (new, empty, or a site this wrote)."),
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="The folder to write the site into (new, empty, "
+                                       "or a site this wrote). Without --out, the first path is taken as it "
+                                       "(deprecated)."),
 ):
-    """Write the leaderboard as a static HTML site (OUT_DIR/index.html).
+    """Write the leaderboard as a static HTML site (OUT/index.html).
 
     Per task and protocol a sortable, filterable table of groups with the published figures
     beside them, the rank, the plots, one page per group (config, provenance, per-class and
@@ -484,8 +491,16 @@ def html(
     from hfl_bench.results.html import build_site
     from hfl_bench.results.loading import ResultsError
 
+    if out is None:
+        if not paths:
+            fail("give the folder to write the site into: --out FOLDER")
+        out_dir, paths = paths[0], paths[1:]
+        note("deprecated:", f"the output folder as the first argument; write --out {out_dir} (the positional form "
+             "goes in the next version)")
+    else:
+        out_dir = out
     try:
-        check_folder_target(out_dir, "OUT_DIR")
+        check_folder_target(out_dir, "--out")
         site = build_site(out_dir, _paths(paths))
     except (ResultsError, OutDirError) as e:
         fail(str(e))

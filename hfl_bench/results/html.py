@@ -1,4 +1,4 @@
-"""The leaderboard as a static HTML site (``hfl-bench leaderboard html OUT_DIR [RECORDS...]``).
+"""The leaderboard as a static HTML site (``hfl-bench leaderboard html [RECORDS...] --out OUT``).
 
 One ``index.html`` (one setting section after another, ``SettingGroup.section``; in each, per task
 and protocol a sortable table of groups with the published figures beside them; a filter by
