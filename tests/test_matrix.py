@@ -564,7 +564,7 @@ def test_a_piped_matrix_prints_a_line_per_finished_cell_before_it_exits(tmp_path
     finished = [line for line in lines if line.startswith("cell ")]
     assert [line.split(":")[0] for line in finished] == ["cell 1/2 ok", "cell 2/2 ok"], lines
     assert "local on digits, seed 0, global acc" in finished[0] and "uniform-kd on digits" in finished[1]
-    assert re.search(r"left \d+:\d\d:\d\d$", finished[0])
+    assert re.search(r"left [0-9]+:[0-9]{2}:[0-9]{2}$", finished[0])
     assert any(line.startswith("  local on digits, seed 0: round 2/2  val ") for line in lines), lines
     assert "\x1b" not in "".join(lines)  # no escape sequences when piped
     assert "suite " in stdout  # then the summary table

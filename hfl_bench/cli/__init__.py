@@ -36,7 +36,7 @@ def _print_version(value: bool) -> None:
 def _build_app():
     import typer
 
-    from hfl_bench.cli import describe, leaderboard, matrix, partition, plots, plugins, run
+    from hfl_bench.cli import describe, leaderboard, matrix, partition, plots, plugins, prepare, run
     from hfl_bench.cli.options import BenchCommand, BenchGroup
 
     app = typer.Typer(
@@ -68,6 +68,7 @@ def _build_app():
     app.add_typer(leaderboard.app, name="leaderboard")
     command("matrix")(matrix.matrix)
     command("plot")(plots.plot_command)
+    app.add_typer(prepare.app, name="prepare")
     return app
 
 
