@@ -193,7 +193,7 @@ def _page_name(g: SettingGroup, row: dict[str, Any], taken: set[str]) -> str:
     ``digits__crad__cpu__dirichlet_alpha_0.3_N_10_R_30.html``; only letters, digits, ``.``, ``_``
     and ``-``; ``-2``, ``-3`` ... appended, in the board's order, where two groups would share one."""
     parts = [g.task, g.method, g.pool, row["cells"]["setting"]] + ([g.faults] if g.has_faults else [])
-    stem = "__".join(re.sub(r"[^A-Za-z0-9.-]+", "_", str(x)).strip("_.") or "x" for x in parts)[:150]
+    stem = "__".join(re.sub(r"[^A-Za-z0-9.-]+", "_", str(x)).strip("_.") or "x" for x in parts)[:100]
     name, n = stem, 1
     while name.lower() in taken:  # case-insensitive file systems: crad and CRAD are one file
         n += 1
