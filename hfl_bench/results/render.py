@@ -601,19 +601,29 @@ NARROW_HEADERS = {STEPS: "steps /\nclient /\nround", BYTES: "bytes /\nclient /\n
                   "failed/diverged": "failed/\ndiverged", "rank interval": "rank\ninterval", "mean rank": "mean\nrank"}
 # The order in which the terminal table leaves columns out when it is wider than the terminal:
 # first the first. A column not named here goes before all of these; method and the headline never go.
+# What tells two rows of a section apart (task, setting, pool, faults) goes after the secondary
+# figures: a row whose method repeats is read by them (a column with one value in every row is in
+# the title already).
 FIT_ORDER = ("locator", "source", "match", "selected local", "failed/diverged", "ranks", "version", "selected global",
-             "setting", "published as", "predictor", "task", "pool", "faults", "seeds", "protocols", "local acc",
-             "delta", BYTES, STEPS, "drop", "rank interval", "mean rank", "#")
+             "published as", "predictor", "seeds", "protocols", "local acc", "delta", BYTES, STEPS, "setting", "pool",
+             "faults", "task", "drop", "rank interval", "mean rank", "#")
 KEPT = ("method", "global acc")
 
 
+# Columns whose long cells may wrap onto several lines (at spaces: ``dirichlet alpha=0.3`` / ``N=10
+# R=30 ...``) rather than be left out: the width they are counted at.
+FOLDS = {"setting": 22}
+
+
 def table_width(rows: list[dict[str, Any]], columns: Iterable[str]) -> int:
-    """The width of ``to_rich``'s table of ``rows`` in ``columns`` with no cell folded: each
-    column as wide as its widest cell or header line, plus rich's borders and padding."""
+    """The width of ``to_rich``'s table of ``rows`` in ``columns``: each column as wide as its
+    widest cell or header line (a ``FOLDS`` column at most its width there), plus rich's borders
+    and padding."""
     from rich.cells import cell_len
 
-    widths = [max([cell_len(terminal(r.get(c, ""))) for r in rows]
-                  + [cell_len(x) for x in NARROW_HEADERS.get(c, c).split("\n")]) for c in columns]
+    widths = [min(max([cell_len(terminal(r.get(c, ""))) for r in rows]
+                      + [cell_len(x) for x in NARROW_HEADERS.get(c, c).split("\n")]), FOLDS.get(c, 10**6))
+              for c in columns]
     return sum(widths) + 3 * len(widths) + 1
 
 
