@@ -388,8 +388,13 @@ def coerce_params(params_cls, raw: dict[str, Any], method: str):
     known = {f.name: f for f in dataclasses.fields(params_cls)}
     unknown = sorted(set(raw) - set(known))
     if unknown:
+        import difflib
+
+        close = [(k, m[0]) for k in unknown if (m := difflib.get_close_matches(k, list(known), n=1))]
+        hint = (f" Did you mean {close[0][1]!r}?" if len(unknown) == 1 and close
+                else f" Did you mean {', '.join(f'{m!r} for {k!r}' for k, m in close)}?" if close else "")
         raise ConfigError(
-            f"unknown hyperparameter(s) for method {method!r}: {', '.join(unknown)}. "
+            f"unknown hyperparameter(s) for method {method!r}: {', '.join(unknown)}.{hint} "
             f"Known: {', '.join(known) or '(none)'}"
         )
     values = {}

@@ -173,7 +173,7 @@ def check_out_dir(folder: str | Path, create: bool = True) -> Path:
 
 def check_folder_target(folder: str | Path, what: str) -> Path:
     """Refuse (OutDirError, one line) a folder to write into that is an existing file or lies below
-    one: ``plot --out``, ``leaderboard html OUT``, before anything is read or drawn."""
+    one: ``plot --out``, ``leaderboard html --out``, before anything is read or drawn."""
     folder = Path(folder)
     for p in (folder, *folder.parents):  # a relative path's last parent is ".", which exists
         if p.exists():  # the nearest existing path: a folder, or the file that blocks the way

@@ -468,7 +468,8 @@ class ImageFolder(ImageFolderTask):
 
 @register_task("cifar10-jpg")
 class CIFAR10JPG(ImageFolderTask):
-    """CIFAR-10 from JPEG files (the project's shared/data/cifar10-jpg.tar.gz), a CPU-sized subsample."""
+    """CIFAR-10 from JPEG files (``hfl-bench prepare cifar10-jpg`` builds them from the python release;
+    the committed records used the project's mirror archive, cifar10-jpg.tar.gz), a CPU-sized subsample."""
 
     folder_name = "cifar10-jpg"
     image_size = 32
@@ -500,6 +501,7 @@ class CIFAR10JPG(ImageFolderTask):
     )
 
     def missing_hint(self, data_dir: Path) -> str:
-        return (f"unpack the CIFAR-10 JPEG archive into the data dir: tar -xzf cifar10-jpg.tar.gz -C {data_dir} "
-                "(the archive is the project's shared/data/cifar10-jpg.tar.gz), or point --data-dir at "
-                "the folder that holds cifar10-jpg/")
+        return (f"build it from CIFAR-10's python release (cifar-10-python.tar.gz, or torchvision's "
+                f"cifar-10-batches-py): hfl-bench prepare cifar10-jpg --from PATH --data-dir {data_dir}; or unpack "
+                f"the project's mirror archive there (tar -xzf cifar10-jpg.tar.gz -C {data_dir}); or point "
+                "--data-dir at the folder that holds cifar10-jpg/")

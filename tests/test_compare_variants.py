@@ -67,7 +67,7 @@ def test_markdown_and_plain_lines_say_the_variant(folder):
 
 
 @pytest.mark.parametrize("args, message", [
-    ((), "give --against METHOD (other methods against it) or --variants METHOD"),
+    ((), "no records of local, the default reference; name another with --against METHOD"),  # --against local
     (("--variants", "krad"), "--variants: unknown method 'krad'. Did you mean 'crad'?"),
     (("--variants", "crad", "-m", "uniform-kd"), "with --variants every variant is compared"),
     (("--variants", "uniform-kd"), "no protocol holds both uniform-kd's group with no method parameters"),

@@ -85,8 +85,9 @@ CASES = [
     ("device-in-config", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "device: meta\n"}, ["meta"]),
     ("plot-out-is-a-file", ["plot", "curves", str(DIGITS), "--out", "f"], {"f": "x"}, ["f", "not a folder"]),
     ("plot-out-below-a-file", ["plot", "curves", str(DIGITS), "--out", "f/sub"], {"f": "x"}, ["f", "not a folder"]),
-    ("html-out-is-a-file", ["leaderboard", "html", "f", str(DIGITS)], {"f": "x"}, ["f", "not a folder"]),
-    ("html-out-below-a-file", ["leaderboard", "html", "f/sub/site", str(DIGITS)], {"f": "x"}, ["f", "not a folder"]),
+    ("html-out-is-a-file", ["leaderboard", "html", str(DIGITS), "--out", "f"], {"f": "x"}, ["f", "not a folder"]),
+    ("html-out-below-a-file", ["leaderboard", "html", str(DIGITS), "--out", "f/sub/site"], {"f": "x"},
+     ["f", "not a folder"]),
 ]
 SLOW_SECONDS = 20  # a refused file is refused at once; the bombs took minutes and gigabytes before
 

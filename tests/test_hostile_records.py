@@ -166,7 +166,7 @@ def test_every_client_faulty_counts_the_same_seeds_in_table_csv_and_json(tmp_pat
     [group] = json.loads(stdout)["groups"]
     _, csv_text, _ = invoke_cli("leaderboard", "show", str(tmp_path), "--format", "csv")
     [row] = [row for row in csv.DictReader(io.StringIO(csv_text)) if row.get("group_id")]
-    _, markdown, _ = invoke_cli("leaderboard", "show", str(tmp_path), "--format", "markdown")
+    _, markdown, _ = invoke_cli("leaderboard", "show", str(tmp_path), "--format", "markdown", "--columns", "all")
     table_row = next(line for line in markdown.splitlines() if line.startswith("| local"))
     columns = [c.strip() for c in markdown.splitlines()[2].strip("|").split("|")]  # after the section's label
     seeds = [c.strip() for c in table_row.strip("|").split("|")][columns.index("seeds")]

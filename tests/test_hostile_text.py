@@ -127,9 +127,16 @@ def test_table(folder):
     assert "│ ab " in stdout and "overwritten" in stdout  # the escapes removed, the text kept
 
 
-def test_markdown_rows_stay_rows(folder):
-    result, stdout, stderr = _invoke("leaderboard", "show", str(folder), "--format", "markdown")
+@pytest.mark.parametrize("columns", [(), ("--columns", "all")], ids=["readable", "all-columns"])
+def test_markdown_rows_stay_rows(folder, columns):
+    result, stdout, stderr = _invoke("leaderboard", "show", str(folder), "--format", "markdown", *columns)
     _assert_clean(result, stdout, stderr)
+    # no value becomes markup, whether in a cell or in a section's "same in every row" line
+    assert "<" not in stdout and ">" not in stdout.replace("->", "")  # no raw HTML
+    assert not re.search(r"(?<!\\)`", stdout)  # no code span
+    assert not re.search(r"(?<!\\)\[click\]", stdout)  # no link
+    if not columns:  # the structure, below, with every column (the default leaves some out)
+        return
     loaded, _ = load_records([folder])
     rows, unmatched = display_rows(build_board(board_records(loaded)[0]))
     tables = stdout.split("\npublished figures with no reproduced group:\n\n")
@@ -192,7 +199,8 @@ def test_json_keeps_the_data_exactly(folder):
 
 @pytest.mark.parametrize("fmt", ["table", "markdown", "csv", "json"])
 def test_rank(folder, fmt):
-    result, stdout, stderr = _invoke("leaderboard", "show", str(folder), "--rank", "--format", fmt)
+    result, stdout, stderr = _invoke("leaderboard", "show", str(folder), "--rank", "--format", fmt,
+                                     *(("--columns", "all") if fmt == "markdown" else ()))
     _assert_clean(result, stdout, stderr)
     if fmt == "markdown":
         lines = [line for line in stdout.strip("\n").split("\n") if line]

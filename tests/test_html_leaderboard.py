@@ -139,7 +139,7 @@ def test_source_escapes_every_record_string_and_forbids_network(site):
 
 def test_safe_file_names_skipped_list_and_copied_records(site, records):
     for p in (site / "groups").iterdir():
-        assert re.fullmatch(r"[0-9a-f]{16}\.html", p.name), p.name
+        assert re.fullmatch(r"[A-Za-z0-9_.-]+\.html", p.name) and not p.name.startswith("."), p.name
     copied = sorted(p.name for p in (site / "records").iterdir())
     assert all(re.fullmatch(r"[A-Za-z0-9_-]+\.json", n) for n in copied), copied
     # every valid record (the hostile run and two published included)
@@ -255,7 +255,7 @@ def test_in_a_headless_browser(site, browser, tmp_path):
     # the hostile group's page: its name is text, nothing of it ran
     page.get_by_role("link", name=HOSTILE).click()
     page.wait_for_load_state("load")
-    assert re.search(r"/groups/[0-9a-f]{16}\.html$", page.url)
+    assert re.search(r"/groups/[A-Za-z0-9_.-]+\.html$", page.url)
     assert HOSTILE in page.locator("h1").inner_text()
     assert page.evaluate("typeof window.pwned") == "undefined"
     assert page.evaluate("document.querySelectorAll('script, iframe, svg, img').length") == 0

@@ -214,13 +214,13 @@ def test_a_cycle_is_reported_as_a_path():
 # The layers, bottom up (README, Layout): a module imports its own layer and the ones below.
 LAYERS = [
     ("config, registry and user errors", ("hfl_bench.config", "hfl_bench.registry", "hfl_bench.errors",
-                                          "hfl_bench.yamlfile")),
+                                          "hfl_bench.yamlfile", "hfl_bench.stack")),
     ("shared types, paths, provenance", ("hfl_bench.federation", "hfl_bench.paths", "hfl_bench.provenance",
                                          "hfl_bench.metadata_index", "hfl_bench.claims")),
     ("building blocks", ("hfl_bench.data", "hfl_bench.partition", "hfl_bench.pools", "hfl_bench.augment",
                          "hfl_bench.metering", "hfl_bench.aggregation", "hfl_bench.training", "hfl_bench.graphs",
                          "hfl_bench.checkpoint", "hfl_bench.evaluation", "hfl_bench.families", "hfl_bench.tasks",
-                         "hfl_bench.faults", "hfl_bench.modalities", "hfl_bench.npzfile")),
+                         "hfl_bench.faults", "hfl_bench.modalities", "hfl_bench.npzfile", "hfl_bench.cifar_jpg")),
     ("method API", ("hfl_bench.method_api", "hfl_bench.method_card")),
     ("methods", ("hfl_bench.methods",)),
     ("engine and the resolved run", ("hfl_bench.engine", "hfl_bench.resolved")),

@@ -283,9 +283,11 @@ def test_every_format_parses(real_record, tmp_path):
     assert rows[0]["global_sd"] == "2.8284" and rows[0]["seeds"] == "0 1"
     assert {r["row_type"] for r in rows} == {"reproduced", "published"}
     code, out = show(*args, "--format", "markdown")
-    heading, table = out.split("\n\n")[0], out.split("\n\n")[1].splitlines()  # the section's label, its table
+    # the section's label, what every row shares, its table
+    heading, same, table = out.split("\n\n")[0], out.split("\n\n")[1], out.split("\n\n")[2].splitlines()
     assert heading == "**Setting: data-free, heterogeneous pool, protocol budget**"
-    assert code == 0 and table[0].startswith("| method | version | predictor | task |") and set(table[1]) <= set("|-")
+    assert same.startswith("Same in every row: predictor live model, task cifar10, pool paper,")
+    assert code == 0 and table[0].startswith("| method | seeds | global acc |") and set(table[1]) <= set("|-")
     assert "| 62.00 ± 2.83 |" in out and "fan2026crad" in out
     assert len({len(re.split(r"(?<!\\)\|", line)) for line in table}) == 1  # same cell count on every row
     code, out = show(*args, "--format", "table")

@@ -541,3 +541,34 @@ def test_seed_and_cell_limits_hold_for_lists_and_products():
     assert len(methods) * MAX_SEEDS > MAX_CELLS
     with pytest.raises(ConfigError, match="110,000 cells"):
         suite_cells(suite)  # refused before any cell resolves its task
+
+
+def test_a_piped_matrix_prints_a_line_per_finished_cell_before_it_exits(tmp_path):
+    """Piped (not a terminal), ``matrix`` talks as ``run`` does: each finished cell is a line on
+    stderr (read here while the process still runs), and the running cell's rounds are lines too."""
+    suite = _write_suite(tmp_path / "two.yaml", methods=["local", "uniform-kd"], tasks=["digits"], seeds=[0],
+                         out=str(tmp_path / "runs"), settings={**SMALL, "rounds": 2, "device": "cpu"})
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env.pop("COLUMNS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "hfl_bench.cli", "matrix", str(suite)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stderr:  # line by line as it is written
+            lines.append(line.rstrip("\n"))
+            if line.startswith("cell 1/2 "):
+                assert proc.poll() is None  # while the second cell still runs, not at the end
+            if line.startswith("cell 2/2 "):
+                break
+        stdout, rest = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, "\n".join(lines) + rest
+    finished = [line for line in lines if line.startswith("cell ")]
+    assert [line.split(":")[0] for line in finished] == ["cell 1/2 ok", "cell 2/2 ok"], lines
+    assert "local on digits, seed 0, global acc" in finished[0] and "uniform-kd on digits" in finished[1]
+    assert re.search(r"left [0-9]+:[0-9]{2}:[0-9]{2}$", finished[0])
+    assert any(line.startswith("  local on digits, seed 0: round 2/2  val ") for line in lines), lines
+    assert "\x1b" not in "".join(lines)  # no escape sequences when piped
+    assert "suite " in stdout  # then the summary table

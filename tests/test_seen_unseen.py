@@ -175,7 +175,7 @@ def test_the_html_group_page_and_the_plot_show_them(run, folder, tmp_path):
     su = run[0]["metrics"]["seen_unseen"]
     assert "<h2>Seen and unseen classes</h2>" in new and f"{su['unseen_acc']:.2f} ± -" in new
     assert "headline (honest clients)" in new and "faulty clients" in new
-    assert "written from record schema 1.6 on" in old
+    assert "The records carry no seen / unseen-class accuracy (older records do not)." in old
     assert any(Path(p).name.startswith("seen-unseen__digits") for p in site.plots)  # ``plot all`` draws it
     written, skipped = make_plots("seen-unseen", [folder], tmp_path / "plots")
     assert [w.kind for w in written] == ["seen-unseen"] and [r.record_id for r in written[0].drawn] == [

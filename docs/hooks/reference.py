@@ -127,13 +127,32 @@ def presets_section(name: str, presets: dict[str, Any]) -> str:
             "budget.\n\n" + table(["preset", "hyperparameters"], rows))
 
 
+# Card fields the reference does not show as rows: the notes and presets have sections of their own,
+# the smoke settings are the test suite's, and the reason a method refuses missing modalities is
+# folded into that row (``card_rows``).
+NOT_ROWS = ("notes", "presets", "smoke", "why_single_modality")
+
+
+def card_rows(card: dict[str, Any]) -> list[list[Any]]:
+    """The card's facts as rows, each said once: ``missing_modalities`` reads ``runs`` or
+    ``refuses: <why>`` (as ``hfl-bench describe`` says it), never a yes beside a reason to refuse."""
+    rows = []
+    for k, v in card.items():
+        if k in NOT_ROWS:
+            continue
+        if k == "missing_modalities":
+            v = "runs" if v else f"refuses: {card.get('why_single_modality') or 'not declared'}"
+        rows.append([k, _card_value(v)])
+    return rows
+
+
 def method_page(name: str, cls: type) -> str:
     card = method_card(name, cls)
     module_doc = inspect.getdoc(sys.modules.get(cls.__module__)) or ""
     notes = card.get("notes") or ()
     parts = [GENERATED_NOTE, f"# `{name}`\n\n", prose(card.get("summary") or "") + "\n\n",
              "## Card\n\n",
-             table(["field", "value"], [[k, _card_value(v)] for k, v in card.items() if k not in ("notes", "presets")]),
+             table(["field", "value"], card_rows(card)),
              "\n## Presets\n\n", presets_section(name, card.get("presets") or {}),
              "\n## Choices where the source is silent (`notes`, in every record)\n\n",
              "".join(f"- {prose(n)}\n" for n in notes) or "None declared.\n",
@@ -151,7 +170,7 @@ def methods_index(methods: list[tuple[str, type]]) -> str:
     for name, cls in methods:
         card = method_card(name, cls)
         rows.append([Raw(f"[`{name}`]({name}.md)"), card.get("version"), card.get("fidelity"), card.get("topology"),
-                     _card_value(card.get("transfer")), _card_value(card.get("missing_modalities")),
+                     _card_value(card.get("transfer")), "runs" if card.get("missing_modalities") else "refuses",
                      card.get("summary")])
     return (GENERATED_NOTE + "# Methods\n\nEvery registered method (built-ins and installed plugins), from its "
             "card. `hfl-bench describe NAME` prints the same facts in the terminal.\n\n"

@@ -16,20 +16,27 @@ from typing import Any
 _app: Any = None
 
 
+def _version_text() -> str:
+    """``hfl-bench X.Y`` and, on a second line, the versions that decide what a run does (Python,
+    torch, torchvision, timm, numpy), read without importing them."""
+    from hfl_bench import __version__
+    from hfl_bench.stack import versions
+
+    return f"hfl-bench {__version__}\n{versions()}"
+
+
 def _print_version(value: bool) -> None:
     if value:
         import typer
 
-        from hfl_bench import __version__
-
-        typer.echo(f"hfl-bench {__version__}")
+        typer.echo(_version_text())
         raise typer.Exit()
 
 
 def _build_app():
     import typer
 
-    from hfl_bench.cli import describe, leaderboard, matrix, partition, plots, plugins, run
+    from hfl_bench.cli import describe, leaderboard, matrix, partition, plots, plugins, prepare, run
     from hfl_bench.cli.options import BenchCommand, BenchGroup
 
     app = typer.Typer(
@@ -61,6 +68,7 @@ def _build_app():
     app.add_typer(leaderboard.app, name="leaderboard")
     command("matrix")(matrix.matrix)
     command("plot")(plots.plot_command)
+    app.add_typer(prepare.app, name="prepare")
     return app
 
 
@@ -112,11 +120,30 @@ def _survive_narrow_encodings() -> None:
             pass
 
 
+# The commands that train, and so import torch and torchvision: checked at start-up.
+TRAINING_COMMANDS = ("run", "matrix")
+
+
+def _stack_error(message: str) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    raise SystemExit(2)
+
+
 def main() -> None:
     _survive_narrow_encodings()
     if sys.argv[1:] == ["--version"]:  # the fast path: nothing else imported
-        from hfl_bench import __version__
-
-        sys.stdout.write(f"hfl-bench {__version__}\n")
+        sys.stdout.write(_version_text() + "\n")
         return
-    __getattr__("app")()
+    from hfl_bench import stack
+
+    training = bool(sys.argv[1:2]) and sys.argv[1] in TRAINING_COMMANDS and not {"--help", "-h"} & set(sys.argv)
+    if training and (problem := stack.version_problem()):  # torch and torchvision not a pair: one line
+        _stack_error(problem)
+    try:
+        if training:
+            import torchvision  # noqa: F401 - fails here, not after the setup, when its operators do not load
+        __getattr__("app")()
+    except (RuntimeError, ImportError, OSError) as e:  # a torchvision built for another torch, found late
+        if (problem := stack.import_problem(e)) is None:
+            raise
+        _stack_error(problem)

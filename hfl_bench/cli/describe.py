@@ -62,7 +62,13 @@ def _look_up(c: Any, name: str, kind: Optional[str]) -> tuple[list[str], Any, Op
 def _unknown(c: Any, name: str, kind: Optional[str]) -> str:
     if kind:
         return c.unknown_message(kind, name)
-    return (f"{name!r} is no method, task, pool, partitioner or aggregator; "
+    import difflib
+
+    names = {n: k for k in reversed(KINDS) for n in c.names(k)}  # the first kind wins a shared name
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    kind_of = names[close[0]].rstrip("s") if close else ""
+    hint = f" Did you mean {close[0]!r} ({'an' if kind_of[:1] in 'aeiou' else 'a'} {kind_of})?" if close else ""
+    return (f"{name!r} is no method, task, pool, partitioner or aggregator.{hint} "
             "hfl-bench list methods (tasks, pools, partitioners, aggregators) shows them")
 
 

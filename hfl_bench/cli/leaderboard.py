@@ -50,6 +50,11 @@ def show(
     against: Optional[str] = typer.Option(None, "--against", help="Add a column 'vs METHOD': each group's paired "
                                           "difference to METHOD in its protocol [95% interval], * when resolved "
                                           "(`leaderboard compare`)."),
+    columns: Optional[str] = typer.Option(None, "--columns", help="The table's and markdown's columns, comma-"
+                                          "separated (e.g. method,global acc,local acc), or 'all'. Default: the "
+                                          "columns that differ within a section (one value in every row goes into "
+                                          "the section's title, empty ones are left out), as many as fit the "
+                                          "terminal. csv and json keep every field."),
 ):
     """Group reproduced records by setting (mean, sample sd, seeds; failed runs counted apart) and
     put the matching published figures beside each group with the delta reproduced - published.
@@ -60,8 +65,8 @@ def show(
     selected round's figure, which stays in the `selected` columns; published deltas use it; `*`
     marks records with no final figure, whose selected round's stands in). Under faults the headline is the
     honest clients' accuracy and `drop` the mean change against the same seeds and the same clients
-    without faults (records selected on the honest clients' validation, written before issue 30,
-    are kept apart: `selection=honest-val`).
+    without faults (records selected on the honest clients' validation by an older rule are kept
+    apart: `selection=honest-val`).
     Only records that `leaderboard validate` accepts are read; each other file is listed on stderr
     (skipped, with the reason) and never averaged in. The rank interval of a method is the range of
     ranks consistent with its resolved paired comparisons (docs: Paired comparisons)."""
@@ -70,6 +75,8 @@ def show(
     from hfl_bench.results.ranking import rank_methods, unranked_methods
 
     fmt = output_format(fmt, as_json, FORMATS)
+    if columns is not None and fmt in ("csv", "json"):
+        fail(f"--columns chooses the table's and markdown's columns; {fmt} keeps every field")
     if rank and against:
         fail("--against adds a column to the groups, not to --rank (whose rank intervals come from the same "
              "paired comparisons); use one or the other")
@@ -77,6 +84,8 @@ def show(
         loaded, not_records = load_records(_paths(paths))
     except ResultsError as e:
         fail(str(e))
+    if not loaded and not not_records:
+        fail("no record files found in " + ", ".join(map(str, _paths(paths))))
     records, excluded = board_records(loaded)  # valid records only; the rest listed, never averaged
     skipped = [s.line() for s in not_records + excluded]
     for line in skipped:
@@ -86,9 +95,41 @@ def show(
         from hfl_bench.results.rank_intervals import with_rank_intervals
 
         ranked = with_rank_intervals(rank_methods(board.groups), board.groups)
-        _print_rank(ranked, unranked_methods(board.groups, ranked), fmt)
+        chosen = _chosen(columns, RANK_COLUMNS)
+        _print_rank(ranked, unranked_methods(board.groups, ranked), fmt, chosen)
     else:
-        _print_board(board, fmt, _vs(records, against))
+        from hfl_bench.results.render import COLUMNS as BOARD_COLUMNS
+
+        vs = _vs(records, against)
+        known = BOARD_COLUMNS + ((paired_view_column(vs[0]),) if vs else ())
+        _print_board(board, fmt, vs, _chosen(columns, known))
+
+
+RANK_COLUMNS = ("#", "method", "mean rank", "rank interval", "protocols", "ranks")
+
+
+def paired_view_column(reference: str) -> str:
+    from hfl_bench.results.paired_view import vs_column
+
+    return vs_column(reference)
+
+
+def _chosen(spec: Optional[str], known: tuple[str, ...]) -> Optional[tuple[str, ...]]:
+    """``--columns``: the named columns in the order given (``all``: every one), or one line and
+    exit 2 naming the closest known column; None without --columns."""
+    if spec is None:
+        return None
+    from hfl_bench.registry import unknown_message
+
+    if spec.strip() == "all":
+        return known
+    names = [c.strip() for c in spec.split(",") if c.strip()]
+    if not names:
+        fail("--columns: give column names separated by commas, or 'all'; known: " + ", ".join(known))
+    for name in names:
+        if name not in known:
+            fail(f"--columns: {unknown_message('column', name, list(known))}")
+    return tuple(dict.fromkeys(names))
 
 
 def _vs(records: list, reference: Optional[str]) -> Optional[tuple[str, dict]]:
@@ -107,7 +148,8 @@ def _vs(records: list, reference: Optional[str]) -> Optional[tuple[str, dict]]:
     return reference, vs_comparisons(groups, reference)
 
 
-def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None) -> None:
+def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
+                 chosen: Optional[tuple[str, ...]] = None) -> None:
     from hfl_bench.results import paired_view
     from hfl_bench.results.render import (
         COLUMNS,
@@ -147,7 +189,7 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None) 
         vs_columns = (paired_view.vs_column(vs[0]),)
     title = "published figures with no reproduced group"
     if fmt == "markdown":
-        sys.stdout.write(sections_markdown(rows, COLUMNS + vs_columns))
+        sys.stdout.write(sections_markdown(rows, chosen or COLUMNS + vs_columns, chosen=chosen is not None))
         if unmatched:
             sys.stdout.write(f"\n{title}:\n\n" + to_markdown(unmatched, UNMATCHED_COLUMNS))
         return
@@ -159,24 +201,44 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None) 
                            "drop = with faults - the same seeds and clients without"
                            if any(g.has_faults for g in board.groups) else "")
                         + (f"; {paired_view.vs_title(vs[0])}" if vs else ""))
+        wide_out().print(plain(title_groups), highlight=False)
         for label, part in by_section(rows):  # one table per setting section: the rows that compete
-            _print_table(part, TABLE_COLUMNS + vs_columns, f"setting: {section_title(label)}; {title_groups}")
+            _print_table(part, chosen or TABLE_COLUMNS + vs_columns, f"setting: {section_title(label)}",
+                         chosen=chosen is not None)
     else:
         wide_out().print("no reproduced records match", highlight=False)
     if unmatched:
         _print_table(unmatched, tuple(c for c in UNMATCHED_COLUMNS if c != "locator"), title)
 
 
-def _print_table(rows: list[dict[str, Any]], columns: tuple[str, ...], title: str) -> None:
+def _print_table(rows: list[dict[str, Any]], columns: tuple[str, ...], title: str, legend: str = "",
+                 chosen: bool = False) -> None:
     """A rich table on wide stdout, its cells and title spelled for the stream's encoding before
-    rich measures them (``spelled_for``: the columns line up on an ASCII-only stdout too)."""
-    from hfl_bench.results.render import to_rich
+    rich measures them (``spelled_for``: the columns line up on an ASCII-only stdout too).
+
+    Unless the columns were ``chosen`` (--columns): the columns with one value in every row go into
+    the title and the empty ones are left out (``readable``), then as many as fit the console's
+    width (``fit_columns``), the ones left out named under the table. ``legend`` (what the figures
+    are) follows the title."""
+    from hfl_bench.results.render import fit_columns, readable, same_label, to_rich
 
     console = wide_out()
-    console.print(to_rich(spelled_for(console, rows), columns, ascii_spelled(title, console.encoding or "utf-8")))
+    rows = spelled_for(console, rows)
+    caption = ""
+    if not chosen:
+        shown, same = readable(rows, columns)
+        fitted, left_out = fit_columns(rows, shown, console.width)
+        columns = tuple(fitted)
+        title = "; ".join(x for x in (title, same_label(same)) if x)
+        if left_out:
+            caption = f"left out to fit {console.width} columns: {', '.join(left_out)} (--columns chooses)"
+    title = "; ".join(x for x in (title, legend) if x)
+    encoding = console.encoding or "utf-8"
+    console.print(to_rich(rows, columns, ascii_spelled(title, encoding), ascii_spelled(caption, encoding)))
 
 
-def _print_rank(ranked: list[dict[str, Any]], unranked: list[dict[str, Any]], fmt: str) -> None:
+def _print_rank(ranked: list[dict[str, Any]], unranked: list[dict[str, Any]], fmt: str,
+                chosen: Optional[tuple[str, ...]] = None) -> None:
     """The rank in ``fmt``; ``unranked`` (``ranking.unranked_methods``): the methods alone in a
     section, listed with it after the rank (json: ``unranked``; csv has rank rows only)."""
     from hfl_bench.results.rank_intervals import DEFINITION
@@ -190,7 +252,7 @@ def _print_rank(ranked: list[dict[str, Any]], unranked: list[dict[str, Any]], fm
         unranked_lines,
     )
 
-    columns = ("#", "method", "mean rank", "rank interval", "protocols", "ranks")
+    columns = chosen or RANK_COLUMNS
     if fmt == "json":
         sys.stdout.write(json.dumps({"ties": "average rank", "within": "one ranking per setting section",
                                      "by": "headline global accuracy (mean of the last evaluated rounds)",
@@ -206,15 +268,17 @@ def _print_rank(ranked: list[dict[str, Any]], unranked: list[dict[str, Any]], fm
         sys.stdout.write(to_csv(rows, ("section", "method", "mean_rank", "rank_best", "rank_worst", "n_protocols",
                                        "ranks")))
     elif fmt == "markdown":
-        sys.stdout.write(sections_markdown(rank_rows(ranked), columns))
+        sys.stdout.write(sections_markdown(rank_rows(ranked), columns, chosen=chosen is not None))
         sys.stdout.write("".join(f"\n{markdown_cell(line)}\n" for line in unranked_lines(unranked)))
     else:
         title = ("mean rank by headline global accuracy over protocols run by 2+ methods (ties: average rank); "
                  f"rank interval: {DEFINITION}")
         if not ranked:
             wide_out().print("no protocol was run by two or more methods of one setting", highlight=False)
+        else:
+            wide_out().print(plain(title), highlight=False)
         for label, part in by_section(rank_rows(ranked)):  # ranked within each setting section only
-            _print_table(part, columns, f"setting: {section_title(label)}; {title}")
+            _print_table(part, columns, f"setting: {section_title(label)}", chosen=chosen is not None)
         for line in unranked_lines(unranked):
             wide_out().print(terminal(line), highlight=False, markup=False)
 
@@ -223,8 +287,8 @@ def _print_rank(ranked: list[dict[str, Any]], unranked: list[dict[str, Any]], fm
 def compare(
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
     against: Optional[str] = typer.Option(None, "--against", "-b", help="The reference method B: each comparison is "
-                                          "A - B. With --variants: one more row, B's best group against the "
-                                          "method's default group."),
+                                          "A - B \\[default: local, unless --variants]. With --variants: one more "
+                                          "row, B's best group against the method's default group."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Compare the groups of this method that differ "
                                            "in method parameters (e.g. --set aggregator=...) against its group with "
                                            "none (its defaults), each labelled by the parameters that differ."),
@@ -242,7 +306,8 @@ def compare(
     fmt: str = typer.Option("table", "--format", "-f", help="table (plain lines when piped), markdown or json."),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
 ):
-    """Paired comparisons A - B within each protocol both ran: records paired by seed (a pair must
+    """Paired comparisons A - B within each protocol both ran (B: --against, local by default):
+    records paired by seed (a pair must
     share its partition hash; other seeds are dropped and counted, mixed hosts marked), the mean
     difference with its 95% t-interval, the exact sign-flip p-value and its Holm adjustment over the
     comparisons of one table; "resolved" when the interval excludes zero and the Holm-adjusted p is
@@ -262,9 +327,9 @@ def compare(
     from hfl_bench.results.paired import why_not_comparable
 
     fmt = output_format(fmt, as_json, COMPARE_FORMATS)
-    if against is None and variants is None:
-        fail("give --against METHOD (other methods against it) or --variants METHOD (its parameter variants "
-             "against its default group)")
+    default_reference = against is None and variants is None
+    if default_reference:
+        against = DEFAULT_REFERENCE
     if variants is not None and method:
         fail("--method picks the methods compared against --against; with --variants every variant is compared "
              "(name another method with --against)")
@@ -279,6 +344,9 @@ def compare(
     groups = [g for g in build_groups(records) if not task or g.task in task]
     names = sorted({g.method for g in groups})
     named = [(variants, "--variants"), (against, "--against"), *((m, "--method") for m in method)]
+    if default_reference and against not in names:
+        fail(f"no records of {against}, the default reference; name another with --against METHOD (one of: "
+             f"{', '.join(names) or 'none'}) or compare a method's variants with --variants METHOD")
     for name, flag in named:
         if name is not None and name not in names:
             fail(f"{flag}: {unknown_message('method', name, names)}")
@@ -330,6 +398,7 @@ def _check_endpoint(groups: list, methods: set, endpoint: Optional[str], flag: s
 
 
 CLAIMS_FORMATS = ("table", "markdown", "json")
+DEFAULT_REFERENCE = "local"  # compare's B without --against: no communication at all
 
 
 @app.command(cls=BenchCommand)
@@ -406,10 +475,12 @@ def validate(
 
 @app.command(cls=BenchCommand)
 def html(
-    out_dir: Path = typer.Argument(..., help="The folder to write the site into (new, empty, or a site this wrote)."),
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="The folder to write the site into (new, empty, "
+                                       "or a site this wrote). Without --out, the first path is taken as it "
+                                       "(deprecated)."),
 ):
-    """Write the leaderboard as a static HTML site (OUT_DIR/index.html).
+    """Write the leaderboard as a static HTML site (OUT/index.html).
 
     Per task and protocol a sortable, filterable table of groups with the published figures
     beside them, the rank, the plots, one page per group (config, provenance, per-class and
@@ -420,8 +491,16 @@ def html(
     from hfl_bench.results.html import build_site
     from hfl_bench.results.loading import ResultsError
 
+    if out is None:
+        if not paths:
+            fail("give the folder to write the site into: --out FOLDER")
+        out_dir, paths = paths[0], paths[1:]
+        note("deprecated:", f"the output folder as the first argument; write --out {out_dir} (the positional form "
+             "goes in the next version)")
+    else:
+        out_dir = out
     try:
-        check_folder_target(out_dir, "OUT_DIR")
+        check_folder_target(out_dir, "--out")
         site = build_site(out_dir, _paths(paths))
     except (ResultsError, OutDirError) as e:
         fail(str(e))

@@ -1,16 +1,25 @@
 """``hfl-bench matrix``: run a suite (methods x tasks x seeds, optionally x fault settings) and
-print its summary, with a progress bar over cells (and over rounds for in-process runs)."""
+print its summary, with progress over cells (and over rounds for in-process runs): a bar on a
+terminal, plain lines when piped."""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from hfl_bench.cli.output import USER_ERRORS, cell, command_line, emit_json, err, fail, interrupted, note, out, plain
@@ -46,7 +55,9 @@ def matrix(
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="List the cells and what would happen (run, skip, fail); run nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress (on a terminal a bar with the running "
+                               "cell's round and the time left; piped, a line per finished cell and every few "
+                               "rounds)."),
 ):
     """Run every cell of a suite (methods x tasks x seeds, x fault settings when the suite lists
     faults), one record per cell.
@@ -161,40 +172,97 @@ def _print_table(suite: Suite, folder: str, rows: list[dict[str, Any]], speed: d
 
 
 class _CellProgress:
-    """A rich progress bar over cells; in-process runs also show the current cell's rounds."""
+    """Progress on stderr. On a terminal: a rich bar over cells with the time left, and the running
+    cell's round with its own time left. Otherwise (piped, redirected, captured): plain lines, as
+    ``run`` prints them: one per finished cell (its status, headline, time and the matrix's time
+    left) and, for a cell running in this process, one every max(1, rounds // 20) rounds and at its
+    last. Pool and Ray workers report their cells when they finish (not their rounds)."""
 
     def __init__(self, total: int, enabled: bool):
         self.enabled = enabled
+        self.tty = err.is_terminal
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=err, transient=True)
+                            TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=err,
+                            transient=True)
         self.total = total
+        self.done = 0
+        self.start = time.monotonic()
+        self.round_task = None
 
     def __enter__(self):
-        if self.enabled:
+        self.start = time.monotonic()
+        if self.enabled and self.tty:
             self.bar.start()
             self.cells = self.bar.add_task("cells", total=self.total)
-            self.round_task = None
         return self
 
     def cell_done(self, row: dict[str, Any]) -> None:
-        if self.enabled:
-            variant = f" [{row['variant']}]" if row.get("variant") else ""
-            last = escape(terminal(f"{row['method']}{variant} on {row['task']}: {row['status']}"))  # reads markup
+        if not self.enabled:
+            return
+        self.done += 1
+        variant = f" [{row['variant']}]" if row.get("variant") else ""
+        what = f"{row['method']}{variant} on {row['task']}"
+        if self.tty:
+            last = escape(terminal(f"{what}: {row['status']}"))  # the column reads markup
             self.bar.update(self.cells, advance=1, description=f"cells (last: {last})")
+            return
+        elapsed = time.monotonic() - self.start
+        acc = row.get("global_acc")
+        took = row.get("wall_time_s")
+        left = elapsed / self.done * (self.total - self.done)
+        text = (f"cell {self.done}/{self.total} {row['status']}: {what}, seed {row['seed']}"
+                + (f", global acc {acc:.2f}" if isinstance(acc, (int, float)) else "")
+                + (f", {_clock(took)}" if isinstance(took, (int, float)) else "")
+                + f"; matrix elapsed {_clock(elapsed)}, left {_clock(left) if self.done < self.total else '0:00:00'}")
+        _line(text)
 
     def rounds(self, cell: Cell) -> Optional[Callable]:
         if not self.enabled:
             return None
+        if not self.tty:
+            return _RoundLines(cell)
         if self.round_task is not None:
             self.bar.remove_task(self.round_task)
         self.round_task = self.bar.add_task(f"  {escape(terminal(cell.label))}", total=cell.cfg.rounds)
 
         def update(rnd: int, total: int, entry: dict[str, Any]) -> None:
-            self.bar.update(self.round_task, completed=rnd)
+            self.bar.update(self.round_task, completed=rnd, total=total)
 
         return update
 
     def __exit__(self, *exc):
-        if self.enabled:
+        if self.enabled and self.tty:
             self.bar.stop()
         return False
+
+
+class _RoundLines:
+    """A running cell's rounds as plain lines (``run``'s cadence): one every max(1, rounds // 20)
+    rounds and at the last, with the elapsed time and the cell's time left."""
+
+    def __init__(self, cell: Cell):
+        self.label = cell.label
+        self.start = time.monotonic()
+        self.first_round: Optional[int] = None  # the round before the first reported (a resumed cell)
+
+    def __call__(self, rnd: int, total: int, entry: dict[str, Any]) -> None:
+        if self.first_round is None:
+            self.first_round = rnd - 1
+        if rnd % max(1, total // 20) and rnd != total:
+            return
+        elapsed = time.monotonic() - self.start
+        done = rnd - self.first_round
+        left = elapsed / done * (total - rnd) if done > 0 else None
+        val = entry.get("mean_val_acc")
+        _line(f"  {self.label}: round {rnd}/{total}  val {f'{val:.1f}%' if isinstance(val, (int, float)) else '-'}  "
+              f"elapsed {_clock(elapsed)}  left {_clock(left) if left is not None else '-'}")
+
+
+def _line(text: str) -> None:
+    sys.stderr.write(terminal(text) + "\n")
+    sys.stderr.flush()
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

@@ -36,9 +36,8 @@ FINAL, SELECTED, MIXED = "final", "selected", "mixed"
 HEADLINE_STATISTIC = FINAL  # what the measurement chose; SELECTED is the fallback
 # How the table, markdown and HTML mark a group whose headline fell back (``group_basis`` not FINAL).
 FALLBACK_MARK = "*"
-FALLBACK_NOTE = (f"{FALLBACK_MARK} no final figure in (some of) these records (schema < 1.2, a client group's "
-                 "before 1.5, an extra endpoint's before 1.7): the figure at the selected round stands in for the "
-                 "headline")
+FALLBACK_NOTE = (f"{FALLBACK_MARK} no final figure in (some of) these records (written by an older hfl-bench; "
+                 "docs: Older records): the figure at the selected round stands in for the headline")
 
 
 def _figures(record: dict[str, Any], metric: str, clients: str,

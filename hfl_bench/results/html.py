@@ -1,4 +1,4 @@
-"""The leaderboard as a static HTML site (``hfl-bench leaderboard html OUT_DIR [RECORDS...]``).
+"""The leaderboard as a static HTML site (``hfl-bench leaderboard html [RECORDS...] --out OUT``).
 
 One ``index.html`` (one setting section after another, ``SettingGroup.section``; in each, per task
 and protocol a sortable table of groups with the published figures beside them; a filter by
@@ -187,10 +187,19 @@ def _seed_group_of(groups: list[SettingGroup], seed_groups: list[SeedGroup]) -> 
     return out
 
 
-def _page_name(g: SettingGroup, members: list[Loaded]) -> str:
-    """A group page's file name: a hash of the group's key (task, group id, its record files)."""
-    key = json.dumps([g.task, g.group_id, sorted(str(shown_path(r.path)) for r in members)])
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16] + ".html"
+def _page_name(g: SettingGroup, row: dict[str, Any], taken: set[str]) -> str:
+    """A group page's file name, from what the group is: task, method, pool, setting (partition,
+    clients, rounds, method parameters) and faults, e.g.
+    ``digits__crad__cpu__dirichlet_alpha_0.3_N_10_R_30.html``; only letters, digits, ``.``, ``_``
+    and ``-``; ``-2``, ``-3`` ... appended, in the board's order, where two groups would share one."""
+    parts = [g.task, g.method, g.pool, row["cells"]["setting"]] + ([g.faults] if g.has_faults else [])
+    stem = "__".join(re.sub(r"[^A-Za-z0-9.-]+", "_", str(x)).strip("_.") or "x" for x in parts)[:100]
+    name, n = stem, 1
+    while name.lower() in taken:  # case-insensitive file systems: crad and CRAD are one file
+        n += 1
+        name = f"{stem}-{n}"
+    taken.add(name.lower())
+    return name + ".html"
 
 
 def _row(g: SettingGroup) -> dict[str, Any]:
@@ -551,10 +560,11 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
     sections: dict[tuple, dict[str, Any]] = {}
     pages = []
     labels = protocol_labels(board.groups)
+    taken: set[str] = set()
     for g in board.groups:
         sg = seed_groups.get(id(g))
         row = _row(g)
-        row["page"] = _page_name(g, sg.records if sg else g.ok)
+        row["page"] = _page_name(g, row, taken)
         pages.append((g, sg, row))
         label = labels[g.protocol()]  # the data appended where one task's protocols differ only in it
         key = (g.section_key(), g.section, g.task, label)  # one setting section after another

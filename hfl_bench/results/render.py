@@ -124,7 +124,7 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
             "setting": setting, "seeds": str(len(g.ok)), "global acc": marked(_pm(gl.mean, gl.sd), basis),
             "drop": drop_label(g), "local acc": marked(_pm(lo.mean, lo.sd), group_basis(g, "local_acc")),
             "selected global": _pm(sg.mean, sg.sd), "selected local": _pm(sl.mean, sl.sd),
-            STEPS: steps_label([r.record for r in g.ok]),
+            STEPS: steps_label([r.record for r in g.ok]), BYTES: bytes_label(g),
             "failed/diverged": f"{g.n_failed}/{g.n_diverged}", "source": "", "locator": "",
             "match": "", "delta": "", KIND: "group", **({NOTE: notes} if notes else {}),
         })
@@ -173,6 +173,24 @@ def clients_rows(g: SettingGroup) -> list[dict[str, str]]:
     return rows
 
 
+def human_bytes(x: Optional[float]) -> str:
+    """``1.21 MB``: a byte count to three significant figures or so ('-' for None)."""
+    if x is None:
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(x) >= size:
+            return f"{x / size:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+def bytes_label(g: Any) -> str:
+    """The seeds' mean bytes sent per client per round ('-' where no record says)."""
+    sent = [c.get("bytes_sent_per_client_per_round") for c in (r.record.get("cost") for r in g.ok)
+            if isinstance(c, dict)]
+    sent = [x for x in sent if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    return human_bytes(sum(sent) / len(sent)) if sent else "-"
+
+
 def version_label(g: Any) -> str:
     """The method version ("-": records from before versions), and what else differs between
     the seeds' code: several commits, uncommitted changes."""
@@ -218,10 +236,13 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
 # server's own steps per round ('-' for records before schema 1.6).
 # "predictor" is what each group's headline evaluated (``SettingGroup.predictor``: the live model,
 # a stored snapshot, a prototype classifier ..., ``method_card.PREDICTORS``; short values).
+# "bytes / client / round" is what each client sent per round through the metered channel
+# (``cost.bytes_sent_per_client_per_round``), the seeds' mean.
 STEPS = "steps / client / round"
+BYTES = "bytes / client / round"
 COLUMNS = ("method", "version", "predictor", "task", "pool", "faults", "setting", "seeds", "global acc", "drop",
-           "local acc", "selected global", "selected local", STEPS, "failed/diverged", "source", "locator", "match",
-           "delta")
+           "local acc", "selected global", "selected local", STEPS, BYTES, "failed/diverged", "source", "locator",
+           "match", "delta")
 TABLE_COLUMNS = tuple(c for c in COLUMNS if c not in ("locator", "selected local"))
 UNMATCHED_COLUMNS = ("method", "published as", "task", "pool", "setting", "seeds", "global acc", "local acc",
                      "source", "locator", "match")
@@ -477,8 +498,11 @@ def unranked_lines(unranked: list[dict[str, Any]]) -> list[str]:
 
 
 def rank_interval_label(interval: Optional[list[float]], spec: str) -> str:
-    """``[1, 3]``: the ranks consistent with the resolved paired comparisons (``rank_intervals``)."""
-    return "-" if not interval else f"[{interval[0]:{spec}}, {interval[1]:{spec}}]"
+    """``[1, 3]``: the ranks consistent with the resolved paired comparisons (``rank_intervals``);
+    whole ranks are printed as integers, ``spec`` formats the others (``[1.5, 3]``)."""
+    if not interval:
+        return "-"
+    return "[" + ", ".join(f"{x:.0f}" if float(x).is_integer() else f"{x:{spec}}" for x in interval[:2]) + "]"
 
 
 def row_notes(rows: Iterable[dict[str, Any]]) -> list[str]:
@@ -486,6 +510,49 @@ def row_notes(rows: Iterable[dict[str, Any]]) -> list[str]:
     table's title adds."""
     notes = [n for r in rows if r.get(NOTE) for n in ((r[NOTE],) if isinstance(r[NOTE], str) else r[NOTE])]
     return list(dict.fromkeys(notes))
+
+
+# ----------------------------------------------------------------------------- readable tables
+# The terminal and markdown tables show, per section, the columns a reader compares: a column empty
+# in every row is left out, and a column with one value in every row of the section goes into the
+# section's title ("same in every row: task digits, pool cpu, ..."). The figures and the method are
+# never moved (one row's figure is still a figure). csv, json and the HTML site keep every column.
+NEVER_LIFTED = frozenset({"method", "global acc", "drop", "local acc", "selected global", "selected local", "delta",
+                          "#", "mean rank", "rank interval", "ranks", STEPS, BYTES})
+EMPTY = ("", None, "-")
+
+
+def _main_row(r: dict[str, Any]) -> bool:
+    """A group's own row (or a rank row), not a ↳ row beside it."""
+    return r.get(KIND, "group") == "group"
+
+
+def readable(rows: list[dict[str, Any]], columns: Iterable[str],
+             protected: Iterable[str] = ("method", "global acc")) -> tuple[list[str], list[tuple[str, str]]]:
+    """The columns of ``rows`` worth a column, and the (column, value) pairs the same in every row
+    (for the title). A column is the same in every row when every group row has that one value
+    and every other row has it or nothing; it is empty when no row has more than '-' in it. The
+    ``protected`` columns stay whatever they hold."""
+    protected = set(protected)
+    shown, same = [], []
+    main = [r for r in rows if _main_row(r)]
+    for c in columns:
+        values = [r.get(c) for r in rows]
+        if c not in protected and all(v in EMPTY for v in values):
+            continue
+        mains = {r.get(c) for r in main}
+        others = {r.get(c) for r in rows if not _main_row(r)} - {"", None}
+        if (c not in NEVER_LIFTED and not c.startswith("vs ") and c not in protected and len(mains) == 1
+                and next(iter(mains)) not in EMPTY and others <= mains):
+            same.append((c, str(next(iter(mains)))))
+            continue
+        shown.append(c)
+    return shown, same
+
+
+def same_label(same: list[tuple[str, str]]) -> str:
+    """``same in every row: task digits, pool cpu, seeds 10``; "" for none."""
+    return "same in every row: " + ", ".join(f"{c} {v}" for c, v in same) if same else ""
 
 
 def to_markdown(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
@@ -499,12 +566,19 @@ def to_markdown(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
     return "\n".join(lines + notes) + "\n"
 
 
-def sections_markdown(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
+def sections_markdown(rows: list[dict[str, str]], columns: Iterable[str], chosen: bool = False) -> str:
     """One markdown table per setting section (``by_section``), each under its label in bold and,
-    for a section that stands apart, the reason why (``section_reasons``) in a paragraph."""
+    for a section that stands apart, the reason why (``section_reasons``) in a paragraph. Each
+    table keeps the columns a reader compares (``readable``; the others' one value in a line above
+    it), unless the columns were ``chosen`` (``--columns``): then exactly those."""
     columns = list(columns)
-    return "\n".join(f"**Setting: {markdown_cell(label)}**\n\n" + reasons_markdown(label) + to_markdown(part, columns)
-                     for label, part in by_section(rows))
+    parts = []
+    for label, part in by_section(rows):
+        shown, same = (columns, []) if chosen else readable(part, columns)
+        line = f"{markdown_cell(same_label(same)[:1].upper() + same_label(same)[1:])}.\n\n" if same else ""
+        parts.append(f"**Setting: {markdown_cell(label)}**\n\n" + reasons_markdown(label) + line
+                     + to_markdown(part, shown))
+    return "\n".join(parts)
 
 
 def reasons_markdown(label: str) -> str:
@@ -521,22 +595,66 @@ def to_csv(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:
     return buf.getvalue()
 
 
-# Headers the terminal table stacks on lines of their own (the table is wide already), and columns
-# it leaves out when no row has a figure (records from before schema 1.6 have no budget).
-NARROW_HEADERS = {STEPS: "steps /\nclient /\nround"}
-WHEN_ANY = (STEPS,)
+# Headers the terminal table stacks on lines of their own, so a column is as wide as its figures.
+NARROW_HEADERS = {STEPS: "steps /\nclient /\nround", BYTES: "bytes /\nclient /\nround", "global acc": "global\nacc",
+                  "local acc": "local\nacc", "selected global": "selected\nglobal", "selected local": "selected\nlocal",
+                  "failed/diverged": "failed/\ndiverged", "rank interval": "rank\ninterval", "mean rank": "mean\nrank"}
+# The order in which the terminal table leaves columns out when it is wider than the terminal:
+# first the first. A column not named here goes before all of these; method and the headline never go.
+# What tells two rows of a section apart (task, setting, pool, faults) goes after the secondary
+# figures: a row whose method repeats is read by them (a column with one value in every row is in
+# the title already).
+FIT_ORDER = ("locator", "source", "match", "selected local", "failed/diverged", "ranks", "version", "selected global",
+             "published as", "predictor", "seeds", "protocols", "local acc", "delta", BYTES, STEPS, "setting", "pool",
+             "faults", "task", "drop", "rank interval", "mean rank", "#")
+KEPT = ("method", "global acc")
 
 
-def to_rich(rows: list[dict[str, str]], columns: Iterable[str], title: str) -> Table:
-    """The terminal table; its title also carries the rows' notes (``row_notes``). A ``WHEN_ANY``
-    column is left out when no row has a figure in it."""
-    t = Table(title=Text(terminal("; ".join([title, *row_notes(rows)]))))
-    columns = [c for c in columns if c not in WHEN_ANY or any(r.get(c) not in (None, "", "-") for r in rows)]
+# Columns whose long cells may wrap onto several lines (at spaces: ``dirichlet alpha=0.3`` / ``N=10
+# R=30 ...``) rather than be left out: the width they are counted at.
+FOLDS = {"setting": 22}
+
+
+def table_width(rows: list[dict[str, Any]], columns: Iterable[str]) -> int:
+    """The width of ``to_rich``'s table of ``rows`` in ``columns``: each column as wide as its
+    widest cell or header line (a ``FOLDS`` column at most its width there), plus rich's borders
+    and padding."""
+    from rich.cells import cell_len
+
+    widths = [min(max([cell_len(terminal(r.get(c, ""))) for r in rows]
+                      + [cell_len(x) for x in NARROW_HEADERS.get(c, c).split("\n")]), FOLDS.get(c, 10**6))
+              for c in columns]
+    return sum(widths) + 3 * len(widths) + 1
+
+
+def fit_columns(rows: list[dict[str, Any]], columns: Iterable[str], width: int) -> tuple[list[str], list[str]]:
+    """The columns of ``rows`` that fit ``width`` characters unfolded, and the ones left out (in
+    ``FIT_ORDER``, never ``KEPT``) to get there."""
+    columns, left_out = list(columns), []
+    order = [c for c in columns if c not in FIT_ORDER and c not in KEPT and not c.startswith("vs ")]
+    order += [c for c in FIT_ORDER if c in columns] + [c for c in columns if c.startswith("vs ")]
+    for c in order:
+        if table_width(rows, columns) <= width:
+            break
+        columns.remove(c)
+        left_out.append(c)
+    return columns, left_out
+
+
+def to_rich(rows: list[dict[str, str]], columns: Iterable[str], title: str, caption: str = "") -> Table:
+    """The terminal table; its title also carries the rows' notes (``row_notes``). The method and
+    headline columns never wrap; the others fold (every character shown) when the terminal is too
+    narrow even for them."""
+    t = Table(title=Text(terminal("; ".join([title, *row_notes(rows)]))), title_justify="left",
+              caption=Text(terminal(caption)) if caption else None, caption_justify="left")
+    columns = list(columns)
     for c in columns:
-        right = c in ("seeds", "global acc", "drop", "local acc", "selected global", "selected local", STEPS, "delta",
+        right = c in ("seeds", "global acc", "drop", "local acc", "selected global", "selected local", STEPS, BYTES,
+                      "delta",
                       "mean rank", "rank interval", "protocols", "#")
         # fold, not ellipsis: a narrow terminal still shows every character
-        t.add_column(NARROW_HEADERS.get(c, c), justify="right" if right else "left", overflow="fold")
+        t.add_column(NARROW_HEADERS.get(c, c), justify="right" if right else "left", overflow="fold",
+                     no_wrap=c in KEPT)
     for r in rows:
         published = bool(r.get("source"))
         # Text, not str: never read as markup; terminal(): no escape sequences or control characters

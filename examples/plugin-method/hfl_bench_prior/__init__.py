@@ -1,0 +1,1 @@
+"""The tutorial plugin: one method, ``example-prior`` (``hfl_bench_prior.method``)."""
