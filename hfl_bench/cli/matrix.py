@@ -22,7 +22,20 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from hfl_bench.cli.output import USER_ERRORS, cell, command_line, emit_json, err, fail, interrupted, note, out, plain
+from hfl_bench.cli.output import (
+    USER_ERRORS,
+    RoundLines,
+    cell,
+    clock,
+    command_line,
+    emit_json,
+    err,
+    fail,
+    interrupted,
+    note,
+    out,
+    plain,
+)
 from hfl_bench.results.text import terminal
 
 if TYPE_CHECKING:
@@ -212,15 +225,15 @@ class _CellProgress:
         left = elapsed / self.done * (self.total - self.done)
         text = (f"cell {self.done}/{self.total} {row['status']}: {what}, seed {row['seed']}"
                 + (f", global acc {acc:.2f}" if isinstance(acc, (int, float)) else "")
-                + (f", {_clock(took)}" if isinstance(took, (int, float)) else "")
-                + f"; matrix elapsed {_clock(elapsed)}, left {_clock(left) if self.done < self.total else '0:00:00'}")
+                + (f", {clock(took)}" if isinstance(took, (int, float)) else "")
+                + f"; matrix elapsed {clock(elapsed)}, left {clock(left) if self.done < self.total else '0:00:00'}")
         _line(text)
 
     def rounds(self, cell: Cell) -> Optional[Callable]:
         if not self.enabled:
             return None
         if not self.tty:
-            return _RoundLines(cell)
+            return _round_lines(cell)
         if self.round_task is not None:
             self.bar.remove_task(self.round_task)
         self.round_task = self.bar.add_task(f"  {escape(terminal(cell.label))}", total=cell.cfg.rounds)
@@ -236,33 +249,11 @@ class _CellProgress:
         return False
 
 
-class _RoundLines:
-    """A running cell's rounds as plain lines (``run``'s cadence): one every max(1, rounds // 20)
-    rounds and at the last, with the elapsed time and the cell's time left."""
-
-    def __init__(self, cell: Cell):
-        self.label = cell.label
-        self.start = time.monotonic()
-        self.first_round: Optional[int] = None  # the round before the first reported (a resumed cell)
-
-    def __call__(self, rnd: int, total: int, entry: dict[str, Any]) -> None:
-        if self.first_round is None:
-            self.first_round = rnd - 1
-        if rnd % max(1, total // 20) and rnd != total:
-            return
-        elapsed = time.monotonic() - self.start
-        done = rnd - self.first_round
-        left = elapsed / done * (total - rnd) if done > 0 else None
-        val = entry.get("mean_val_acc")
-        _line(f"  {self.label}: round {rnd}/{total}  val {f'{val:.1f}%' if isinstance(val, (int, float)) else '-'}  "
-              f"elapsed {_clock(elapsed)}  left {_clock(left) if left is not None else '-'}")
-
-
 def _line(text: str) -> None:
     sys.stderr.write(terminal(text) + "\n")
     sys.stderr.flush()
 
 
-def _clock(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+def _round_lines(cell: Cell) -> RoundLines:
+    """A running cell's rounds as plain lines (``run``'s cadence), indented under the cells' lines."""
+    return RoundLines(f"  {cell.label}")

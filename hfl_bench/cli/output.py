@@ -15,6 +15,7 @@ import os
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn, Optional, Sequence
 
@@ -141,3 +142,35 @@ def interrupted(what: str, command: str) -> NoReturn:
     err.print(Text.assemble(("interrupted", "bold yellow"), f" ({terminal(what)}); continue with: ", command),
               highlight=False, soft_wrap=True)
     raise typer.Exit(INTERRUPTED)
+
+
+def clock(seconds: float) -> str:
+    """``h:mm:ss``."""
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class RoundLines:
+    """A run's rounds as plain lines on stderr (piped, redirected, captured): one every
+    max(1, rounds // 20) rounds and at the last, with the mean validation accuracy, the elapsed
+    time and the time left (``run`` and each in-process matrix cell)."""
+
+    def __init__(self, label: str, left: str = "left"):
+        self.label, self.left = label, left
+        self.start = time.monotonic()
+        self.first_round: Optional[int] = None  # the round before the first reported (a resumed run)
+
+    def __call__(self, rnd: int, total: int, entry: dict[str, Any]) -> None:
+        if self.first_round is None:
+            self.first_round = rnd - 1
+        if rnd % max(1, total // 20) and rnd != total:
+            return
+        elapsed = time.monotonic() - self.start
+        done = rnd - self.first_round
+        left = elapsed / done * (total - rnd) if done > 0 else None
+        val = entry.get("mean_val_acc")
+        sys.stderr.write(terminal(f"{self.label}: round {rnd}/{total}  "
+                                  f"val {f'{val:.1f}%' if isinstance(val, (int, float)) else '-'}  "
+                                  f"elapsed {clock(elapsed)}  {self.left} {clock(left) if left is not None else '-'}")
+                         + "\n")
+        sys.stderr.flush()

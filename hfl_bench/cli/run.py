@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -19,6 +18,7 @@ from hfl_bench import config as config_mod
 from hfl_bench.cli.options import CLI_SETTINGS, config_help, given_settings, with_settings
 from hfl_bench.cli.output import (
     USER_ERRORS,
+    RoundLines,
     cell,
     command_line,
     emit_json,
@@ -225,8 +225,7 @@ class _progress:
     def __init__(self, enabled: bool, method: str, task: str, rounds: int):
         self.enabled, self.what, self.rounds = enabled, f"{method} on {task}", rounds
         self.tty = err.is_terminal
-        self.start = time.monotonic()
-        self.first_round: Optional[int] = None  # the round before the first reported (a resumed run)
+        self.line = RoundLines(self.what, left="eta")
         self.bar = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("round {task.completed}/{task.total}"),
             TextColumn("val {task.fields[val]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
@@ -236,8 +235,8 @@ class _progress:
     def __enter__(self):
         if not self.enabled:
             return None
-        self.start = time.monotonic()
         if not self.tty:
+            self.line = RoundLines(self.what, left="eta")  # the clock starts with the rounds
             return self.line
         self.bar.start()
         description = escape(terminal(self.what))  # the column reads markup
@@ -248,31 +247,10 @@ class _progress:
         val = entry.get("mean_val_acc")
         self.bar.update(self.task, completed=rnd, val=f"{val:.1f}%" if val is not None else "-")
 
-    def line(self, rnd: int, total: int, entry: dict[str, Any]) -> None:
-        if self.first_round is None:
-            self.first_round = rnd - 1
-        if rnd % max(1, total // 20) and rnd != total:
-            return
-        elapsed = time.monotonic() - self.start
-        done = rnd - self.first_round
-        eta = elapsed / done * (total - rnd) if done > 0 else None
-        val = entry.get("mean_val_acc")
-        text = (f"{self.what}: round {rnd}/{total}  "
-                f"val {f'{val:.1f}%' if isinstance(val, (int, float)) else '-'}  "
-                f"elapsed {_clock(elapsed)}  eta {_clock(eta) if eta is not None else '-'}")
-        stream = sys.stderr
-        stream.write(terminal(text) + "\n")
-        stream.flush()
-
     def __exit__(self, *exc):
         if self.enabled and self.tty:
             self.bar.stop()
         return False
-
-
-def _clock(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def _get(node: Any, *keys: Any) -> Any:

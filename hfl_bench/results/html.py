@@ -54,6 +54,7 @@ from hfl_bench.results.render import (
     by_section,
     display_rows,
     drop_label,
+    human_bytes,
     rank_rows,
     unranked_lines,
 )
@@ -161,15 +162,6 @@ def _values(records: Iterable[Loaded], *keys: str) -> str:
     return ", ".join(seen) or "-"
 
 
-def _bytes(x: Optional[float]) -> str:
-    if x is None:
-        return "-"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(x) >= size:
-            return f"{x / size:.2f} {unit}"
-    return f"{x:.0f} B"
-
-
 # ----------------------------------------------------------------------------- the board's groups
 
 
@@ -222,7 +214,7 @@ def _row(g: SettingGroup) -> dict[str, Any]:
         "global_v": gl.mean, "local_v": lo.mean, "selected_v": selected.mean, "seeds_v": len(g.ok),
         "bytes_v": sent.mean,
         "minutes_v": wall.mean,
-        "bytes": _bytes(sent.mean), "minutes": _num(wall.mean),
+        "bytes": human_bytes(sent.mean), "minutes": _num(wall.mean),
         "steps_v": mean_steps((r.record for r in g.ok), "private"),  # sorts by the private steps shown first
         "delta_v": next((m.delta for m in g.published if m.delta is not None), None),
     }
