@@ -197,6 +197,11 @@ def test_sides_are_selected_by_k_and_optimizer_and_a_trend_runs_over_k(real, tmp
     assert got["adam"]["verdict"] == "contradicted"  # 40 against 60-61
     r = got["widens"]["results"][0]
     assert (r["mean_difference"], got["widens"]["verdict"]) == (4.0, "reproduced")  # 5.0 at k=1 - 1.0 at k=2
+    # a trend reads each side's endpoint, not the model: these records have no ensemble, so no figure
+    trend = {"records": "reproduced/runs", "over": "k", "values": [2, 1], "optimizer": sgd,
+             "a": {"method": "crad", "endpoint": "ensemble"}, "b": {"method": "local", "endpoint": "ensemble"}}
+    r = run_json(claims_file(tmp_path, claim("ens", trend=trend)))["ens"]["results"][0]
+    assert r["mean_difference"] is None and r["n"] == "0 vs 0"
     # without the optimizer, k=1 matches two groups of crad: one line, exit 2, naming what to add
     path = claims_file(tmp_path, claim("both", comparisons=[{**one({"method": "crad"}, {"method": "local"}), "k": 1}]))
     result, out, err = invoke_cli("leaderboard", "claims", str(path))

@@ -149,8 +149,8 @@ def test_run_with_nowhere_to_write_prints_the_record(tmp_path, monkeypatch, unsa
 def test_run_record_with_nan_is_written_as_failed(tmp_path, monkeypatch):
     build = records.build_record
 
-    def with_nan(cfg, result):
-        record = build(cfg, result)
+    def with_nan(cfg, result, *args):
+        record = build(cfg, result, *args)
         record["metrics"]["global_acc"] = float("nan")
         record["history"][1]["loss"] = float("inf")
         return record
@@ -178,8 +178,8 @@ def test_matrix_cells_are_isolated(tmp_path, monkeypatch, unsaved):
     _disk_full_for(monkeypatch, lambda p: p.name.endswith("__seed1.json"))
     build = records.build_record
 
-    def nan_for_seed2(cfg, result):
-        record = build(cfg, result)
+    def nan_for_seed2(cfg, result, *args):
+        record = build(cfg, result, *args)
         if cfg.seed == 2:
             record["metrics"]["local_acc"] = float("nan")
         return record

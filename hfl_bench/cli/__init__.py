@@ -136,7 +136,9 @@ def main() -> None:
         return
     from hfl_bench import stack
 
-    training = bool(sys.argv[1:2]) and sys.argv[1] in TRAINING_COMMANDS and not {"--help", "-h"} & set(sys.argv)
+    # a dry run (``matrix --dry-run``) lists cells and trains nothing: it never imports torch
+    training = (bool(sys.argv[1:2]) and sys.argv[1] in TRAINING_COMMANDS
+                and not {"--help", "-h", "--dry-run"} & set(sys.argv))
     if training and (problem := stack.version_problem()):  # torch and torchvision not a pair: one line
         _stack_error(problem)
     try:

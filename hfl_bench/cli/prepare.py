@@ -40,4 +40,4 @@ def cifar10_jpg(
         fail(f"cannot write {target}: {e.strerror or e}")
     total = sum(sum(c.values()) for c in info["images"].values())
     out.print(plain(f"wrote {target / 'cifar10-jpg'} ({total:,} images; what it was built from: "
-                    f"{target / 'cifar10-jpg' / 'SOURCE.json'})"), highlight=False)
+                    f"{target / 'cifar10-jpg' / 'SOURCE.json'})"), highlight=False, soft_wrap=True)

@@ -412,7 +412,7 @@ class Evaluation:
             if ga is None or gb is None:
                 out.notes.append(f"{spec.over}={v:g}: no records")
                 continue
-            pg = pair(Side(ga), Side(gb), figure)
+            pg = pair(_paired_side(ga, spec.a), _paired_side(gb, spec.b), figure)  # each side's endpoint
             diffs[v] = [x - y for x, y in zip(pg.a, pg.b)]
             out.task = ga.task
             if pg.seeds:
