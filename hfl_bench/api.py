@@ -200,42 +200,22 @@ def run(config: Optional[RunConfig] = None, *, trackers: Iterable[str] = (), res
     import warnings
 
     from hfl_bench import runpath
-    from hfl_bench.resolved import TorchThreads, auto_threads, resolve_run
+    from hfl_bench.resolved import resolve_run
     from hfl_bench.trackers import Trackers
 
     if config is not None and not isinstance(config, RunConfig):
         raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads must be >= 1, got {threads}")
-    values = dataclasses.asdict(config) if config is not None else {}
-    unknown = sorted(set(settings) - set(_fields()))
-    if unknown:
-        raise ConfigError(f"unknown setting(s): {', '.join(unknown)}. Known: {', '.join(_fields())}")
-    values.update(settings)
-    if "faults" in values and values["faults"] is None:
-        values["faults"] = ""
-    if values.get("method_params") is None:
-        values["method_params"] = {}
     chosen = Trackers(trackers)
-    resolved = resolve_run(RunConfig(**values))
-    torch_threads = TorchThreads()
-    try:
-        torch_threads.set(threads or auto_threads(resolved.cfg, resolved.task.info))
-        outcome = runpath.run_resolved(resolved, progress=progress, resume=resume, trackers=chosen)
-    finally:
-        torch_threads.restore()
-    saved = outcome.saved
+    # the settings over the config's; checked, resolved and named once (an unknown one: ConfigError)
+    resolved = resolve_run({**(dataclasses.asdict(config) if config is not None else {}), **settings})
+    saved = runpath.run_resolved(resolved, progress=progress, resume=resume, trackers=chosen, threads=threads).saved
     if saved.path is None:
         raise RecordNotSaved(f"the record {saved.problem}", saved.record)
     if saved.fallback:
         warnings.warn(f"the record {saved.problem}", RuntimeWarning, stacklevel=2)
     return RunRecord(saved.record, saved.path)
-
-
-def _fields() -> list[str]:
-    from hfl_bench.config import FIELDS
-
-    return list(FIELDS)
 
 
 def load_records(*paths: str | Path) -> Records:

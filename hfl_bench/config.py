@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import math
 import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Callable, Union
+
+from hfl_bench.confighash import (  # noqa: F401 (re-exported: a run's identity)
+    HASH_NEUTRAL_DEFAULTS,
+    LEGACY_FIELDS,
+    NON_SEMANTIC,
+    canonical_json,
+    config_hash,
+    without_legacy,
+)
 
 SEED_LIMIT = 2**63  # seeds are in [0, 2^63): torch and the seed derivation take 63-bit integers
 
@@ -139,33 +146,9 @@ class RunConfig:
 DEVICES = "auto, cpu, cuda or cuda:N"
 DEVICE_NAME = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
-# Fields that do not change what a run computes: left out of the config hash.
-# ``preset`` is hashed through the hyperparameters it sets (``method_params`` once resolved), so
-# ``--preset paper`` and the same values by ``--set`` are one run with one hash.
-NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "cuda_graphs",
-                "checkpoint_every", "preset", "ensemble")
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
-# Fields added after the first records: left out of the hash at their default, so a config that
-# does not use them keeps the hash it always had (older records stay comparable).
-HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "faults": "", "recipient_fraction": None, "missing_modality": None,
-                         "optimizer": "sgd"}
 # The clients' optimizers a run may name (``--optimizer``; ``federation.Federation.make_optimizer``).
 OPTIMIZERS = ("sgd", "adam")
-# Settings that no longer exist: ``vmap`` (stacked teacher inference) and ``lockstep`` (same-
-# architecture students trained together), batching options removed because they were slower
-# than the default wherever they were measured. Records and checkpoints written before carry them
-# in their ``config`` (records also as ``federation.vmap`` / ``federation.lockstep``). They never
-# changed what a run computes (never hashed), so a config read back from a record or a checkpoint
-# drops them (``without_legacy``, ``config_hash``); a config file or a suite that names one is
-# refused like any other unknown key.
-LEGACY_FIELDS = ("vmap", "lockstep")
-
-
-def without_legacy(cfg_dict: dict[str, Any]) -> dict[str, Any]:
-    """A config read back from a record or a checkpoint, without the removed ``LEGACY_FIELDS``."""
-    return {k: v for k, v in cfg_dict.items() if k not in LEGACY_FIELDS}
-
-
 def recorded_config(cfg_dict: dict[str, Any]) -> RunConfig:
     """The ``RunConfig`` of a record's or a checkpoint's ``config`` (legacy settings dropped)."""
     return RunConfig(**without_legacy(cfg_dict))
@@ -219,6 +202,24 @@ def resolve(cfg: RunConfig, task_defaults: dict[str, Any]) -> RunConfig:
     out = RunConfig(**values)
     validate(out)
     return out
+
+
+def resolve_settings(settings: dict[str, Any] | RunConfig,
+                     task_defaults: Callable[[str, Any], dict[str, Any]]) -> RunConfig:
+    """A run's settings through this module once: built into a ``RunConfig`` (an unknown setting
+    is a ConfigError naming the known ones), checked (``validate``), filled from the task's
+    defaults (``task_defaults(task, data_dir)``, asked only once the values passed: a bad value never reaches
+    the task, nor imports torch) and the global ones, checked again, its floats in their one
+    hashed form (``canonical_settings``)."""
+    if isinstance(settings, RunConfig):
+        cfg = settings
+    else:
+        unknown = sorted(set(settings) - set(FIELDS))
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(map(str, unknown))}. Known: {', '.join(FIELDS)}")
+        cfg = RunConfig(**empty_faults_as_none(dict(settings)))
+    validate(cfg)
+    return canonical_settings(resolve(cfg, task_defaults(cfg.task, cfg.data_dir)))
 
 
 def validate(cfg: RunConfig) -> None:
@@ -310,18 +311,6 @@ def _type_name(hint: Any) -> str:
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def config_hash(cfg_dict: dict[str, Any]) -> str:
-    """Hash of everything that changes what a run computes (seed, paths and device excluded; a
-    recorded config's legacy settings too, as they always were)."""
-    semantic = {k: v for k, v in without_legacy(cfg_dict).items()
-                if k not in NON_SEMANTIC and not (k in HASH_NEUTRAL_DEFAULTS and v == HASH_NEUTRAL_DEFAULTS[k])}
-    return hashlib.sha256(canonical_json(semantic).encode()).hexdigest()[:16]
 
 
 def _float_by_value(value: Any) -> Any:

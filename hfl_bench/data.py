@@ -363,6 +363,13 @@ def register_task(name: str):
     return add
 
 
+def task_defaults(task: str, data_dir: Path | str | None) -> dict[str, Any]:
+    """A task's protocol defaults, with those its data folder sets (``Task.folder_defaults``): what
+    ``config.resolve_settings`` fills a run's unset settings from."""
+    found = get_task(task)
+    return {**found.info.defaults, **found.folder_defaults(data_dir)}
+
+
 def get_task(name: str) -> Task:
     return TASKS.get(name)()
 

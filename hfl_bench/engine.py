@@ -20,7 +20,7 @@ from torch import nn
 from hfl_bench import checkpoint as ckpt
 from hfl_bench import config as config_mod
 from hfl_bench.config import FINAL_ROUNDS, ConfigError, RunConfig
-from hfl_bench.data import TaskData, TaskInfo, get_task
+from hfl_bench.data import TaskData, TaskInfo, get_task, task_defaults
 from hfl_bench.evaluation import (  # noqa: F401 (re-exported)
     Evaluator,
     class_correct,
@@ -29,18 +29,25 @@ from hfl_bench.evaluation import (  # noqa: F401 (re-exported)
     selection_score,
 )
 from hfl_bench.families.ensemble import with_mean_ensemble
-from hfl_bench.faults import canonical_config, plan_for
+from hfl_bench.faults import FaultPlan, canonical_config, plan_for
 from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
 from hfl_bench.metering import Budget, Channel, PhaseTimer
-from hfl_bench.method_api import Method, check_card_setting, get_method_class
-from hfl_bench.method_card import matching_preset, preset_values
+from hfl_bench.method_api import (  # noqa: F401 (re-exported: the run's method is resolved there)
+    Method,
+    canonical_identity,
+    canonical_method,
+    check_card_setting,
+    check_method_for_task,
+    get_method_class,
+    make_method,
+    resolve_method,
+)
 from hfl_bench.modalities import ModalityPlan, mask_clients
 from hfl_bench.modalities import plan_for as modality_plan_for
 from hfl_bench.partition import Partition, given_partition, make_partition
 from hfl_bench.paths import checkpoint_path, remove_temporaries
 from hfl_bench.pools import check_pool_for_task, get_pool, seeded_model
 from hfl_bench.provenance import git_info
-from hfl_bench.registry import METHODS, RegistryError
 from hfl_bench.training import Diverged, derive_seed, seeded_choice
 
 log = logging.getLogger(__name__)
@@ -75,12 +82,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: torch.device) -> Federation:
+def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: torch.device,
+                     plans: tuple[ModalityPlan | None, FaultPlan | None] | None = None) -> Federation:
+    """The federation of a resolved config; ``plans`` are its modality and fault plans when the
+    caller already built them (``resolved.resolve_run``), else built here."""
     labels = data.train_y.numpy()
+    modal, faults = plans if plans is not None else (modality_plan_for(cfg, info), plan_for(cfg))
     partition = partition_for(cfg, info, data)
     pool = get_pool(cfg.pool)
     check_pool_for_task(pool, info)
-    modal = modality_plan_for(cfg, info)
     if modal is not None:  # recipients never see their missing modality: NaN in every row they hold
         check_modality_setting(cfg, modal)
         rows = [torch.as_tensor(np.concatenate([c.train, c.val, c.test]), dtype=torch.long) for c in partition.clients]
@@ -93,7 +103,6 @@ def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: tor
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         data = dataclasses.replace(data, train_x=_channels_last(data.train_x), test_x=_channels_last(data.test_x))
-    faults = plan_for(cfg)
     if faults is not None:  # label-noise flips the faulty clients' training labels (a copy), before training
         data = dataclasses.replace(data, train_y=faults.apply_label_noise(
             data.train_y, [c.train for c in partition.clients], info.num_classes))
@@ -208,81 +217,17 @@ def _channels_last(x: torch.Tensor) -> torch.Tensor:
 
 
 ProgressFn = Callable[[int, int, dict[str, Any]], None]
+# What resolving a run built (``resolved.resolve_run``): its method, modality plan and fault plan.
+Built = tuple[Method, "ModalityPlan | None", "FaultPlan | None"]
 
 
-def make_method(cfg: RunConfig) -> Method:
-    cls = get_method_class(cfg.method)
-    check_method_for_task(cls, cfg.task)
-    params = config_mod.coerce_params(cls.Params, cfg.method_params, cfg.method)
-    if cls.card.needs_public and not cfg.public_size:
-        raise ConfigError(f"method {cfg.method} needs a public transfer set: pass --public-size N "
-                          f"(samples held out of the training set; the CRAD setup uses 500)")
-    return cls(params)
-
-
-def check_method_for_task(cls: type[Method], task: str) -> None:
-    """A task whose clients miss modalities runs only methods written for it (one clear line)."""
-    try:
-        info = get_task(task).info
-    except RegistryError:
-        return  # an unknown task is reported where the task is loaded, with its own message
-    card = cls.card
-    if info.modalities and not card.missing_modalities:
-        able = sorted(n for n, c in METHODS.items() if c.card.missing_modalities)
-        raise ConfigError(f"method {card.name} does not run task {info.name}, whose clients miss modalities: "
-                          f"{card.why_single_modality}. Methods that do: {', '.join(able)}")
-
-
-def load_task(cfg: RunConfig, checked: bool = False):
-    """The config's task and the config resolved against its defaults (checked before and after;
-    ``checked``: the caller has already run ``config.validate`` on ``cfg``)."""
-    if not checked:
-        config_mod.validate(cfg)  # types and ranges first: a bad value never reaches the task
+def load_task(cfg: RunConfig):
+    """The config's task and the config resolved as a run resolves it (``resolved.resolve_run``)
+    but without building its method: for drivers and tests that build a ``Simulation`` themselves."""
+    cfg = config_mod.resolve_settings(cfg, task_defaults)
     task = get_task(cfg.task)
-    # the task's defaults filled in, checked again, floats in their one hashed form
-    resolved = config_mod.canonical_settings(
-        config_mod.resolve(cfg, {**task.info.defaults, **task.folder_defaults(cfg.data_dir)}))
-    modality_plan_for(resolved, task.info)  # a modality setting that does not fit the task: before any data loads
-    return task, canonical_method(canonical_config(resolved))  # the fault spec checked and spelled one way
-
-
-def resolve_for_run(cfg: RunConfig, checked: bool = False):
-    """``load_task`` and ``make_method`` in one step: the task, the resolved config and the method
-    it runs (an unknown method or hyperparameter refused before any data loads)."""
-    task, cfg = load_task(cfg, checked)
-    return task, cfg, make_method(cfg)
-
-
-def canonical_identity(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with its float settings and its hyperparameters in the one form that is hashed
-    (``config.canonical_settings``, ``config.canonical_params``): one run, one config hash and one
-    record file, however its values were typed. A ``--preset`` is resolved into the
-    hyperparameters (explicit ones win) and ``preset`` becomes the name of the card's preset the
-    resolved hyperparameters hold, or None (``method_card.matching_preset``). An unknown preset is
-    refused (ConfigError); an unknown method or hyperparameter is left as given: ``make_method``
-    reports it (with the method's hyperparameter table on a terminal)."""
-    return canonical_method(config_mod.canonical_settings(cfg))
-
-
-def canonical_method(cfg: RunConfig) -> RunConfig:
-    """``canonical_identity`` of a config whose settings are already canonical: its preset and
-    hyperparameters in the one hashed form."""
-    try:
-        cls = get_method_class(cfg.method)
-    except RegistryError:
-        return cfg
-    # The preset's values, then the explicit ones over them; an unknown preset is refused here.
-    raw = {**preset_values(cls.card, cfg.preset), **cfg.method_params}
-    try:
-        params = config_mod.canonical_params(cls.Params, raw, cfg.method)
-    except (ConfigError, TypeError):
-        return dataclasses.replace(cfg, method_params=raw)
-    preset = matching_preset(cls.card, cls.Params, params, cfg.preset)
-    # compared as hashed: a dict compares 0 and 0.0 equal, and a suite's ``alpha_max: 0`` would then
-    # keep its int and hash unlike ``--set alpha_max=0``
-    if config_mod.canonical_json(params) == config_mod.canonical_json(cfg.method_params) and preset == cfg.preset:
-        return cfg
-    return dataclasses.replace(cfg, method_params=params, preset=preset)
+    modality_plan_for(cfg, task.info)  # a modality setting that does not fit the task: before any data loads
+    return task, canonical_method(canonical_config(cfg))  # the fault spec checked and spelled one way
 
 
 def peak_memory(device: torch.device) -> dict[str, int | None]:
@@ -296,15 +241,15 @@ class Simulation:
     as benchmarks. Building it loads the data, partitions it, builds every client and evaluates
     the initial models (round 0)."""
 
-    def __init__(self, cfg: RunConfig, code: dict[str, Any] | None = None):
+    def __init__(self, cfg: RunConfig, code: dict[str, Any] | None = None, built: Built | None = None):
         self.cfg = cfg
         self.code = git_info() if code is None else code  # the code version when the run starts
         device = pick_device(cfg.device)
         task = get_task(cfg.task)
-        self.method = make_method(cfg)
+        self.method = make_method(cfg) if built is None else built[0]
         data = task.load(cfg.data_dir, cfg.download)
         seed_everything(cfg.seed)
-        self.fed = fed = build_federation(cfg, task.info, data, device)
+        self.fed = fed = build_federation(cfg, task.info, data, device, None if built is None else built[1:])
         check_card_setting(self.method.card, fed)
         self.method.check(fed)
         if device.type == "cuda":
@@ -440,11 +385,14 @@ class Simulation:
 
 
 def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False,
-        checkpoint: str | Path | None = None, code: dict[str, Any] | None = None) -> RunResult:
+        checkpoint: str | Path | None = None, code: dict[str, Any] | None = None,
+        built: Built | None = None) -> RunResult:
     """Run one method on one task under the standard protocol. ``cfg`` must be resolved.
     Checkpoints go to ``checkpoint`` (default ``paths.checkpoint_path(cfg)``); ``resume``
-    continues from the one there. ``code`` is the provenance to record (default: git now)."""
-    sim = Simulation(cfg, code)
+    continues from the one there. ``code`` is the provenance to record (default: git now);
+    ``built`` the method instance and the modality and fault plans resolution made (``Built``),
+    else made here."""
+    sim = Simulation(cfg, code, built)
     path = Path(checkpoint) if checkpoint is not None else checkpoint_path(cfg)
     # a run killed while writing its checkpoint left the temporary file: this run of the same
     # config (one at a time: the CLI and the matrix hold its claim) removes it, or each kill adds one

@@ -231,6 +231,13 @@ class FaultPlan:
         return out
 
 
+def resolve(cfg: RunConfig) -> tuple[RunConfig, FaultPlan | None]:
+    """A run's faults worked out once: ``cfg`` with its spec in the one hashed form
+    (``canonical_config``) and the run's fault plan (``plan_for``; None without faults)."""
+    cfg = canonical_config(cfg)
+    return cfg, plan_for(cfg)
+
+
 def plan_for(cfg: RunConfig, method: str | None = None) -> FaultPlan | None:
     spec = parse_faults(cfg.faults)
     return None if spec is None else FaultPlan(spec, cfg.clients, cfg.seed, method or cfg.method)

@@ -52,8 +52,10 @@ from typing import Any, ClassVar, Iterator
 import torch
 from torch import nn
 
+from hfl_bench import config as config_mod
 from hfl_bench.checkpoint import load_attrs, pack_attrs
-from hfl_bench.config import ConfigError, param, require_at_least
+from hfl_bench.config import ConfigError, RunConfig, param, require_at_least
+from hfl_bench.data import get_task
 from hfl_bench.federation import Client, ClientView, Federation, RoundView
 from hfl_bench.graphs import train_students
 from hfl_bench.metering import SERVER, Data, Payload, Phase
@@ -66,7 +68,9 @@ from hfl_bench.method_card import (
     MethodCard,
     SmokeSettings,
     card_problems,
+    matching_preset,
     preset_params_problems,
+    preset_values,
 )
 from hfl_bench.pools import PoolMember, seeded_model
 from hfl_bench.registry import METHODS, RegistryError
@@ -256,3 +260,70 @@ def check_card_setting(card: MethodCard, fed: Federation) -> None:
     faults = fed.faults.kind if fed.faults is not None else None
     if faults in card.refuses_faults:
         raise ConfigError(f"method {card.name} does not run under --faults {faults}: {card.refuses_faults[faults]}")
+
+
+# ----------------------------------------------------------------------------- a run's method
+
+
+def resolve_method(cfg: RunConfig) -> tuple[RunConfig, Method]:
+    """A run's method worked out once: ``cfg`` with its preset and hyperparameters in the one
+    hashed form (``canonical_method``), and the method instance that runs it (``make_method``:
+    ConfigError, one line, for an unknown method or hyperparameter, a task it cannot run, a
+    missing public set)."""
+    cfg = canonical_method(cfg)
+    return cfg, make_method(cfg)
+
+
+def make_method(cfg: RunConfig) -> Method:
+    cls = get_method_class(cfg.method)
+    check_method_for_task(cls, cfg.task)
+    params = config_mod.coerce_params(cls.Params, cfg.method_params, cfg.method)
+    if cls.card.needs_public and not cfg.public_size:
+        raise ConfigError(f"method {cfg.method} needs a public transfer set: pass --public-size N "
+                          f"(samples held out of the training set; the CRAD setup uses 500)")
+    return cls(params)
+
+
+def check_method_for_task(cls: type[Method], task: str) -> None:
+    """A task whose clients miss modalities runs only methods written for it (one clear line)."""
+    try:
+        info = get_task(task).info
+    except RegistryError:
+        return  # an unknown task is reported where the task is loaded, with its own message
+    card = cls.card
+    if info.modalities and not card.missing_modalities:
+        able = sorted(n for n, c in METHODS.items() if c.card.missing_modalities)
+        raise ConfigError(f"method {card.name} does not run task {info.name}, whose clients miss modalities: "
+                          f"{card.why_single_modality}. Methods that do: {', '.join(able)}")
+
+
+def canonical_identity(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with its float settings and its hyperparameters in the one form that is hashed
+    (``config.canonical_settings``, ``config.canonical_params``): one run, one config hash and one
+    record file, however its values were typed. A ``--preset`` is resolved into the
+    hyperparameters (explicit ones win) and ``preset`` becomes the name of the card's preset the
+    resolved hyperparameters hold, or None (``method_card.matching_preset``). An unknown preset is
+    refused (ConfigError); an unknown method or hyperparameter is left as given: ``make_method``
+    reports it (with the method's hyperparameter table on a terminal)."""
+    return canonical_method(config_mod.canonical_settings(cfg))
+
+
+def canonical_method(cfg: RunConfig) -> RunConfig:
+    """``canonical_identity`` of a config whose settings are already canonical: its preset and
+    hyperparameters in the one hashed form."""
+    try:
+        cls = get_method_class(cfg.method)
+    except RegistryError:
+        return cfg
+    # The preset's values, then the explicit ones over them; an unknown preset is refused here.
+    raw = {**preset_values(cls.card, cfg.preset), **cfg.method_params}
+    try:
+        params = config_mod.canonical_params(cls.Params, raw, cfg.method)
+    except (ConfigError, TypeError):
+        return dataclasses.replace(cfg, method_params=raw)
+    preset = matching_preset(cls.card, cls.Params, params, cfg.preset)
+    # compared as hashed: a dict compares 0 and 0.0 equal, and a suite's ``alpha_max: 0`` would then
+    # keep its int and hash unlike ``--set alpha_max=0``
+    if config_mod.canonical_json(params) == config_mod.canonical_json(cfg.method_params) and preset == cfg.preset:
+        return cfg
+    return dataclasses.replace(cfg, method_params=params, preset=preset)

@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from hfl_bench.config import ConfigError, RunConfig, config_hash
+from hfl_bench.config import ConfigError, RunConfig
+from hfl_bench.confighash import config_hash
 
 # A task or method name that may be part of a file name.
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
@@ -105,6 +106,25 @@ def record_path(cfg: RunConfig, chash: str | None = None) -> Path:
     chash = chash if chash is not None else config_hash(dataclasses.asdict(cfg))
     stem = record_stem(cfg.task, cfg.method, chash, cfg.seed)
     return inside(cfg.out, f"{stem}.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFiles:
+    """What a resolved config is named by (``run_files``): its hash, its record and checkpoint
+    files, and the config as its record stores it (``portable_config``)."""
+
+    config_hash: str
+    record: Path
+    checkpoint: Path
+    portable_config: dict[str, Any]
+
+
+def run_files(cfg: RunConfig) -> RunFiles:
+    """The ``RunFiles`` of a resolved config (UnsafePathError for a name that cannot name a file)."""
+    cfg_dict = dataclasses.asdict(cfg)
+    chash = config_hash(cfg_dict)
+    record = record_path(cfg, chash)
+    return RunFiles(chash, record, checkpoint_for(record), portable_config(cfg_dict))
 
 
 def checkpoint_path(cfg: RunConfig) -> Path:

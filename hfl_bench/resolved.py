@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from hfl_bench import claims, paths
 from hfl_bench import config as config_mod
@@ -29,11 +29,25 @@ if TYPE_CHECKING:
     from hfl_bench.method_card import MethodCard
 
 
+class Built:
+    """What resolution built while checking the config, handed once to the run that follows it
+    (``ResolvedRun.built``) so the run does not build it again: the method instance, the
+    modality plan and the fault plan. Once only: the method and the fault plan carry a run's state."""
+
+    def __init__(self, method: Method, modality_plan: Any, fault_plan: Any):
+        self._parts: Optional[tuple[Method, Any, Any]] = (method, modality_plan, fault_plan)
+
+    def take(self) -> Optional[tuple[Method, Any, Any]]:
+        parts, self._parts = self._parts, None
+        return parts
+
+
 @dataclass(frozen=True)
 class ResolvedRun:
     """One run's resolved config and what follows from it. It pickles as its config and file
     names (a Ray task, a pool worker): the method class and the task are registry look-ups by
-    name, made where they are used (after the matrix pins the plugins there, ``registry.pin``)."""
+    name, made where they are used (after the matrix pins the plugins there, ``registry.pin``),
+    and what resolution built stays in the process that resolved it."""
 
     cfg: RunConfig  # resolved against the task's defaults, in its canonical (hashed) form
     config_hash: str
@@ -42,6 +56,16 @@ class ResolvedRun:
     # the method version this code records for the run (``records.registered_version``: the card's,
     # with its aggregation rule's past "1.0"), as its record will say
     version: str | None = None
+    # the config as its record stores it (``paths.portable_config``: no machine path)
+    portable_config: Optional[dict[str, Any]] = field(default=None, compare=False)
+    # what resolution built (the method, the plans), for this process's run only
+    built: Optional[Built] = field(default=None, compare=False, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "built": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     @property
     def method_cls(self) -> type[Method]:
@@ -70,30 +94,33 @@ class ResolvedRun:
         return dataclasses.replace(self, cfg=dataclasses.replace(self.cfg, device=device))
 
 
-
-def resolve_run(cfg: RunConfig) -> ResolvedRun:
-    """The ``ResolvedRun`` of ``cfg`` (module doc). Raises the project's own errors, each one line:
-    ConfigError for a bad value, an unknown method or hyperparameter (before any data loads),
-    RegistryError for an unknown task or pool, UnsafePathError for a name that cannot name a file."""
-    config_mod.validate(cfg)  # before torch is imported
-    from hfl_bench import engine
+def resolve_run(cfg: RunConfig | dict[str, Any]) -> ResolvedRun:
+    """The ``ResolvedRun`` of a config or a mapping of settings (``RunConfig``'s fields), each
+    value through each module once, downward: the settings checked, filled from the task's
+    defaults and put in their hashed form (``config.resolve_settings``), the modality plan
+    (``modalities.plan_for``), the fault spec and plan (``faults.resolve``), the method, its preset
+    and hyperparameters (``method_api.resolve_method``), the record's file name
+    (``paths.run_files``). Raises the project's own errors, each one line: ConfigError for a bad
+    value, an unknown setting, method or hyperparameter (before any data loads), RegistryError for
+    an unknown task or pool, UnsafePathError for a name that cannot name a file."""
+    cfg = config_mod.resolve_settings(cfg, _task_defaults)  # checked before torch is imported
+    from hfl_bench import data, faults, modalities
     from hfl_bench.aggregation import run_version
+    from hfl_bench.method_api import resolve_method
 
-    # the task's defaults, the canonical (hashed) form, the method and its hyperparameters checked
-    _, cfg, method = engine.resolve_for_run(cfg, checked=True)
-    chash = config_mod.config_hash(dataclasses.asdict(cfg))
-    record = paths.record_path(cfg, chash)
-    return ResolvedRun(cfg, chash, record, paths.checkpoint_for(record), run_version(method.card.version,
-                                                                                     method.hparams()))
+    modality_plan = modalities.plan_for(cfg, data.get_task(cfg.task).info)  # a setting that does not fit the task
+    cfg, fault_plan = faults.resolve(cfg)
+    cfg, method = resolve_method(cfg)
+    files = paths.run_files(cfg)
+    return ResolvedRun(cfg, files.config_hash, files.record, files.checkpoint,
+                       run_version(method.card.version, method.hparams()), files.portable_config,
+                       Built(method, modality_plan, fault_plan))
 
 
-def resolve_settings(settings: dict[str, Any]) -> ResolvedRun:
-    """``resolve_run`` of a mapping of settings (``RunConfig``'s fields); an unknown one is a
-    ConfigError naming the known ones."""
-    unknown = sorted(set(settings) - set(config_mod.FIELDS))
-    if unknown:
-        raise ConfigError(f"unknown setting(s): {', '.join(map(str, unknown))}. Known: {', '.join(config_mod.FIELDS)}")
-    return resolve_run(RunConfig(**config_mod.empty_faults_as_none(dict(settings))))
+def _task_defaults(task: str, data_dir: Any) -> dict[str, Any]:
+    from hfl_bench.data import task_defaults  # imports torch: only once the settings are checked
+
+    return task_defaults(task, data_dir)
 
 
 ConfigError = config_mod.ConfigError
@@ -120,17 +147,17 @@ def idle_cores() -> int:
     return max(1, int(cores - load))
 
 
-def largest_model_params(cfg: RunConfig, info: Any) -> int:
+def largest_model_params(pool: str, info: Any) -> int:
     """Parameters of the pool's largest member on this task (built on the meta device: no memory)."""
     import torch
 
     from hfl_bench.pools import build_model, get_pool, n_params
 
     with torch.device("meta"):
-        return max(n_params(build_model(m, info)) for m in get_pool(cfg.pool).members)
+        return max(n_params(build_model(m, info)) for m in get_pool(pool).members)
 
 
-def auto_threads(cfg: RunConfig, info: Any) -> int:
+def auto_threads(pool: str, info: Any) -> int:
     """The default torch thread count of a run: 1, unless the pool's models are large (>= 1M
     parameters) and many cores are idle (>= 4), then the idle cores, at most torch's default."""
     import torch
@@ -139,7 +166,7 @@ def auto_threads(cfg: RunConfig, info: Any) -> int:
     if idle < MANY_IDLE_CORES:
         return 1
     try:
-        large = largest_model_params(cfg, info) >= LARGE_MODEL_PARAMS
+        large = largest_model_params(pool, info) >= LARGE_MODEL_PARAMS
     except Exception:  # noqa: BLE001 - only a default; the run reports a broken pool itself
         return 1
     return min(idle, torch.get_num_threads()) if large else 1

@@ -22,43 +22,56 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from hfl_bench import claims, paths
-from hfl_bench.resolved import ResolvedRun
+from hfl_bench.resolved import ResolvedRun, TorchThreads, auto_threads
 from hfl_bench.results import records
 from hfl_bench.trackers import Trackers
 
 ProgressFn = Callable[[int, int, dict[str, Any]], None]
 
 
-def begin(run: ResolvedRun, check_out: bool = True):
+def begin(run: ResolvedRun, check_out: bool = True) -> claims.Claim:
     """Checks before a run, then its claim (release it once the record is written): the output
     folder (``paths.check_out_dir``, with ``check_out``), the claim (``claims.ClaimError``), and no
     finished record of other data or another method version at the record path (ConfigError)."""
+    return _open(run, check_out)[0]
+
+
+def _open(run: ResolvedRun, check_out: bool = True) -> tuple[claims.Claim, records.RecordFile]:
+    """``begin``, and the run's record file (``records.open_record``) for its record and write."""
     if check_out:
         paths.check_out_dir(run.cfg.out)  # a file or an unwritable folder: refused before any training
     claim = claims.take(run.record_path)  # one writer per record file
     try:
-        records.check_same_data(run.cfg, run.record_path, run.version)
+        return claim, _record_file(run, check=True)
     except BaseException:
         claim.release()
         raise
-    return claim
+
+
+def _record_file(run: ResolvedRun, check: bool = False) -> records.RecordFile:
+    return records.open_record(run.cfg, run.record_path, run.config_hash, run.version, run.portable_config,
+                               check=check)
 
 
 def execute(run: ResolvedRun, progress: Optional[ProgressFn] = None, resume: bool = False,
-            restart_refused: bool = False, trackers: Optional[Trackers] = None) -> dict[str, Any]:
+            restart_refused: bool = False, trackers: Optional[Trackers] = None,
+            record_file: Optional[records.RecordFile] = None) -> dict[str, Any]:
     """Run and build the record. ``resume`` continues from the run's checkpoint if there is one;
     with ``restart_refused`` a checkpoint that cannot be trusted (other code or settings, damaged)
     is dropped and the run starts over, its record saying why (``federation.checkpoint_refused``),
     else its CheckpointError is raised. The run's own errors are raised; a record that cannot be
-    built becomes a failed record that says so."""
+    built becomes a failed record that says so. The run takes what resolving it built
+    (``ResolvedRun.built``: the method, the plans) when it runs in the same process."""
     from hfl_bench import engine
     from hfl_bench.checkpoint import CheckpointError
 
     cfg, checkpoint = run.cfg, run.checkpoint_path
+    out = record_file if record_file is not None else _record_file(run)
     each = _each_round(progress, trackers)
     refused = None
     try:
-        result = engine.run(cfg, progress=each, resume=resume, checkpoint=checkpoint)
+        built = run.built.take() if run.built is not None else None  # made by resolving it, in this process
+        result = engine.run(cfg, progress=each, resume=resume, checkpoint=checkpoint, built=built)
     except CheckpointError as e:
         if not restart_refused:
             raise
@@ -67,10 +80,9 @@ def execute(run: ResolvedRun, progress: Optional[ProgressFn] = None, resume: boo
             checkpoint.unlink(missing_ok=True)
         result = engine.run(cfg, progress=each, checkpoint=checkpoint)
     try:
-        record = records.build_record(cfg, result, run.config_hash)
+        record = out.build(result)
     except Exception as e:  # noqa: BLE001 - the run finished: keep what can be kept, say what broke
-        return records.build_failed_record(cfg, f"the run finished but its record could not be built: "
-                                                f"{type(e).__name__}: {e}")
+        return out.build_failed(f"the run finished but its record could not be built: {type(e).__name__}: {e}")
     if refused:  # the run started over: its record says why it did not resume
         record["federation"]["checkpoint_refused"] = refused
     return record
@@ -89,13 +101,14 @@ def _each_round(progress: Optional[ProgressFn], trackers: Optional[Trackers]) ->
 
 
 def save(run: ResolvedRun, record: dict[str, Any], keep_final: bool = False,
-         trackers: Optional[Trackers] = None) -> records.Saved:
+         trackers: Optional[Trackers] = None, record_file: Optional[records.RecordFile] = None) -> records.Saved:
     """Write the record atomically to its folder (``records.save_record``): a finished record of
     other data or another method version that appeared meanwhile is kept, and this one goes to a
     fallback folder (``records.write_conflict``); with ``keep_final`` a failed record never
     replaces a finished one. Then the trackers log the record's summary and the written file."""
     final = record.get("status") in records.FINAL_STATUSES
-    divert = records.write_conflict(run.cfg, run.record_path, run.version) if final or not keep_final else None
+    out = record_file if record_file is not None else _record_file(run)
+    divert = out.conflict() if final or not keep_final else None
     saved = records.save_record(record, run.cfg.out, keep_final=keep_final, divert=divert)
     if trackers:
         trackers.finish(saved.record, saved.path)
@@ -111,22 +124,32 @@ class Outcome:
 
 
 def run_resolved(run: ResolvedRun, progress: Optional[ProgressFn] = None, resume: bool = False,
-                 trackers: Optional[Trackers] = None, started: Optional[Callable[[], None]] = None) -> Outcome:
+                 trackers: Optional[Trackers] = None, started: Optional[Callable[[], None]] = None,
+                 threads: Optional[int] = None) -> Outcome:
     """``begin``, ``execute`` and ``save`` in this process; the claim is held until the record is
-    written. ``started`` is called once the checks passed, before the run (the CLI's notes)."""
-    claim = begin(run)
+    written. ``started`` is called once the checks passed, before the run (the CLI's notes).
+    Torch runs on ``threads`` threads (default ``resolved.auto_threads``) until the record is
+    built (its environment shows them), and then on as many as before."""
+    from hfl_bench.data import get_task  # imports torch: not at start-up (a matrix's dry run never does)
+
+    claim, out = _open(run)
+    torch_threads = TorchThreads()
     try:
+        torch_threads.set(threads or auto_threads(run.cfg.pool, get_task(run.cfg.task).info))
         if started is not None:
             started()
         if trackers:
             trackers.start(run)
         try:
-            record = execute(run, progress, resume=resume, trackers=trackers)
+            record = execute(run, progress, resume=resume, trackers=trackers, record_file=out)
         except BaseException:
             if trackers:
                 trackers.close()
             raise
-        saved = save(run, record, trackers=trackers)
+        finally:
+            torch_threads.restore()
+        saved = save(run, record, trackers=trackers, record_file=out)
     finally:
+        torch_threads.restore()
         claim.release()
     return Outcome(saved.record, saved)

@@ -218,11 +218,9 @@ def test_threads_must_be_positive(tmp_path):
 
 def test_auto_threads_rule(monkeypatch):
     from hfl_bench import resolved as run_mod
-    from hfl_bench.config import RunConfig
     from hfl_bench.registry import TASKS
 
-    small = RunConfig(task="digits", pool="cpu")
-    large = RunConfig(task="cifar10", pool="paper")
+    small, large = "cpu", "paper"  # the pools
     monkeypatch.setattr(run_mod, "idle_cores", lambda: 2)
     assert run_mod.auto_threads(large, TASKS.get("cifar10").info) == 1  # busy machine: one thread
     monkeypatch.setattr(run_mod, "idle_cores", lambda: 64)

@@ -31,7 +31,7 @@ from hfl_bench.cli.output import (
     out,
     plain,
 )
-from hfl_bench.config import ConfigError, RunConfig
+from hfl_bench.config import ConfigError
 from hfl_bench.resolved import (  # noqa: F401 (idle_cores, largest_model_params: re-exported)
     ResolvedRun,
     TorchThreads,
@@ -43,12 +43,14 @@ from hfl_bench.resolved import (  # noqa: F401 (idle_cores, largest_model_params
 from hfl_bench.results.text import terminal
 
 
-def build_config(config_file: Optional[Path], flags: dict[str, Any], sets: list[str]) -> RunConfig:
+def build_config(config_file: Optional[Path], flags: dict[str, Any], sets: list[str]) -> dict[str, Any]:
+    """The run's settings: the --config file's, the options given over them, ``--set`` over its
+    ``method_params``. A mapping, checked where the run is resolved (``resolve_run``)."""
     values: dict[str, Any] = config_mod.load_yaml(config_file) if config_file else {}
     method_params = dict(values.pop("method_params", None) or {})
     values.update(flags)
     method_params.update(config_mod.parse_set(sets))
-    return RunConfig(**values, method_params=method_params)
+    return {**values, "method_params": method_params}
 
 
 THREADS_HELP = (
@@ -86,24 +88,20 @@ def run(
         fail(f"--threads must be >= 1, got {threads}")
     done = _Rounds()
     resolved: Optional[ResolvedRun] = None
-    torch_threads = TorchThreads()
     try:
         trackers = Trackers(tracker)
         # checked, resolved and named once (``resolve_run``), before torch is even imported
         resolved = _resolve(build_config(config_file, flags, sets))
-        torch_threads.set(threads or auto_threads(resolved.cfg, resolved.task.info))
         show_progress = not (quiet or as_json)
         with _progress(show_progress, resolved.cfg.method, resolved.cfg.task, resolved.cfg.rounds) as update:
             # the claim, the same-data check, the run, the atomic write (``runpath``)
             outcome = runpath.run_resolved(resolved, progress=done.tracking(update), resume=resume,
-                                           trackers=trackers,
+                                           trackers=trackers, threads=threads,
                                            started=functools.partial(_say_checkpoint, resolved.checkpoint_path, resume))
     except USER_ERRORS as e:
         fail(str(e))
     except KeyboardInterrupt:
         interrupted(_interrupted_at(resolved, done), command_line(["--resume"]))
-    finally:
-        torch_threads.restore()  # after the record: its environment shows the threads the run used
     _finish(outcome.saved, as_json)
 
 
@@ -125,24 +123,25 @@ def _finish(saved: Any, as_json: bool) -> None:
         raise typer.Exit(1)
 
 
-def _resolve(cfg: RunConfig) -> ResolvedRun:
+def _resolve(settings: dict[str, Any]) -> ResolvedRun:
     """``resolve_run``; an unknown ``--set`` key prints the error line and then, when stderr is a
     terminal, the method's hyperparameter table (``hfl-bench describe METHOD``), exit code 2.
     Piped or captured, the error stays one line (scripts and logs read one line per user error)
     and names ``hfl-bench describe METHOD`` instead."""
     try:
-        return resolve_run(cfg)
+        return resolve_run(settings)
     except ConfigError as e:
         if not str(e).startswith("unknown hyperparameter"):
             raise
         from hfl_bench.cli.describe import hyperparameters, print_params
         from hfl_bench.method_api import get_method_class
 
-        params_cls = get_method_class(cfg.method).Params
+        method = settings.get("method") or config_mod.FIELDS["method"].default
+        params_cls = get_method_class(method).Params
         if not err.is_terminal:
-            fail(f"{e} (hfl-bench describe {cfg.method} shows their types, defaults and help)")
+            fail(f"{e} (hfl-bench describe {method} shows their types, defaults and help)")
         err.print(line("error:", "bold red", str(e)), highlight=False, soft_wrap=True)
-        print_params(err, cfg.method, hyperparameters(params_cls))
+        print_params(err, method, hyperparameters(params_cls))
         raise typer.Exit(2) from None
 
 

@@ -10,6 +10,7 @@ import hashlib
 import importlib.resources
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -278,9 +279,10 @@ def faults_section(cfg_dict: dict[str, Any], faults: dict[str, Any]) -> dict[str
     return {**faults, "selection": "all", "baseline_config_hash": config_hash(baseline)}
 
 
-def build_record(cfg: RunConfig, result: RunResult, chash: str | None = None) -> dict[str, Any]:
-    """The record of a finished run; ``chash``: the config's hash when the caller has it (a
-    ``ResolvedRun``'s), else computed here."""
+def build_record(cfg: RunConfig, result: RunResult, chash: str | None = None,
+                 portable: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The record of a finished run; ``chash`` and ``portable``: the config's hash and the config
+    as the record stores it when the caller has them (a ``ResolvedRun``'s), else made here."""
     fed, method, best = result.fed, result.method, result.best
     cfg_dict = dataclasses.asdict(cfg)
     chash = chash if chash is not None else config_hash(cfg_dict)
@@ -393,7 +395,7 @@ def build_record(cfg: RunConfig, result: RunResult, chash: str | None = None) ->
         "history": result.history,
         "plugins": plugins_used(_used(cfg.method, method.hparams(), fed.info.name, fed.pool.name,
                                       fed.partition.scheme)),
-        "config": portable_config(cfg_dict),  # no path of the machine that ran
+        "config": portable if portable is not None else portable_config(cfg_dict),  # no path of the machine that ran
         "config_hash": chash,
         "code": {"hfl_bench_version": hfl_bench.__version__, **result.code},
         "environment": environment(fed.device),
@@ -710,6 +712,40 @@ def write_conflict(cfg: RunConfig, path: Path | None = None, version: str | None
     except ConfigError as e:
         return str(e)
     return None
+
+
+@dataclass(frozen=True)
+class RecordFile:
+    """One run's record file, from the check before the run to the write after it, holding what
+    the record is named and checked by (``open_record``): the run's config passes this module
+    once, when the file is opened; building and writing the record then use the handle."""
+
+    cfg: RunConfig
+    path: Path
+    config_hash: str | None = None
+    version: str | None = None
+    portable_config: dict[str, Any] | None = None
+
+    def build(self, result: RunResult) -> dict[str, Any]:
+        """The finished run's record (``build_record``)."""
+        return build_record(self.cfg, result, self.config_hash, self.portable_config)
+
+    def build_failed(self, error: str) -> dict[str, Any]:
+        """A failed record that says ``error`` (``build_failed_record``)."""
+        return build_failed_record(self.cfg, error)
+
+    def conflict(self) -> str | None:
+        """At the write: why the record may not replace the file at its path (``write_conflict``)."""
+        return write_conflict(self.cfg, self.path, self.version)
+
+
+def open_record(cfg: RunConfig, path: Path, config_hash: str | None = None, version: str | None = None,
+                portable_config: dict[str, Any] | None = None, check: bool = True) -> RecordFile:
+    """The run's ``RecordFile``; with ``check`` (before a run), ConfigError when ``path`` holds a
+    finished record of other data or another method version (``check_same_data``)."""
+    if check:
+        check_same_data(cfg, path, version)
+    return RecordFile(cfg, path, config_hash, version, portable_config)
 
 
 class NotARecord(ValueError):
