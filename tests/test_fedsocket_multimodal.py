@@ -34,7 +34,8 @@ PRETRAIN = 100
 
 @pytest.fixture(scope="module")
 def fed():
-    return tiny_federation(TASK, 4, pretrain_size=PRETRAIN)  # task defaults: half the clients are recipients missing the signal
+    # task defaults: half the clients are recipients missing the signal
+    return tiny_federation(TASK, 4, pretrain_size=PRETRAIN)
 
 
 def fresh(fed):
