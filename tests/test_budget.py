@@ -239,8 +239,8 @@ def test_private_budget_equals_locals(method, out):
     (twice local's steps; FML steps its two models on the same batch: once); fedl2g trains on its
     shard less a quiz set and adds a meta step each round (its plan, ``fedl2g`` above)."""
     record, sim = run_at_defaults(method, out)
-    # local on the same partition: a public set is held out of the clients' shards
-    local, _ = run_at_defaults("local", out, public_size=sim.cfg.public_size)
+    # local on the same partition: a public set (or a pretraining split) is held out of the clients' shards
+    local, _ = run_at_defaults("local", out, public_size=sim.cfg.public_size, pretrain_size=sim.cfg.pretrain_size)
     steps = record["cost"]["budget"]["per_client"]["private"]["steps"]
     reference = local["cost"]["budget"]["per_client"]["private"]["steps"]
     if method == "dfml":
