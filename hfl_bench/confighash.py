@@ -15,8 +15,8 @@ NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_e
                 "checkpoint_every", "preset", "ensemble")
 # Fields added after the first records: left out of the hash at their default, so a config that
 # does not use them keeps the hash it always had (older records stay comparable).
-HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "faults": "", "recipient_fraction": None, "missing_modality": None,
-                         "optimizer": "sgd"}
+HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "pretrain_size": 0, "faults": "", "recipient_fraction": None,
+                         "missing_modality": None, "optimizer": "sgd"}
 # Settings that no longer exist: ``vmap`` (stacked teacher inference) and ``lockstep`` (same-
 # architecture students trained together), batching options removed because they were slower
 # than the default wherever they were measured. Records and checkpoints written before carry them

@@ -168,6 +168,16 @@ class Task:
     def class_names(self) -> list[str] | None:
         return None
 
+    def pretraining_data(self, modality: str | None, data_dir: Path | str | None,
+                         ) -> "tuple[np.ndarray, np.ndarray, str] | None":
+        """Labelled samples for pretraining a frozen feature encoder of ``modality`` (None: the
+        whole input of a single-modality task), drawn where no client, public or test sample can
+        come from (a generator with a seed of its own): ``(x, y, source)``, x shaped as one sample
+        of that modality ([N, *shape]) in the task's standardized coordinates, ``source`` one line
+        saying where the samples come from. None (the default): the task has no such source, and a
+        run holds a pretraining split out of its training data instead (``--pretrain-size``)."""
+        return None
+
     def folder_defaults(self, data_dir: Path | str | None) -> dict[str, Any]:
         """Protocol defaults that depend on the data folder (pfl-npz: its number of clients);
         they override ``info.defaults``. Most tasks have none. Must be cheap and never raise."""

@@ -145,7 +145,8 @@ def partition_for(cfg: RunConfig, info: TaskInfo, data: TaskData) -> Partition:
     if data.client_indices is None:
         def draw(n_clients: int) -> Partition:
             return make_partition(labels, n_clients, cfg.partition, seed=cfg.seed,
-                                  heldout_fraction=cfg.heldout_fraction, public_size=cfg.public_size, alpha=cfg.alpha,
+                                  heldout_fraction=cfg.heldout_fraction, public_size=cfg.public_size,
+                                  pretrain_size=cfg.pretrain_size, alpha=cfg.alpha,
                                   k=cfg.classes_per_client)
 
         partition = draw(cfg.clients)
@@ -153,9 +154,10 @@ def partition_for(cfg: RunConfig, info: TaskInfo, data: TaskData) -> Partition:
             raise ConfigError(heldout_message(info, cfg, partition, draw))
         return partition
     n = len(data.client_indices)
-    if cfg.public_size:
-        raise ConfigError(f"task {info.name} ships its own client partition, so no public set can be held out "
-                          f"of it: drop --public-size")
+    if cfg.public_size or cfg.pretrain_size:
+        what, flag = ("public set", "--public-size") if cfg.public_size else ("pretraining split", "--pretrain-size")
+        raise ConfigError(f"task {info.name} ships its own client partition, so no {what} can be held out "
+                          f"of it: drop {flag}")
     if cfg.partition != "given":
         raise ConfigError(f"task {info.name} ships its own client partition: use --partition given "
                           f"(its default), not --partition {cfg.partition}")

@@ -162,6 +162,14 @@ class Method(abc.ABC):
     def hparams(self) -> dict[str, Any]:
         return dataclasses.asdict(self.params)
 
+    def describe_run(self, fed: RoundView) -> dict[str, Any]:
+        """Facts about this run that only the method knows and a reader of its record needs (the
+        record's ``method.run_details``; absent when empty), as plain JSON data: e.g. the frozen
+        feature bank a shared-predictor method built, where its encoders were pretrained and
+        whether this run trained them. Asked once, when the record is built; never part of the
+        config hash or of what the run computes."""
+        return {}
+
     def state_dict(self, fed: RoundView) -> dict[str, Any]:
         """The method's state for a checkpoint, as plain data (it loads with weights_only=True).
 

@@ -84,6 +84,8 @@ class SmokeSettings:
     # Samples held out as the public set; None: SMOKE_PUBLIC_SIZE for a method that reads a
     # public set, else 0.
     public_size: int | None = None
+    # Samples held out as the pretraining split (``--pretrain-size``); 0: none.
+    pretrain_size: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.method_params, Mapping):
@@ -144,11 +146,14 @@ class MethodCard:
         return self.transfer in PUBLIC_TRANSFERS
 
     def smoke_config(self) -> dict[str, Any]:
-        """The ``RunConfig`` fields of a smoke run: ``method_params``, ``pool``, ``public_size``."""
+        """The ``RunConfig`` fields of a smoke run: ``method_params``, ``pool``, ``public_size`` and,
+        where the card sets one, ``pretrain_size``."""
         public = self.smoke.public_size
         if public is None:
             public = SMOKE_PUBLIC_SIZE if self.needs_public else 0
-        return {"method_params": dict(self.smoke.method_params), "pool": self.smoke.pool, "public_size": public}
+        pretrain = {"pretrain_size": self.smoke.pretrain_size} if self.smoke.pretrain_size else {}
+        return {"method_params": dict(self.smoke.method_params), "pool": self.smoke.pool, "public_size": public,
+                **pretrain}
 
     def as_dict(self) -> dict[str, Any]:
         """The card as JSON data (``needs_public`` and the smoke run's settings resolved)."""
@@ -262,6 +267,9 @@ def _smoke_problems(card: MethodCard) -> list[str]:
         problems.append(f"smoke.public_size must be an integer >= 0 or None, got {public!r}")
     elif public == 0 and card.needs_public:
         problems.append(f"smoke.public_size is 0, but a method whose transfer is {card.transfer} needs a public set")
+    pretrain = smoke.pretrain_size
+    if isinstance(pretrain, bool) or not isinstance(pretrain, int) or pretrain < 0:
+        problems.append(f"smoke.pretrain_size must be an integer >= 0, got {pretrain!r}")
     return problems
 
 

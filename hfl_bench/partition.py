@@ -134,10 +134,17 @@ class Partition:
     hash: str
     # Training indices held out as the public transfer set (``--public-size``); no client's data.
     public: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # Training indices held out as the pretraining split (``--pretrain-size``): no client's data,
+    # read only to train a frozen feature encoder (hfl_bench.families.pretrained).
+    pretrain: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def public_size(self) -> int:
         return len(self.public)
+
+    @property
+    def pretrain_size(self) -> int:
+        return len(self.pretrain)
 
     @property
     def n_clients(self) -> int:
@@ -189,29 +196,38 @@ def partition_params(scheme: str, params: dict[str, Any]) -> dict[str, Any]:
     return {name: params.get(name, default) for name, default in accepted.items()}
 
 
-def hold_out_public(labels: np.ndarray, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """A stratified public set of exactly ``size`` training indices and the remaining (private)
-    indices, both sorted. Each class gives its share of ``size`` (largest remainders round up),
-    drawn by a generator of its own, so the client partition's random stream is untouched."""
+# The salts of the two held-out sets' generators (``hold_out_public``).
+PUBLIC_SALT, PRETRAIN_SALT = 0x5EED_9B, 0x5EED_A7
+
+
+def hold_out_public(labels: np.ndarray, size: int, seed: int, among: np.ndarray | None = None,
+                    salt: int = PUBLIC_SALT, flag: str = "--public-size") -> tuple[np.ndarray, np.ndarray]:
+    """A stratified set of exactly ``size`` training indices (of ``among``, default all) and the
+    remaining indices, both sorted. Each class gives its share of ``size`` (largest remainders round
+    up), drawn by a generator of its own (``salt``: the public set's or the pretraining split's), so
+    the client partition's random stream is untouched."""
     labels = np.asarray(labels)
-    if not 0 < size < len(labels):
-        raise PartitionError(f"--public-size must be between 1 and {len(labels) - 1} (the training set has "
-                             f"{len(labels)} samples), got {size}")
-    classes, counts = np.unique(labels, return_counts=True)
-    exact = counts * size / len(labels)
+    among = np.arange(len(labels)) if among is None else np.asarray(among, dtype=np.int64)
+    if not 0 < size < len(among):
+        raise PartitionError(f"{flag} must be between 1 and {len(among) - 1} (the training set has "
+                             f"{len(among)} samples to hold out of), got {size}")
+    classes, counts = np.unique(labels[among], return_counts=True)
+    exact = counts * size / len(among)
     take = np.floor(exact).astype(int)
     for c in np.argsort(-(exact - take), kind="stable")[: size - take.sum()]:
         take[c] += 1
-    rng = np.random.default_rng([seed, 0x5EED_9B])
-    public = np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in zip(classes, take)])
-    public = np.sort(public).astype(np.int64)
-    return public, np.setdiff1d(np.arange(len(labels)), public).astype(np.int64)
+    rng = np.random.default_rng([seed, salt])
+    held = np.concatenate([rng.permutation(among[labels[among] == c])[:k] for c, k in zip(classes, take)])
+    held = np.sort(held).astype(np.int64)
+    return held, np.setdiff1d(among, held).astype(np.int64)
 
 
 def make_partition(labels: np.ndarray, n_clients: int, scheme: str = "dirichlet", seed: int = 0,
-                   heldout_fraction: float = 0.2, public_size: int = 0, **params) -> Partition:
-    """Partition the training labels over clients; with ``public_size`` > 0 a stratified public
-    set is held out first and only the rest is partitioned (its indices are in the hash)."""
+                   heldout_fraction: float = 0.2, public_size: int = 0, pretrain_size: int = 0,
+                   **params) -> Partition:
+    """Partition the training labels over clients; with ``pretrain_size`` > 0 a stratified
+    pretraining split is held out first, then with ``public_size`` > 0 a stratified public set of
+    the rest, and only what remains is partitioned (the held-out indices are in the hash)."""
     if n_clients < 1:
         raise PartitionError(f"need at least one client, got {n_clients}")
     if not 0 <= heldout_fraction < 1:
@@ -219,8 +235,10 @@ def make_partition(labels: np.ndarray, n_clients: int, scheme: str = "dirichlet"
     labels = np.asarray(labels)
     fn = PARTITIONERS.get(scheme)
     used = partition_params(scheme, params)
-    public, private = (hold_out_public(labels, public_size, seed) if public_size
-                       else (np.zeros(0, np.int64), np.arange(len(labels))))
+    pretrain, rest = (hold_out_public(labels, pretrain_size, seed, salt=PRETRAIN_SALT, flag="--pretrain-size")
+                      if pretrain_size else (np.zeros(0, np.int64), None))
+    public, private = (hold_out_public(labels, public_size, seed, among=rest) if public_size
+                       else (np.zeros(0, np.int64), np.arange(len(labels)) if rest is None else rest))
     rng = np.random.default_rng(seed)
     shards = [private[s] for s in fn(labels[private], n_clients, rng, **used)]
     clients = tuple(split_client(s, labels, heldout_fraction, rng) for s in shards)
@@ -228,12 +246,17 @@ def make_partition(labels: np.ndarray, n_clients: int, scheme: str = "dirichlet"
     if empty:
         raise PartitionError(f"clients {empty} got no training samples: use fewer clients or another partition")
     key = dict(used, heldout_fraction=heldout_fraction, seed=seed)
-    if public_size:  # without a public set the key (and so the hash) is what it always was
+    hashed = clients
+    none = np.zeros(0, np.int64)
+    # Without a held-out set the key (and so the hash) is what it always was.
+    if public_size:
         key["public_size"] = public_size
-        clients_and_public = clients + (ClientSplit(public, np.zeros(0, np.int64), np.zeros(0, np.int64)),)
-        return Partition(scheme, used, seed, heldout_fraction, clients,
-                         partition_hash(scheme, key, clients_and_public), public)
-    return Partition(scheme, used, seed, heldout_fraction, clients, partition_hash(scheme, key, clients))
+        hashed = hashed + (ClientSplit(public, none, none),)
+    if pretrain_size:
+        key["pretrain_size"] = pretrain_size
+        hashed = hashed + (ClientSplit(pretrain, none, none),)
+    return Partition(scheme, used, seed, heldout_fraction, clients, partition_hash(scheme, key, hashed), public,
+                     pretrain)
 
 
 def given_partition(indices: list[np.ndarray], labels: np.ndarray, seed: int = 0,

@@ -207,13 +207,17 @@ def _reason(e: OSError) -> str:
     return e.strerror or type(e).__name__
 
 
+def cache_home() -> Path:
+    """hfl-bench's cache folder: ``$XDG_CACHE_HOME/hfl-bench``, else ``~/.cache/hfl-bench``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hfl-bench"
+
+
 def unsaved_dirs() -> list[Path]:
     """Folders a record goes to when its own folder cannot take it (disk full, folder removed), in
     order of preference: ``~/.cache/hfl-bench/unsaved`` (or under $XDG_CACHE_HOME), then the
     system's temporary folder."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     user = os.getuid() if hasattr(os, "getuid") else "user"
-    return [cache / "hfl-bench" / "unsaved", Path(tempfile.gettempdir()) / f"hfl-bench-unsaved-{user}"]
+    return [cache_home() / "unsaved", Path(tempfile.gettempdir()) / f"hfl-bench-unsaved-{user}"]
 
 
 def unsaved_folder(base: Path) -> Path:

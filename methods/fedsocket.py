@@ -46,14 +46,52 @@ and modality embeddings collapse into one learned vector. On a multimodal task z
 the modalities a row has of its adapter's output plus its embedding, so Q runs on any subset of
 modalities and an adapter never sees a row without its modality.
 
-The paper's extractor is a frozen pretrained ResNet-18 with a fixed projection. This suite is
-offline and downloads no weights, so the default is a frozen, seeded random conv net trained
-nowhere (one per modality on a multimodal task; ``random-projection`` projects the flat input
-instead). Every client computes the same function. A modality's extractor runs only on rows where
-the modality is present, so no feature is ever computed from a value a client does not observe.
-Random features have no calibrated scale, hence the LayerNorm in each adapter; Q has about
-151k parameters with C = 10 (about 218k with two modalities). Q always reads the un-augmented
-sample's features, and so the Private teacher of stage (b) predicts on un-augmented samples too.
+The paper's Q reads fixed features of pretrained encoders no client trains (a frozen ResNet-18
+with a fixed projection). This suite is offline and downloads no weights, so the default
+(``extractor=pretrained``) pretrains a small conv encoder per modality itself, on labelled data
+no client holds (``hfl_bench.families.pretrained``): a task's own generator where it has one
+(mnist1d's signals, from a generator seed no split of the task uses), else a pretraining split
+held out of the training data before partitioning, like the public set (``--pretrain-size``: a
+data setting, so every method of a comparison gets the same split and its clients the same rows).
+Without either, ``pretrained`` is refused with the fix. The encoder is trained once, supervised
+(cross-entropy through a linear head that is dropped), deterministically, and cached by the
+content hash of its data and settings; every client computes the same frozen function, and each
+record states the bank (``method.run_details.feature_bank``: per modality the data's source, size
+and fingerprint, the encoder version, whether this run trained or loaded it, and a linear probe's
+test accuracy). The earlier seeded random extractors trained nowhere stay as ablations:
+``extractor=random-conv`` (a random conv net per modality) and ``random-projection`` (a random
+projection of the flat input): a Q on random features tests a different method (claims spec).
+A modality's extractor runs only on rows where the modality is present, so no feature is ever
+computed from a value a client does not observe. The LayerNorm in each adapter puts any bank's
+features on one scale; Q has about 151k parameters with C = 10 (about 218k with two modalities).
+Q always reads the un-augmented sample's features, and so the Private teacher of stage (b)
+predicts on un-augmented samples too.
+
+The paper's controls (Sec. 5.3, 6.1, 6.3, 6.4) are hyperparameters here (``CONTROLS``), so a
+control's records are variants of fedsocket in fedsocket's own setting, paired with its default
+by seed (``hfl-bench leaderboard compare --variants``, labelled ``fedsocket [q_teacher=none]``),
+as CRAD's ablations are. Not card presets: a preset names a budget (``paper``), and the
+leaderboard sets each budget apart in a section of its own, where a control could not be
+compared with the method it controls.
+
+- Label Q (``q_teacher=none``): Q trained on labels only: Q trained on labels only. Stage (b)
+  keeps its CE_ls terms (for a donor on its own and on each recipient interface, so Q learns
+  through the same views) and drops the teaching term; Private's outputs are never computed for
+  it. Private is still taught by Q. Q vs Label Q is the value of Private's teaching.
+- No return (``q_return=off``): Q -> Private KD and fusion training
+  disabled, so stage (a) is CE_ls alone and Private never learns from Q; Q is still taught by
+  Private, shared and used at inference (Joint). Private with and without return is the value
+  of Q's return.
+- Matched-capacity ensemble (``share_q=off``). The paper
+  compares Joint with "independent" predictors and ensembles of the same inference parameter
+  count (Sec. 5.3, 6.3) without a full recipe in its summary. We keep every client's Private and
+  a Q of the same architecture on the same features, taught in both directions exactly as in
+  FedSocket and combined by the same Joint rule with rho chosen the same way, and remove only
+  the sharing: the Q copy is never uploaded or averaged, each client keeps its own (nothing
+  crosses the network; each builds the same seeded initialization itself). Inference capacity
+  matches Joint's and only sharing differs, which is the comparison the claim makes (Joint's
+  gain over the ensemble is the value of sharing Q). Members trained fully independently are
+  ``--set share_q=off --set q_teacher=none --set q_return=off``.
 
 In relKD the reliability weights are not renormalized, so an unreliable teacher just contributes
 less. The fusion CE uses a fixed training rho, separate from the rho selected for inference, with
@@ -90,8 +128,10 @@ from torch import nn
 from hfl_bench.families.shared_predictor import (
     ENDPOINTS,
     PAPER_BUDGET,
+    PRETRAIN_STEPS,
     PRIVATE,
     Q_STAGE,
+    SMOKE_PRETRAIN_SIZE,
     SharedPredictorClients,
     aggregate_q,
     build_feature_bank,
@@ -115,6 +155,7 @@ from hfl_bench.method_api import (
     Payload,
     Phase,
     RoundView,
+    SmokeSettings,
     Trainee,
     fit,
     make_plan,
@@ -126,10 +167,21 @@ from hfl_bench.method_api import (
 EPS = 1e-12
 
 
+# The paper's controls (module docstring) and the hyperparameters that make each (--set key=value).
+CONTROLS = {"label-q": {"q_teacher": "none"}, "no-return": {"q_return": "off"},
+            "matched-ensemble": {"share_q": "off"}}
+ON_OFF = ("on", "off")
+Q_TEACHERS = ("private", "none")
+
+
 @dataclass
 class FedSocketParams:
-    extractor: str = field(default="random-conv", metadata={
-        "help": "Frozen feature extractor shared by all clients: random-conv or random-projection (seeded)."})
+    extractor: str = field(default="pretrained", metadata={
+        "help": "Frozen feature extractor shared by all clients: pretrained (an encoder pretrained on data no "
+                "client holds: the task's generator, else --pretrain-size's split), or the ablations "
+                "random-conv and random-projection (seeded, trained nowhere)."})
+    pretrain_steps: int = field(default=PRETRAIN_STEPS, metadata={
+        "help": "Adam steps (batch 64) of each pretrained encoder's supervised pretraining (extractor=pretrained)."})
     feature_dim: int = field(default=256, metadata={"help": "Dimension of the fixed features u = h(x)."})
     hidden_dim: int = field(default=256, metadata={"help": "Q's hidden width."})
     rank: int = field(default=32, metadata={"help": "Rank of Q's gated low-rank residual."})
@@ -153,6 +205,15 @@ class FedSocketParams:
         "help": "Comma-separated rho candidates for Joint inference, chosen per client on validation."})
     endpoint: str = field(default="private", metadata={
         "help": "Headline (evaluated) predictor: private or joint; all three are reported."})
+    q_teacher: str = field(default="private", metadata={
+        "help": "Who teaches the local Q copy besides the labels: private (FedSocket) or none (the Label Q "
+                "control: CE only)."})
+    q_return: str = field(default="on", metadata={
+        "help": "Q teaches Private (KD and fusion CE): on (FedSocket) or off (the No return control: Private "
+                "trains with CE alone)."})
+    share_q: str = field(default="on", metadata={
+        "help": "Q is uploaded and averaged: on (FedSocket) or off (each client keeps its own Q, never shared: the "
+                "matched-capacity ensemble control)."})
 
 
 # ----------------------------------------------------------------------------- FedSocket's losses
@@ -182,19 +243,24 @@ def fusion_ce(private_logits: torch.Tensor, q_probs: torch.Tensor, omega: torch.
     return F.nll_loss(torch.log(score.clamp_min(EPS)), y)
 
 
-def q_student_terms(q: nn.Module, u: torch.Tensor, y: torch.Tensor, t_soft: torch.Tensor, rel: torch.Tensor,
-                    interfaces: list[torch.Tensor], p: FedSocketParams) -> list[torch.Tensor]:
+def q_student_terms(q: nn.Module, u: torch.Tensor, y: torch.Tensor, t_soft: torch.Tensor | None,
+                    rel: torch.Tensor | None, interfaces: list[torch.Tensor], p: FedSocketParams) -> list[torch.Tensor]:
     """Stage (b)'s terms CE_ls(Q) + lambda_rel relKD(teacher -> Q): the first on the features ``u``
     as the client holds them, then one per interface in ``interfaces`` (bool masks over the
-    modalities: a donor's recipient interfaces), Q computed on those modalities' features only."""
+    modalities: a donor's recipient interfaces), Q computed on those modalities' features only.
+    Without a teacher (``t_soft`` None: Label Q) each term is CE_ls alone."""
     views = [u] + [restrict(u, keep) for keep in interfaces]
-    return [F.cross_entropy(logits, y, label_smoothing=p.label_smoothing)
-            + p.lambda_rel * weighted_kd(logits, t_soft, rel, p.temperature)
-            for logits in (q(v) for v in views)]
+    terms = []
+    for logits in (q(v) for v in views):
+        term = F.cross_entropy(logits, y, label_smoothing=p.label_smoothing)
+        if t_soft is not None:
+            term = term + p.lambda_rel * weighted_kd(logits, t_soft, rel, p.temperature)
+        terms.append(term)
+    return terms
 
 
-def q_student_loss(q: nn.Module, u: torch.Tensor, y: torch.Tensor, t_soft: torch.Tensor, rel: torch.Tensor,
-                   interfaces: list[torch.Tensor], p: FedSocketParams) -> torch.Tensor:
+def q_student_loss(q: nn.Module, u: torch.Tensor, y: torch.Tensor, t_soft: torch.Tensor | None,
+                   rel: torch.Tensor | None, interfaces: list[torch.Tensor], p: FedSocketParams) -> torch.Tensor:
     """The mean of ``q_student_terms`` (just the one term without interfaces): a donor's
     conditional target weighs its full interface and each recipient interface equally."""
     terms = q_student_terms(q, u, y, t_soft, rel, interfaces, p)
@@ -206,8 +272,13 @@ def q_student_loss(q: nn.Module, u: torch.Tensor, y: torch.Tensor, t_soft: torch
 
 def teach_private(fed, cid: int, rnd: int, q: nn.Module, feats: torch.Tensor, p: FedSocketParams,
                   omega_fus: torch.Tensor) -> float:
-    """Stage (a): the frozen Q teaches Private (CE_ls + lambda_KD relKD + lambda_fus fusion CE)."""
+    """Stage (a): the frozen Q teaches Private (CE_ls + lambda_KD relKD + lambda_fus fusion CE);
+    with ``q_return=off`` (No return) Private trains with CE_ls alone and Q is never run."""
     plan = make_plan(fed, cid, rnd, epochs=p.local_epochs, purpose=PRIVATE)  # None: the run's local epochs
+    if p.q_return == "off":
+        return train_client(fed, fed.clients[cid], plan,
+                            lambda b, logits: F.cross_entropy(logits, b.y, label_smoothing=p.label_smoothing),
+                            who=f"client {cid} private")
     with torch.no_grad():  # Q reads the cached features of the un-augmented samples (the observed ones)
         q_logits = q(feats[plan.indices]) if len(plan) else feats.new_zeros((0, fed.num_classes))
     q_probs = F.softmax(q_logits, dim=-1)
@@ -226,17 +297,21 @@ def teach_private(fed, cid: int, rnd: int, q: nn.Module, feats: torch.Tensor, p:
 def teach_q(fed, cid: int, rnd: int, q_copy: nn.Module, feats: torch.Tensor, p: FedSocketParams,
             interfaces: Sequence[torch.Tensor] = ()) -> float:
     """Stage (b): the updated Private teaches the local Q copy (CE_ls + lambda_rel relKD), on the
-    client's own features and, for a donor, on each recipient interface (``interfaces``)."""
+    client's own features and, for a donor, on each recipient interface (``interfaces``); with
+    ``q_teacher=none`` (Label Q) the copy learns from the labels alone and Private is never run."""
     plan = make_plan(fed, cid, rnd, epochs=p.local_epochs, purpose=Q_STAGE)
-    t_logits = private_teacher_logits(fed, cid, plan.indices)
-    t_soft = F.softmax(t_logits / p.temperature, dim=-1)
-    rel = reliability_weights(F.softmax(t_logits, dim=-1), plan.labels(fed))
+    t_soft = rel = None
+    if p.q_teacher == "private":
+        t_logits = private_teacher_logits(fed, cid, plan.indices)
+        t_soft = F.softmax(t_logits / p.temperature, dim=-1)
+        rel = reliability_weights(F.softmax(t_logits, dim=-1), plan.labels(fed))
     opt = torch.optim.Adam(q_copy.parameters(), lr=p.q_lr)
     trainee = Trainee(q_copy, opt, f"client {cid} Q copy", cid)
 
     def loss(b):  # Q reads the features of the batch's samples, not their (augmented) views
         s, e = b.start, b.end
-        return [q_student_loss(q_copy, feats[b.idx], b.y, t_soft[s:e], rel[s:e], list(interfaces), p)]
+        teacher = (None, None) if t_soft is None else (t_soft[s:e], rel[s:e])
+        return [q_student_loss(q_copy, feats[b.idx], b.y, *teacher, list(interfaces), p)]
 
     return fit(fed, plan, [trainee], loss)[0]
 
@@ -256,12 +331,15 @@ class FedSocket(SharedPredictorClients, Method):
         name="fedsocket", fidelity="reconstructed", topology="server",
         # 1.1: Private trains on the protocol's budget by default (the run's lr and local epochs per
         # stage, no warm-up); 1.0's stage epochs, warm-up and private lr are the "paper" preset.
-        version="1.1",
+        # 1.2: Q reads an encoder pretrained on data no client holds (extractor=pretrained) by
+        # default; 1.1's random conv bank is extractor=random-conv.
+        version="1.2",
         citation=("Zhao, FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous Multimodal "
                  "Federated Learning, arXiv 2609.37582"),
         summary="Shared predictor Q on fixed features, Private <-> Q teaching, ownership-aware server averaging.",
         missing_modalities=True,
         presets={"paper": PAPER_BUDGET},
+        smoke=SmokeSettings(method_params={"pretrain_steps": "50"}, pretrain_size=SMOKE_PRETRAIN_SIZE),
         notes=(
             "[paper] only Q parameters plus sample and class counts are exchanged; frozen Q teaches Private "
             "(CE_ls + lambda_KD relKD + lambda_fus fusion CE), then Private teaches the local Q copy (CE_ls + "
@@ -279,14 +357,30 @@ class FedSocket(SharedPredictorClients, Method):
             "[ours] multimodal Q: per modality an adapter Linear(256,256)-LayerNorm-GELU and an embedding e_m "
             "(init 0); z = mean over the modalities a row has of (adapter_m(u_m) + e_m), so Q runs on any "
             "subset of modalities; an adapter never sees a row without its modality",
-            "[ours] extractor (extractor=random-conv): the paper's frozen pretrained ResNet-18 + fixed 256-d "
-            "projection needs downloaded weights, so a frozen random conv net trained nowhere, seeded by "
+            "[paper] Q reads fixed features of pretrained encoders no client trains (frozen ResNet-18 + fixed "
+            "256-d projection)",
+            "[ours] extractor=pretrained (default): offline, so a small conv encoder per modality pretrained here "
+            "on labelled data no client holds: the task's generator where it has one (mnist1d signals, generator "
+            "seed 20260049, the task's is 42), else the --pretrain-size split held out before partitioning "
+            "(refused without either); conv(C->32)-ReLU-conv(32->64)-ReLU (1-D k5 along W for a C x 1 x W "
+            "signal, else 2-D k3), avg pool, Linear to 256-d; supervised CE through a dropped linear head, Adam "
+            "1e-3, batch 64, pretrain_steps steps, fixed seed, on the CPU; cached by content hash; the record's "
+            "method.run_details.feature_bank states the data, version, trained or cached, and a linear probe",
+            "[ours] ablations: extractor=random-conv, a frozen random conv net trained nowhere, seeded by "
             "derive_seed(seed, 'fedsocket-extractor') (multimodal: one per modality, derive_seed(seed, "
             "'fedsocket-extractor', modality)): conv3x3(C->32)-ReLU-conv3x3(32->64)-ReLU, avg pool to "
-            "min(H,4)xmin(W,4), fixed Gaussian projection to 256-d; extractor=random-projection projects the "
-            "flat input (modality); run only on rows where the modality is finite (a missing modality's "
+            "min(H,4)xmin(W,4), fixed Gaussian projection to 256-d (version 1.1's default); "
+            "extractor=random-projection projects the flat input (modality)",
+            "[ours] every extractor runs only on rows where the modality is finite (a missing modality's "
             "features are absent, never computed from NaN); train/test features cached once, other inputs "
             "computed on the fly; Q reads un-augmented samples' features",
+            "[paper] controls: Label Q (Q on labels only), No return (no Q -> Private KD or fusion), "
+            "matched-capacity independent ensembles",
+            "[ours] controls as hyperparameters (variants of fedsocket, compared with its default by seed): Label "
+            "Q = q_teacher=none (stage (b) CE_ls only, same views; Private's outputs never computed), No return = "
+            "q_return=off (stage (a) CE_ls only), matched-capacity ensemble = share_q=off (each client's Q "
+            "taught both ways as in FedSocket but never uploaded or averaged; "
+            "Private + its own Q by the same Joint rule: matched capacity, only sharing differs)",
             "[ours] Q: adapter Linear(256,256)-LayerNorm-GELU + embedding; expert Linear(256,256)-GELU; "
             "residual B A z, rank 32, linear; scalar gate init 0; h = expert(z) + sigmoid(g) B A z; head "
             "Linear(256,C); Q init seeded by derive_seed(seed, 'fedsocket-q') and sent to every client in setup",
@@ -321,6 +415,11 @@ class FedSocket(SharedPredictorClients, Method):
 
     def check(self, fed: RoundView) -> None:
         p = self.params
+        for name, value, allowed in (("q_teacher", p.q_teacher, Q_TEACHERS), ("q_return", p.q_return, ON_OFF),
+                                     ("share_q", p.share_q, ON_OFF)):
+            if value not in allowed:
+                raise ConfigError(f"fedsocket: {name}={value!r}; choose one of {', '.join(allowed)}")
+        require_at_least("fedsocket", p, ("pretrain_steps",), 1)
         check_extractor(p.extractor, fed, "fedsocket")
         if p.endpoint not in ENDPOINTS:
             raise ConfigError(f"fedsocket: endpoint={p.endpoint!r}; choose one of {', '.join(ENDPOINTS)}")
@@ -340,12 +439,12 @@ class FedSocket(SharedPredictorClients, Method):
     def setup(self, fed: RoundView) -> None:
         p = self.params
         with fed.timer(Phase.FEATURE_EXTRACTION):
-            self.bank = build_feature_bank(fed, p.extractor, p.feature_dim)
+            self.bank = build_feature_bank(fed, p.extractor, p.feature_dim, p.pretrain_steps)
         self.feats = self.bank.cached(0)  # every client's train/val/test rows index the training split
         self.modalities = tuple(m.name for m in fed.info.modalities)
         self.interfaces = recipient_interfaces(fed)  # what a donor's Q copy also learns through
         self.init_clients(fed, new_shared_predictor(fed, p.feature_dim, p.hidden_dim, p.rank),
-                          parse_grid(p.rho_grid), p.fusion_rho)
+                          parse_grid(p.rho_grid), p.fusion_rho, send=p.share_q == "on")
         self.omega_fus = [joint_weights(c.train_counts, p.fusion_rho).to(fed.device) for c in fed.clients]
         if p.private_lr is not None:  # the paper's private lr on the client's own SGD
             for c in fed.clients:
@@ -359,6 +458,8 @@ class FedSocket(SharedPredictorClients, Method):
 
     def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         p = self.params
+        if p.share_q == "off":
+            return self.run_local_round(fed, rnd, active)
         self.catch_up(fed, active)
         recipients = set(fed.recipients)
         uploads, private_losses, q_losses = [], [], []
@@ -388,6 +489,23 @@ class FedSocket(SharedPredictorClients, Method):
                                    modality_counts=modality_counts)
             self.predictor_version += 1
         self.download(fed, list(active))
+        self.calibrate(fed, active)
+        return {"private_loss": float(np.mean(private_losses)), "q_loss": float(np.mean(q_losses)),
+                "rho_mean": float(np.mean(self.rho))}
+
+    def run_local_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
+        """``share_q=off`` (the matched-capacity ensemble): the same two stages, and each client then
+        holds the Q copy it trained as its own Q; nothing is uploaded, averaged or sent."""
+        p = self.params
+        recipients = set(fed.recipients)
+        private_losses, q_losses = [], []
+        for k in active:
+            interfaces = [] if k in recipients else [interface_mask(fed, o) for o in self.interfaces]
+            with fed.timer(Phase.TRAINING):
+                private_losses.append(teach_private(fed, k, rnd, self.held[k], self.feats, p, self.omega_fus[k]))
+                q_copy = copy.deepcopy(self.held[k]).requires_grad_(True)
+                q_losses.append(teach_q(fed, k, rnd, q_copy, self.feats, p, interfaces))
+            self.held[k].load_state_dict(q_copy.state_dict())
         self.calibrate(fed, active)
         return {"private_loss": float(np.mean(private_losses)), "q_loss": float(np.mean(q_losses)),
                 "rho_mean": float(np.mean(self.rho))}

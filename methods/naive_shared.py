@@ -15,10 +15,12 @@ training is ours. The card's notes list each choice as [paper] or [ours]; they a
 rule, so that a comparison of the two methods isolates what FedSocket adds: keep everything
 FedSocket has that is not part of its contribution, and remove everything that is.
 
-Kept from FedSocket: Q's architecture and seeded initialization, the fixed features (per modality
-on a multimodal task, absent where a row lacks the modality, so Q runs on any subset of
-modalities), the warm-up length (with plain CE instead of CE_ls, so Private gets the same number
-of epochs in both methods), the per-round local epochs and optimizers, the endpoints and rho
+Kept from FedSocket: Q's architecture and seeded initialization, the fixed features (the same
+bank, ``build_feature_bank``: by default encoders pretrained on data no client holds, the same
+encoders fedsocket reads, per modality on a multimodal task, absent where a row lacks the
+modality, so Q runs on any subset of modalities; the random ablations by ``extractor``), the
+warm-up length (with plain CE instead of CE_ls, so Private gets the same number of epochs in
+both methods), the per-round local epochs and optimizers, the endpoints and rho
 rule, and the seeded batch orders (the same plan purposes), so with equal settings the two runs
 differ only in what FedSocket adds. Both train Private on the protocol's budget by default, and
 both carry the same ``paper`` preset (FedSocket's stage epochs, warm-up and private lr).
@@ -41,8 +43,10 @@ import torch.nn.functional as F
 from hfl_bench.families.shared_predictor import (
     ENDPOINTS,
     PAPER_BUDGET,
+    PRETRAIN_STEPS,
     PRIVATE,
     Q_STAGE,
+    SMOKE_PRETRAIN_SIZE,
     SharedPredictorClients,
     aggregate_q,
     build_feature_bank,
@@ -59,6 +63,7 @@ from hfl_bench.method_api import (
     Payload,
     Phase,
     RoundView,
+    SmokeSettings,
     Trainee,
     fit,
     make_plan,
@@ -73,8 +78,11 @@ FALLBACK_RHO = 1.0  # a client without validation data
 
 @dataclass
 class NaiveSharedParams:
-    extractor: str = param("random-conv", "Frozen feature extractor shared by all clients: random-conv or "
-                                          "random-projection (seeded as fedsocket's).")
+    extractor: str = param("pretrained", "Frozen feature extractor shared by all clients, as fedsocket's: pretrained "
+                                         "(pretrained on data no client holds), or the ablations random-conv and "
+                                         "random-projection (seeded, trained nowhere).")
+    pretrain_steps: int = param(PRETRAIN_STEPS, "Adam steps (batch 64) of each pretrained encoder's pretraining "
+                                                "(extractor=pretrained; fedsocket's).")
     feature_dim: int = param(256, "Dimension of the fixed features u = h(x).")
     hidden_dim: int = param(256, "Q's hidden width.")
     rank: int = param(32, "Rank of Q's gated low-rank residual.")
@@ -112,17 +120,20 @@ class NaiveShared(SharedPredictorClients, Method):
         name="naive-shared", fidelity="reconstructed", topology="server",
         # 1.1: Private trains on the protocol's budget by default, as fedsocket 1.1 (the run's lr and
         # local epochs, no warm-up); 1.0's epochs, warm-up and private lr are the "paper" preset.
-        version="1.1",
+        # 1.2: the pretrained feature bank by default, as fedsocket 1.2 (1.1's: extractor=random-conv).
+        version="1.2",
         citation=("Zhao, FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous Multimodal "
                  "Federated Learning, arXiv 2609.37582 (Naive Shared control, Sec. 5.3, 6.2, App. O)"),
         summary="FedSocket's Q, features and endpoints with plain CE training and plain FedAvg (the paper's control).",
         missing_modalities=True,
         presets={"paper": PAPER_BUDGET},
+        smoke=SmokeSettings(method_params={"pretrain_steps": "50"}, pretrain_size=SMOKE_PRETRAIN_SIZE),
         notes=(
             "[paper] FedSocket's shared-model control: matched parameter count, same partitions, private models, "
             "recipient interfaces, rounds and Joint selection rules; its training is not given in the summary",
-            "[ours] Q = fedsocket's Q (same shapes, init seed 'fedsocket-q') on fedsocket's fixed features (same "
-            "frozen seeded extractors, per modality on a multimodal task, absent where a row lacks the modality)",
+            "[ours] Q = fedsocket's Q (same shapes, init seed 'fedsocket-q') on fedsocket's fixed features (the "
+            "same bank: by default the same encoders pretrained on data no client holds, else the same seeded "
+            "random ablations; per modality on a multimodal task, absent where a row lacks the modality)",
             "[ours] per round: Private with plain CE (the client's SGD; private_lr, when set, replaces the "
             "config's lr), then a fresh copy of the held Q with plain CE on the client's own features (its "
             "observed interface), each for the config's local epochs or the method's local_epochs when set "
@@ -143,6 +154,7 @@ class NaiveShared(SharedPredictorClients, Method):
 
     def check(self, fed: RoundView) -> None:
         p = self.params
+        require_at_least("naive-shared", p, ("pretrain_steps",), 1)
         check_extractor(p.extractor, fed, "naive-shared")
         if p.endpoint not in ENDPOINTS:
             raise ConfigError(f"naive-shared: endpoint={p.endpoint!r}; choose one of {', '.join(ENDPOINTS)}")
@@ -158,7 +170,7 @@ class NaiveShared(SharedPredictorClients, Method):
     def setup(self, fed: RoundView) -> None:
         p = self.params
         with fed.timer(Phase.FEATURE_EXTRACTION):
-            self.bank = build_feature_bank(fed, p.extractor, p.feature_dim)
+            self.bank = build_feature_bank(fed, p.extractor, p.feature_dim, p.pretrain_steps)
         self.feats = self.bank.cached(0)
         self.init_clients(fed, new_shared_predictor(fed, p.feature_dim, p.hidden_dim, p.rank),
                           parse_grid(p.rho_grid, "naive-shared"), FALLBACK_RHO)

@@ -25,7 +25,7 @@ import numpy as np
 
 from hfl_bench.data import DatasetError, Modality, Task, TaskInfo, register_task
 from hfl_bench.tasks.digits import Digits
-from hfl_bench.tasks.mnist1d import MNIST1D
+from hfl_bench.tasks.mnist1d import MNIST1D, pretraining_arrays, pretraining_source
 
 PAIRING_SEED = 20261130
 IMAGE = Modality("image", (1, 8, 8))
@@ -84,6 +84,16 @@ class DigitsMNIST1D(Task):
         sig_tr, sig_te = standardize(sig_tr.reshape(len(sig_tr), -1), sig_te.reshape(len(sig_te), -1))
         flat = lambda a, b: np.concatenate([a, b], axis=1).astype(np.float32)[:, None, None, :]  # noqa: E731
         return flat(img_tr, sig_tr), y_tr, flat(img_te, sig_te), y_te
+
+    def pretraining_data(self, modality, data_dir):
+        """The signal modality: mnist1d's pretraining samples (a generator seed no split of either
+        task uses, ``hfl_bench.tasks.mnist1d.pretraining_arrays``), standardized as the task's
+        signals are. The images have no generator: a run holds a pretraining split out of the
+        training pairs instead (``--pretrain-size``)."""
+        if modality != SIGNAL.name:
+            return None
+        x, y = pretraining_arrays()
+        return x.reshape(len(x), *SIGNAL.shape), y, pretraining_source()
 
     def class_names(self):
         return [str(i) for i in range(10)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import tempfile
@@ -15,6 +16,9 @@ from hfl_bench.paths import shared_mode
 
 # The package's default generation seed; fixed here so a package update cannot change the data.
 SEED = 42
+# The generation seed of the pretraining samples (``pretraining_arrays``): any seed but SEED.
+PRETRAIN_SEED = 20260049
+PRETRAIN_SAMPLES = 4000
 SIGNAL_LENGTH = 40
 _KEYS = ("train_x", "train_y", "test_x", "test_y")
 # The cache's arrays as _generate makes them (the package's 4000/1000 split): its decompression budget.
@@ -59,8 +63,41 @@ class MNIST1D(Task):
     def class_names(self):
         return [str(i) for i in range(10)]
 
+    def pretraining_data(self, modality, data_dir):
+        """The whole input is the signal: ``pretraining_arrays`` (why no client sample can be one)."""
+        if modality is not None:
+            return None
+        x, y = pretraining_arrays()
+        return x, y, pretraining_source()
 
-def _generate() -> dict[str, np.ndarray]:
+
+def pretraining_source() -> str:
+    return (f"mnist1d generator, seed {PRETRAIN_SEED} (the task's is {SEED}), {PRETRAIN_SAMPLES} samples, "
+            f"standardized")
+
+
+@functools.lru_cache(maxsize=1)
+def pretraining_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """``PRETRAIN_SAMPLES`` MNIST-1D signals ([N, 1, 1, 40], standardized: mean 0, sd 1 over the
+    set, as the task's own) and labels, for pretraining a frozen encoder that no client trains.
+
+    They cannot overlap the task's data (train and test, hence every client's, public and test
+    sample, and digits-mnist1d's signals, drawn from the same arrays): the generator makes each
+    sample from a class template by continuous random draws (scale, shear, translation, correlated
+    and i.i.d. noise) from numpy's global generator seeded with ``args.seed``. The task's samples
+    are the draws of seed SEED; these are those of PRETRAIN_SEED, another stream, so a sample
+    would coincide only if every one of its continuous draws did (probability zero;
+    tests/test_pretrained.py checks that no row equals a task row). Generated (under a second)
+    each time a process first asks, as the arrays' bytes are what the encoder cache is keyed by."""
+    d = _make(PRETRAIN_SEED, num_samples=PRETRAIN_SAMPLES, train_split=1.0)
+    x = np.asarray(d["x"], dtype=np.float32)
+    x = (x - x.mean()) / max(float(x.std()), 1e-6)  # make_dataset standardizes already; exactly so here
+    return x.reshape(-1, 1, 1, SIGNAL_LENGTH), np.asarray(d["y"], dtype=np.int64)
+
+
+def _make(seed: int, **overrides) -> dict:
+    """``mnist1d.data.make_dataset`` with the package's default arguments, ``seed`` and
+    ``overrides``, leaving the global random and numpy generators as they were."""
     try:
         from mnist1d.data import get_dataset_args, make_dataset
     except ImportError as e:
@@ -69,14 +106,20 @@ def _generate() -> dict[str, np.ndarray]:
             "Run `pip install mnist1d` (or install hfl-bench[mnist1d])."
         ) from None
     args = get_dataset_args()
-    args.seed = SEED
+    args.seed = seed
+    for key, value in overrides.items():
+        setattr(args, key, value)
     # make_dataset reseeds the global random and numpy generators: restore them afterwards.
     np_state, py_state = np.random.get_state(), random.getstate()
     try:
-        d = make_dataset(args)
+        return make_dataset(args)
     finally:
         np.random.set_state(np_state)
         random.setstate(py_state)
+
+
+def _generate() -> dict[str, np.ndarray]:
+    d = _make(SEED)
     arrays = {
         "train_x": np.asarray(d["x"], dtype=np.float32).reshape(-1, 1, 1, SIGNAL_LENGTH),
         "train_y": np.asarray(d["y"], dtype=np.int64),

@@ -43,14 +43,15 @@ ROUNDS, CLIENTS = 2, 4
 # Smoke settings that cut only public or synthetic work (or the server's): kept, so the runs stay
 # quick. Every other smoke setting (fedsocket's warm-up and stage epochs, fedmd's private
 # initialization) would change the private budget under test, and is dropped.
-NON_PRIVATE_SMOKE = {"transfer_epochs", "g_steps", "synthetic_size"}
+NON_PRIVATE_SMOKE = {"transfer_epochs", "g_steps", "synthetic_size", "pretrain_steps"}
 
 
 def defaults_config(method: str, out: Path, **overrides) -> RunConfig:
     smoke = smoke_config(method)
     params = {k: v for k, v in smoke["method_params"].items() if k in NON_PRIVATE_SMOKE}
     values = dict(method=method, task="digits", clients=CLIENTS, rounds=ROUNDS, seed=0, checkpoint_every=0,
-                  out=str(out), pool=smoke["pool"], public_size=smoke["public_size"], method_params=params)
+                  out=str(out), pool=smoke["pool"], public_size=smoke["public_size"],
+                  pretrain_size=smoke.get("pretrain_size", 0), method_params=params)
     values.update(overrides)
     return engine.load_task(RunConfig(**values))[1]
 
@@ -238,8 +239,8 @@ def test_private_budget_equals_locals(method, out):
     (twice local's steps; FML steps its two models on the same batch: once); fedl2g trains on its
     shard less a quiz set and adds a meta step each round (its plan, ``fedl2g`` above)."""
     record, sim = run_at_defaults(method, out)
-    # local on the same partition: a public set is held out of the clients' shards
-    local, _ = run_at_defaults("local", out, public_size=sim.cfg.public_size)
+    # local on the same partition: a public set (or a pretraining split) is held out of the clients' shards
+    local, _ = run_at_defaults("local", out, public_size=sim.cfg.public_size, pretrain_size=sim.cfg.pretrain_size)
     steps = record["cost"]["budget"]["per_client"]["private"]["steps"]
     reference = local["cost"]["budget"]["per_client"]["private"]["steps"]
     if method == "dfml":

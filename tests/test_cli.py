@@ -27,7 +27,8 @@ def smoke_args(method: str) -> list[str]:
     """The command-line options of the method card's smoke settings (pool, public set, --set)."""
     smoke = smoke_config(method)
     args = [*(["--pool", smoke["pool"]] if smoke["pool"] else []),
-            *(["--public-size", str(smoke["public_size"])] if smoke["public_size"] else [])]
+            *(["--public-size", str(smoke["public_size"])] if smoke["public_size"] else []),
+            *(["--pretrain-size", str(smoke["pretrain_size"])] if smoke.get("pretrain_size") else [])]
     for key, value in smoke["method_params"].items():
         args += ["--set", f"{key}={value}"]
     return args

@@ -20,13 +20,15 @@ from hfl_bench.training import state_bytes
 
 def test_cli_run_writes_a_valid_record_with_three_endpoints(run_record):
     record = run_record("--method", "fedsocket", "--task", "digits", "--clients", "4", "--rounds", "2",
-                        "--set", "warmup_epochs=1")
+                        "--set", "warmup_epochs=1", "--set", "pretrain_steps=50", "--pretrain-size", "100")
     assert record["status"] == "ok" and record["method"]["name"] == "fedsocket"
     assert record["method"]["fidelity"] == "reconstructed"
     assert record["federation"]["topology"] == "server"
     assert record["method"]["hparams"]["endpoint"] == "private"
     assert record["method"]["hparams"]["warmup_epochs"] == 1
-    assert any("random conv" in n for n in record["method"]["notes"])
+    assert any("extractor=pretrained" in n for n in record["method"]["notes"])
+    assert record["method"]["run_details"]["feature_bank"]["extractor"] == "pretrained"
+    assert record["partition"]["pretrain_size"] == 100
     acc = record["metrics"]["global_acc"]
     assert 0 <= acc <= 100
     extra = record["metrics"]["extra_endpoints"]
@@ -123,8 +125,8 @@ def test_feature_bank_answers_slices_from_cache_and_computes_the_rest():
 
 def test_only_q_and_counts_cross_the_channel_and_joint_headline(tiny_cfg):
     task = get_task("digits")
-    cfg = resolve(tiny_cfg(method="fedsocket", clients=4, clients_per_round=2, method_params={
-        "warmup_epochs": 0, "local_epochs": 1, "endpoint": "joint"}), task.info.defaults)
+    cfg = resolve(tiny_cfg(method="fedsocket", clients=4, clients_per_round=2, pretrain_size=100, method_params={
+        "warmup_epochs": 0, "local_epochs": 1, "endpoint": "joint", "pretrain_steps": 50}), task.info.defaults)
     sim = engine.Simulation(cfg)
     fed, method = sim.fed, sim.method
     q_bytes = state_bytes(method.held[0])
@@ -153,7 +155,8 @@ def test_only_q_and_counts_cross_the_channel_and_joint_headline(tiny_cfg):
 
 def test_bad_settings_are_rejected():
     for bad in ({"extractor": "resnet18"}, {"endpoint": "q"}, {"rho_grid": "1,x"}, {"rho_grid": "0"},
-                {"warmup_epochs": -1}, {"server_keep": 1.5}):
+                {"warmup_epochs": -1}, {"server_keep": 1.5}, {"q_teacher": "q"}, {"q_return": "no"},
+                {"share_q": "yes"}, {"pretrain_steps": 0}):
         with pytest.raises(ConfigError):
             fs.FedSocket(fs.FedSocketParams(**bad)).check(None)
     fs.FedSocket().check(None)

@@ -26,12 +26,16 @@ from hfl_bench.testing import ready_method, tiny_federation
 from hfl_bench.training import predict_logits
 
 TASK = "digits-mnist1d"
-QUICK_PARAMS = {"warmup_epochs": 1, "local_epochs": 1}
+# A short encoder pretraining (the default's shape, fewer steps) on a small pretraining split: the
+# images have no generator (the signals' encoder pretrains on mnist1d's generator samples).
+QUICK_PARAMS = {"warmup_epochs": 1, "local_epochs": 1, "pretrain_steps": 50}
+PRETRAIN = 100
 
 
 @pytest.fixture(scope="module")
 def fed():
-    return tiny_federation(TASK, 4)  # task defaults: half the clients are recipients missing the signal
+    # task defaults: half the clients are recipients missing the signal
+    return tiny_federation(TASK, 4, pretrain_size=PRETRAIN)
 
 
 def fresh(fed):
@@ -64,7 +68,8 @@ def run_cli(out, *args: str) -> dict:
 @pytest.mark.parametrize("method", ["fedsocket", "naive-shared"])
 def test_runs_end_to_end_with_finite_private_q_joint(method, tmp_path):
     record = run_cli(tmp_path, "--method", method, "--task", TASK, "--clients", "4", "--rounds", "2",
-                     "--set", "warmup_epochs=1", "--set", "local_epochs=1")
+                     "--set", "warmup_epochs=1", "--set", "local_epochs=1", "--set", "pretrain_steps=50",
+                     "--pretrain-size", str(PRETRAIN))
     assert record["status"] == "ok" and record["method"]["name"] == method
     assert record["modalities"]["recipients"]
     metrics = record["metrics"]
@@ -337,7 +342,7 @@ def test_naive_shared_trains_plainly_and_sends_q_and_count_only(fed):
 
 
 def test_naive_shared_runs_on_a_single_modality_task():
-    fed = tiny_federation("digits", 4)
+    fed = tiny_federation("digits", 4, pretrain_size=PRETRAIN)
     method = ready_method("naive-shared", fed, **QUICK_PARAMS)
     assert type(method.bank) is sp.FeatureBank
     out = method.run_round(fed, 1, [0, 1, 2, 3])
@@ -347,8 +352,8 @@ def test_naive_shared_runs_on_a_single_modality_task():
 
 
 def test_same_q_init_features_and_batch_orders_as_fedsocket(fed):
-    a = ready_method("fedsocket", fresh(fed), warmup_epochs=0, local_epochs=1)
-    b = ready_method("naive-shared", fresh(fed), warmup_epochs=0, local_epochs=1)
+    a = ready_method("fedsocket", fresh(fed), warmup_epochs=0, local_epochs=1, pretrain_steps=50)
+    b = ready_method("naive-shared", fresh(fed), warmup_epochs=0, local_epochs=1, pretrain_steps=50)
     assert all(torch.equal(a.phi[k], b.phi[k]) for k in a.phi)
     assert torch.equal(a.feats.nan_to_num(), b.feats.nan_to_num())
     assert torch.equal(a.feats.isnan(), b.feats.isnan())
@@ -367,7 +372,8 @@ def test_naive_shared_bad_settings_are_rejected():
 
 def test_multimodal_fedsocket_resumes_to_the_same_record(tmp_path):
     values = dict(method="fedsocket", task=TASK, clients=4, rounds=3, seed=0, checkpoint_every=2, out=str(tmp_path),
-                  method_params={"warmup_epochs": "1", "local_epochs": "1"}, local_epochs=1, batch_size=64)
+                  method_params={"warmup_epochs": "1", "local_epochs": "1", "pretrain_steps": "50"}, local_epochs=1,
+                  batch_size=64, pretrain_size=PRETRAIN)
     cfg = engine.load_task(RunConfig(**values))[1]
     full = records.build_record(cfg, engine.run(cfg))
     resumed = records.build_record(cfg, engine.run(cfg, resume=True))

@@ -159,6 +159,7 @@ def test_every_method_runs_the_task_or_refuses_it_clearly(name, tmp_path):
     task = get_task(TASK)
     from hfl_bench.config import resolve
     cfg.method_params = dict(card.smoke.method_params)
+    cfg.pretrain_size = card.smoke.pretrain_size
     result = engine.run(resolve(cfg, task.info.defaults), checkpoint=tmp_path / "ckpt")
     assert result.status == "ok", result.error
     assert np.isfinite(result.best.global_acc).all()

@@ -177,6 +177,9 @@ class FakeMethod:
     def transfer(self) -> str:
         return self.card.transfer
 
+    def describe_run(self, fed) -> dict:
+        return {}
+
 
 def fake_result(modalities: dict | None = None, faults: dict | None = None) -> tuple[RunConfig, RunResult]:
     """Four clients; recipients 1 and 3 and donors 0 and 2 when ``modalities`` is set."""
@@ -197,7 +200,8 @@ def fake_result(modalities: dict | None = None, faults: dict | None = None) -> t
                  for c in range(4)],
         info=SimpleNamespace(name="digits", as_record=lambda: dict(info)), pool=SimpleNamespace(name="cpu"),
         partition=SimpleNamespace(scheme="dirichlet", params={"alpha": 0.3}, seed=0, hash="p0", heldout_fraction=0.2,
-                                  public_size=0, class_counts=lambda labels, c, split: np.ones((4, c), dtype=int)),
+                                  public_size=0, pretrain_size=0,
+                                  class_counts=lambda labels, c, split: np.ones((4, c), dtype=int)),
         num_classes=3, exec_path="fast", use_cuda_graphs=False, channel=SimpleNamespace(total=0),
         budget=Budget(4), device=torch.device("cpu"))
     history = [{"round": r, "mean_val_acc": v, "global_acc": g}

@@ -142,7 +142,8 @@ QUICK_ARGS = ("--task", "digits", "--clients", "4", "--rounds", "2", "--local-ep
 
 def _smoke_args(method: str) -> list[str]:
     smoke = smoke_config(method)
-    args = ["--method", method, *QUICK_ARGS, "--public-size", str(smoke["public_size"])]
+    args = ["--method", method, *QUICK_ARGS, "--public-size", str(smoke["public_size"]),
+            "--pretrain-size", str(smoke.get("pretrain_size", 0))]
     if smoke["pool"]:
         args += ["--pool", smoke["pool"]]
     for key, value in smoke["method_params"].items():

@@ -13,7 +13,7 @@ from hfl_bench.config import RunConfig
 
 # The run settings that decide a partition (and where the data is).
 PARTITION_SETTINGS = ("task", "partition", "alpha", "classes_per_client", "clients", "heldout_fraction",
-                      "public_size", "seed", "data_dir", "download")
+                      "public_size", "pretrain_size", "seed", "data_dir", "download")
 
 
 @with_settings(PARTITION_SETTINGS)
@@ -38,10 +38,13 @@ def partition(
     test = part.class_counts(labels, c, "test").sum(1)
     if as_json:
         emit_json({"task": task, "scheme": part.scheme, "params": part.params, "seed": part.seed,
-                   "hash": part.hash, "public_size": part.public_size, "train_counts": train.tolist(),
+                   "hash": part.hash, "public_size": part.public_size,
+                   **({"pretrain_size": part.pretrain_size} if part.pretrain_size else {}),
+                   "train_counts": train.tolist(),
                    "val_sizes": val.tolist(), "test_sizes": test.tolist()})
         return
     public = f", public set {part.public_size}" if part.public_size else ""
+    public += f", pretraining split {part.pretrain_size}" if part.pretrain_size else ""
     table = Table(title=plain(f"{task}: {part.scheme} {part.params}, seed {part.seed}{public}, hash {part.hash}"))
     table.add_column("client", justify="right")
     for j in range(c):

@@ -3,15 +3,19 @@ features every client can compute, held by each client beside its Private model,
 as three endpoints (Private, Q, Joint). Written once here; the methods differ only in how Q and
 Private are trained and how the server averages Q.
 
-- **Fixed features** (``build_feature_bank``): a frozen, seeded extractor (random conv net or
-  random projection, ``EXTRACTORS``) per modality, trained nowhere. On a single-modality task one
-  extractor reads the whole input (seed ``derive_seed(seed, "fedsocket-extractor")``); on a
-  multimodal task (``TaskInfo.modalities``) one extractor per modality (seed ``derive_seed(seed,
-  "fedsocket-extractor", name)``) reads that modality's slice of the flat sample, and only on the
-  rows where it is finite: a row's features of a modality it lacks are NaN (absent), never
-  computed from NaN. Features of the training split and the global test set are computed once
-  (``FeatureBank``); any other input (a masked test copy, a gathered validation batch) is
-  computed on the fly by the same rule.
+- **Fixed features** (``build_feature_bank``): a frozen extractor per modality (``EXTRACTORS``):
+  ``pretrained``, an encoder pretrained on data no client holds (``hfl_bench.families.pretrained``:
+  the task's generator where it has one for the modality, else the run's pretraining split,
+  ``pretraining_set``), or a seeded random conv net or random projection trained nowhere (the
+  ablations). On a single-modality task one extractor reads the whole input (a random one seeded
+  ``derive_seed(seed, "fedsocket-extractor")``); on a multimodal task (``TaskInfo.modalities``)
+  one extractor per modality (random: ``derive_seed(seed, "fedsocket-extractor", name)``) reads
+  that modality's slice of the flat sample, and only on the rows where it is finite: a row's
+  features of a modality it lacks are NaN (absent), never computed from NaN. Features of the
+  training split and the global test set are computed once (``FeatureBank``); any other input (a
+  masked test copy, a gathered validation batch) is computed on the fly by the same rule. The
+  bank's ``facts`` are the record's ``feature_bank`` (``SharedPredictorClients.describe_run``):
+  per modality where its encoder comes from and a linear probe's test accuracy.
 - **Q** (``SharedPredictor``): adapter(s) Linear-LayerNorm-GELU plus a learned embedding, then an
   expert, a gated low-rank residual and a linear head. On a multimodal task there is one adapter
   and one embedding per modality, and z is the mean over the modalities a row has of
@@ -38,7 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl_bench.config import ConfigError
-from hfl_bench.data import modality_layout
+from hfl_bench.data import Modality, get_task, modality_layout
+from hfl_bench.families import pretrained
 from hfl_bench.federation import engine_side
 from hfl_bench.metering import SERVER, Payload, Phase
 from hfl_bench.training import derive_seed, make_plan, predict_logits, train_client
@@ -47,7 +52,9 @@ if TYPE_CHECKING:
     from hfl_bench.federation import RoundView
 
 HEAD_KEYS = ("head.weight", "head.bias")
-EXTRACTORS = ("random-conv", "random-projection")
+EXTRACTORS = ("pretrained", "random-conv", "random-projection")
+# The single-modality bank's one "modality" in the record's feature_bank.
+WHOLE_INPUT = "input"
 ENDPOINTS = ("private", "joint")
 EPS = 1e-12
 # The seeded plan purposes of the three local stages: both methods of the family use them, so a
@@ -57,6 +64,10 @@ WARMUP, PRIVATE, Q_STAGE = "fedsocket-warmup", "fedsocket-private", "fedsocket-q
 # of its Naive Shared control, which trains as fedsocket does.
 PAPER_BUDGET = {"local_epochs": 2, "warmup_epochs": 10, "private_lr": 5e-2}
 EXTRACTOR_SEED, Q_SEED = "fedsocket-extractor", "fedsocket-q"
+# extractor=pretrained: each encoder's pretraining steps (seconds on one CPU core), and the
+# pretraining split of the family's smoke runs (digits has no generator: held out of its 1,438).
+PRETRAIN_STEPS = 600
+SMOKE_PRETRAIN_SIZE = 100
 CHUNK_ELEMENTS = 2**18  # input values per extractor call when a multimodal bank computes features
 
 
@@ -225,6 +236,8 @@ class FeatureBank(nn.Module):
     extractor, so the answer is always h(x).
     """
 
+    facts: dict[str, Any]  # what the record says of the bank (``build_feature_bank``)
+
     def __init__(self, extractor: nn.Module, sources: list[torch.Tensor]):
         super().__init__()
         self.extractor = extractor
@@ -293,31 +306,97 @@ class ModalityFeatureBank(FeatureBank):
 
 
 def check_extractor(kind: str, fed: "RoundView | None", method: str) -> None:
-    """ConfigError for an unknown extractor, or a random conv net on a modality that is not C x H x W."""
+    """ConfigError for an unknown extractor, a conv extractor on a modality that is not C x H x W,
+    or ``pretrained`` on a modality without pretraining data (no generator, no --pretrain-size)."""
     if kind not in EXTRACTORS:
         raise ConfigError(f"{method}: extractor={kind!r}; choose one of {', '.join(EXTRACTORS)}")
-    if kind == "random-conv" and fed is not None:
-        flat = [m for m in fed.info.modalities if len(m.shape) != 3]
-        if flat:
-            raise ConfigError(f"{method}: extractor=random-conv reads C x H x W inputs, but modality "
-                              f"{flat[0].name} has shape {tuple(flat[0].shape)}: use extractor=random-projection")
+    if kind == "random-projection" or fed is None:
+        return
+    for m in bank_modalities(fed):
+        if len(m.shape) != 3:
+            raise ConfigError(f"{method}: extractor={kind} reads C x H x W inputs, but modality "
+                              f"{m.name} has shape {tuple(m.shape)}: use extractor=random-projection")
+        if kind == "pretrained" and not has_pretraining_set(fed, m):
+            where = f"modality {m.name}" if fed.info.modalities else "its input"
+            raise ConfigError(f"{method}: extractor=pretrained needs pretraining data, and task {fed.info.name} has "
+                              f"no generator for {where}: use --pretrain-size N or --set extractor=random-conv")
 
 
-def build_feature_bank(fed: "RoundView", kind: str, dim: int) -> FeatureBank:
+def bank_modalities(fed: "RoundView") -> tuple[Modality, ...]:
+    """The task's modalities, or the whole input as one (``WHOLE_INPUT``) on a single-modality task."""
+    return fed.info.modalities or (Modality(WHOLE_INPUT, tuple(fed.info.input_shape)),)
+
+
+def _generated(fed: "RoundView", m: Modality):
+    """The task's own pretraining samples of ``m`` (``Task.pretraining_data``), or None."""
+    return get_task(fed.info.name).pretraining_data(m.name if fed.info.modalities else None, fed.cfg.data_dir)
+
+
+def has_pretraining_set(fed: "RoundView", m: Modality) -> bool:
+    return len(engine_side(fed).partition.pretrain) > 0 or _generated(fed, m) is not None
+
+
+def pretraining_set(fed: "RoundView", m: Modality) -> tuple[torch.Tensor, torch.Tensor, str] | None:
+    """The labelled samples ``m``'s encoder pretrains on and its probe is fit on: the task's
+    generator's where it has one, else the run's pretraining split (that modality's slice of the
+    held-out training rows, which no client holds: complete, never masked), else None."""
+    generated = _generated(fed, m)
+    if generated is not None:
+        x, y, source = generated
+        return torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.int64), source
+    whole = engine_side(fed)
+    if not len(whole.partition.pretrain):
+        return None
+    idx = torch.as_tensor(whole.partition.pretrain, dtype=torch.long, device=whole.data.train_x.device)
+    x = modality_part(fed, whole.data.train_x[idx], m)
+    return x, whole.data.train_y[idx], (f"pretraining split: {len(idx)} training samples held out, stratified, "
+                                        f"before partitioning (--pretrain-size)")
+
+
+def modality_part(fed: "RoundView", x: torch.Tensor, m: Modality) -> torch.Tensor:
+    """``m``'s slice of flat samples, shaped as one sample of it (the whole input on a single-modality task)."""
+    if not fed.info.modalities:
+        return x
+    where, shape = modality_layout(fed.info.modalities)[m.name]
+    return x.reshape(len(x), -1)[:, where].reshape(-1, *shape)
+
+
+def build_feature_bank(fed: "RoundView", kind: str, dim: int, pretrain_steps: int = 0) -> FeatureBank:
     """The fixed features of the run: one extractor (single-modality task) or one per modality,
-    seeded as the module docstring says, with the features of the training split (``cached(0)``,
-    which every client's rows index) and of the global test set cached."""
+    pretrained or seeded as the module docstring says, with the features of the training split
+    (``cached(0)``, which every client's rows index) and of the global test set cached, and the
+    bank's ``facts`` (the record's ``feature_bank``) set."""
     data = engine_side(fed).data
     sources = [data.train_x, data.test_x]
     seed = fed.cfg.seed
+    extractors, facts = {}, {}
+    for m in bank_modalities(fed):
+        found = pretraining_set(fed, m)
+        if kind == "pretrained":
+            assert found is not None, "check_extractor refuses a modality without pretraining data"
+            x, y, source = found
+            trained = pretrained.pretrained_encoder(x, y, source, m.shape, dim, fed.num_classes, pretrain_steps)
+            extractor, fact = trained.encoder, trained.facts
+        else:
+            parts = (seed, EXTRACTOR_SEED) + ((m.name,) if fed.info.modalities else ())
+            extractor = build_extractor(kind, m.shape, dim, derive_seed(*parts))
+            fact = {"source": None, "encoder": f"{kind}, seeded by the run seed, trained nowhere", "trained": False}
+        extractor = extractor.to(fed.device)
+        if found is not None and len(torch.unique(found[1])) > 1:
+            x, y, source = found
+            fact["probe"] = {"kind": pretrained.PROBE, "fit_on": source, "fit_samples": int(len(x)),
+                             "test_samples": int(len(data.test_y)),
+                             "test_acc": pretrained.linear_probe(extractor, x.to(fed.device), y,
+                                                                 modality_part(fed, data.test_x, m), data.test_y)}
+        else:
+            fact["probe"] = None  # no labelled samples beyond the clients' to fit one on
+        extractors[m.name], facts[m.name] = extractor, fact
     if not fed.info.modalities:
-        extractor = build_extractor(kind, fed.info.input_shape, dim, derive_seed(seed, EXTRACTOR_SEED)).to(fed.device)
-        return FeatureBank(extractor, sources)
-    extractors = {}
-    for m in fed.info.modalities:
-        extractors[m.name] = build_extractor(kind, m.shape, dim,
-                                             derive_seed(seed, EXTRACTOR_SEED, m.name)).to(fed.device)
-    return ModalityFeatureBank(extractors, modality_layout(fed.info.modalities), dim, sources)
+        bank: FeatureBank = FeatureBank(extractors[WHOLE_INPUT], sources)
+    else:
+        bank = ModalityFeatureBank(extractors, modality_layout(fed.info.modalities), dim, sources)
+    bank.facts = {"extractor": kind, "feature_dim": dim, "modalities": facts}
+    return bank
 
 
 def restrict(u: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -477,14 +556,20 @@ class SharedPredictorClients:
     feats: torch.Tensor
     phi: dict[str, torch.Tensor]
 
-    def init_clients(self, fed: "RoundView", q0: SharedPredictor, grid: list[float], fallback_rho: float) -> None:
+    def init_clients(self, fed: "RoundView", q0: SharedPredictor, grid: list[float], fallback_rho: float,
+                     send: bool = True) -> None:
+        """``send``: the server sends Q's initialization to every client (metered); False for a Q
+        that is never shared (each client builds the same seeded initialization itself)."""
         self.grid, self.fallback_rho = grid, fallback_rho
         self.phi = {k: v.detach().clone() for k, v in q0.state_dict().items()}
         self.predictor_version = 0
         # Each client's last received Q: a frozen teacher and predictor (copies train, not these).
         self.held = [copy.deepcopy(q0).requires_grad_(False) for _ in fed.clients]
         self.held_predictor_version = [-1] * fed.n_clients
-        self.download(fed, list(range(fed.n_clients)))
+        if send:
+            self.download(fed, list(range(fed.n_clients)))
+        else:
+            self.held_predictor_version = [0] * fed.n_clients
 
     def init_endpoints(self, fed: "RoundView") -> None:
         self.q_predictors = [QPredictor(self.bank, q).eval() for q in self.held]
@@ -525,6 +610,10 @@ class SharedPredictorClients:
     def state_dict(self, fed: "RoundView") -> dict[str, Any]:
         # The frozen extractors and their cached features are rebuilt identically by setup: not stored.
         return {k: v for k, v in super().state_dict(fed).items() if k not in ("bank", "feats")}  # type: ignore[misc]
+
+    def describe_run(self, fed: "RoundView") -> dict[str, Any]:
+        """The record's ``method.run_details``: the feature bank Q reads (``build_feature_bank``)."""
+        return {"feature_bank": self.bank.facts}
 
     def predictor(self) -> str:
         """The headline's predictor: Joint under ``endpoint=joint``, else the card's (Private: the live model)."""

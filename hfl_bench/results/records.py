@@ -348,6 +348,8 @@ def build_record(cfg: RunConfig, result: RunResult, chash: str | None = None,
             # Schema 1.6: the card's preset the hyperparameters hold (``--preset``), null for the
             # protocol's budget (``engine.canonical_identity``).
             "preset": cfg.preset,
+            # Optional: what the method states about this run (``Method.describe_run``), e.g. its feature bank.
+            **({"run_details": details} if (details := method.describe_run(fed)) else {}),
         },
         "task": dict(fed.info.as_record(), n_train=int(len(labels)), n_test=int(len(fed.data.test_y)),
                      **_fingerprint_field(fed.data)),
@@ -363,6 +365,8 @@ def build_record(cfg: RunConfig, result: RunResult, chash: str | None = None,
             "hash": fed.partition.hash,
             "heldout_fraction": fed.partition.heldout_fraction,
             "public_size": fed.partition.public_size,
+            # the pretraining split (--pretrain-size), only where there is one: older records stay as they were
+            **({"pretrain_size": fed.partition.pretrain_size} if fed.partition.pretrain_size else {}),
             "train_counts": train_counts.tolist(),
             "val_counts": fed.partition.class_counts(labels, fed.num_classes, "val").tolist(),
         },

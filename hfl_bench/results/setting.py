@@ -613,8 +613,9 @@ def describe(seeds: SeedGroup) -> SettingGroup:
         task=first["task"]["name"],
         pool=(first.get("arch_pool") or {}).get("name") or cfg.get("pool") or "?",
         partition_scheme=part.get("scheme", cfg.get("partition") or "?"),
-        partition_params=_with_public(dict(part.get("params") or _config_partition_params(cfg)),
-                                      part.get("public_size", cfg.get("public_size"))),
+        partition_params=_with_pretrain(_with_public(dict(part.get("params") or _config_partition_params(cfg)),
+                                                     part.get("public_size", cfg.get("public_size"))),
+                                        part.get("pretrain_size", cfg.get("pretrain_size"))),
         n_clients=n_clients, clients_per_round=fed.get("clients_per_round", cfg.get("clients_per_round") or n_clients),
         rounds=fed.get("rounds", cfg.get("rounds")), local_epochs=fed.get("local_epochs", cfg.get("local_epochs")),
         method_params=dict(cfg.get("method_params") or {}), hparams=dict(first["method"].get("hparams") or {}),
@@ -640,6 +641,12 @@ def _with_public(params: dict[str, Any], public_size: Optional[int]) -> dict[str
     """A public hold-out changes every client's shard, so it is part of the setting (shown and
     ranked on); published settings never name it, so it does not block a match."""
     return {**params, "public": public_size} if public_size else params
+
+
+def _with_pretrain(params: dict[str, Any], pretrain_size: Optional[int]) -> dict[str, Any]:
+    """A pretraining split is held out of the clients' data as the public set is: part of the
+    setting likewise (``_with_public``)."""
+    return {**params, "pretrain": pretrain_size} if pretrain_size else params
 
 
 def _config_partition_params(cfg: dict[str, Any]) -> dict[str, Any]:
