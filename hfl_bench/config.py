@@ -106,10 +106,11 @@ class RunConfig:
                                                    "validation and test; default: the task's, else 0.2.")
     public_size: int = setting(0, "Training samples held out (stratified, before partitioning) as a public transfer "
                                   "set, for the methods that need one (hfl-bench describe METHOD says); 0 = none.")
-    pretrain_size: int = setting(0, "Training samples held out (stratified, before partitioning, like the public set) "
-                                    "as a pretraining split: no client holds them; a frozen feature encoder "
-                                    "(fedsocket's extractor=pretrained) is trained on them once. A data setting: give "
-                                    "every method of a comparison the same N. 0 = none.")
+    pretrain_size: int | None = setting(None, "Training samples held out (stratified, before partitioning, like the "
+                                              "public set) as a pretraining split: no client holds them; a frozen "
+                                              "feature encoder (fedsocket's extractor=pretrained) is trained on them "
+                                              "once. A data setting: every method of a comparison holds out the same "
+                                              "N. Default: the task's (digits-mnist1d 144), else 0 = none.")
     faults: str = setting("", "One fault per run, KIND:WHO[@STRENGTH][/MODE]: KIND label-noise, byzantine, free-rider "
                               "or straggler; WHO a fraction of the clients (a seeded draw) or a list [1,3]; e.g. "
                               "byzantine:0.2, label-noise:0.3@0.5/pair. Empty or none: no faults (README, Faults).")
@@ -192,7 +193,7 @@ def empty_faults_as_none(settings: dict[str, Any]) -> dict[str, Any]:
 FALLBACK_DEFAULTS: dict[str, Any] = {
     "pool": "cpu", "partition": "dirichlet", "alpha": 0.3, "clients": 10, "rounds": 100, "seed": 0,
     "local_epochs": 1, "batch_size": 64, "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4,
-    "heldout_fraction": 0.2,
+    "heldout_fraction": 0.2, "pretrain_size": 0,
 }
 
 
@@ -249,7 +250,7 @@ def validate(cfg: RunConfig) -> None:
         (cfg.heldout_fraction is None or 0 <= cfg.heldout_fraction < 1,
          f"heldout_fraction must be in [0, 1), got {cfg.heldout_fraction}"),
         (cfg.public_size >= 0, f"--public-size must be >= 0, got {cfg.public_size}"),
-        (cfg.pretrain_size >= 0, f"--pretrain-size must be >= 0, got {cfg.pretrain_size}"),
+        (cfg.pretrain_size is None or cfg.pretrain_size >= 0, f"--pretrain-size must be >= 0, got {cfg.pretrain_size}"),
         (cfg.recipient_fraction is None or 0 <= cfg.recipient_fraction <= 1,
          f"--recipient-fraction must be in [0, 1], got {cfg.recipient_fraction}"),
         (seed_ok, f"--seed must be in [0, 2^63), got {cfg.seed}"),
