@@ -464,12 +464,9 @@ class FedSocket(SharedPredictorClients, Method):
         recipients = set(fed.recipients)
         uploads, private_losses, q_losses = [], [], []
         for k in active:
-            # A donor's Q copy also learns through every recipient interface (the conditional target).
-            interfaces = [] if k in recipients else [interface_mask(fed, o) for o in self.interfaces]
-            with fed.timer(Phase.TRAINING):
-                private_losses.append(teach_private(fed, k, rnd, self.held[k], self.feats, p, self.omega_fus[k]))
-                q_copy = copy.deepcopy(self.held[k]).requires_grad_(True)
-                q_losses.append(teach_q(fed, k, rnd, q_copy, self.feats, p, interfaces))
+            private_loss, q_copy, q_loss = self.teach(fed, k, rnd, recipients)
+            private_losses.append(private_loss)
+            q_losses.append(q_loss)
             counts = fed.clients[k].train_counts
             message = {"q": q_copy.state_dict(), "n": int(counts.sum()),
                        "class_counts": torch.as_tensor(counts, dtype=torch.int64)}
@@ -489,23 +486,33 @@ class FedSocket(SharedPredictorClients, Method):
                                    modality_counts=modality_counts)
             self.predictor_version += 1
         self.download(fed, list(active))
-        self.calibrate(fed, active)
-        return {"private_loss": float(np.mean(private_losses)), "q_loss": float(np.mean(q_losses)),
-                "rho_mean": float(np.mean(self.rho))}
+        return self.finish_round(fed, active, private_losses, q_losses)
 
     def run_local_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
         """``share_q=off`` (the matched-capacity ensemble): the same two stages, and each client then
         holds the Q copy it trained as its own Q; nothing is uploaded, averaged or sent."""
-        p = self.params
         recipients = set(fed.recipients)
         private_losses, q_losses = [], []
         for k in active:
-            interfaces = [] if k in recipients else [interface_mask(fed, o) for o in self.interfaces]
-            with fed.timer(Phase.TRAINING):
-                private_losses.append(teach_private(fed, k, rnd, self.held[k], self.feats, p, self.omega_fus[k]))
-                q_copy = copy.deepcopy(self.held[k]).requires_grad_(True)
-                q_losses.append(teach_q(fed, k, rnd, q_copy, self.feats, p, interfaces))
+            private_loss, q_copy, q_loss = self.teach(fed, k, rnd, recipients)
+            private_losses.append(private_loss)
+            q_losses.append(q_loss)
             self.held[k].load_state_dict(q_copy.state_dict())
+        return self.finish_round(fed, active, private_losses, q_losses)
+
+    def teach(self, fed: RoundView, k: int, rnd: int, recipients: set[int]) -> tuple[float, nn.Module, float]:
+        """Client k's two stages: Private taught by the Q it holds, then a copy of that Q taught (a
+        donor's copy also through every recipient interface: the conditional target)."""
+        p = self.params
+        interfaces = [] if k in recipients else [interface_mask(fed, o) for o in self.interfaces]
+        with fed.timer(Phase.TRAINING):
+            private_loss = teach_private(fed, k, rnd, self.held[k], self.feats, p, self.omega_fus[k])
+            q_copy = copy.deepcopy(self.held[k]).requires_grad_(True)
+            q_loss = teach_q(fed, k, rnd, q_copy, self.feats, p, interfaces)
+        return private_loss, q_copy, q_loss
+
+    def finish_round(self, fed: RoundView, active: list[int], private_losses: list[float],
+                     q_losses: list[float]) -> dict[str, float]:
         self.calibrate(fed, active)
         return {"private_loss": float(np.mean(private_losses)), "q_loss": float(np.mean(q_losses)),
                 "rho_mean": float(np.mean(self.rho))}
