@@ -77,3 +77,14 @@ def test_bad_variants_input_is_one_line_exit_2(folder, args, message):
     text = (err or out).strip()
     assert result.exit_code == 2, text
     assert message in text and len(text.splitlines()) == 1, text
+
+
+def test_plain_against_labels_a_methods_variants(folder):
+    """Without --variants, a method that ran several groups in one protocol (its variants) is a row
+    per group, each named by its parameters (they were indistinguishable rows before)."""
+    result, out, err = invoke_cli("leaderboard", "compare", str(folder), "--against", "uniform-kd", "--json")
+    assert result.exit_code == 0, out + err
+    [table] = json.loads(out)["tables"]
+    assert sorted(c["a"] for c in table["comparisons"]) == ["crad", "crad [aggregator=crad-stage1]",
+                                                            "crad [aggregator=crad-support]"]
+    assert table["reference"] == "uniform-kd"

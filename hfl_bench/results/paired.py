@@ -336,9 +336,17 @@ def against(groups: list[SettingGroup], reference: str, methods: Iterable[str] =
         if ref is None:
             continue
         versions: dict[str, set] = defaultdict(set)
+        count: dict[str, int] = defaultdict(int)
         for g in members:
             versions[g.method].add(g.method_version)
-        ref_side = Side(ref, reference_endpoint, len(versions[reference]) > 1)
+            count[g.method] += 1
+
+        def side(g: SettingGroup, end: Optional[str]) -> Side:
+            # a method with several groups here (its variants: other hyperparameters) names each one's
+            variant = params_label(g.method_params, {}) if count[g.method] > 1 else ""
+            return Side(g, end, len(versions[g.method]) > 1, variant)
+
+        ref_side = side(ref, reference_endpoint)
         compared = [g for g in members if (g.method in methods if methods else g.method != reference)
                     and (g is not ref or endpoint != reference_endpoint)]
         if not compared:
@@ -346,7 +354,7 @@ def against(groups: list[SettingGroup], reference: str, methods: Iterable[str] =
         notes = []
         if (others := sum(g.method == reference for g in members)) > 1:
             notes.append(f"{reference} ran {others} groups here: the reference is the one with the highest mean")
-        rows = [Side(g, endpoint, len(versions[g.method]) > 1) for g in compared]
+        rows = [side(g, endpoint) for g in compared]
         tables.append(table(rows, ref_side, figure, labels[key], notes, key))
     return tables
 
