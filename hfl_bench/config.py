@@ -155,8 +155,10 @@ FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 # The clients' optimizers a run may name (``--optimizer``; ``federation.Federation.make_optimizer``).
 OPTIMIZERS = ("sgd", "adam")
 def recorded_config(cfg_dict: dict[str, Any]) -> RunConfig:
-    """The ``RunConfig`` of a record's or a checkpoint's ``config`` (legacy settings dropped)."""
-    return RunConfig(**without_legacy(cfg_dict))
+    """The ``RunConfig`` of a record's or a checkpoint's ``config`` (legacy settings dropped; a
+    setting added since, which the record lacks, at the value it then had: ``HASH_NEUTRAL_DEFAULTS``)."""
+    values = without_legacy(cfg_dict)
+    return RunConfig(**{**{k: v for k, v in HASH_NEUTRAL_DEFAULTS.items() if k not in values}, **values})
 
 
 def read_yaml_mapping(path: str | Path, what: str, expected: str) -> dict[str, Any]:

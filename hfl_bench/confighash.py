@@ -13,8 +13,9 @@ from typing import Any
 # ``--preset paper`` and the same values by ``--set`` are one run with one hash.
 NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "cuda_graphs",
                 "checkpoint_every", "preset", "ensemble")
-# Fields added after the first records: left out of the hash at their default, so a config that
-# does not use them keeps the hash it always had (older records stay comparable).
+# Fields added after the first records: left out of the hash at their default (or unset: a field
+# whose default is the task's, ``pretrain_size``), so a config that does not use them keeps the hash
+# it always had (older records stay comparable).
 HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "pretrain_size": 0, "faults": "", "recipient_fraction": None,
                          "missing_modality": None, "optimizer": "sgd"}
 # Settings that no longer exist: ``vmap`` (stacked teacher inference) and ``lockstep`` (same-
@@ -40,5 +41,5 @@ def config_hash(cfg_dict: dict[str, Any]) -> str:
     """Hash of everything that changes what a run computes (seed, paths and device excluded; a
     recorded config's legacy settings too, as they always were)."""
     semantic = {k: v for k, v in without_legacy(cfg_dict).items()
-                if k not in NON_SEMANTIC and not (k in HASH_NEUTRAL_DEFAULTS and v == HASH_NEUTRAL_DEFAULTS[k])}
+                if k not in NON_SEMANTIC and not (k in HASH_NEUTRAL_DEFAULTS and v in (None, HASH_NEUTRAL_DEFAULTS[k]))}
     return hashlib.sha256(canonical_json(semantic).encode()).hexdigest()[:16]

@@ -39,10 +39,26 @@ def timeless(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in entry.items() if k not in ("seconds", "phases")} for entry in history]
 
 
+# Where a feature bank's encoder came from (trained by this run, or loaded from the cache a run
+# before it filled) and what training it took: provenance, like timing, not what the run computes.
+CACHE_PROVENANCE = ("trained", "pretrain_steps", "pretrain_seconds")
+
+
+def without_cache_provenance(method: dict) -> dict:
+    bank = (method.get("run_details") or {}).get("feature_bank")
+    if not bank:
+        return method
+    modalities = {m: {k: v for k, v in entry.items() if k not in CACHE_PROVENANCE}
+                  for m, entry in bank["modalities"].items()}
+    return {**method, "run_details": {**method["run_details"], "feature_bank": {**bank, "modalities": modalities}}}
+
+
 def assert_same_run(a: dict, b: dict) -> None:
-    """Everything a run computes is equal; only timing, dates and the resume note may differ."""
-    for key in ("status", "metrics", "selection", "partition", "arch_pool", "config_hash", "method"):
+    """Everything a run computes is equal; only timing, dates, the resume note and where a feature
+    bank's encoders came from (``CACHE_PROVENANCE``) may differ."""
+    for key in ("status", "metrics", "selection", "partition", "arch_pool", "config_hash"):
         assert a[key] == b[key], key
+    assert without_cache_provenance(a["method"]) == without_cache_provenance(b["method"])
     assert timeless(a["history"]) == timeless(b["history"])
     for key in ("bytes_total", "bytes_sent_per_client_per_round", "budget"):  # the work meter resumes too
         assert a["cost"][key] == b["cost"][key], key
