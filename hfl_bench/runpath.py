@@ -129,7 +129,7 @@ def run_resolved(run: ResolvedRun, progress: Optional[ProgressFn] = None, resume
     """``begin``, ``execute`` and ``save`` in this process; the claim is held until the record is
     written. ``started`` is called once the checks passed, before the run (the CLI's notes).
     Torch runs on ``threads`` threads (default ``resolved.auto_threads``) until the record is
-    built (its environment shows them), and then on as many as before."""
+    written (its environment shows them), and then on as many as before."""
     from hfl_bench.data import get_task  # imports torch: not at start-up (a matrix's dry run never does)
 
     claim, out = _open(run)
@@ -146,8 +146,6 @@ def run_resolved(run: ResolvedRun, progress: Optional[ProgressFn] = None, resume
             if trackers:
                 trackers.close()
             raise
-        finally:
-            torch_threads.restore()
         saved = save(run, record, trackers=trackers, record_file=out)
     finally:
         torch_threads.restore()

@@ -60,11 +60,11 @@ def cpu_federation(cfg: RunConfig) -> Federation:
 
     from hfl_bench import engine
     from hfl_bench.config import resolve
-    from hfl_bench.data import get_task
+    from hfl_bench.data import get_task, task_defaults
     from hfl_bench.faults import canonical_config
 
     task = get_task(cfg.task)
-    cfg = canonical_config(resolve(cfg, {**task.info.defaults, **task.folder_defaults(cfg.data_dir)}))
+    cfg = canonical_config(resolve(cfg, task_defaults(cfg.task, cfg.data_dir)))
     return engine.build_federation(cfg, task.info, task.load(cfg.data_dir), torch.device("cpu"))
 
 
