@@ -5,6 +5,7 @@
 # isort: skip_file
 from hfl_bench.methods import crad, dfml, fedavg, fedmkd, fedsocket, fml, local  # noqa: F401
 from hfl_bench.methods import fedcc, msfkd  # noqa: F401
+from hfl_bench.methods import ds_fl  # noqa: F401
 from hfl_bench.methods import fedgd, fedmd  # noqa: F401
 from hfl_bench.methods import naive_shared  # noqa: F401
 from hfl_bench.methods import fedkd, fedmrl, fedl2g  # noqa: F401

@@ -151,6 +151,11 @@ def msfkd(plan: Plan) -> Plan:
     return plan.transfer("public", p.distill_epochs, plan.public).private(p.local_epochs or plan.cfg.local_epochs)
 
 
+def ds_fl(plan: Plan) -> Plan:
+    """Per round: the config's local epochs over the shard, then distill_epochs over the public set."""
+    return plan.private(plan.cfg.local_epochs).transfer("public", plan.p.distill_epochs, plan.public)
+
+
 def shared_predictor(plan: Plan) -> Plan:
     """Setup: warmup_epochs of Private over the shard. Per round: the stage epochs of Private, then
     as many of the Q copy (a second pass over the shard's features)."""
@@ -206,7 +211,7 @@ def fedgen(plan: Plan) -> Plan:
 # registered method is held to ``plain``. FML steps its private model and its meme on the same
 # batch: one step per batch (a step is one batch a client trains on), so it is plain.
 BY_DESIGN = {
-    "dfml": dfml, "fedcc": fedcc, "fedmd": fedmd, "fedgd": fedgd, "msfkd": msfkd,
+    "dfml": dfml, "fedcc": fedcc, "fedmd": fedmd, "fedgd": fedgd, "msfkd": msfkd, "ds-fl": ds_fl,
     "fedsocket": shared_predictor, "naive-shared": shared_predictor, "fedl2g": fedl2g,
     "fedtgp": fedtgp, "fedgh": fedgh, "fedgen": fedgen,
 }

@@ -52,6 +52,7 @@ def test_verdicts_follow_the_numbers(real, folder, tmp_path):  # noqa: F811
     got = run_json(path)
     [up] = got["up"]["results"]
     assert (up["n"], up["mean_difference"], up["p_holm"]) == ("6", 2.3333, pytest.approx(2 / 64))
+    assert up["means"] == [pytest.approx(sum(UP) / 6, abs=1e-4), pytest.approx(sum(BASE) / 6, abs=1e-4)]
     assert (got["up"]["verdict"], got["down"]["verdict"]) == ("reproduced", "contradicted")
     # one seed of crad falls below local: the interval still excludes 0 but p = 4/64 is not below 0.05
     write(folder, variant(real, "crad", 5, 60.5))  # +2.5 becomes -0.5
@@ -160,7 +161,8 @@ def test_text_from_the_claims_file_is_escaped(folder, tmp_path):
     assert result.exit_code == 0
     row = next(line for line in md.splitlines() if line.startswith("| c1 "))
     assert "A \\| B &lt;b&gt;x&lt;/b&gt; \\[link\\](http://x)" in row
-    assert row.count(" | ") == 9  # ten cells: the claim's text added none
+    assert row.count(" | ") == 10  # eleven cells: the claim's text added none
+    assert "| 62.75, 60.42 | +2.33 \\[1.79, 2.88\\] |" in row  # each side's mean over the paired seeds, then A - B
 
 
 def skew_runs(real: dict, method: str, k: int, accs: list[float], optimizer: str = "sgd") -> list[dict]:  # noqa: F811
@@ -206,3 +208,17 @@ def test_sides_are_selected_by_k_and_optimizer_and_a_trend_runs_over_k(real, tmp
     path = claims_file(tmp_path, claim("both", comparisons=[{**one({"method": "crad"}, {"method": "local"}), "k": 1}]))
     result, out, err = invoke_cli("leaderboard", "claims", str(path))
     assert result.exit_code == 2 and "matches 2 groups" in out + err and "optimizer" in out + err
+
+
+def test_one_papers_claims_in_brief(folder, tmp_path):
+    path = claims_file(tmp_path, claim("up", comparisons=[one({"method": "crad"}, {"method": "local"}),
+                                                          one({"method": "crad"}, {"method": "fedcc"})]),
+                       claim("other", paper="FedCC", comparisons=[one({"method": "local"}, {"method": "crad"})]))
+    result, md, _ = invoke_cli("leaderboard", "claims", str(path), "--paper", "crad", "--brief", "-f", "markdown")
+    assert result.exit_code == 0
+    [row] = [line for line in md.splitlines() if line.startswith("| CRAD ")]  # FedCC's claim left out
+    assert row.endswith("| not yet tested (needs: a GPU) | 1 reproduced, 1 not yet tested |")
+    result, out, _ = invoke_cli("leaderboard", "claims", str(path), "--paper", "FedCC", "--brief")
+    assert out.splitlines() == ["FedCC | other | A beats B | Table 1: 78.60 | contradicted | 1 contradicted"]
+    result, _, err = invoke_cli("leaderboard", "claims", str(path), "--paper", "FedSocket")
+    assert result.exit_code == 2 and "unknown paper 'FedSocket'; the claims file names 'CRAD'; 'FedCC'" in err

@@ -409,6 +409,10 @@ def claims(
                                "printed (JSON: 4)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table (one line per row), markdown or json."),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
+    paper: Optional[str] = typer.Option(None, "--paper", help="Only this paper's claims (as the claims file "
+                                        "names it, e.g. FedCC).", show_default=False),
+    brief: bool = typer.Option(False, "--brief", help="One line per claim: its verdict and a count of its "
+                               "tested lines' verdicts (table and markdown; JSON is always whole)."),
 ):
     """Each headline claim of the seed papers tested on the records: per claim its paper's figures,
     the suite's CPU-scale test (records folder, task, figure, seeds n, the difference A - B with its
@@ -421,12 +425,12 @@ def claims(
     t-test). A CPU test checks direction and mechanism, not the paper's absolute figure. A bad
     claims file is one line, exit 2."""
     from hfl_bench.results.claims import ClaimsError, evaluate
-    from hfl_bench.results.claims_view import claims_json, markdown, plain_lines
+    from hfl_bench.results.claims_view import brief_lines, brief_markdown, claims_json, markdown, plain_lines
     from hfl_bench.results.loading import ResultsError
 
     fmt = output_format(fmt, as_json, CLAIMS_FORMATS)
     try:
-        results, skipped = evaluate(claims_file)
+        results, skipped = evaluate(claims_file, paper)
     except (ClaimsError, ResultsError) as e:
         fail(str(e))
     for line in skipped:
@@ -434,9 +438,9 @@ def claims(
     if fmt == "json":
         sys.stdout.write(json.dumps(claims_json(results), indent=1) + "\n")
     elif fmt == "markdown":
-        sys.stdout.write(markdown(results, digits))
+        sys.stdout.write(brief_markdown(results) if brief else markdown(results, digits))
     else:
-        sys.stdout.write(plain_lines(results, digits))
+        sys.stdout.write(brief_lines(results) if brief else plain_lines(results, digits))
 
 
 @app.command(cls=BenchCommand)

@@ -310,6 +310,7 @@ class Result:
     figure: str = ""
     n: str = "0"
     mean: Optional[float] = None
+    levels: Optional[tuple[float, float]] = None  # a comparison's mean A and mean B over its paired seeds
     low: Optional[float] = None
     high: Optional[float] = None
     p: Optional[float] = None
@@ -320,6 +321,7 @@ class Result:
 
     def as_dict(self) -> dict[str, Any]:
         return {"test": self.label, "records": self.records, "task": self.task, "figure": self.figure, "n": self.n,
+                "means": None if self.levels is None else list(self.levels),
                 "mean_difference": self.mean, "ci95": None if self.low is None else [self.low, self.high],
                 "p": self.p, "p_holm": self.p_holm, "verdict": self.verdict, "notes": self.notes,
                 "pairing": self.comparison.pairing.as_dict() if self.comparison else None}
@@ -398,6 +400,7 @@ class Evaluation:
             if side.figure == GAP:  # the difference of two gaps says little without the gaps themselves
                 out.notes.append(f"{side.method}'s own gap: {statistics.fmean(values):+.2f}")
         out.mean, out.low, out.high, out.p = c.mean, c.low, c.high, c.p
+        out.levels = (round(statistics.fmean(c.pairing.a), 4), round(statistics.fmean(c.pairing.b), 4))
         out.verdict = NOT_RESOLVED
         return out
 
@@ -461,9 +464,15 @@ def folder_groups(folder: Path) -> tuple[list[SettingGroup], list[str]]:
     return build_groups(records), [s.line() for s in not_records + excluded]
 
 
-def evaluate(path: Path) -> tuple[list[ClaimResult], list[str]]:
-    """Every claim of the claims file at ``path`` tested on its records; the lines of the record
-    files skipped."""
+def evaluate(path: Path, paper: Optional[str] = None) -> tuple[list[ClaimResult], list[str]]:
+    """Every claim of the claims file at ``path`` (``paper``: that paper's alone, any case) tested
+    on its records; the lines of the record files skipped. An unknown paper is a ``ClaimsError``."""
     claims = read_claims(path)
+    if paper is not None:
+        papers = list(dict.fromkeys(c.paper for c in claims))
+        if paper.casefold() not in {p.casefold() for p in papers}:
+            raise ClaimsError(f"--paper: unknown paper {paper!r}; the claims file names "
+                              + "; ".join(repr(p) for p in papers))
+        claims = [c for c in claims if c.paper.casefold() == paper.casefold()]
     ev = Evaluation(path.parent)
     return [ev.claim(c) for c in claims], ev.skipped

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-from hfl_bench.results.claims import LEVEL, NOT_YET, RULES, ClaimResult, Result
+from hfl_bench.results.claims import LEVEL, NOT_YET, RULES, VERDICTS, ClaimResult, Result
 from hfl_bench.results.paired_view import notes as pairing_notes
 from hfl_bench.results.render import to_markdown
 from hfl_bench.results.text import markdown_cell, terminal
 
+LEVELS = "A, B (means)"
 COLUMNS = ("claim id", "claim", "paper's figures", "CPU-scale test: A - B", "records, task", "figure", "n",
-           "A - B [95% CI]", "p Holm", "verdict")
+           LEVELS, "A - B [95% CI]", "p Holm", "verdict")
 
 
 def _p(p: Optional[float]) -> str:
@@ -27,11 +28,16 @@ def interval(r: Result, nd: int = 2) -> str:
     return f"{r.mean:+.{nd}f}" + (f" [{r.low:.{nd}f}, {r.high:.{nd}f}]" if r.low is not None else "")
 
 
+def levels(r: Result, nd: int = 2) -> str:
+    """``91.23, 16.80``: each side's mean over the paired seeds (the suite's figures, beside the paper's)."""
+    return "-" if r.levels is None else ", ".join(f"{v:.{nd}f}" for v in r.levels)
+
+
 def result_cells(r: Result, nd: int = 2) -> dict[str, str]:
     said = r.notes + ([n] if r.comparison and (n := pairing_notes(r.comparison)) else [])
     return {"CPU-scale test: A - B": r.label + "".join(f"; {n}" for n in said),
             "records, task": r.records + (f", {r.task}" if r.task else ""), "figure": r.figure or "-", "n": r.n,
-            "A - B [95% CI]": interval(r, nd), "p Holm": _p(r.p_holm), "verdict": r.verdict}
+            LEVELS: levels(r, nd), "A - B [95% CI]": interval(r, nd), "p Holm": _p(r.p_holm), "verdict": r.verdict}
 
 
 def claim_rows(c: ClaimResult, nd: int = 2) -> list[dict[str, str]]:
@@ -47,6 +53,31 @@ def claim_rows(c: ClaimResult, nd: int = 2) -> list[dict[str, str]]:
     test = spec.test or (f"{len(c.results)} comparisons below, Holm over them" if c.results else "none yet")
     head |= {"CPU-scale test: A - B": test + note, "verdict": verdict}
     return [head] + [result_cells(r, nd) for r in c.results]
+
+
+BRIEF_COLUMNS = ("paper", "claim id", "claim", "paper's figures", "verdict", "tested lines")
+
+
+def brief_rows(claims: Iterable[ClaimResult]) -> list[dict[str, str]]:
+    """One row per claim: its verdict and how its tested lines (comparisons, trend) came out."""
+    rows = []
+    for c in claims:
+        counts = {v: sum(r.verdict == v for r in c.results) for v in VERDICTS}
+        lines = ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "none yet"
+        verdict = c.verdict + (f" (needs: {c.spec.needs})" if c.verdict == NOT_YET else "")
+        rows.append({"paper": c.spec.paper, "claim id": c.spec.id, "claim": c.spec.claim,
+                     "paper's figures": c.spec.figures, "verdict": verdict, "tested lines": lines})
+    return rows
+
+
+def brief_markdown(claims: list[ClaimResult]) -> str:
+    """``--brief``: one line per claim (its figures and comparisons are the full page's)."""
+    return to_markdown(brief_rows(claims), BRIEF_COLUMNS)
+
+
+def brief_lines(claims: list[ClaimResult]) -> str:
+    rows = brief_rows(claims)
+    return "".join(terminal(" | ".join(row[k] for k in BRIEF_COLUMNS)) + "\n" for row in rows)
 
 
 def by_paper(claims: Iterable[ClaimResult]) -> list[tuple[str, list[ClaimResult]]]:
@@ -72,7 +103,8 @@ def plain_lines(claims: list[ClaimResult], nd: int = 2) -> str:
         for row in claim_rows(c, nd):
             cells = [c.spec.paper, row.get("claim id") or c.spec.id, row["CPU-scale test: A - B"]]
             if row.get("records, task"):
-                cells += [row["records, task"], f"figure={row['figure']}", f"n={row['n']}", row["A - B [95% CI]"],
+                cells += [row["records, task"], f"figure={row['figure']}", f"n={row['n']}", f"means {row[LEVELS]}",
+                          row["A - B [95% CI]"],
                           f"p_holm={row['p Holm']}"]
             lines.append(terminal(" | ".join(cells + [row["verdict"]])))
     return "\n".join(lines) + ("\n" if lines else "")
