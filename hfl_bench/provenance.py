@@ -89,11 +89,17 @@ def environment(device) -> dict[str, Any]:
     }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
+def _top_level_distributions() -> dict[str, list[str]]:
+    """``importlib.metadata.packages_distributions()``, scanned once per process (about half a
+    second: every installed distribution's file list is read)."""
+    return importlib.metadata.packages_distributions()
+
+
 def plugin_dist(module: str) -> str | None:
-    """The installed distribution that provides ``module`` (cached: the scan takes about a second)."""
-    top = module.split(".")[0]
-    dists = importlib.metadata.packages_distributions().get(top)
+    """The installed distribution that provides ``module`` (a record asks for its method's, task's
+    and pool's modules: one scan serves them all)."""
+    dists = _top_level_distributions().get(module.split(".")[0])
     return dists[0] if dists else None
 
 
