@@ -124,10 +124,11 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
     from hfl_bench.matrix.gpus import GpuPlan, MemoryReport, may_use_cuda, take_slots, visible_gpus
 
     # forkserver, not fork (fork is unsafe once torch has started threads): the server imports
-    # the engine once and every worker forks from it, instead of each worker importing torch.
+    # the engine once and every worker forks from it, instead of each worker importing torch;
+    # timm too (the CLI imports it lazily, at the first model: a few seconds per cell otherwise).
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["hfl_bench.engine", "hfl_bench.results.records",
-                                    "hfl_bench.matrix.cells", "hfl_bench.methods", "hfl_bench.tasks"])
+    context.set_forkserver_preload(["hfl_bench.engine", "hfl_bench.results.records", "hfl_bench.matrix.cells",
+                                    "hfl_bench.methods", "hfl_bench.tasks", "timm"])
     if gpus is None:  # a CPU-only suite never asks
         gpus = visible_gpus() if any(may_use_cuda(cell.cfg.device) for cell in cells) else 0
     plan = GpuPlan(gpus, cells_per_gpu)
