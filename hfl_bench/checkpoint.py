@@ -14,7 +14,6 @@ Objects that are not plain data are stored as tagged dicts (``{"__ckpt__": kind,
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import os
 import random
@@ -30,7 +29,7 @@ from torch import nn
 from hfl_bench.aggregation import run_version
 from hfl_bench.config import ConfigError, config_hash, without_legacy
 from hfl_bench.federation import RoundMetrics
-from hfl_bench.paths import write_atomic
+from hfl_bench.paths import unseal, write_sealed
 
 if TYPE_CHECKING:
     from hfl_bench.federation import RoundView
@@ -415,14 +414,13 @@ def check_versions(state: dict[str, Any], now: dict[str, Any], where: str) -> No
 
 
 def write(path: str | Path, state: dict[str, Any]) -> None:
-    """Save atomically (``paths.write_atomic``): never half a file. The file is one header line
+    """Save atomically (``paths.write_sealed``): never half a file. The file is one header line
     that holds the SHA-256 of what follows, then torch's archive: ``read`` checks the digest before
     it trusts a byte (torch's zip reader does not check its members, so one flipped bit in a weight
     would resume in silence)."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    payload = buffer.getvalue()
-    write_atomic(path, MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+    write_sealed(path, MAGIC, buffer.getvalue())
 
 
 def read(path: str | Path) -> dict[str, Any]:
@@ -456,11 +454,11 @@ def _verified(data: bytes, path: str | Path) -> bytes:
     """The archive after a checkpoint's digest line, once its SHA-256 matches the line's; a file
     without the line (an older hfl-bench's, or no checkpoint) or with another digest (damaged) is
     refused."""
-    head, newline, payload = data.partition(b"\n")
-    if not head.startswith(MAGIC) or not newline:
+    payload, problem = unseal(data, MAGIC)
+    if problem == "unsealed":
         raise CheckpointError(f"checkpoint {path} has no digest line (written by an older hfl-bench, or not a "
                               "checkpoint): delete it or rerun without --resume")
-    if head[len(MAGIC):] != hashlib.sha256(payload).hexdigest().encode():
+    if payload is None:
         raise CheckpointError(f"checkpoint {path} is damaged (its content does not match its SHA-256): "
                               "delete it or rerun without --resume")
     return payload

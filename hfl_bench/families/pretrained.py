@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl_bench.config import canonical_json
-from hfl_bench.paths import cache_home, write_atomic
+from hfl_bench.paths import cache_home, unseal, write_sealed
 from hfl_bench.training import predict_logits
 
 # Bump when the encoder's architecture or training changes: it is part of the cache key and of
@@ -130,9 +130,8 @@ def _read_cache(path: Path, key: str) -> dict[str, torch.Tensor] | None:
         blob = path.read_bytes()
     except OSError:
         return None
-    head = len(CACHE_MAGIC)
-    digest, payload = blob[head : head + 64], blob[head + 65 :]
-    if not blob.startswith(CACHE_MAGIC) or hashlib.sha256(payload).hexdigest().encode() != digest:
+    payload, _ = unseal(blob, CACHE_MAGIC)
+    if payload is None:
         return None
     try:
         obj = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
@@ -147,9 +146,8 @@ def _write_cache(path: Path, key: str, encoder: nn.Module) -> None:
     """Best effort: a cache that cannot be written only costs the next run a retraining."""
     buf = io.BytesIO()
     torch.save({"key": key, "state": encoder.state_dict()}, buf)
-    payload = buf.getvalue()
     try:
-        write_atomic(path, CACHE_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+        write_sealed(path, CACHE_MAGIC, buf.getvalue())
     except OSError:
         pass
 
