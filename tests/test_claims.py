@@ -132,6 +132,10 @@ def test_a_trend_compares_the_last_setting_it_lists_with_the_first(real, tmp_pat
     # the order is the claim's: an advantage that should grow as N shrinks lists 20 first
     c = run_json(claims_file(tmp_path, claim(trend=dict(trend, values=[20, 15, 10]))))["c1"]
     assert (c["results"][0]["mean_difference"], c["verdict"]) == (-4.0, "contradicted")
+    # a list of trends (one per task, say): each tested, Holm over them, the claim's verdict from all
+    c = run_json(claims_file(tmp_path, claim(trend=[trend, dict(trend, values=[20, 10])])))["c1"]
+    assert [r["mean_difference"] for r in c["results"]] == [4.0, -4.0] and c["verdict"] == "contradicted"
+    assert [r["p_holm"] for r in c["results"]] == [round(2 * c["results"][0]["p"], 6)] * 2  # Holm over the two
 
 
 @pytest.mark.parametrize("change, message", [
@@ -144,6 +148,10 @@ def test_a_trend_compares_the_last_setting_it_lists_with_the_first(real, tmp_pat
     ({"comparisons": [one({"method": "crad", "figure": "best"}, {"method": "local"})]}, "'figure' must be one of"),
     ({"trend": {"records": "r", "over": "rounds", "values": [1, 2], "a": {"method": "crad"},
                 "b": {"method": "local"}}}, "'over' must be one of clients, alpha, k"),
+    ({"trend": []}, "'trend' must be a trend or a non-empty list of trends"),
+    ({"trend": [{"records": "r", "over": "k", "values": [2, 1], "a": {"method": "crad"}, "b": {"method": "local"}},
+                {"records": "r", "over": "k", "values": [2], "a": {"method": "crad"}, "b": {"method": "local"}}]},
+     "trend 2: 'values' must be a list of two or more numbers"),
 ])
 def test_a_bad_claims_file_is_one_line_exit_2(tmp_path, change, message):
     c = claim() | change

@@ -2,7 +2,8 @@
 
 A claims file (``leaderboards/claims.yaml``) lists claims: an id, the paper, the claim, the
 paper's figures, what a test needs where the records are not there yet (``needs``), and the test,
-as data: a list of ``comparisons`` or one ``trend`` (or neither: a claim the suite cannot test
+as data: a list of ``comparisons`` or a ``trend`` (one, or a list: one per task, say; Holm runs
+over them as over comparisons), or neither (a claim the suite cannot test
 yet). Every text is data, shown escaped; a records folder is a path relative to the claims file's
 folder that stays inside it. A bad file (an unknown key, a missing field, an unknown method, a
 folder outside) is one line (``ClaimsError``).
@@ -147,7 +148,7 @@ class ClaimSpec:
     test: str = ""  # what the test is, in words (a claim of several comparisons or none)
     note: str = ""  # what a reader must know beside the figures (a regime, a feature bank)
     comparisons: tuple = ()
-    trend: Optional[TrendSpec] = None
+    trends: tuple = ()  # TrendSpecs: one, or one per task (Holm over them, as over comparisons)
 
 
 def read_claims(path: Path) -> list[ClaimSpec]:
@@ -179,8 +180,13 @@ def _claim(raw: Any, where: str) -> ClaimSpec:
     if not isinstance(comparisons, list):
         raise ClaimsError(f"{where}: 'comparisons' must be a list")
     specs = tuple(_comparison(c, f"{where}: comparison {i + 1}") for i, c in enumerate(comparisons))
-    trend = _trend(raw["trend"], f"{where}: trend") if "trend" in raw else None
-    return ClaimSpec(**texts, comparisons=specs, trend=trend)
+    trends = raw.get("trend", [])
+    trends = [trends] if isinstance(trends, dict) else trends
+    if not isinstance(trends, list) or ("trend" in raw and not trends):
+        raise ClaimsError(f"{where}: 'trend' must be a trend or a non-empty list of trends")
+    many = len(trends) > 1
+    return ClaimSpec(**texts, comparisons=specs, trends=tuple(
+        _trend(t, f"{where}: trend" + (f" {i + 1}" if many else "")) for i, t in enumerate(trends)))
 
 
 def _comparison(raw: Any, where: str) -> ComparisonSpec:
@@ -377,7 +383,7 @@ class Evaluation:
         return found[0] if found else None
 
     def claim(self, spec: ClaimSpec) -> ClaimResult:
-        results = [self.comparison(c) for c in spec.comparisons] + ([self.trend(spec.trend)] if spec.trend else [])
+        results = [self.comparison(c) for c in spec.comparisons] + [self.trend(t) for t in spec.trends]
         tested = [r for r in results if r.p is not None]
         for r, adjusted in zip(tested, holm([r.p for r in tested])):
             r.p_holm = round(adjusted, 6)
