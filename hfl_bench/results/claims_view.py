@@ -40,10 +40,15 @@ def result_cells(r: Result, nd: int = 2) -> dict[str, str]:
             LEVELS: levels(r, nd), "A - B [95% CI]": interval(r, nd), "p Holm": _p(r.p_holm), "verdict": r.verdict}
 
 
+def verdict_text(c: ClaimResult) -> str:
+    """A claim's verdict, with what its test needs while it is not yet tested."""
+    return c.verdict + (f" (needs: {c.spec.needs})" if c.verdict == NOT_YET else "")
+
+
 def claim_rows(c: ClaimResult, nd: int = 2) -> list[dict[str, str]]:
     """The claim's row, then (a claim of several tests) one row per test (module doc)."""
     spec = c.spec
-    verdict = c.verdict + (f" (needs: {spec.needs})" if c.verdict == NOT_YET else "")
+    verdict = verdict_text(c)
     head = {"claim id": spec.id, "claim": spec.claim, "paper's figures": spec.figures}
     note = f"; {spec.note}" if spec.note else ""
     if len(c.results) == 1:
@@ -64,9 +69,8 @@ def brief_rows(claims: Iterable[ClaimResult]) -> list[dict[str, str]]:
     for c in claims:
         counts = {v: sum(r.verdict == v for r in c.results) for v in VERDICTS}
         lines = ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "none yet"
-        verdict = c.verdict + (f" (needs: {c.spec.needs})" if c.verdict == NOT_YET else "")
         rows.append({"paper": c.spec.paper, "claim id": c.spec.id, "claim": c.spec.claim,
-                     "paper's figures": c.spec.figures, "verdict": verdict, "tested lines": lines})
+                     "paper's figures": c.spec.figures, "verdict": verdict_text(c), "tested lines": lines})
     return rows
 
 
