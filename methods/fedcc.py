@@ -41,10 +41,10 @@ What the suite tested (the claims page, ``docs/claims.md``; ``hfl-bench leaderbo
 leaderboards/claims.yaml --paper FedCC`` prints the verdicts from the committed records): the
 one-class claim as the paper states it (the ensemble, everyone under Adam), under the protocol's
 SGD, and for each client's own model; the share of the paper preset's gain that is the optimizer's
-and the share that is its extra epoch; and the advantage widening from two classes per client to
-one. What it did not: the paper's absolute figures (CIFAR-10, ResNet14/20, 15 x 20 epochs), its
-other baselines (the suite runs FedMD, DS-FL, MSFKD and local), and the open-set rule as a
-headline.
+and the share that is its extra epoch; and the advantage widening at each step of the skew
+(Dirichlet 0.1, then two classes per client, then one). What it did not: the paper's absolute
+figures (CIFAR-10, ResNet14/20, 15 x 20 epochs), its other baselines (the suite runs FedMD,
+DS-FL, MSFKD and local), and the open-set rule as a headline.
 
 The entropies compare like with like: H(x), like w_l, is the entropy of the smoothed prediction
 over the C known classes, so w_x = min(w_l, H(x)) compares two quantities on the same scale and

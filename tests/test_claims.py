@@ -218,6 +218,58 @@ def test_sides_are_selected_by_k_and_optimizer_and_a_trend_runs_over_k(real, tmp
     assert result.exit_code == 2 and "matches 2 groups" in out + err and "optimizer" in out + err
 
 
+def alpha_runs(real: dict, method: str, alpha: float, accs: list[float]) -> list[dict]:  # noqa: F811
+    """Runs on a Dirichlet partition at ``alpha`` under the protocol's SGD."""
+    out = runs(real, method, accs)
+    tag = f"-a{alpha}-sgd"
+    for r in out:
+        r["partition"] |= {"scheme": "dirichlet", "params": {"alpha": alpha}}
+        r["partition"]["hash"] += tag
+        r["config"] |= {"partition": "dirichlet", "alpha": alpha, "optimizer": "sgd"}
+        r["config_hash"] += tag
+        r["record_id"] += tag
+    return out
+
+
+def test_a_trend_over_levels_of_two_partition_schemes(real, tmp_path):  # noqa: F811
+    # Dirichlet 0.1, then two classes per client, then one: no one setting runs through all three
+    write(tmp_path / "reproduced" / "runs",
+          *alpha_runs(real, "crad", 0.1, [62.0 + d for d in (0.0, 0.2, -0.2, 0.1, -0.1, 0.0)]),
+          *alpha_runs(real, "local", 0.1, [60.0] * 6),
+          *skew_runs(real, "crad", 2, [60.0 + d for d in (1.0, 1.2, 0.8, 1.1, 0.9, 1.0)]),
+          *skew_runs(real, "local", 2, [60.0] * 6),
+          *skew_runs(real, "crad", 1, [50.0 + d for d in (5.0, 5.5, 4.5, 5.2, 4.8, 5.0)]),
+          *skew_runs(real, "local", 1, [50.0] * 6))
+    step = {"records": "reproduced/runs", "optimizer": "sgd", "a": {"method": "crad"}, "b": {"method": "local"}}
+    c = run_json(claims_file(tmp_path, claim(trend=[dict(step, levels=[{"alpha": 0.1}, {"k": 2}]),
+                                                    dict(step, levels=[{"k": 2}, {"k": 1}])])))["c1"]
+    first, second = c["results"]
+    assert first["test"] == "(crad - local at optimizer=sgd) at k=2 - at alpha=0.1"
+    assert first["notes"] == ["alpha=0.1: +2.00 (ratio 1.03, n=6)", "k=2: +1.00 (ratio 1.02, n=6)"]
+    assert (first["mean_difference"], first["verdict"]) == (-1.0, "contradicted")  # the advantage shrank
+    assert (second["mean_difference"], second["verdict"]) == (4.0, "reproduced")
+    assert c["verdict"] == "contradicted"  # a claim of growth at every step fails at the one that shrinks
+    # one trend over all three levels compares the last with the first; the middle one is a note
+    c = run_json(claims_file(tmp_path, claim(trend=dict(step, levels=[{"alpha": 0.1}, {"k": 2}, {"k": 1}]))))["c1"]
+    [r] = c["results"]
+    assert (r["mean_difference"], r["n"], len(r["notes"]), c["verdict"]) == (3.0, "6 vs 6", 3, "reproduced")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"levels": [{"k": 2}, {"k": 1}], "over": "k"}, "give either 'over' and 'values' or 'levels'"),
+    ({}, "give either 'over' and 'values' or 'levels'"),
+    ({"levels": [{"k": 2}]}, "'levels' must be a list of two or more mappings of clients, alpha, k to numbers"),
+    ({"levels": [{"task": "digits"}, {"k": 1}]}, "'levels' must be a list of two or more mappings"),
+    ({"levels": [{"k": 2}, {"k": 2.0}]}, "'levels' lists a level twice"),
+    ({"levels": [{"k": 2}, {"k": 1}], "k": 1}, "k is what the trend runs over; give it in its levels only"),
+])
+def test_a_bad_trend_level_is_one_line_exit_2(tmp_path, change, message):
+    trend = {"records": "r", "a": {"method": "crad"}, "b": {"method": "local"}, **change}
+    result, out, err = invoke_cli("leaderboard", "claims", str(claims_file(tmp_path, claim(trend=trend))))
+    text = (err or out).strip()
+    assert result.exit_code == 2 and message in text and len(text.splitlines()) == 1, text
+
+
 def test_one_papers_claims_in_brief(folder, tmp_path):
     path = claims_file(tmp_path, claim("up", comparisons=[one({"method": "crad"}, {"method": "local"}),
                                                           one({"method": "crad"}, {"method": "fedcc"})]),

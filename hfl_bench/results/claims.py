@@ -25,7 +25,9 @@ of one claim (``paired.holm``).
 **A trend** (an advantage that widens with a setting, e.g. the pool size): at each value of the
 setting (``over``: ``clients``, ``alpha`` or ``k``) the per-seed paired differences A - B as above;
 the values in the order the claim runs (the pool growing, the skew getting more severe: ``k``
-2 then 1), and the test is the last value's differences against the first's, Welch's t-test
+2 then 1). Where the levels are not one setting's values (Dirichlet 0.1, then two classes per
+client), ``levels`` lists them instead, each a mapping of ``clients``, ``alpha`` or ``k``. The test
+is the last level's differences against the first's, Welch's t-test
 (``scipy.stats.ttest_ind``, ``equal_var=False``: the partitions differ between values, so nothing
 pairs across them), its 95% interval and two-sided p; beside it the ratio mean A / mean B at
 each value (the paper's "factor").
@@ -79,7 +81,7 @@ CLAIM_KEYS = ("id", "paper", "claim", "figures", "needs", "test", "note", "compa
 CLAIM_REQUIRED = ("id", "paper", "claim", "figures", "needs")
 SIDE_KEYS = ("method", "params", "endpoint", "figure", *SELECT)
 COMPARISON_KEYS = ("records", "a", "b", *SELECT)
-TREND_KEYS = ("records", "a", "b", "over", "values", *SELECT)
+TREND_KEYS = ("records", "a", "b", "over", "values", "levels", *SELECT)
 TREND_OVER = ("clients", "alpha", "k")
 
 
@@ -134,8 +136,7 @@ class TrendSpec:
     records: str
     a: SideSpec
     b: SideSpec
-    over: str
-    values: tuple
+    levels: tuple  # of {setting: value}, in the order the claim runs; the test: the last against the first
 
 
 @dataclass(frozen=True)
@@ -197,17 +198,35 @@ def _comparison(raw: Any, where: str) -> ComparisonSpec:
 
 
 def _trend(raw: Any, where: str) -> TrendSpec:
-    _keys(raw, TREND_KEYS, ("records", "a", "b", "over", "values"), where)
-    over, values = raw["over"], raw["values"]
-    if over not in TREND_OVER:
-        raise ClaimsError(f"{where}: 'over' must be one of {', '.join(TREND_OVER)}")
-    if not (isinstance(values, list) and len(values) >= 2 and all(_number(v) for v in values)):
-        raise ClaimsError(f"{where}: 'values' must be a list of two or more numbers")
+    _keys(raw, TREND_KEYS, ("records", "a", "b"), where)
     shared = _select(raw, where)
-    if over in shared:
-        raise ClaimsError(f"{where}: {over} is what the trend runs over; give it in 'values' only")
+    levels = _levels(raw, where)
+    for key in {k for level in levels for k in level} & set(shared):
+        raise ClaimsError(f"{where}: {key} is what the trend runs over; give it in its levels only")
     return TrendSpec(_records(raw["records"], where), _side(raw["a"], shared, f"{where}: a"),
-                     _side(raw["b"], shared, f"{where}: b"), over, tuple(values))
+                     _side(raw["b"], shared, f"{where}: b"), levels)
+
+
+def _levels(raw: dict[str, Any], where: str) -> tuple:
+    """A trend's levels: ``over`` and its ``values`` (one setting), or ``levels`` (a mapping each)."""
+    if ("levels" in raw) == ("over" in raw or "values" in raw):
+        raise ClaimsError(f"{where}: give either 'over' and 'values' or 'levels'")
+    if "levels" not in raw:
+        over, values = raw["over"], raw.get("values")
+        if over not in TREND_OVER:
+            raise ClaimsError(f"{where}: 'over' must be one of {', '.join(TREND_OVER)}")
+        if not (isinstance(values, list) and len(values) >= 2 and all(_number(v) for v in values)):
+            raise ClaimsError(f"{where}: 'values' must be a list of two or more numbers")
+        return tuple({over: v} for v in values)
+    levels = raw["levels"]
+    if not (isinstance(levels, list) and len(levels) >= 2 and all(
+            isinstance(lv, dict) and lv and set(lv) <= set(TREND_OVER) and all(_number(v) for v in lv.values())
+            for lv in levels)):
+        raise ClaimsError(f"{where}: 'levels' must be a list of two or more mappings of "
+                          f"{', '.join(TREND_OVER)} to numbers")
+    if len({where_label(lv) for lv in levels}) < len(levels):
+        raise ClaimsError(f"{where}: 'levels' lists a level twice")
+    return tuple(dict(lv) for lv in levels)
 
 
 def _side(raw: Any, shared: dict[str, Any], where: str) -> SideSpec:
@@ -412,22 +431,24 @@ class Evaluation:
 
     def trend(self, spec: TrendSpec) -> Result:
         figure = check_figure(None)
-        out = Result(f"({pair_label(spec.a, spec.b)}) at {spec.over}={spec.values[-1]:g} "
-                     f"- at {spec.over}={spec.values[0]:g}", spec.records, figure=figure)
-        diffs: dict[Any, list[float]] = {}
-        for v in spec.values:
-            ga = self.select(spec.records, spec.a, {spec.over: v})
-            gb = self.select(spec.records, spec.b, {spec.over: v})
+        first, last = spec.levels[0], spec.levels[-1]
+        out = Result(f"({pair_label(spec.a, spec.b)}) at {where_label(last)} - at {where_label(first)}",
+                     spec.records, figure=figure)
+        diffs: list[list[float]] = []
+        for level in spec.levels:
+            ga = self.select(spec.records, spec.a, level)
+            gb = self.select(spec.records, spec.b, level)
+            diffs.append([])
             if ga is None or gb is None:
-                out.notes.append(f"{spec.over}={v:g}: no records")
+                out.notes.append(f"{where_label(level)}: no records")
                 continue
             pg = pair(_paired_side(ga, spec.a), _paired_side(gb, spec.b), figure)  # each side's endpoint
-            diffs[v] = [x - y for x, y in zip(pg.a, pg.b)]
+            diffs[-1] = [x - y for x, y in zip(pg.a, pg.b)]
             out.task = ga.task
             if pg.seeds:
-                out.notes.append(f"{spec.over}={v:g}: {statistics.fmean(diffs[v]):+.2f} "
+                out.notes.append(f"{where_label(level)}: {statistics.fmean(diffs[-1]):+.2f} "
                                  f"(ratio {statistics.fmean(pg.a) / statistics.fmean(pg.b):.2f}, n={len(pg.seeds)})")
-        small, large = diffs.get(spec.values[0], []), diffs.get(spec.values[-1], [])
+        small, large = diffs[0], diffs[-1]
         out.n = f"{len(large)} vs {len(small)}"
         if not small or not large:
             return out
