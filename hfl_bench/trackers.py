@@ -20,7 +20,8 @@ each client group (``honest/global_acc`` ...), the bytes sent, and each client's
 history holds them (``client/3/global_acc``, the final rounds). At the end: the record's summary
 (headline, selected round and its figures, bytes per client per round, budget, wall time, status)
 and the record file. A test round the engine scores late (the selected round) is logged at the
-end, at its round.
+end, at its round. A matrix's driver logs its local cells live (their rounds reach it as they end)
+and replays a Ray cell's history when its record comes back (``matrix.runner``).
 
 A tracker never enters the config hash, and never costs a run: any failure of a tracker (not
 installed, a tracking server down, a full disk) is one warning and that tracker is dropped; the
@@ -301,7 +302,7 @@ class Trackers:
             self._guard(tracker, f"logging round {rnd}", lambda t=tracker: t.log(rnd, values))
 
     def finish(self, record: dict[str, Any], path: Optional[Path]) -> None:
-        for entry in record.get("history") or []:  # rounds scored late, or never seen (a replay)
+        for entry in record.get("history") or []:  # rounds scored late, or never seen (a Ray cell)
             if isinstance(entry, dict) and isinstance(entry.get("round"), int):
                 values = round_values(entry)
                 seen = self.logged.get(entry["round"], {})
@@ -320,9 +321,3 @@ class Trackers:
         for tracker in list(self.active):
             self._guard(tracker, "closing", tracker.close)
         self.active = []
-
-    def replay(self, run: Any, record: dict[str, Any], path: Optional[Path]) -> None:
-        """Log a finished record (a matrix cell run elsewhere): its history round by round, then
-        ``finish``. What a tracker receives is what it would have live."""
-        self.start(run)
-        self.finish(record, path)

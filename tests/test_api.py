@@ -297,6 +297,40 @@ def test_wandb_logs_the_records_history_offline(tracked):
     assert summary["round"] == 3 and summary["status"] == "ok"
 
 
+@pytest.mark.parametrize("jobs", [1, 2])  # in this process, and in worker processes that report to the driver
+def test_a_local_matrix_logs_each_round_as_it_ends(tmp_path, monkeypatch, jobs):
+    from hfl_bench import trackers
+
+    calls: list[tuple] = []
+
+    class Recording(trackers.Tracker):  # the driver's tracker: what it saw, and whether the record was there yet
+        name = "tensorboard"
+
+        def start(self, run):
+            self.path = run.record_path
+            calls.append(("start", self.path.name))
+
+        def log(self, step, values):
+            calls.append(("log", self.path.name, step, self.path.exists()))
+
+        def finish(self, record, path):
+            calls.append(("finish", self.path.name, Path(path) == self.path))
+
+    monkeypatch.setitem(trackers.CLASSES, "tensorboard", Recording)
+    out = tmp_path / "runs"
+    result = CliRunner().invoke(app, ["matrix", str(_suite(tmp_path, out, trackers=["tensorboard"], seeds=[0, 1])),
+                                      "--jobs", str(jobs), "--json"])
+    assert result.exit_code == 0, result.output
+    for row in json.loads(result.stdout)["cells"]:
+        name = Path(row["record"]).name
+        history = json.loads(Path(row["record"]).read_text())["history"]
+        mine = [c for c in calls if c[1] == name]
+        assert mine[0] == ("start", name) and mine[-1] == ("finish", name, True)
+        live = [c[2] for c in mine if c[0] == "log" and not c[3]]  # logged before the record was written
+        assert live == [e["round"] for e in history if e["round"] > 0]  # each trained round, as it ended
+        assert [c[2] for c in mine if c[0] == "log" and c[3]][:1] == [0]  # the start's score comes with the record
+
+
 def test_a_failing_tracker_is_a_warning_and_the_record_is_kept(tmp_path, monkeypatch, caplog):
     from hfl_bench import trackers
 

@@ -8,6 +8,9 @@ Workers and Ray tasks load the plugins the driver resolved at the matrix's start
 (``plugins``: ``hfl_bench.registry.resolve_plugins`` / ``pin``): a plugin installed while a
 matrix runs is not loaded by its later cells, so it cannot change or break them.
 
+A local cell's rounds reach the driver as they end (``on_round``: the experiment trackers log
+them live); a Ray task's reach it with its record.
+
 Workers die with their driver (``die_with``), however it ends, and leave Ctrl-C to it: the
 driver then ends them at once (``stop_workers``). A local Ray started by the driver is shut down
 with it; on Ctrl-C the cells in flight are cancelled. SIGTERM ends a Ray matrix as it ends a local
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 from hfl_bench.config import ConfigError, RunConfig
@@ -29,6 +33,7 @@ from hfl_bench.resolved import ResolvedRun
 EXECUTORS = ("local", "ray")
 
 Done = Callable[[Cell, dict[str, Any]], None]
+OnRound = Callable[[Cell, dict[str, Any]], None]  # a cell's history entry, as the round ends
 # The entry points a matrix's driver loaded at its start (``hfl_bench.registry.resolve_plugins``).
 Plugins = Optional[tuple[tuple[str, str, str, str], ...]]
 
@@ -95,17 +100,41 @@ def die_with(driver_pid: int, interval: float = WATCH_INTERVAL_S) -> None:
     threading.Thread(target=watch, name="hfl-bench-driver-watch", daemon=True).start()
 
 
+@dataclasses.dataclass(frozen=True)
+class RoundReport:
+    """A pool worker's message as each round ends: the round's history entry (only when the driver
+    asked for rounds: ``on_round``)."""
+
+    entry: dict[str, Any]
+
+
+def _both(*calls: Optional[Callable]) -> Optional[Callable]:
+    """One progress callback that calls each of ``calls`` given (None when none is)."""
+    given = [c for c in calls if c is not None]
+    if len(given) <= 1:
+        return given[0] if given else None
+
+    def each(rnd: int, total: int, entry: dict[str, Any]) -> None:
+        for call in given:
+            call(rnd, total, entry)
+
+    return each
+
+
 def run_in_process(cells: list[Cell], done: Done, threads: Optional[int] = None,
-                   round_progress: Optional[Callable[[Cell], Callable]] = None) -> None:
+                   round_progress: Optional[Callable[[Cell], Callable]] = None,
+                   on_round: Optional[OnRound] = None) -> None:
     """Serially, in this process (``--jobs 1``)."""
     for cell in cells:
-        progress = round_progress(cell) if round_progress else None
+        rounds = (lambda rnd, total, entry, c=cell: on_round(c, entry)) if on_round else None
+        progress = _both(round_progress(cell) if round_progress else None, rounds)
         done(cell, run_cell(job_of(cell), threads, progress))
 
 
 def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
                      cells_per_gpu: Optional[int] = None, gpus: Optional[int] = None,
-                     worker: Optional[Callable] = None, plugins: Plugins = None) -> None:
+                     worker: Optional[Callable] = None, plugins: Plugins = None,
+                     on_round: Optional[OnRound] = None) -> None:
     """Up to ``jobs`` cells at once, each in a worker process of its own that sends its record back
     to this process. A worker that dies (killed by the out-of-memory killer, SIGKILL, a crash in
     native code) costs only its own cell, written as failed with the signal or exit code; the
@@ -116,7 +145,8 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
     auto, from the peak memory the workers report; ``hfl_bench.matrix.gpus``). A pending cell that
     does not fit yet waits, and the cells after it that fit start first. ``worker`` is what each
     worker process runs (default ``_cell_worker``; tests put a stand-in there), pinned to ``plugins``
-    (None: whatever is installed when it starts)."""
+    (None: whatever is installed when it starts). With ``on_round``, each worker sends each round's
+    history entry as the round ends (``RoundReport``) and the driver passes it on."""
     import multiprocessing
     import os
     from multiprocessing.connection import wait
@@ -132,7 +162,7 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
     if gpus is None:  # a CPU-only suite never asks
         gpus = visible_gpus() if any(may_use_cuda(cell.cfg.device) for cell in cells) else 0
     plan = GpuPlan(gpus, cells_per_gpu)
-    worker = worker or _cell_worker
+    worker = worker or (functools.partial(_cell_worker, rounds=True) if on_round else _cell_worker)
     pending = list(cells)
     # receiving end -> (process, cell, receiving end, its GPU or None)
     running: dict[Any, tuple[Any, Cell, Any, Optional[int]]] = {}
@@ -157,6 +187,10 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
                 message = _receive(receive)
                 if isinstance(message, MemoryReport):  # the cell runs on; its peak resizes the plan
                     plan.observe(gpu, message.peak_bytes, message.total_bytes)
+                    continue
+                if isinstance(message, RoundReport):
+                    if on_round is not None:
+                        on_round(cell, message.entry)
                     continue
                 del running[receive]
                 plan.finish(gpu)
@@ -185,14 +219,16 @@ def job_of(cell: Cell, device: Optional[str] = None) -> ResolvedRun | RunConfig:
     return cell.cfg if device is None else dataclasses.replace(cell.cfg, device=device)
 
 
-def _cell_worker(job: ResolvedRun | RunConfig, threads: int, driver_pid: int, send) -> None:
+def _cell_worker(job: ResolvedRun | RunConfig, threads: int, driver_pid: int, send, rounds: bool = False) -> None:
     """One cell in its own worker process: set up as a pool worker, run, send the record back (the
-    last message; a CUDA cell sends its peak memory once before it, ``gpus.memory_reporter``)."""
+    last message; a CUDA cell sends its peak memory once before it, ``gpus.memory_reporter``; with
+    ``rounds``, each round's history entry as the round ends, ``RoundReport``)."""
     from hfl_bench.matrix.gpus import memory_reporter
 
     _pool_init(threads, driver_pid)
     device = job.cfg.device if isinstance(job, ResolvedRun) else job.device
-    send.send(run_cell(job, threads, memory_reporter(device, send.send)))
+    each = (lambda rnd, total, entry: send.send(RoundReport(entry))) if rounds else None
+    send.send(run_cell(job, threads, _both(memory_reporter(device, send.send), each)))
     send.close()
 
 

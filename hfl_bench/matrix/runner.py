@@ -81,16 +81,20 @@ def failed_row(cell: Cell, error: str, path: Optional[Path] = None) -> dict[str,
     return row
 
 
-def record_cell(cell: Cell, record: dict[str, Any], trackers: Iterable[str] = ()) -> dict[str, Any]:
+def record_cell(cell: Cell, record: dict[str, Any], trackers: Iterable[str] = (),
+                logged: Optional[Trackers] = None) -> dict[str, Any]:
     """Write a cell's record (``runpath.save``: strict JSON, atomic, a fallback folder when
     ``--out`` cannot take it, a finished record never replaced by a failed one nor by one of other
-    data or another method version) and return its summary row; then log it to ``trackers``
-    (``Trackers.replay``: the cell ran elsewhere). A record written anywhere but its own path, or
-    nowhere, makes the cell failed and its error says where the record is (or that it is lost)."""
+    data or another method version) and return its summary row; then log it to ``trackers``:
+    ``logged``, the trackers that logged its rounds live, finish with what they did not see (a
+    late-scored round) and the record; without them (a Ray cell, a cell that never reported a
+    round) its history is replayed. A record written anywhere but its own path, or nowhere,
+    makes the cell failed and its error says where the record is (or that it is lost)."""
     if cell.run is not None:
-        logged = Trackers(trackers)
-        if logged:
-            logged.start(cell.run)
+        if logged is None:
+            logged = Trackers(trackers)
+            if logged:
+                logged.start(cell.run)
         saved = runpath.save(cell.run, record, keep_final=True, trackers=logged)
     else:  # a cell that did not resolve: no run path to take, its failed record is written as is
         saved = save_record(record, cell.cfg.out, keep_final=True)
@@ -140,9 +144,19 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
     ``cells_per_gpu`` is the local pool's most cells per GPU (None: auto; ``run_process_pool``).
     The plugins are resolved once, here: worker processes and Ray tasks load exactly the entry
     points this process loaded (one installed meanwhile is not loaded by a later cell).
-    ``trackers``: tracker names each written record is logged to (``hfl_bench.trackers``)."""
+    ``trackers``: tracker names each cell is logged to (``hfl_bench.trackers``): the driver logs a
+    local cell's rounds as they end and a Ray cell's when its record comes back, then the record."""
     rows: dict[int, dict[str, Any]] = {}
     index = {id(cell): i for i, cell in enumerate(cells)}
+    live: dict[int, Trackers] = {}  # the trackers of the cells whose rounds are being logged as they end
+
+    def on_round(cell: Cell, entry: dict[str, Any]) -> None:
+        logged = live.get(id(cell))
+        if logged is None and cell.run is not None:
+            logged = live[id(cell)] = Trackers(trackers)
+            logged.start(cell.run)
+        if logged is not None:
+            logged.round(entry)
 
     def report(cell: Cell, row: dict[str, Any]) -> None:
         rows[index[id(cell)]] = row
@@ -153,7 +167,7 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
 
     def done(cell: Cell, record: dict[str, Any]) -> None:
         try:
-            row = record_cell(cell, record, trackers)
+            row = record_cell(cell, record, trackers, live.pop(id(cell), None))
         except Exception as e:  # noqa: BLE001 - one cell's record never stops the matrix
             row = failed_row(cell, f"record not written: {error_text(e, with_traceback=False)}")
         claim = held.pop(id(cell), None)
@@ -174,16 +188,19 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
             todo.append(cell)
 
     todo = claim_cells(todo, held, report)
+    rounds = on_round if Trackers(trackers) else None
     try:
         if todo:
             plugins = resolve_plugins()
             if executor == "ray":
                 run_ray(todo, done, address, cpus_per_cell, gpus_per_cell, jobs, threads, plugins)
             elif (jobs or 1) > 1:
-                run_process_pool(todo, done, jobs, threads or 1, cells_per_gpu, plugins=plugins)
+                run_process_pool(todo, done, jobs, threads or 1, cells_per_gpu, plugins=plugins, on_round=rounds)
             else:
-                run_in_process(todo, done, threads, round_progress)
+                run_in_process(todo, done, threads, round_progress, on_round=rounds)
     finally:
+        for logged in live.values():  # interrupted: their runs end without a record
+            logged.close()
         for claim in held.values():
             claim.release()
     return [rows[i] for i in range(len(cells))]
