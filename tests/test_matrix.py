@@ -236,6 +236,18 @@ def test_method_variants(tmp_path):
 SHIPPED_SUITES = sorted(p.stem for p in (REPO / "suites").glob("*.yaml"))
 
 
+@pytest.mark.parametrize("level", ["k2", "dir01"])
+def test_the_skew_trend_suites_extend_their_levels_cells(level):
+    """The trend's ten-seed suites run the same cells as their level's five-seed suite on seeds 0-4
+    (the same record files: a run skips them), and only FedCC's and MSFKD's under Adam."""
+    base = {c.record_path() for c in suite_cells(load_suite(REPO / "suites" / f"label-skew-{level}.yaml"))}
+    trend = suite_cells(load_suite(REPO / "suites" / f"label-skew-{level}-trend.yaml"))
+    assert {c.seed for c in (cell.cfg for cell in trend)} == set(range(10))
+    assert {c.record_path() for c in trend if c.cfg.seed < 5} <= base
+    assert {(c.cfg.method, c.cfg.optimizer, c.cfg.lr) for c in trend} == {("fedcc", "adam", 0.001),
+                                                                           ("msfkd", "adam", 0.001)}
+
+
 @pytest.mark.parametrize("name", SHIPPED_SUITES)  # every suite the repository ships
 def test_shipped_suites_parse(name):
     suite = load_suite(REPO / "suites" / f"{name}.yaml")
