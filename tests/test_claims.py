@@ -258,6 +258,7 @@ def test_a_trend_over_levels_of_two_partition_schemes(real, tmp_path):  # noqa: 
 @pytest.mark.parametrize("change, message", [
     ({"levels": [{"k": 2}, {"k": 1}], "over": "k"}, "give either 'over' and 'values' or 'levels'"),
     ({}, "give either 'over' and 'values' or 'levels'"),
+    ({"values": [2, 1]}, "'over' must be one of clients, alpha, k"),
     ({"levels": [{"k": 2}]}, "'levels' must be a list of two or more mappings of clients, alpha, k to numbers"),
     ({"levels": [{"task": "digits"}, {"k": 1}]}, "'levels' must be a list of two or more mappings"),
     ({"levels": [{"k": 2}, {"k": 2.0}]}, "'levels' lists a level twice"),

@@ -201,8 +201,9 @@ def _trend(raw: Any, where: str) -> TrendSpec:
     _keys(raw, TREND_KEYS, ("records", "a", "b"), where)
     shared = _select(raw, where)
     levels = _levels(raw, where)
-    for key in {k for level in levels for k in level} & set(shared):
-        raise ClaimsError(f"{where}: {key} is what the trend runs over; give it in its levels only")
+    clash = sorted({k for level in levels for k in level} & set(shared))
+    if clash:
+        raise ClaimsError(f"{where}: {clash[0]} is what the trend runs over; give it in its levels only")
     return TrendSpec(_records(raw["records"], where), _side(raw["a"], shared, f"{where}: a"),
                      _side(raw["b"], shared, f"{where}: b"), levels)
 
@@ -212,7 +213,7 @@ def _levels(raw: dict[str, Any], where: str) -> tuple:
     if ("levels" in raw) == ("over" in raw or "values" in raw):
         raise ClaimsError(f"{where}: give either 'over' and 'values' or 'levels'")
     if "levels" not in raw:
-        over, values = raw["over"], raw.get("values")
+        over, values = raw.get("over"), raw.get("values")
         if over not in TREND_OVER:
             raise ClaimsError(f"{where}: 'over' must be one of {', '.join(TREND_OVER)}")
         if not (isinstance(values, list) and len(values) >= 2 and all(_number(v) for v in values)):
