@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_repo_hygiene import machine_paths
 from typer.testing import CliRunner
 
 from hfl_bench.cli import app
 from hfl_bench.config import ConfigError
 from hfl_bench.data import get_task
+from hfl_bench.matrix.cells import error_text, portable_filename
 from hfl_bench.matrix.executors import cell_gpus, unschedulable
 from hfl_bench.matrix.runner import engine_check, run_matrix
 from hfl_bench.matrix.suite import expected_filename, load_suite, parse_suite, resolve_cell, suite_cells
@@ -328,6 +330,31 @@ def mnist1d_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("data"))  # mnist1d generates its cache here once
 
 
+def _error_text_of(call) -> str:
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001
+        return error_text(e)
+    raise AssertionError("did not raise")
+
+
+def test_a_failed_records_traceback_names_no_machine_path():
+    import torch
+
+    def here():
+        raise ValueError("broken here")
+
+    texts = {"checkout": _error_text_of(here), "package": _error_text_of(lambda: torch.nn.Linear(2, 2)(torch.zeros(3))),
+             "stdlib": _error_text_of(lambda: json.loads("{"))}
+    assert not [machine_paths(t) for t in texts.values() if machine_paths(t)], texts
+    assert 'File "tests/test_matrix.py"' in texts["checkout"]
+    assert 'raise ValueError("broken here")' in texts["checkout"]  # each line read before its file was renamed
+    assert 'File "torch/nn/modules/linear.py"' in texts["package"]  # from the packages folder
+    assert 'File "json/decoder.py"' in texts["stdlib"]  # from the standard library's folder
+    assert portable_filename("relative/x.py") == "relative/x.py"
+    assert portable_filename("/opt/elsewhere/lib/x.py") == "x.py"  # anywhere else: the file name alone
+
+
 def test_matrix_runs_resumes_and_records_failures(tmp_path, validator, mnist1d_dir):
     out = tmp_path / "records"
     suite = _write_suite(tmp_path / "small.yaml", methods=["local", "uniform-kd"], tasks=["digits", "mnist1d"],
@@ -375,6 +402,7 @@ def test_matrix_runs_resumes_and_records_failures(tmp_path, validator, mnist1d_d
     fedavg = json.loads(Path(rows["fedavg", 0]["record"]).read_text())
     assert fedavg["error"].startswith("ConfigError: fedavg needs one architecture")
     assert "Traceback" in fedavg["error"] and fedavg["method"]["fidelity"] == "paper"
+    assert 'File "hfl_bench/engine.py"' in fedavg["error"] and not machine_paths(fedavg["error"])  # committable
     unknown = json.loads(Path(rows["no-such-method", 0]["record"]).read_text())
     assert unknown["method"]["fidelity"] is None and unknown["task"]["num_classes"] == 10
     assert "unknown method 'no-such-method'" in rows["no-such-method", 0]["error"]

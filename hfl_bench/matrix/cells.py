@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import sysconfig
 import traceback
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from hfl_bench.config import RunConfig
@@ -14,15 +16,50 @@ TRACEBACK_LINES = 12  # lines of traceback kept in a failed record's error text
 
 
 def error_text(exc: BaseException, with_traceback: bool = True) -> str:
-    """``Type: message``, then the traceback's header and its tail (where in the code it broke)."""
+    """``Type: message``, then the traceback's header and its tail (where in the code it broke),
+    each file named as a record may name it (``portable_filename``: no machine path)."""
     text = f"{type(exc).__name__}: {exc}"
     if with_traceback and exc.__traceback__ is not None:
-        lines = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip().splitlines()
+        lines = "".join(_portable(traceback.TracebackException.from_exception(exc)).format()).rstrip().splitlines()
         tail = lines[-TRACEBACK_LINES:]
         if lines and tail[0] != lines[0]:  # the header, "Traceback (most recent call last):", then the tail
             tail = [lines[0], "  ...", *tail]
         text += "\n" + "\n".join(tail)
     return text
+
+
+def portable_filename(filename: str) -> str:
+    """A traceback's file as a record names it: inside an installed package, its path from the
+    packages folder (``torch/nn/modules/module.py``); in this project's checkout, its path from the
+    checkout (``hfl_bench/engine.py``); in the standard library, its path there (``json/decoder.py``);
+    any other absolute path, its file name alone."""
+    path = Path(filename)
+    if not path.is_absolute():
+        return filename
+    parts = path.parts
+    for anchor in ("site-packages", "dist-packages"):
+        if anchor in parts:
+            return "/".join(parts[len(parts) - parts[::-1].index(anchor):])
+    for root in (Path(__file__).resolve().parents[2], Path(sysconfig.get_paths()["stdlib"]).resolve()):
+        if path.resolve().is_relative_to(root):
+            return path.resolve().relative_to(root).as_posix()
+    return path.name
+
+
+def _portable(te: traceback.TracebackException, seen: Optional[set] = None) -> traceback.TracebackException:
+    """``te`` with every frame's file (and its chained exceptions') through ``portable_filename``;
+    each source line is read before its file is renamed."""
+    seen = set() if seen is None else seen
+    if id(te) in seen:
+        return te
+    seen.add(id(te))
+    for frame in te.stack:
+        _ = frame.line  # read from the real file, kept once the name changes
+        frame.filename = portable_filename(frame.filename)
+    for chained in (te.__cause__, te.__context__):
+        if chained is not None:
+            _portable(chained, seen)
+    return te
 
 
 def run_cell(job: ResolvedRun | RunConfig, threads: Optional[int] = None,
