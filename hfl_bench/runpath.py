@@ -88,16 +88,22 @@ def execute(run: ResolvedRun, progress: Optional[ProgressFn] = None, resume: boo
     return record
 
 
-def _each_round(progress: Optional[ProgressFn], trackers: Optional[Trackers]) -> Optional[ProgressFn]:
-    if trackers is None or not trackers:
-        return progress
+def each_round(*calls: Optional[ProgressFn]) -> Optional[ProgressFn]:
+    """One progress callback that calls each of ``calls`` given, in order (None when none is)."""
+    given = [c for c in calls if c is not None]
+    if len(given) <= 1:
+        return given[0] if given else None
 
     def each(rnd: int, total: int, entry: dict[str, Any]) -> None:
-        trackers.round(entry)
-        if progress is not None:
-            progress(rnd, total, entry)
+        for call in given:
+            call(rnd, total, entry)
 
     return each
+
+
+def _each_round(progress: Optional[ProgressFn], trackers: Optional[Trackers]) -> Optional[ProgressFn]:
+    logged = (lambda rnd, total, entry: trackers.round(entry)) if trackers else None
+    return each_round(logged, progress)
 
 
 def save(run: ResolvedRun, record: dict[str, Any], keep_final: bool = False,

@@ -40,9 +40,10 @@ def portable_filename(filename: str) -> str:
     for anchor in ("site-packages", "dist-packages"):
         if anchor in parts:
             return "/".join(parts[len(parts) - parts[::-1].index(anchor):])
+    resolved = path.resolve()
     for root in (Path(__file__).resolve().parents[2], Path(sysconfig.get_paths()["stdlib"]).resolve()):
-        if path.resolve().is_relative_to(root):
-            return path.resolve().relative_to(root).as_posix()
+        if resolved.is_relative_to(root):
+            return resolved.relative_to(root).as_posix()
     return path.name
 
 

@@ -29,6 +29,7 @@ from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.matrix.cells import error_text, failed_record, run_cell
 from hfl_bench.matrix.suite import Cell
 from hfl_bench.resolved import ResolvedRun
+from hfl_bench.runpath import each_round
 
 EXECUTORS = ("local", "ray")
 
@@ -108,26 +109,13 @@ class RoundReport:
     entry: dict[str, Any]
 
 
-def _both(*calls: Optional[Callable]) -> Optional[Callable]:
-    """One progress callback that calls each of ``calls`` given (None when none is)."""
-    given = [c for c in calls if c is not None]
-    if len(given) <= 1:
-        return given[0] if given else None
-
-    def each(rnd: int, total: int, entry: dict[str, Any]) -> None:
-        for call in given:
-            call(rnd, total, entry)
-
-    return each
-
-
 def run_in_process(cells: list[Cell], done: Done, threads: Optional[int] = None,
                    round_progress: Optional[Callable[[Cell], Callable]] = None,
                    on_round: Optional[OnRound] = None) -> None:
     """Serially, in this process (``--jobs 1``)."""
     for cell in cells:
         rounds = (lambda rnd, total, entry, c=cell: on_round(c, entry)) if on_round else None
-        progress = _both(round_progress(cell) if round_progress else None, rounds)
+        progress = each_round(round_progress(cell) if round_progress else None, rounds)
         done(cell, run_cell(job_of(cell), threads, progress))
 
 
@@ -228,7 +216,7 @@ def _cell_worker(job: ResolvedRun | RunConfig, threads: int, driver_pid: int, se
     _pool_init(threads, driver_pid)
     device = job.cfg.device if isinstance(job, ResolvedRun) else job.device
     each = (lambda rnd, total, entry: send.send(RoundReport(entry))) if rounds else None
-    send.send(run_cell(job, threads, _both(memory_reporter(device, send.send), each)))
+    send.send(run_cell(job, threads, each_round(memory_reporter(device, send.send), each)))
     send.close()
 
 

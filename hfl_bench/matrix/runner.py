@@ -16,7 +16,7 @@ from hfl_bench.registry import resolve_plugins
 from hfl_bench.resolved import resolve_run
 from hfl_bench.results.headline import headline_value
 from hfl_bench.results.records import save_record
-from hfl_bench.trackers import Trackers
+from hfl_bench.trackers import Trackers, check_names
 
 
 def _record_path(cell: Cell) -> Optional[Path]:
@@ -146,6 +146,7 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
     points this process loaded (one installed meanwhile is not loaded by a later cell).
     ``trackers``: tracker names each cell is logged to (``hfl_bench.trackers``): the driver logs a
     local cell's rounds as they end and a Ray cell's when its record comes back, then the record."""
+    trackers = check_names(trackers)
     rows: dict[int, dict[str, Any]] = {}
     index = {id(cell): i for i, cell in enumerate(cells)}
     live: dict[int, Trackers] = {}  # the trackers of the cells whose rounds are being logged as they end
@@ -188,7 +189,7 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
             todo.append(cell)
 
     todo = claim_cells(todo, held, report)
-    rounds = on_round if Trackers(trackers) else None
+    rounds = on_round if trackers else None
     try:
         if todo:
             plugins = resolve_plugins()
