@@ -42,7 +42,8 @@ leaderboards/claims.yaml --paper FedCC`` prints the verdicts from the committed 
 one-class claim as the paper states it (the ensemble, everyone under Adam), under the protocol's
 SGD, and for each client's own model; the share of the paper preset's gain that is the optimizer's
 and the share that is its extra epoch; and the advantage widening at each step of the skew
-(Dirichlet 0.1, then two classes per client, then one). What it did not: the paper's absolute
+(Dirichlet 0.1, then two classes per client, then one), under Adam and again under the
+protocol's SGD. What it did not: the paper's absolute
 figures (CIFAR-10, ResNet14/20, 15 x 20 epochs), its other baselines (the suite runs FedMD,
 DS-FL, MSFKD and local), and the open-set rule as a headline.
 
