@@ -241,13 +241,17 @@ SHIPPED_SUITES = sorted(p.stem for p in (REPO / "suites").glob("*.yaml"))
 @pytest.mark.parametrize("level", ["k2", "dir01"])
 def test_the_skew_trend_suites_extend_their_levels_cells(level):
     """The trend's ten-seed suites run the same cells as their level's five-seed suite on seeds 0-4
-    (the same record files: a run skips them), and only FedCC's and MSFKD's under Adam."""
+    (the same record files: a run skips them), and only FedCC's and MSFKD's, under Adam and under
+    the protocol's SGD."""
     base = {c.record_path() for c in suite_cells(load_suite(REPO / "suites" / f"label-skew-{level}.yaml"))}
     trend = suite_cells(load_suite(REPO / "suites" / f"label-skew-{level}-trend.yaml"))
     assert {c.seed for c in (cell.cfg for cell in trend)} == set(range(10))
     assert {c.record_path() for c in trend if c.cfg.seed < 5} <= base
-    assert {(c.cfg.method, c.cfg.optimizer, c.cfg.lr) for c in trend} == {("fedcc", "adam", 0.001),
-                                                                           ("msfkd", "adam", 0.001)}
+    kinds = {(c.cfg.method, c.cfg.optimizer, c.cfg.lr) for c in trend}
+    sgd_lr = {c.cfg.lr for c in trend if c.cfg.optimizer == "sgd"}
+    assert len(sgd_lr) == 2  # each task's protocol lr
+    assert kinds == {("fedcc", "adam", 0.001), ("msfkd", "adam", 0.001)} | {
+        (m, "sgd", lr) for m in ("fedcc", "msfkd") for lr in sgd_lr}
 
 
 @pytest.mark.parametrize("name", SHIPPED_SUITES)  # every suite the repository ships
