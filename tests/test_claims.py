@@ -138,6 +138,25 @@ def test_a_trend_compares_the_last_setting_it_lists_with_the_first(real, tmp_pat
     assert [r["p_holm"] for r in c["results"]] == [round(2 * c["results"][0]["p"], 6)] * 2  # Holm over the two
 
 
+def test_a_trend_says_where_its_levels_ran_on_mixed_hosts(real, tmp_path):  # noqa: F811
+    """Each level pairs on one host here, but N = 20 ran on another processor than N = 10: the
+    Welch test compares across hosts, and the row says so, as compare marks a paired table."""
+    def level(n: int, cpu: str) -> list[dict]:
+        out = clients_runs(real, "crad", n, [60.0 + n / 2 + d for d in range(6)]) + clients_runs(
+            real, "uniform-kd", n, [60.0] * 6)
+        for r in out:
+            r["environment"] |= {"cpu": cpu, "cpu_isa": "avx2", "torch_cpu_capability": "AVX2"}
+        return out
+
+    trend = {"records": "reproduced/runs", "over": "clients", "values": [10, 20],
+             "a": {"method": "crad"}, "b": {"method": "uniform-kd"}}
+    for cpu_20, said in (("CPU B", ["mixed hosts: 2 processors"]), ("CPU A", [])):
+        folder = tmp_path / cpu_20.replace(" ", "")
+        write(folder / "reproduced" / "runs", *level(10, "CPU A"), *level(20, cpu_20))
+        [r] = run_json(claims_file(folder, claim(trend=trend)))["c1"]["results"]
+        assert r["mean_difference"] == 5.0 and r["notes"][2:] == said  # after the two levels' notes
+
+
 @pytest.mark.parametrize("change, message", [
     ({"colour": "red"}, "unknown key(s) 'colour'"),
     ({"needs": None}, "claim 1: missing 'needs'"),

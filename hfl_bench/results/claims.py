@@ -30,7 +30,8 @@ client), ``levels`` lists them instead, each a mapping of ``clients``, ``alpha``
 is the last level's differences against the first's, Welch's t-test
 (``scipy.stats.ttest_ind``, ``equal_var=False``: the partitions differ between values, so nothing
 pairs across them), its 95% interval and two-sided p; beside it the ratio mean A / mean B at
-each value (the paper's "factor").
+each value (the paper's "factor"), and ``mixed hosts`` where the records it reads ran on more than
+one kind of processor, within a level or between levels.
 
 **Verdicts.** A comparison (or trend) is *reproduced* when its 95% interval excludes 0 on the
 claimed side (A - B > 0) and its Holm-adjusted p < 0.05; *contradicted* when the interval excludes
@@ -436,6 +437,7 @@ class Evaluation:
         out = Result(f"({pair_label(spec.a, spec.b)}) at {where_label(last)} - at {where_label(first)}",
                      spec.records, figure=figure)
         diffs: list[list[float]] = []
+        processors: set[str] = set()
         for level in spec.levels:
             ga = self.select(spec.records, spec.a, level)
             gb = self.select(spec.records, spec.b, level)
@@ -445,10 +447,13 @@ class Evaluation:
                 continue
             pg = pair(_paired_side(ga, spec.a), _paired_side(gb, spec.b), figure)  # each side's endpoint
             diffs[-1] = [x - y for x, y in zip(pg.a, pg.b)]
+            processors.update(pg.processors)
             out.task = ga.task
             if pg.seeds:
                 out.notes.append(f"{where_label(level)}: {statistics.fmean(diffs[-1]):+.2f} "
                                  f"(ratio {statistics.fmean(pg.a) / statistics.fmean(pg.b):.2f}, n={len(pg.seeds)})")
+        if len(processors) > 1:  # within a level's pairs or between levels: as compare marks it
+            out.notes.append(f"mixed hosts: {len(processors)} processors")
         small, large = diffs[0], diffs[-1]
         out.n = f"{len(large)} vs {len(small)}"
         if not small or not large:
