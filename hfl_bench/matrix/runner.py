@@ -92,9 +92,7 @@ def record_cell(cell: Cell, record: dict[str, Any], trackers: Iterable[str] = ()
     makes the cell failed and its error says where the record is (or that it is lost)."""
     if cell.run is not None:
         if logged is None:
-            logged = Trackers(trackers)
-            if logged:
-                logged.start(cell.run)
+            logged = _started(cell, trackers)
         saved = runpath.save(cell.run, record, keep_final=True, trackers=logged)
     else:  # a cell that did not resolve: no run path to take, its failed record is written as is
         saved = save_record(record, cell.cfg.out, keep_final=True)
@@ -105,6 +103,14 @@ def record_cell(cell: Cell, record: dict[str, Any], trackers: Iterable[str] = ()
     row = summary_row(cell, written, "failed", saved.path)
     row["error"] = f"{first}; record {saved.problem}" if first else f"record {saved.problem}"
     return row
+
+
+def _started(cell: Cell, names: Iterable[str]) -> Trackers:
+    """The trackers ``names`` for ``cell``'s run, started (none when no name is given)."""
+    logged = Trackers(names)
+    if logged:
+        logged.start(cell.run)
+    return logged
 
 
 def engine_check(cfg: RunConfig) -> None:
@@ -154,8 +160,7 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
     def on_round(cell: Cell, entry: dict[str, Any]) -> None:
         logged = live.get(id(cell))
         if logged is None and cell.run is not None:
-            logged = live[id(cell)] = Trackers(trackers)
-            logged.start(cell.run)
+            logged = live[id(cell)] = _started(cell, trackers)
         if logged is not None:
             logged.round(entry)
 
