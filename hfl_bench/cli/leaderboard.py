@@ -420,10 +420,11 @@ def claims(
     claimed direction and the Holm-adjusted p < 0.05), contradicted (excludes 0 the other way, p <
     0.05), not resolved, or not yet tested (no records yet; the claims file says what it needs).
     Comparisons are paired by seed, Holm over the comparisons of one claim; a claim is contradicted
-    when any of its comparisons is, reproduced when all are. A trend (an advantage that widens with
-    N) compares the per-seed differences at the largest N with those at the smallest (Welch's
-    t-test). A CPU test checks direction and mechanism, not the paper's absolute figure. A bad
-    claims file is one line, exit 2."""
+    when any of its comparisons is, reproduced when all are. A trend (an advantage that widens as
+    the pool grows or the label skew gets more severe) compares the per-seed differences at the
+    last level the claim lists with those at the first (Welch's t-test), marked mixed hosts where
+    its records ran on more than one kind of processor. A CPU test checks direction and
+    mechanism, not the paper's absolute figure. A bad claims file is one line, exit 2."""
     from hfl_bench.results.claims import ClaimsError, evaluate
     from hfl_bench.results.claims_view import brief_lines, brief_markdown, claims_json, markdown, plain_lines
     from hfl_bench.results.loading import ResultsError
