@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from hfl_bench import claims, paths
+from hfl_bench import recording as records
 from hfl_bench.resolved import ResolvedRun, TorchThreads, auto_threads
-from hfl_bench.results import records
 from hfl_bench.trackers import Trackers
 
 ProgressFn = Callable[[int, int, dict[str, Any]], None]

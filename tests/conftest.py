@@ -47,7 +47,7 @@ def run_record(tmp_path):
     from typer.testing import CliRunner
 
     from hfl_bench.cli import app
-    from hfl_bench.results.records import load_schema
+    from hfl_bench.record.io import load_schema
 
 
     def run(*args: str, out: Path | None = None) -> dict:

@@ -17,7 +17,7 @@ from hfl_bench.aggregation import (
     register_aggregator,
     run_version,
 )
-from hfl_bench.results.records import registered_version
+from hfl_bench.recording import registered_version
 from hfl_bench.testing import builtin_names
 
 # The rules hfl-bench registers, each named here so that a removed one fails below; the tests that
@@ -285,7 +285,7 @@ def test_a_record_of_a_rules_earlier_numerics_is_not_this_codes_result(tmp_path)
     code's result nor overwritten (``check_same_data``, which ``run`` and matrix resume share);
     crad's own records, whose rule is unchanged, stay this code's."""
     from hfl_bench.config import ConfigError, RunConfig
-    from hfl_bench.results.records import check_same_data
+    from hfl_bench.recording import check_same_data
 
     path = tmp_path / "record.json"
     for params, recorded, refused in [({"aggregator": "crad-accuracy"}, "1.0", True),

@@ -27,13 +27,13 @@ import pytest
 from typer.testing import CliRunner
 
 from hfl_bench import engine
+from hfl_bench import recording as records
 from hfl_bench.cli import app
 from hfl_bench.config import RunConfig, config_hash
 from hfl_bench.metering import SERVER, Budget, Data
 from hfl_bench.methods.dfml import draw_aggregator
 from hfl_bench.methods.fedcc import private_epochs
 from hfl_bench.methods.fedl2g import warm_up_rounds
-from hfl_bench.results import records
 from hfl_bench.results.budget import steps_label
 from hfl_bench.results.validation import record_problems
 from hfl_bench.testing import builtin_methods, smoke_config

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from hfl_bench.cli import app
 from hfl_bench.method_api import get_method_class
-from hfl_bench.results.records import load_schema
+from hfl_bench.record.io import load_schema
 from hfl_bench.testing import builtin_methods, smoke_config
 
 jsonschema = pytest.importorskip("jsonschema")

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from hfl_bench import claims, engine, paths
+from hfl_bench import recording as records
 from hfl_bench.config import RunConfig
-from hfl_bench.results import records
 
 from helpers import REAL_RECORD, invoke_cli
 

@@ -206,8 +206,8 @@ def test_a_diverged_run_is_recorded_not_raised(tiny_cfg):
 
 
 def test_extra_endpoints_are_evaluated_and_recorded(tiny_cfg):
+    from hfl_bench import recording as records
     from hfl_bench.methods.local import Local
-    from hfl_bench.results import records
 
     class LocalWithShadow(Local):
         """Local training, plus an endpoint that is client 0's model for everyone."""

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hfl_bench import engine, evaluation
+from hfl_bench import recording as records
 from hfl_bench.config import FINAL_ROUNDS, RunConfig
-from hfl_bench.results import records
 from hfl_bench.testing import QUICK, builtin_methods, smoke_config, tiny_federation
 from hfl_bench.training import predict_logits
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from hfl_bench import engine
+from hfl_bench import recording as record_writer
 from hfl_bench.config import SELECTION_RULE, RunConfig, config_hash
 from hfl_bench.evaluation import select_round
-from hfl_bench.results import records as record_writer
-from hfl_bench.results.records import final_figures
+from hfl_bench.recording import final_figures
 from hfl_bench.results.validation import record_problems
 from hfl_bench.testing import QUICK
 

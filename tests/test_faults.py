@@ -14,14 +14,14 @@ import torch
 from typer.testing import CliRunner
 
 from hfl_bench import engine
+from hfl_bench import recording as records
 from hfl_bench.cli import app
 from hfl_bench.config import ConfigError, RunConfig, config_hash
 from hfl_bench.families.peer_kd import exchange_snapshots
 from hfl_bench.faults import COUNT_FACTOR, CorruptedModel, FaultPlan, canonical_config, corrupt, parse_faults
 from hfl_bench.metering import SERVER, Payload, payload_bytes
 from hfl_bench.method_api import get_method_class, new_model
-from hfl_bench.results import records
-from hfl_bench.results.records import SCHEMA_VERSION, final_figures
+from hfl_bench.recording import SCHEMA_VERSION, final_figures
 from hfl_bench.results.validation import record_problems
 from hfl_bench.testing import QUICK, builtin_methods, ready_method, smoke_config, tiny_federation
 from hfl_bench.training import predict_logits

@@ -14,7 +14,7 @@ from hfl_bench.config import ConfigError, resolve
 from hfl_bench.data import get_task
 from hfl_bench.families import shared_predictor as sp
 from hfl_bench.metering import payload_bytes
-from hfl_bench.results.records import build_record
+from hfl_bench.recording import build_record
 from hfl_bench.training import state_bytes
 
 

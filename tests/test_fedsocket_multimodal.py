@@ -16,12 +16,12 @@ import torch
 import hfl_bench.methods.fedsocket as fs
 import hfl_bench.methods.naive_shared as ns
 from hfl_bench import engine
+from hfl_bench import recording as records
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.evaluation import Evaluator
 from hfl_bench.families import shared_predictor as sp
 from hfl_bench.metering import payload_bytes
 from hfl_bench.modalities import mask
-from hfl_bench.results import records
 from hfl_bench.testing import ready_method, tiny_federation
 from hfl_bench.training import predict_logits
 

@@ -14,8 +14,9 @@ import json
 
 import pytest
 
+from hfl_bench.record.io import load_schema
+from hfl_bench.recording import SCHEMA_VERSION, build_record, final_figures, strict_record
 from hfl_bench.results.plots import headline_curve, make_plots
-from hfl_bench.results.records import SCHEMA_VERSION, build_record, final_figures, load_schema, strict_record
 from hfl_bench.results.validation import record_problems, schema_validator
 
 from test_fault_views import show, write

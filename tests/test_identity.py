@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from hfl_bench import checkpoint, engine, paths
+from hfl_bench import recording as records
 from hfl_bench.cli.run import build_config
 from hfl_bench.config import LEGACY_FIELDS, RunConfig, config_hash, recorded_config
-from hfl_bench.results import records
 from hfl_bench.results.board import build_board
 from hfl_bench.results.loading import load_records
 

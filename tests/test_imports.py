@@ -164,8 +164,8 @@ def _cycle_in(graph: dict[str, set[str]], component: set[str]) -> list[str]:
 
 def test_every_module_is_found():
     modules = module_files()
-    assert {"hfl_bench.cli", "hfl_bench.cli.output", "hfl_bench.results.records", "hfl_bench.matrix.suite",
-            "hfl_bench.engine", "hfl_bench.methods", "hfl_bench.tasks"} <= set(modules)
+    assert {"hfl_bench.cli", "hfl_bench.cli.output", "hfl_bench.recording", "hfl_bench.record.io",
+            "hfl_bench.matrix.suite", "hfl_bench.engine", "hfl_bench.methods", "hfl_bench.tasks"} <= set(modules)
 
 
 @pytest.mark.parametrize("with_type_checking", [False, True], ids=["runtime", "with-type-only-imports"])
@@ -194,7 +194,7 @@ def test_cli_output_imports_no_other_cli_module():
     ("from hfl_bench.config import RunConfig\n", {"hfl_bench.config"}),
     ("import hfl_bench.paths as p\n", {"hfl_bench.paths"}),
     ("from . import output\n", {"hfl_bench.cli.output"}),
-    ("from ..results.records import load_record\n", {"hfl_bench.results.records"}),
+    ("from ..record.io import load_record\n", {"hfl_bench.record.io"}),
     ("def f():\n    from hfl_bench import paths\n", {"hfl_bench.paths"}),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hfl_bench import engine\n", set()),
 ])
@@ -202,7 +202,7 @@ def test_imports_are_read_as_python_resolves_them(tmp_path, source, expected):
     path = tmp_path / "__init__.py"  # as if it were the hfl_bench.cli package
     path.write_text(source)
     known = {"hfl_bench.engine", "hfl_bench.config", "hfl_bench.paths", "hfl_bench.cli.output",
-             "hfl_bench.results.records"}
+             "hfl_bench.record.io"}
     assert imported_modules("hfl_bench.cli", path, known, with_type_checking=False) == expected
 
 
@@ -216,7 +216,7 @@ LAYERS = [
     ("config, registry and user errors", ("hfl_bench.config", "hfl_bench.confighash", "hfl_bench.registry",
                                           "hfl_bench.errors", "hfl_bench.yamlfile", "hfl_bench.stack")),
     ("shared types, paths, provenance", ("hfl_bench.federation", "hfl_bench.paths", "hfl_bench.provenance",
-                                         "hfl_bench.metadata_index", "hfl_bench.claims")),
+                                         "hfl_bench.metadata_index", "hfl_bench.claims", "hfl_bench.record")),
     ("building blocks", ("hfl_bench.data", "hfl_bench.partition", "hfl_bench.pools", "hfl_bench.augment",
                          "hfl_bench.metering", "hfl_bench.aggregation", "hfl_bench.training", "hfl_bench.graphs",
                          "hfl_bench.checkpoint", "hfl_bench.evaluation", "hfl_bench.families", "hfl_bench.tasks",
@@ -225,7 +225,7 @@ LAYERS = [
     ("methods", ("hfl_bench.methods",)),
     ("engine and the resolved run", ("hfl_bench.engine", "hfl_bench.resolved")),
     ("results, trackers, the run path and matrix", ("hfl_bench.results", "hfl_bench.trackers", "hfl_bench.runpath",
-                                                    "hfl_bench.matrix")),
+                                                    "hfl_bench.recording", "hfl_bench.matrix")),
     ("Python API", ("hfl_bench.api",)),
     ("command line", ("hfl_bench.cli",)),
     ("test helpers for plugin authors (they run the command line as a program)", ("hfl_bench.testing",)),

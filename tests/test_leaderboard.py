@@ -101,7 +101,7 @@ def test_mean_sample_sd_and_failed_counted_apart(real_record, tmp_path):
 
 
 def test_a_run_that_failed_before_loading_data_counts_in_its_group(real_record, tmp_path):
-    early = variant(real_record, 2, None, None, status="failed")  # the shape of results.records.build_failed_record
+    early = variant(real_record, 2, None, None, status="failed")  # the shape of recording.build_failed_record
     for block in ("partition", "federation", "arch_pool"):
         del early[block]
     early["metrics"] = None

@@ -23,8 +23,8 @@ from hfl_bench.matrix.executors import cell_gpus, unschedulable
 from hfl_bench.matrix.runner import engine_check, run_matrix
 from hfl_bench.matrix.suite import expected_filename, load_suite, parse_suite, resolve_cell, suite_cells
 from hfl_bench.paths import checkpoint_path
+from hfl_bench.record.io import load_schema
 from hfl_bench.registry import METHODS
-from hfl_bench.results.records import load_schema
 from hfl_bench.testing import QUICK, builtin_names
 
 jsonschema = pytest.importorskip("jsonschema")

@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 from hfl_bench import paths
+from hfl_bench import recording as records
 from hfl_bench.config import RunConfig
 from hfl_bench.matrix import resume
 from hfl_bench.matrix.runner import run_matrix
 from hfl_bench.matrix.suite import Cell, load_suite, suite_cells
-from hfl_bench.results import records
 from hfl_bench.results.validation import record_problems
 
 from helpers import invoke_cli

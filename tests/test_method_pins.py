@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 
 from hfl_bench import engine
+from hfl_bench import recording as records
 from hfl_bench.config import RunConfig
-from hfl_bench.results import records
 from hfl_bench.testing import builtin_methods, smoke_config
 
 from helpers import seen_unseen_problems

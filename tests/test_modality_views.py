@@ -26,9 +26,10 @@ from hfl_bench.matrix.runner import summary_row
 from hfl_bench.matrix.suite import Cell
 from hfl_bench.metering import Budget
 from hfl_bench.method_card import MethodCard
+from hfl_bench.record.io import load_schema
+from hfl_bench.recording import SCHEMA_VERSION, build_record, strict_record
 from hfl_bench.results.board import build_board
 from hfl_bench.results.loading import load_records
-from hfl_bench.results.records import SCHEMA_VERSION, build_record, load_schema, strict_record
 from hfl_bench.results.validation import record_problems, schema_validator
 
 from test_fault_views import REAL, show, write

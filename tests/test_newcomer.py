@@ -276,7 +276,7 @@ def test_listing_methods_does_not_import_timm():
 def test_help_imports_neither_the_data_stack_nor_the_results_layer(args):
     """--help answers from the Typer app alone: numpy, torch, YAML, the results layer and the matrix
     runner are imported by the commands that use them, not at start-up."""
-    heavy = ("numpy", "torch", "timm", "yaml", "hfl_bench.results.records", "hfl_bench.matrix.runner")
+    heavy = ("numpy", "torch", "timm", "yaml", "hfl_bench.recording", "hfl_bench.record.io", "hfl_bench.matrix.runner")
     code = ("import sys\n"
             f"sys.argv = ['hfl-bench', *{args!r}]\n"
             "from hfl_bench.cli import main\n"

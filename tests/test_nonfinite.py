@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from hfl_bench import engine, evaluation
+from hfl_bench import recording as records
 from hfl_bench.config import FINAL_ROUNDS, resolve
 from hfl_bench.data import get_task
 from hfl_bench.evaluation import NonFiniteOutputs
 from hfl_bench.methods.local import Local
-from hfl_bench.results import records
 
 from helpers import cpu_federation, ready_method
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hfl_bench.provenance import checkout_info, git_info
-from hfl_bench.results.records import SCHEMA_VERSION
+from hfl_bench.recording import SCHEMA_VERSION
 from hfl_bench.results.validation import record_problems
 from hfl_bench.testing import builtin_methods
 
@@ -106,7 +106,7 @@ def test_run_records_the_plugin_and_its_version(site, tmp_path):
 
 
 def test_a_failed_record_still_names_the_plugin(site, tmp_path):
-    code = ("import json; from hfl_bench.config import RunConfig; from hfl_bench.results.records import "
+    code = ("import json; from hfl_bench.config import RunConfig; from hfl_bench.recording import "
             "build_failed_record; print(json.dumps(build_failed_record("
             "RunConfig(method='example-kd', task='example-blobs'), 'boom')))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(site), capture_output=True,

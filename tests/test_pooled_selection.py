@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from hfl_bench import engine, evaluation
+from hfl_bench import recording as records
 from hfl_bench.config import POOLED_SELECTION_RULE, SELECTION_RULE, RunConfig
 from hfl_bench.evaluation import select_round, selection_rule
-from hfl_bench.results import records
 from hfl_bench.results.loading import selection_mark
 from hfl_bench.testing import QUICK
 

@@ -10,7 +10,8 @@ import pytest
 
 from hfl_bench import paths
 from hfl_bench.paths import record_filename, write_atomic
-from hfl_bench.results.records import load_record, write_record
+from hfl_bench.record.io import load_record
+from hfl_bench.recording import write_record
 
 
 def _record(**extra):
@@ -134,7 +135,7 @@ def test_load_record_rejects_non_finite_numbers(tmp_path, literal):
 
 
 def test_strict_record_turns_non_finite_numbers_into_a_failed_record():
-    from hfl_bench.results.records import strict_record
+    from hfl_bench.recording import strict_record
 
     rec = _record(metrics={"global_acc": float("nan"), "per_client": [{"val_acc": float("inf")}]}, error=None)
     strict = strict_record(rec)

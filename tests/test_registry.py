@@ -279,7 +279,7 @@ def test_object_entry_point_registered_in_fresh_registry(obj_plugin_registry):
 
 def test_object_entry_point_record_names_the_method(obj_plugin_registry, tiny_cfg, tmp_path):
     from hfl_bench import engine
-    from hfl_bench.results import records
+    from hfl_bench import recording as records
 
     cfg = tiny_cfg(method="obj-method", clients=3, rounds=1, out=str(tmp_path / "runs"))
     _, cfg = engine.load_task(cfg)

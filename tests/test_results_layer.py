@@ -22,10 +22,11 @@ from typer.testing import CliRunner
 
 from hfl_bench.cli import app
 from hfl_bench.config import NON_SEMANTIC, RunConfig, config_hash
+from hfl_bench.record.io import load_schema, schema_file
+from hfl_bench.recording import SCHEMA_VERSION
 from hfl_bench.results import plots
 from hfl_bench.results.board import build_board, named_records
 from hfl_bench.results.loading import load_records
-from hfl_bench.results.records import SCHEMA_VERSION, load_schema, schema_file
 
 REPO = Path(__file__).resolve().parent.parent
 LEADERBOARDS = REPO / "leaderboards"
@@ -189,7 +190,7 @@ def test_plot_labels_leave_out_every_non_semantic_field(folder):
 
 def test_schema_is_package_data_found_through_importlib_resources():
     resource = schema_file()
-    assert resource == (importlib.resources.files("hfl_bench.results") / "schema"
+    assert resource == (importlib.resources.files("hfl_bench.record") / "schema"
                         / f"record-{SCHEMA_VERSION}.schema.json")
     assert resource.is_file()
     assert load_schema()["properties"]["schema_version"] == {"const": SCHEMA_VERSION}
@@ -200,7 +201,7 @@ def test_schema_is_found_outside_the_checkout(tmp_path):
     """A copy of the package alone (as an installed wheel lays it out) still finds its schema."""
     shutil.copytree(REPO / "hfl_bench", tmp_path / "site" / "hfl_bench",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("import hfl_bench.results.records as r, json; "
+    code = ("import hfl_bench.record.io as r, json; "
             "print(json.dumps([r.__file__, str(r.schema_file()), r.load_schema()['$id']]))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"})
@@ -210,20 +211,21 @@ def test_schema_is_found_outside_the_checkout(tmp_path):
     assert schema_id == f"hfl-bench/record-{SCHEMA_VERSION}"
 
 
-def package_data_globs() -> list[str]:
-    """The [tool.setuptools.package-data] globs of hfl_bench.results, as pyproject.toml lists them."""
-    line = next(x for x in (REPO / "pyproject.toml").read_text().splitlines() if x.startswith('"hfl_bench.results" = '))
+def package_data_globs(package: str) -> list[str]:
+    """The [tool.setuptools.package-data] globs of ``package``, as pyproject.toml lists them."""
+    line = next(x for x in (REPO / "pyproject.toml").read_text().splitlines() if x.startswith(f'"{package}" = '))
     return json.loads(line.split("=", 1)[1])
 
 
-@pytest.mark.parametrize("folder", ["schema", "templates", "static"])
-def test_pyproject_ships_every_data_file(folder):
+@pytest.mark.parametrize("package, folder", [("record", "schema"), ("results", "templates"), ("results", "static")])
+def test_pyproject_ships_every_data_file(package, folder):
     """A wheel holds only the data files the globs name: every schema, template, style sheet and
     script of the package must match one (or an installed package could not build the site)."""
-    files = sorted(p.relative_to(REPO / "hfl_bench" / "results").as_posix()
-                   for p in (REPO / "hfl_bench" / "results" / folder).iterdir() if p.name != "__pycache__")
+    root = REPO / "hfl_bench" / package
+    files = sorted(p.relative_to(root).as_posix() for p in (root / folder).iterdir() if p.name != "__pycache__")
     assert files
-    unshipped = [f for f in files if not any(fnmatch.fnmatchcase(f, g) for g in package_data_globs())]
+    globs = package_data_globs(f"hfl_bench.{package}")
+    unshipped = [f for f in files if not any(fnmatch.fnmatchcase(f, g) for g in globs)]
     assert not unshipped
 
 

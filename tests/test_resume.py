@@ -18,10 +18,10 @@ from torch import nn
 from typer.testing import CliRunner
 
 from hfl_bench import checkpoint, engine, paths
+from hfl_bench import recording as records
 from hfl_bench.cli import app
 from hfl_bench.config import EVAL_EVERY, RunConfig
 from hfl_bench.method_api import Method, MethodCard
-from hfl_bench.results import records
 from hfl_bench.testing import builtin_methods, smoke_config
 
 

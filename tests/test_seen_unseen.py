@@ -20,10 +20,10 @@ import pytest
 from typer.testing import CliRunner
 
 from hfl_bench import engine
+from hfl_bench import recording as records
 from hfl_bench.cli import app
 from hfl_bench.config import FINAL_ROUNDS, HELD_MIN_TRAIN_COUNT, RunConfig
 from hfl_bench.evaluation import held_classes, seen_unseen_acc
-from hfl_bench.results import records
 from hfl_bench.results.html import build_site
 from hfl_bench.results.plots import make_plots
 from hfl_bench.results.validation import record_problems

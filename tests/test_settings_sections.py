@@ -20,7 +20,7 @@ from typing import Any, Optional
 import pytest
 
 from hfl_bench.config import RunConfig, config_hash
-from hfl_bench.results.records import SCHEMA_VERSION
+from hfl_bench.recording import SCHEMA_VERSION
 from hfl_bench.results.setting import PEER_DATA_REASON
 from hfl_bench.results.validation import record_problems
 
@@ -220,7 +220,7 @@ def test_a_new_record_states_its_setting():
     """The record writer copies the card's transfer data and single-architecture need (schema 1.6),
     its peer data and predictor (schema 1.7)."""
     from hfl_bench.method_api import get_method_class
-    from hfl_bench.results.records import build_failed_record, card_setting
+    from hfl_bench.recording import build_failed_record, card_setting
 
     for method in ("fedavg", "fedmd", "fedcc", "crad"):
         card = get_method_class(method).card

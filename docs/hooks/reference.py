@@ -231,7 +231,7 @@ def cli_page() -> str:
 
 
 def newest_schema() -> tuple[str, dict[str, Any]]:
-    folder = ROOT / "hfl_bench" / "results" / "schema"
+    folder = ROOT / "hfl_bench" / "record" / "schema"
 
     def version(p: Path) -> tuple[int, ...]:
         return tuple(int(x) for x in re.findall(r"record-([\d.]+)\.schema\.json", p.name)[0].split("."))
@@ -280,7 +280,7 @@ def schema_rows(node: dict[str, Any], defs: dict[str, Any], path: str, required:
 def schema_page() -> str:
     name, schema = newest_schema()
     rows = list(schema_rows(schema, schema.get("$defs", {}), "", True))
-    return (GENERATED_NOTE + f"# Record schema\n\nThe newest record schema, `hfl_bench/results/schema/{name}` "
+    return (GENERATED_NOTE + f"# Record schema\n\nThe newest record schema, `hfl_bench/record/schema/{name}` "
             f"({prose(schema.get('title', ''))}). {prose(schema.get('description', ''))}\n\n"
             "Every field by its path (`a.b` a property, `a[]` an array's items, `a.*` any key of a mapping); "
             "`required` marks a field its parent must have. Conditional rules (published against reproduced "

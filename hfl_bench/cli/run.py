@@ -331,7 +331,7 @@ def show(
     """Render one record: headline metrics, then per-client and per-architecture figures.
 
     Text from the record is shown as itself (never as markup, without control characters)."""
-    from hfl_bench.results.records import load_record
+    from hfl_bench.record.io import load_record
 
     try:
         record = load_record(record_path)

@@ -6,7 +6,7 @@ record), ``cells`` (running one cell into a record), ``executors`` (in-process, 
 Ray) and ``runner`` (run_matrix, dry runs and the summary rows).
 
 A suite is a YAML file (format below, and in the README). Each cell is one ``RunConfig``,
-resolved against its task's defaults, run as ``engine.run`` + ``results.records.build_record`` and
+resolved against its task's defaults, run as ``engine.run`` + ``recording.build_record`` and
 written to the suite's output folder under ``paths.record_path``, so a cell's record path
 is known before it runs: a rerun skips every cell whose record is already there (status ok or
 diverged, same config hash and seed, same data fingerprint; ``resume``) and retries the failed

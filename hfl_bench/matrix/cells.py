@@ -105,8 +105,8 @@ def failed_record(cfg: RunConfig, error: str) -> dict[str, Any]:
     import datetime as dt
     import hashlib
 
+    from hfl_bench import recording as records
     from hfl_bench.config import config_hash
-    from hfl_bench.results import records
 
     try:
         return records.build_failed_record(cfg, error)

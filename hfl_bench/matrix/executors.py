@@ -145,7 +145,7 @@ def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
     # the engine once and every worker forks from it, instead of each worker importing torch;
     # timm too (the CLI imports it lazily, at the first model: a few seconds per cell otherwise).
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["hfl_bench.engine", "hfl_bench.results.records", "hfl_bench.matrix.cells",
+    context.set_forkserver_preload(["hfl_bench.engine", "hfl_bench.recording", "hfl_bench.matrix.cells",
                                     "hfl_bench.methods", "hfl_bench.tasks", "timm"])
     if gpus is None:  # a CPU-only suite never asks
         gpus = visible_gpus() if any(may_use_cuda(cell.cfg.device) for cell in cells) else 0

@@ -28,10 +28,10 @@ from typing import Any, Optional
 
 from hfl_bench import config as config_mod
 from hfl_bench.matrix.suite import Cell
-from hfl_bench.results.records import (
+from hfl_bench.record.io import load_record
+from hfl_bench.recording import (
     FINAL_STATUSES,
     data_fingerprint,
-    load_record,
     other_data,
     other_data_message,
     other_version,

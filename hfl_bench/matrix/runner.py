@@ -12,10 +12,10 @@ from hfl_bench.matrix.cells import error_text, failed_record
 from hfl_bench.matrix.executors import run_in_process, run_process_pool, run_ray
 from hfl_bench.matrix.resume import existing_record
 from hfl_bench.matrix.suite import Cell
+from hfl_bench.recording import save_record
 from hfl_bench.registry import resolve_plugins
 from hfl_bench.resolved import resolve_run
 from hfl_bench.results.headline import headline_value
-from hfl_bench.results.records import save_record
 from hfl_bench.trackers import Trackers, check_names
 
 

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional
 
 from hfl_bench.config import POOLED_SELECTION_RULE, SELECTION_RULE
 from hfl_bench.paths import TRACKER_FOLDER
-from hfl_bench.results.records import NotARecord, load_record
+from hfl_bench.record.io import NotARecord, load_record
 
 # The rule that selected a record run with --faults before selection under faults read every
 # client's validation (``faults.selection: "honest"``): the honest clients' mean validation

@@ -26,8 +26,9 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from hfl_bench.record.io import SCHEMA_VERSIONS, load_schema, loads_strict, non_finite_fields
+from hfl_bench.recording import SCHEMA_VERSION
 from hfl_bench.results.loading import Loaded, Skipped
-from hfl_bench.results.records import SCHEMA_VERSION, SCHEMA_VERSIONS, load_schema, loads_strict, non_finite_fields
 
 ACCURACY_LISTS = ("per_class_global_acc", "per_arch_global_acc")
 

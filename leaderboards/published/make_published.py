@@ -38,7 +38,7 @@ from typing import Any
 from hfl_bench.config import canonical_json
 from hfl_bench.data import get_task
 from hfl_bench.paths import write_atomic
-from hfl_bench.results.records import PUBLISHED_SCHEMA_VERSION
+from hfl_bench.recording import PUBLISHED_SCHEMA_VERSION
 
 HERE = Path(__file__).resolve().parent
 

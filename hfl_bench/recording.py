@@ -1,13 +1,13 @@
-"""Run records: one schema-versioned JSON file per run, built from a run's result, written
-atomically, read back with one clear error per kind of bad file; and the record JSON Schema, read
-from the package (so it is found from an installed wheel as from a source checkout)."""
+"""Writing a run's record: built from a run's result (or from a config and an error), made strict
+JSON, written atomically, never lost (a fallback folder when its own cannot take it), and checked
+before a run against a finished record of other data or another method version at its path. The
+write side of ``hfl_bench.record``, beside the run path; the results layer only reads."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import hashlib
-import importlib.resources
 import json
 import math
 from dataclasses import dataclass
@@ -39,53 +39,15 @@ from hfl_bench.paths import (
     write_atomic,
 )
 from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_used
+from hfl_bench.record.io import load_record, non_finite_fields
 
 if TYPE_CHECKING:  # annotation only: reading records needs no torch
     from hfl_bench.federation import RunResult
 
 SCHEMA_VERSION = "1.7"  # what every new reproduced record (ok, diverged or failed) is written as
-# 1.7 adds the method's ``peer_data`` and ``predictor`` (whether its client models train on other
-# clients' data, which predictor the headline evaluates: the setting section and the leaderboard's
-# predictor column read them), the headline block first in ``metrics`` (``metrics.headline``) and
-# the selected round named as such (``metrics.selected``), each extra endpoint's per-round and
-# final-window figures (``history[].endpoints``, ``metrics.final.endpoints``), the pooled
-# selection rule's fields (``selection.score``, ``history[].pooled_val_acc``) and a matrix cell's
-# ``federation.checkpoint_refused``. Like 1.6 it holds every run's seen / unseen-class accuracy
-# (``metrics.seen_unseen``, its per-round means in ``history``, a client group's in its own block),
-# the work the run did (``cost.budget``) and the method's transfer data, single-architecture need
-# and preset in the ``method`` section (the leaderboard's setting sections read them), so every new
-# run record is 1.7, with or without client groups. Published records carry one figure from a
-# paper and none of that: they stay 1.2 (PUBLISHED_SCHEMA_VERSION), byte for byte what the
-# generator wrote before.
+# Published records carry one figure from a paper and none of a run's sections: they stay 1.2,
+# byte for byte what the generator (leaderboards/published/make_published.py) wrote before.
 PUBLISHED_SCHEMA_VERSION = "1.2"
-GROUPS_SCHEMA_VERSION = "1.5"  # the version that added client groups (read, no longer written)
-# Every version a record may carry; each keeps its own schema file, and a record is validated
-# against the schema of its own ``schema_version`` (1.1 added fidelity "original" and ``plugins``;
-# 1.2 the method's ``version`` and the ``final`` figures of the last evaluated rounds; 1.3 the
-# ``faults`` section and the ``honest`` / ``faulty`` figures of a run with --faults; 1.4 the
-# ``modalities`` section and the ``recipients`` / ``donors`` figures of a multimodal run; 1.5 the
-# per-round and final figures of those client groups; 1.6 the seen / unseen-class accuracy,
-# ``cost.budget`` and the method's ``transfer``, ``single_architecture`` and ``preset``; 1.7 the
-# method's ``peer_data`` and ``predictor``, the headline and selected blocks, the endpoints' curves
-# and final figures, the pooled selection rule and why a cell did not resume). 1.3 to 1.5 (written
-# for runs with client groups only) and 1.6 are read, no longer written.
-SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7")
-# Package data (pyproject: [tool.setuptools.package-data]), next to this module.
-SCHEMA_RESOURCE = ("schema", f"record-{SCHEMA_VERSION}.schema.json")
-
-
-def schema_file(version: str = SCHEMA_VERSION):
-    """The record JSON Schema of ``version`` as a package resource (a Traversable: a file in a
-    checkout or in an installed wheel). ValueError for a version that has none."""
-    if version not in SCHEMA_VERSIONS:
-        raise ValueError(f"no record schema {version!r}; known: {', '.join(SCHEMA_VERSIONS)}")
-    folder = SCHEMA_RESOURCE[0]
-    return importlib.resources.files(__package__) / folder / f"record-{version}.schema.json"
-
-
-def load_schema(version: str = SCHEMA_VERSION) -> dict[str, Any]:
-    """The record JSON Schema (draft 2020-12) of ``version`` (default: the current one) as a mapping."""
-    return json.loads(schema_file(version).read_text(encoding="utf-8"))
 
 
 def _pct(x: float) -> float | None:
@@ -528,17 +490,6 @@ def write_record(record: dict[str, Any], out_dir: str | Path) -> Path:
     return path
 
 
-def non_finite_fields(obj: Any, where: str = "") -> list[str]:
-    """The JSON paths (``a/b/0``) of every number in ``obj`` that is NaN or infinite."""
-    if isinstance(obj, float):
-        return [] if math.isfinite(obj) else [where or "(record)"]
-    if isinstance(obj, dict):
-        return [p for k, v in obj.items() for p in non_finite_fields(v, f"{where}/{k}" if where else str(k))]
-    if isinstance(obj, (list, tuple)):
-        return [p for i, v in enumerate(obj) for p in non_finite_fields(v, f"{where}/{i}" if where else str(i))]
-    return []
-
-
 def _nulled(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
@@ -752,65 +703,3 @@ def open_record(cfg: RunConfig, path: Path, config_hash: str | None = None, vers
     return RecordFile(cfg, path, config_hash, version, portable_config)
 
 
-class NotARecord(ValueError):
-    """A file that is not a readable hfl-bench record. ``str()`` is the full message (with the
-    path); ``reason`` is the short form for tables that show the path in a column of its own."""
-
-    def __init__(self, message: str, reason: str):
-        super().__init__(message)
-        self.reason = reason
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number")
-
-
-# How deep a record may nest: real records nest about 6 levels (history entries, per-client
-# figures); a file nested deeper is not a record, and is refused before any recursive walk.
-MAX_DEPTH = 64
-
-
-def nesting_depth(value: Any) -> int:
-    """How many levels of lists and mappings ``value`` nests (0 for a number or a string);
-    without recursion, so any depth is measured."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (dict, list)):
-            depth += 1
-            deepest = max(deepest, depth)
-            stack.extend((v, depth) for v in (node.values() if isinstance(node, dict) else node))
-    return deepest
-
-
-def loads_strict(text: str) -> Any:
-    """``json.loads`` that refuses NaN, Infinity and -Infinity (Python's parser accepts them) and
-    numbers too large for a float (``1e999``); ValueError names the culprit."""
-    try:
-        value = json.loads(text, parse_constant=_no_constant)
-    except RecursionError:
-        raise ValueError(f"nested more than Python can parse (records nest at most {MAX_DEPTH} levels)") from None
-    if nesting_depth(value) > MAX_DEPTH:  # before anything walks it recursively (here, the schema, the views)
-        raise ValueError(f"nested deeper than {MAX_DEPTH} levels (a record nests about 6)")
-    bad = non_finite_fields(value)
-    if bad:
-        raise ValueError(f"non-finite number at {bad[0]}")
-    return value
-
-
-def load_record(path: str | Path) -> dict[str, Any]:
-    """The record in ``path``; NotARecord (a ValueError) for a missing, unreadable or foreign file,
-    or one holding NaN or infinity (not JSON)."""
-    try:
-        record = loads_strict(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise NotARecord(f"record not found: {path}", "not found") from None
-    except json.JSONDecodeError as e:
-        raise NotARecord(f"{path} is not valid JSON: {e}", f"not readable JSON ({type(e).__name__})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise NotARecord(f"{path} is not readable: {e}", f"not readable ({type(e).__name__})") from None
-    except ValueError as e:
-        raise NotARecord(f"{path} is not valid JSON: {e}", f"not valid JSON: {e}") from None
-    if not isinstance(record, dict) or "schema_version" not in record:
-        raise NotARecord(f"{path} is not an hfl-bench record (no schema_version)", "not an hfl-bench record")
-    return record
