@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from hfl_bench import claims, paths
 from hfl_bench import config as config_mod
+from hfl_bench import locks, paths
 from hfl_bench.config import RunConfig
 
 if TYPE_CHECKING:
@@ -84,10 +84,10 @@ class ResolvedRun:
     def card(self) -> MethodCard:
         return self.method_cls.card
 
-    def claim(self) -> claims.Claim:
-        """Claim the record file for this process (``claims.take``): ClaimError, one line, when a
+    def claim(self) -> locks.Claim:
+        """Claim the record file for this process (``locks.take``): ClaimError, one line, when a
         running process holds it."""
-        return claims.take(self.record_path)
+        return locks.take(self.record_path)
 
     def with_device(self, device: str) -> ResolvedRun:
         """The same run on another device (``device`` is not hashed: same record, same claim)."""

@@ -2,7 +2,7 @@
 guarantees whoever runs it (``hfl-bench run``, a matrix cell local or on Ray, ``hfl_bench.run``):
 
 - ``begin``: the output folder can take the record, the record file is claimed (one writer per
-  record file, ``claims``), and no finished record of other data or another method version is
+  record file, ``locks``), and no finished record of other data or another method version is
   there to be overwritten (``records.check_same_data``); all before any training.
 - ``execute``: the run (``engine.run``, from its checkpoint when resuming), then its record
   (``records.build_record``; a failed record that says so when building it raises). Trackers
@@ -21,7 +21,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from hfl_bench import claims, paths
+from hfl_bench import locks, paths
 from hfl_bench import recording as records
 from hfl_bench.resolved import ResolvedRun, TorchThreads, auto_threads
 from hfl_bench.trackers import Trackers
@@ -29,18 +29,18 @@ from hfl_bench.trackers import Trackers
 ProgressFn = Callable[[int, int, dict[str, Any]], None]
 
 
-def begin(run: ResolvedRun, check_out: bool = True) -> claims.Claim:
+def begin(run: ResolvedRun, check_out: bool = True) -> locks.Claim:
     """Checks before a run, then its claim (release it once the record is written): the output
-    folder (``paths.check_out_dir``, with ``check_out``), the claim (``claims.ClaimError``), and no
+    folder (``paths.check_out_dir``, with ``check_out``), the claim (``locks.ClaimError``), and no
     finished record of other data or another method version at the record path (ConfigError)."""
     return _open(run, check_out)[0]
 
 
-def _open(run: ResolvedRun, check_out: bool = True) -> tuple[claims.Claim, records.RecordFile]:
+def _open(run: ResolvedRun, check_out: bool = True) -> tuple[locks.Claim, records.RecordFile]:
     """``begin``, and the run's record file (``records.open_record``) for its record and write."""
     if check_out:
         paths.check_out_dir(run.cfg.out)  # a file or an unwritable folder: refused before any training
-    claim = claims.take(run.record_path)  # one writer per record file
+    claim = locks.take(run.record_path)  # one writer per record file
     try:
         return claim, _record_file(run, check=True)
     except BaseException:

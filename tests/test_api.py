@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 import hfl_bench
-from hfl_bench import claims
+from hfl_bench import locks
 from hfl_bench.cli import app
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.matrix.suite import load_suite
@@ -127,7 +127,7 @@ def _run_by(path: str, tmp_path: Path, out: Path) -> tuple[int, str]:
 def test_each_path_refuses_a_record_another_run_is_writing(tmp_path, path):
     out = tmp_path / "runs"
     out.mkdir()
-    with claims.take(_record_path(TINY, out)):  # another run of this config holds it
+    with locks.take(_record_path(TINY, out)):  # another run of this config holds it
         code, said = _run_by(path, tmp_path, out)
     assert code != 0 and "is being written by another run of this configuration" in said
     assert not list(out.glob("*.json"))  # neither run nor written

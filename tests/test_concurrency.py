@@ -17,7 +17,7 @@ import psutil
 import pytest
 import yaml
 
-from hfl_bench import claims, engine, paths
+from hfl_bench import engine, locks, paths
 from hfl_bench import recording as records
 from hfl_bench.config import RunConfig
 
@@ -35,8 +35,8 @@ def _target(out: Path) -> Path:
 
 def _hold(path: Path) -> subprocess.Popen:
     """Another process that claims ``path`` and keeps it until it is killed."""
-    code = ("import sys, time; from pathlib import Path; from hfl_bench import claims; "
-            "c = claims.take(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)")
+    code = ("import sys, time; from pathlib import Path; from hfl_bench import locks; "
+            "c = locks.take(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True, env=ENV)
     assert proc.stdout.readline().strip() == "held"
     return proc
@@ -58,7 +58,7 @@ def test_a_second_run_of_the_same_identity_is_refused_while_the_first_runs(tmp_p
     result, stdout, _ = invoke_cli(*RUN, "--out", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert json.loads(stdout)["record"] == str(target) and target.is_file()
-    assert not claims.claim_file(target).exists()  # released after the write
+    assert not locks.claim_file(target).exists()  # released after the write
 
 
 def test_a_claim_is_exclusive_and_released():
@@ -66,10 +66,10 @@ def test_a_claim_is_exclusive_and_released():
 
     with tempfile.TemporaryDirectory() as folder:
         record = Path(folder) / "x.json"
-        with claims.take(record):
-            with pytest.raises(claims.ClaimError, match="being written by another run"):
-                claims.take(record)
-        claims.take(record).release()  # free again
+        with locks.take(record):
+            with pytest.raises(locks.ClaimError, match="being written by another run"):
+                locks.take(record)
+        locks.take(record).release()  # free again
 
 
 def test_a_finished_record_of_other_data_that_appears_during_a_run_is_kept(tmp_path):
@@ -158,7 +158,7 @@ def test_a_claim_path_of_the_wrong_kind_is_one_line_exit_2(tmp_path, kind):
     """A folder (or a FIFO) at the lock path, or a file where the .claims folder goes: one line naming
     the path, exit 2, nothing trained or written (issue 47, row 12)."""
     out = tmp_path / "runs"
-    lock = claims.claim_file(_target(out))
+    lock = locks.claim_file(_target(out))
     if kind == "folder":
         lock.mkdir(parents=True)
     elif kind == "fifo":

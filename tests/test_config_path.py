@@ -33,12 +33,12 @@ LAYERS = {
     "hfl_bench.api": 1, "hfl_bench.matrix": 1,
     "hfl_bench.runpath": 2,
     "hfl_bench.trackers": 3,
-    "hfl_bench.results": 4,
+    "hfl_bench.results": 4, "hfl_bench.recording": 4, "hfl_bench.record": 8,
     "hfl_bench.resolved": 4.5, "hfl_bench.engine": 5,
     "hfl_bench.method_api": 6, "methods": 6,
     "hfl_bench.federation": 8, "hfl_bench.modalities": 7, "hfl_bench.faults": 7, "hfl_bench.partition": 7,
     "hfl_bench.data": 7, "tasks": 7, "hfl_bench.evaluation": 7, "hfl_bench.families": 7,
-    "hfl_bench.paths": 8, "hfl_bench.claims": 8, "hfl_bench.registry": 8,
+    "hfl_bench.paths": 8, "hfl_bench.locks": 8, "hfl_bench.registry": 8,
     "hfl_bench.config": 9, "hfl_bench.confighash": 10,
 }
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from hfl_bench import claims, runpath
+from hfl_bench import locks, runpath
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.matrix.cells import error_text, failed_record
 from hfl_bench.matrix.executors import run_in_process, run_process_pool, run_ray
@@ -169,7 +169,7 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
         if on_cell:
             on_cell(row)
 
-    held: dict[int, claims.Claim] = {}
+    held: dict[int, locks.Claim] = {}
 
     def done(cell: Cell, record: dict[str, Any]) -> None:
         try:
@@ -212,7 +212,7 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
     return [rows[i] for i in range(len(cells))]
 
 
-def claim_cells(todo: list[Cell], held: dict[int, "claims.Claim"],
+def claim_cells(todo: list[Cell], held: dict[int, "locks.Claim"],
                 report: Callable[[Cell, dict[str, Any]], None]) -> list[Cell]:
     """Claim each cell's record path for this matrix and check it (``runpath.begin``, as every run
     does): a cell another running process is writing, or whose path holds a finished record of
@@ -226,7 +226,7 @@ def claim_cells(todo: list[Cell], held: dict[int, "claims.Claim"],
             continue
         try:
             held[id(cell)] = runpath.begin(cell.run, check_out=False)
-        except ConfigError as e:  # claims.ClaimError, or a record of other data / method version
+        except ConfigError as e:  # locks.ClaimError, or a record of other data / method version
             report(cell, failed_row(cell, str(e), path))
             continue
         except OSError:  # the folder cannot take the lock file: the record write reports that

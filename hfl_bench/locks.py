@@ -1,4 +1,5 @@
-"""Claims on record files: one writer per record path at a time.
+"""Locks on record files: one writer per record path at a time (``leaderboard claims`` is the
+claims page of the seed papers, in ``results/claims.py``: another thing).
 
 A run (``hfl-bench run``, or a matrix driver for each cell it runs) claims its record path before
 training and holds the claim until the record is written: an exclusive, non-blocking ``flock`` on
