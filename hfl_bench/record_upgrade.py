@@ -14,6 +14,11 @@ frozen table (``BUILTIN_CARDS``, ``BUILTIN_POOLS``), never from the registry: up
 imports neither torch nor any plugin, and gives the same record whatever is installed. A method or
 pool the table does not know (a third-party plugin's) gets the readers' "unknown".
 
+Where it plugs in: ``results.loading`` validates a record against its own version's schema
+(``leaderboard validate``), so the raw record is validated first and ``upgrade`` applied after
+(``UpgradeError`` is a ValueError: a loader turns it into its "not a record" reason). The reader
+for a record without a pool assignment (a failed run) asks ``pool_homogeneous``, not the registry.
+
 A shared-types module: it imports only the standard library.
 """
 

@@ -139,6 +139,18 @@ def test_upgraded_older_records_read_as_todays_fallbacks_read_the_raw_ones(older
     assert runs > 1100
 
 
+def test_the_frozen_pools_stand_for_the_registry_on_every_committed_record(committed):
+    """Whether a run was one architecture reads, on the upgraded record, the assignment, the
+    method's stated need, then the frozen pool table: what today's reader, with the registry, says
+    of the raw record, at every version (a failed 1.7 record has no assignment: the pool decides)."""
+    from hfl_bench.results.setting import single_architecture
+
+    runs = [(p, r) for p, r in committed if r["source"]["kind"] != "published"]
+    assert any(r["schema_version"] == "1.7" and not (r.get("arch_pool") or {}).get("assignment") for _, r in runs)
+    for path, raw in runs:
+        assert _single_architecture(upgrade(raw)) == single_architecture(raw), path
+
+
 def test_the_leaderboard_of_upgraded_records_is_todays(older):
     """The whole board (``leaderboard show --format json``'s content) built from the upgraded
     records equals the one built from the raw records: groups, sections, predictors, headlines,
