@@ -96,9 +96,9 @@ def run_record(*cli_args: str, out: str | Path | None = None) -> dict[str, Any]:
     """Run ``hfl-bench run CLI_ARGS --out OUT --json -q`` as the command line it is (a
     subprocess of this Python, ``python -m hfl_bench.cli``, so plugins are found through their
     installed entry points), check it exits 0 and that the record it wrote is valid
-    (``results.validation.record_problems``), and return the record. ``out`` defaults to a new
+    (``record.check.problems``), and return the record. ``out`` defaults to a new
     temporary folder. AssertionError otherwise, with the CLI's output or the record's problems."""
-    from hfl_bench.results.validation import record_problems
+    from hfl_bench.record.check import problems as record_problems
 
     out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="hfl-bench-test-"))
     command = [sys.executable, "-m", "hfl_bench.cli", "run", *cli_args, "--out", str(out), "--json", "-q"]

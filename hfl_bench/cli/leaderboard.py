@@ -445,17 +445,39 @@ def claims(
 
 
 @app.command(cls=BenchCommand)
+def schema(
+    version: Optional[str] = typer.Option(None, "--version", help="A schema version (default: the current one).",
+                                          show_default=False),
+):
+    """Print the record JSON Schema (draft 2020-12): the current version's, generated from the record
+    model, or an older version's, as it shipped (older records are validated against their own)."""
+    from hfl_bench.record.io import CURRENT_VERSION, SCHEMA_VERSIONS
+
+    version = CURRENT_VERSION if version is None else version
+    if version not in SCHEMA_VERSIONS:
+        fail(f"no record schema {version!r}; known: {', '.join(SCHEMA_VERSIONS)}")
+    if version == CURRENT_VERSION:
+        from hfl_bench.record.model import json_schema
+
+        sys.stdout.write(json.dumps(json_schema(), indent=1) + "\n")
+    else:
+        from hfl_bench.record.io import schema_file
+
+        sys.stdout.write(schema_file(version).read_text(encoding="utf-8"))
+
+
+@app.command(cls=BenchCommand)
 def validate(
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
-    """Check every record against the JSON Schema, and that its numbers are finite (no NaN or
-    Infinity) and its accuracies within [0, 100]; exit 1 listing each problem if any is invalid.
-    (The leaderboard and the plots read only the records this accepts.)"""
+    """Check every record: an older one against the JSON Schema of its own version, then, upgraded
+    to the current version, against the record model (its numbers finite, accuracies within
+    [0, 100], its sections consistent); exit 1 listing each problem if any is invalid. (The
+    leaderboard and the plots read only the records this accepts.)"""
     from hfl_bench.results.loading import ResultsError, record_files
-    from hfl_bench.results.validation import invalid_files, schema_validator
+    from hfl_bench.results.validation import invalid_files
 
-    validator = schema_validator()
     try:
         files = record_files(_paths(paths))
     except ResultsError as e:
@@ -466,7 +488,7 @@ def validate(
             fail("no record files or folders given, and the default folders are not here: "
                  + ", ".join(map(str, DEFAULT_DIRS)))
         fail("no record files found in " + ", ".join(map(str, searched)))
-    invalid = invalid_files(files, validator)
+    invalid = invalid_files(files)
     if as_json:
         sys.stdout.write(json.dumps({"checked": len(files), "invalid": invalid}, indent=1) + "\n")
     else:

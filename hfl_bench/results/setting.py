@@ -42,13 +42,13 @@ module too; ``published`` decides which figure goes where.
 
 from __future__ import annotations
 
-import functools
 import json
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from hfl_bench.config import SELECTION_RULE
+from hfl_bench.record.upgrade import pool_homogeneous
 from hfl_bench.results.grouping import SeedGroup
 from hfl_bench.results.loading import Loaded
 
@@ -108,114 +108,43 @@ def method_section(record: dict[str, Any]) -> dict[str, Any]:
     return section if isinstance(section, dict) else {}
 
 
-@functools.lru_cache(maxsize=None)
-def registered_card(method: str) -> Optional[Any]:
-    """The card of the method registered as ``method`` (a record older than schema 1.6 does not
-    state its transfer data); None for a name not registered here. Imported only when asked:
-    records that state it need no registry."""
-    from hfl_bench.registry import METHODS, RegistryError
-
-    try:
-        return METHODS.get(method).card
-    except RegistryError:
-        return None
-    except Exception:  # noqa: BLE001 - a plugin that fails to import: the record says nothing either
-        return None
-
-
 def transfer_setting(record: dict[str, Any]) -> str:
-    """The transfer data a record's method reads (``method_card.TRANSFERS``): the record's own
-    ``method.transfer`` (schema 1.6), else the registered card's, else ``unknown`` (also for a
-    value that is not one of them: text from a record is data)."""
-    method = method_section(record)
-    stated = method.get("transfer")
-    if stated is None:
-        card = registered_card(method.get("name")) if isinstance(method.get("name"), str) else None
-        stated = card.transfer if card is not None else UNKNOWN
+    """The transfer data a record's method reads (``method_card.TRANSFERS``): its ``method.transfer``
+    (filled for a record older than 1.6 by the upgrade, from the frozen table of built-in cards),
+    else ``unknown`` (also for a value that is not one of them: text from a record is data)."""
+    stated = method_section(record).get("transfer")
     return stated if isinstance(stated, str) and stated in TRANSFER_LABELS else UNKNOWN
 
 
 def peer_data_setting(record: dict[str, Any]) -> bool:
-    """Whether a record's client models were trained on other clients' data: the record's own
-    ``method.peer_data`` (schema 1.7), else the registered card's, else False (a name nothing
-    knows: nothing says its models travel)."""
-    method = method_section(record)
-    stated = method.get("peer_data")
-    if isinstance(stated, bool):
-        return stated
-    card = registered_card(method.get("name")) if isinstance(method.get("name"), str) else None
-    return bool(getattr(card, "peer_data", False))
+    """Whether a record's client models were trained on other clients' data: its ``method.peer_data``
+    (filled by the upgrade before 1.7), else False (nothing says its models travel)."""
+    return method_section(record).get("peer_data") is True
 
 
 def predictor_setting(record: dict[str, Any]) -> str:
-    """Which predictor a record's headline evaluated: the record's own ``method.predictor``
-    (schema 1.7; short text, shown as is), else what the registered method says for the record's
-    hyperparameters (``Method.predictor``), else its card's, else ``unknown``."""
-    method = method_section(record)
-    stated = method.get("predictor")
+    """Which predictor a record's headline evaluated: its ``method.predictor`` (filled by the upgrade
+    before 1.7; short text, shown as is), else ``unknown``."""
+    stated = method_section(record).get("predictor")
     if isinstance(stated, str) and stated.strip() and "\n" not in stated and len(stated) <= 40:
         return stated
-    name, hparams = method.get("name"), method.get("hparams")
-    if not isinstance(name, str):
-        return UNKNOWN
-    return registered_predictor(name, canonical(hparams if isinstance(hparams, dict) else {}))
-
-
-@functools.lru_cache(maxsize=None)
-def registered_predictor(method: str, hparams: str) -> str:
-    """The registered method's predictor at ``hparams`` (canonical JSON; fields its ``Params`` no
-    longer has are left out); its card's where they no longer build; ``unknown`` for a name not
-    registered here."""
-    card = registered_card(method)
-    if card is None:
-        return UNKNOWN
-    try:
-        import dataclasses
-
-        from hfl_bench.registry import METHODS
-
-        cls = METHODS.get(method)
-        fields = {f.name for f in dataclasses.fields(cls.Params)}
-        params = cls.Params(**{k: v for k, v in json.loads(hparams).items() if k in fields})
-        return cls(params).predictor()
-    except Exception:  # noqa: BLE001 - old hyperparameters or a plugin's own constructor: the card's default
-        return card.predictor
+    return UNKNOWN
 
 
 def single_architecture(record: dict[str, Any]) -> Optional[bool]:
     """Whether every client of the run had one architecture: from the record's pool assignment
-    (``arch_pool.assignment``, one name per client); else a method that states (or whose registered
-    card states) that it needs one; else the registered pool's members; None when nothing says."""
+    (``arch_pool.assignment``, one name per client); else a method that states that it needs one;
+    else the frozen table of built-in pools (``upgrade.pool_homogeneous``: a failed run has no
+    assignment); None when nothing says."""
     pool = record.get("arch_pool") if isinstance(record.get("arch_pool"), dict) else {}
     assignment = pool.get("assignment")
     if isinstance(assignment, list) and assignment and all(isinstance(a, str) for a in assignment):
         return len(set(assignment)) == 1
-    method = method_section(record)
-    needs_one = method.get("single_architecture")
-    needs_one = needs_one if isinstance(needs_one, bool) else None
-    if needs_one is None and isinstance(method.get("name"), str):
-        card = registered_card(method["name"])
-        needs_one = card.single_architecture if card is not None else None
-    if needs_one is True:
+    if method_section(record).get("single_architecture") is True:
         return True
     cfg = record.get("config") if isinstance(record.get("config"), dict) else {}
     name = pool.get("name") or cfg.get("pool")
-    return registered_pool_homogeneous(name) if isinstance(name, str) else None
-
-
-@functools.lru_cache(maxsize=None)
-def registered_pool_homogeneous(name: str) -> Optional[bool]:
-    """Whether the pool registered as ``name`` has one architecture; None for an unknown name."""
-    from hfl_bench.registry import RegistryError
-
-    try:
-        from hfl_bench.pools import get_pool
-
-        return get_pool(name).homogeneous
-    except RegistryError:
-        return None
-    except Exception:  # noqa: BLE001 - a plugin pool that fails to import says nothing
-        return None
+    return pool_homogeneous(name) if isinstance(name, str) else None
 
 
 def budget_class(record: dict[str, Any]) -> str:
