@@ -39,12 +39,12 @@ from hfl_bench.paths import (
     write_atomic,
 )
 from hfl_bench.provenance import environment, git_info, plugin_dist, plugins_used
-from hfl_bench.record.io import load_record, non_finite_fields
+from hfl_bench.record.io import CURRENT_VERSION, load_record, non_finite_fields
 
 if TYPE_CHECKING:  # annotation only: reading records needs no torch
     from hfl_bench.federation import RunResult
 
-SCHEMA_VERSION = "1.7"  # what every new reproduced record (ok, diverged or failed) is written as
+SCHEMA_VERSION = CURRENT_VERSION  # what every new reproduced record (ok, diverged or failed) is written as
 # Published records carry one figure from a paper and none of a run's sections: they stay 1.2,
 # byte for byte what the generator (leaderboards/published/make_published.py) wrote before.
 PUBLISHED_SCHEMA_VERSION = "1.2"

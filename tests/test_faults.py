@@ -324,7 +324,7 @@ def test_every_method_runs_under_every_fault_kind(method, faults, validator):
 
 def test_a_record_without_faults_is_what_it_was():
     record = _run("local", "none")
-    assert record["schema_version"] == SCHEMA_VERSION == "1.7" and record["config"]["faults"] == ""
+    assert record["schema_version"] == SCHEMA_VERSION == "1.8" and record["config"]["faults"] == ""
     assert "faults" not in record and "honest" not in record["metrics"]
 
 

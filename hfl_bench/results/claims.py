@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
+from hfl_bench.record.upgrade import BUILTIN_CARDS
+from hfl_bench.registry import unknown_message
 from hfl_bench.results.figures import check_figure, headline_value
 from hfl_bench.results.paired import CONFIDENCE, Comparison, Side, compare, holm, pair, params_label
 from hfl_bench.results.setting import SettingGroup
@@ -234,7 +236,6 @@ def _levels(raw: dict[str, Any], where: str) -> tuple:
 def _side(raw: Any, shared: dict[str, Any], where: str) -> SideSpec:
     _keys(raw, SIDE_KEYS, ("method",), where)
     method = _text(raw["method"], f"{where}: method")
-    _check_method(method, where)
     params = raw.get("params", {})
     if not (isinstance(params, dict) and all(isinstance(k, str) for k in params)):
         raise ClaimsError(f"{where}: 'params' must be a mapping of method parameters")
@@ -263,14 +264,6 @@ def _records(value: Any, where: str) -> str:
     if PurePosixPath(text).is_absolute() or "\\" in text or ".." in parts or not parts:
         raise ClaimsError(f"{where}: 'records' must be a folder relative to the claims file, inside its folder")
     return text
-
-
-def _check_method(name: str, where: str) -> None:
-    from hfl_bench.registry import METHODS, unknown_message
-
-    names = METHODS.names()
-    if name not in names:
-        raise ClaimsError(f"{where}: {unknown_message('method', name, names)}")
 
 
 def _keys(raw: Any, known: tuple, required: tuple, where: str) -> None:
@@ -397,11 +390,19 @@ class Evaluation:
         return self.cache[records]
 
     def select(self, records: str, side: SideSpec, extra: Optional[dict[str, Any]] = None) -> Optional[SettingGroup]:
+        self.check_method(records, side.method)
         found = [g for g in self.groups(records) if side.matches(g, extra or {})]
         if len(found) > 1:
             raise ClaimsError(f"{side.label()} matches {len(found)} groups in {records} (versions or settings "
                               f"differ); name {', '.join(SELECT)}")
         return found[0] if found else None
+
+    def check_method(self, records: str, name: str) -> None:
+        """A side's method must be a built-in (the frozen table of cards) or have records in its
+        folder; never looked up in the registry, so what is installed changes nothing."""
+        known = set(BUILTIN_CARDS) | {g.method for g in self.groups(records)}
+        if name not in known:
+            raise ClaimsError(f"{records}: {unknown_message('method', name, sorted(known))}")
 
     def claim(self, spec: ClaimSpec) -> ClaimResult:
         results = [self.comparison(c) for c in spec.comparisons] + [self.trend(t) for t in spec.trends]

@@ -27,14 +27,15 @@ fault and modality settings, and whether its client models are trained on other 
 (``peer_data_setting``: models that travel to peers and train on their shards, DFML; such a
 section's label ends in ``PEER_DATA_LABEL`` and every view that shows it gives ``PEER_DATA_REASON``,
 ``section_reasons``). Groups of two sections are never ranked together, and every view shows one
-section at a time (docs/guide/leaderboards.md lists the labels). What a record says wins; a record
-written before it said (schema < 1.6; < 1.7 for the peer data) falls back to the registered
-method's card and pool.
+section at a time (docs/guide/leaderboards.md lists the labels). Every one is read from the record:
+a record written before it said (schema < 1.6; < 1.7 for the peer data) had it filled when it was
+read (``hfl_bench.record.upgrade``, from the frozen table of built-in cards), never from the
+registry, so what is installed changes no view.
 
 The **evaluated predictor** (``predictor_setting``: the client's live model, a stored snapshot, a
 prototype classifier ..., ``method_card.PREDICTORS``) is shown beside each group, not part of the
 section: a method's own hyperparameter may change it (DFML ``eval=current``). A record older than
-schema 1.7 reads it from the registered method with the record's hyperparameters.
+schema 1.7 has it filled by the upgrade (the frozen table's rule at the record's hyperparameters).
 
 A published figure (``Published``) and its place beside a group (``Match``) are types of this
 module too; ``published`` decides which figure goes where.
