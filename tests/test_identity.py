@@ -8,6 +8,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,19 @@ import yaml
 from hfl_bench import checkpoint, engine, paths
 from hfl_bench import recording as records
 from hfl_bench.cli.run import build_config
-from hfl_bench.config import LEGACY_FIELDS, RunConfig, config_hash, recorded_config
+from hfl_bench.config import (
+    LEGACY_FIELDS,
+    ConfigError,
+    RunConfig,
+    canonical_params,
+    config_hash,
+    recorded_config,
+    type_hints,
+)
+from hfl_bench.record import legacy_params
+from hfl_bench.record.legacy_params import LEGACY_PARAMS
 from hfl_bench.results.board import build_board
+from hfl_bench.results.identity import canonical_config_dict, canonical_hash
 from hfl_bench.results.loading import load_records
 
 from helpers import invoke_cli
@@ -176,3 +189,112 @@ def test_a_checkpoint_of_another_method_or_task_version_is_refused(tmp_path, cha
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and needle in text, result.output
     assert "Traceback" not in result.output and not list(tmp_path.glob("*.json"))
+
+
+# ----------------------------------------------------------------------------- mapping without the registry
+def test_old_records_typed_otherwise_map_to_the_hash_without_set():
+    """The records of ``test_old_records_typed_otherwise_are_mapped_into_one_group``, read by
+    ``canonical_hash`` alone (no board, no validation): four stored hashes, one canonical one."""
+    base = json.loads(REAL.read_text())
+    assert "version" not in base["method"]  # a schema 1.0 record: unversioned, read against the table
+    records = [_old_style(base, params, seed) for seed, params in enumerate([{}, {"lam": "0.7"}, {"lam": "7e-1"},
+                                                                          {"lam": 0.7}, {"lam": "0.70"}])]
+    assert len({r["config_hash"] for r in records}) == 5
+    assert {canonical_hash(r, r["config_hash"]) for r in records} == {base["config_hash"]}
+    other = _old_style(base, {"lam": "0.5"}, 9)  # another value stays another run, typed
+    typed = config_hash({**other["config"], "method_params": {"lam": 0.5}})
+    assert canonical_hash(other, other["config_hash"]) == typed
+
+
+def _field_spellings(tag: str, default):
+    """A few ways an old ``--set`` or YAML spelled a field of type ``tag``: the default as typed and
+    as its value, another value, one the type refuses."""
+    if tag == "float":
+        return [str(default), f"{default:e}", default, int(default) if default == int(default) else default * 10,
+                str(default * 2 + 1), "abc"]
+    if tag == "int":
+        return [str(default), default, str(default + 1), "1.5"]
+    if tag == "bool":
+        return ["true" if default else "false", default, not default, "maybe"]
+    if tag in ("float | None", "int | None"):
+        return ["none", None, "3", 3, "abc"]
+    return [default, default + "-other"]
+
+
+def _canonical_or_refused(params_cls, raw: dict, method: str):
+    try:
+        return canonical_params(params_cls, raw, method)
+    except ConfigError:
+        return "refused"
+
+
+def test_the_frozen_table_canonicalizes_as_the_registry_wherever_a_method_is_unchanged():
+    """For every method of the table and every spelling of each field, the table's stand-in Params
+    give what the live ``Params`` give; where a field changed since 81932ac^ (type, default,
+    removed), the method's live version is newer than the table's, so a record written against the
+    change is never read against the table (``legacy_params.covers``)."""
+    from hfl_bench.method_api import get_method_class  # the one place the registry is allowed
+
+    compared = changed = 0
+    for method, (version, fields) in LEGACY_PARAMS.items():
+        live = get_method_class(method)
+        live_fields = {f.name: f for f in dataclasses.fields(live.Params)}
+        hints = type_hints(live.Params)
+        table_cls = legacy_params.params_class(method)
+        for name, tag, default in fields:
+            f = live_fields.get(name)
+            if f is None or hints[name] != legacy_params.TYPES[tag] or f.default != default:
+                assert tuple(map(int, live.card.version.split("."))) > tuple(map(int, version.split("."))), \
+                    f"{method}.{name} changed without a version bump: the table no longer says what it meant"
+                assert not legacy_params.covers(method, live.card.version)
+                changed += 1
+                continue
+            for value in _field_spellings(tag, default):
+                raw = {name: value}
+                by_table = _canonical_or_refused(table_cls, raw, method)
+                assert by_table == _canonical_or_refused(live.Params, raw, method), (method, raw)
+                compared += 1
+        every_default = {name: str(default) for name, _, default in fields}
+        assert canonical_params(table_cls, every_default, method) == {}  # each default as typed: left out
+    assert len(LEGACY_PARAMS) == 14 and compared > 300 and changed == 10  # fedcc, fedmd: 1; fedsocket, naive-shared: 4
+
+
+def test_a_record_of_a_version_after_the_table_keeps_its_hyperparameters():
+    """FedSocket 1.2's committed ``extractor=random-conv`` runs: random-conv was the default at
+    81932ac^, so the table would leave it out and merge them into the pretrained default's group;
+    their version is newer than the table's, so they keep their hyperparameters and their hash."""
+    fedsocket = [json.loads(p.read_text()) for p in sorted((REPO / "leaderboards").rglob("*__fedsocket__*.json"))]
+    kept = [r for r in fedsocket if r.get("config", {}).get("method_params") == {"extractor": "random-conv"}]
+    assert kept and {r["method"]["version"] for r in kept} == {"1.2"}
+    for r in kept:
+        assert canonical_hash(r, r["config_hash"]) == r["config_hash"]
+        assert canonical_config_dict(r["config"], "1.2")["method_params"] == {"extractor": "random-conv"}
+        assert canonical_config_dict(r["config"], "1.0")["method_params"] == {}  # the table's default
+
+
+def test_a_method_the_table_does_not_know_keeps_its_hyperparameters_whatever_is_installed():
+    """ds-fl was added after 81932ac (installed now, era_temperature 0.1 its default), a plugin's
+    method may or may not be installed: neither is mapped, so the board groups the same way on any
+    installation."""
+    base = json.loads(REAL.read_text())
+    for method, params in [("ds-fl", {"era_temperature": "0.1"}), ("some-plugin", {"lam": "0.7"})]:
+        assert method not in LEGACY_PARAMS
+        cfg = {**base["config"], "method": method, "method_params": params}
+        assert canonical_config_dict(cfg)["method_params"] == params
+        assert canonical_config_dict(cfg, "1.0")["method_params"] == params
+        record = {**base, "config": cfg, "config_hash": config_hash(cfg)}
+        assert canonical_hash(record, record["config_hash"]) == record["config_hash"]
+
+
+def test_a_refused_or_unknown_hyperparameter_is_kept_as_recorded():
+    cfg = json.loads(REAL.read_text())["config"]
+    for params in ({"lam": "abc"}, {"lam": "0.7", "not_a_field": 1}):
+        assert canonical_config_dict({**cfg, "method_params": params})["method_params"] == params
+
+
+def test_importing_identity_imports_neither_torch_nor_the_method_registry():
+    code = ("import sys, hfl_bench.results.identity\n"
+            "print(sorted(m for m in ('torch', 'numpy', 'hfl_bench.method_api', 'hfl_bench.methods',\n"
+            "                         'hfl_bench.registry') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"

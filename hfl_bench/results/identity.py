@@ -8,6 +8,13 @@ a record whose ``config.method_params`` is empty and whose float settings are fl
 record written without ``--set``, all the committed ones) already has the canonical hash and is
 read as it is; any other is hashed again from its canonicalized config, so it joins the group of
 the same run typed the canonical way. Nothing in the file changes.
+
+Hyperparameters are read against each built-in method's ``Params`` as the code that wrote those
+records had them (``hfl_bench.record.legacy_params``, a frozen table), never the method registry:
+this module imports no torch and no plugin, and maps a record the same way whatever is installed.
+Records of a method version newer than the table's were written canonical, against defaults the
+table does not know (FedSocket 1.2's ``extractor=random-conv`` is no default any more), and keep
+their hash.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from hfl_bench import config as config_mod
+from hfl_bench.record import legacy_params
 
 
 def _needs_mapping(cfg: dict[str, Any]) -> bool:
@@ -25,21 +33,22 @@ def _needs_mapping(cfg: dict[str, Any]) -> bool:
                for k, v in cfg.items())
 
 
-def canonical_config_dict(cfg: dict[str, Any]) -> dict[str, Any]:
+def canonical_config_dict(cfg: dict[str, Any], method_version: Optional[str] = None) -> dict[str, Any]:
     """A recorded config with its float settings as floats and its hyperparameters in canonical
-    form (the method's ``Params`` read from the registry; a method not installed, or values its
-    ``Params`` refuse, keep their hyperparameters as recorded)."""
+    form, read against the method's ``Params`` as the code that wrote non-canonical records had it
+    (``record.legacy_params``, a frozen table, never the registry: the same result whatever is
+    installed). ``method_version``: the record's method version (None: unversioned). A method the
+    table does not know (a plugin's, one added since), a later version than the table's (written
+    canonical, maybe against other defaults), or values the table's ``Params`` refuse: the
+    hyperparameters are kept as recorded."""
     hints = config_mod.type_hints(config_mod.RunConfig)
     out = {k: (config_mod._float_by_value(v) if config_mod._is_float_field(hints.get(k)) else v)
            for k, v in cfg.items()}
-    params = cfg.get("method_params")
-    if isinstance(params, dict) and params:
+    params, method = cfg.get("method_params"), cfg.get("method")
+    if isinstance(params, dict) and params and legacy_params.covers(method, method_version):
         try:
-            from hfl_bench.method_api import get_method_class
-
-            out["method_params"] = config_mod.canonical_params(
-                get_method_class(str(cfg.get("method"))).Params, params, str(cfg.get("method")))
-        except Exception:  # noqa: BLE001 - an unknown method or a refused value: kept as recorded
+            out["method_params"] = config_mod.canonical_params(legacy_params.params_class(method), params, method)
+        except Exception:  # noqa: BLE001 - a refused value (or key): kept as recorded
             pass
     return out
 
@@ -55,6 +64,8 @@ def canonical_hash(record: dict[str, Any], stored: Any, **changes: Any) -> Optio
     try:
         if config_mod.config_hash({**cfg, **changes}) != stored:
             return stored
-        return config_mod.config_hash({**canonical_config_dict(cfg), **changes})
+        method = record.get("method")
+        version = method.get("version") if isinstance(method, dict) else None
+        return config_mod.config_hash({**canonical_config_dict(cfg, version), **changes})
     except Exception:  # noqa: BLE001 - a config that cannot be hashed again: read as it says
         return stored
