@@ -216,7 +216,7 @@ LAYERS = [
     ("config, registry and user errors", ("hfl_bench.config", "hfl_bench.confighash", "hfl_bench.registry",
                                           "hfl_bench.errors", "hfl_bench.yamlfile", "hfl_bench.stack")),
     ("shared types, paths, provenance", ("hfl_bench.federation", "hfl_bench.paths", "hfl_bench.provenance",
-                                         "hfl_bench.metadata_index", "hfl_bench.claims")),
+                                         "hfl_bench.metadata_index", "hfl_bench.claims", "hfl_bench.record_model")),
     ("building blocks", ("hfl_bench.data", "hfl_bench.partition", "hfl_bench.pools", "hfl_bench.augment",
                          "hfl_bench.metering", "hfl_bench.aggregation", "hfl_bench.training", "hfl_bench.graphs",
                          "hfl_bench.checkpoint", "hfl_bench.evaluation", "hfl_bench.families", "hfl_bench.tasks",
