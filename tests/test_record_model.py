@@ -1,4 +1,4 @@
-"""The typed record model (hfl_bench/record_model.py, schema 1.8): every committed 1.7 record (and
+"""The typed record model (hfl_bench/record_model/, schema 1.8): every committed 1.7 record (and
 every published one) validates at 1.8 and dumps back exactly; it agrees with the results layer's
 validator on sampled records and on mutations of them, refuses what it is stricter about (unknown
 fields, open sections it types); its JSON Schema is valid 2020-12 and accepts the records; and it
@@ -309,6 +309,7 @@ def test_json_schema_is_draft_2020_12_and_accepts_the_committed_records(records_
     jsonschema.Draft202012Validator.check_schema(schema)
     assert json.dumps(schema) == json.dumps(rm.json_schema())  # deterministic, key order included
     assert schema["$id"] == "hfl-bench/record-1.8" and "1.8" in schema["title"]
+    assert schema["properties"]["schema_version"]["const"] == rm.CURRENT_VERSION == "1.8"
     assert list(schema)[:4] == ["$schema", "$id", "title", "description"]
     validator = jsonschema.Draft202012Validator(schema)
     rejected = {}
