@@ -34,8 +34,8 @@ from hfl_bench.metering import SERVER, Budget, Data
 from hfl_bench.methods.dfml import draw_aggregator
 from hfl_bench.methods.fedcc import private_epochs
 from hfl_bench.methods.fedl2g import warm_up_rounds
+from hfl_bench.record.check import problems as record_problems
 from hfl_bench.results.budget import steps_label
-from hfl_bench.results.validation import record_problems
 from hfl_bench.testing import builtin_methods, smoke_config
 from hfl_bench.training import batch_bounds
 

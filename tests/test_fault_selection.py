@@ -18,8 +18,8 @@ from hfl_bench import engine
 from hfl_bench import recording as record_writer
 from hfl_bench.config import SELECTION_RULE, RunConfig, config_hash
 from hfl_bench.evaluation import select_round
+from hfl_bench.record.check import problems as record_problems
 from hfl_bench.recording import final_figures
-from hfl_bench.results.validation import record_problems
 from hfl_bench.testing import QUICK
 
 from helpers import REAL_RECORD, invoke_cli

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from hfl_bench import recording as record_writer
 from hfl_bench.cli import app
 from hfl_bench.config import config_hash
-from hfl_bench.results.validation import record_problems
+from hfl_bench.record.check import problems as record_problems
 
 from helpers import REAL_RECORD
 

@@ -21,8 +21,8 @@ from hfl_bench.families.peer_kd import exchange_snapshots
 from hfl_bench.faults import COUNT_FACTOR, CorruptedModel, FaultPlan, canonical_config, corrupt, parse_faults
 from hfl_bench.metering import SERVER, Payload, payload_bytes
 from hfl_bench.method_api import get_method_class, new_model
+from hfl_bench.record.check import problems as record_problems
 from hfl_bench.recording import SCHEMA_VERSION, final_figures
-from hfl_bench.results.validation import record_problems
 from hfl_bench.testing import QUICK, builtin_methods, ready_method, smoke_config, tiny_federation
 from hfl_bench.training import predict_logits
 
@@ -297,7 +297,7 @@ CASES = ([(m, "byzantine:0.5") for m in builtin_methods()] + [(m, "free-rider:0.
 
 @pytest.mark.parametrize("method, faults", CASES, ids=[f"{m}-{f.split(':')[0]}" + ("-flip" if "flip" in f else "")
                                                        for m, f in CASES])
-def test_every_method_runs_under_every_fault_kind(method, faults, validator):
+def test_every_method_runs_under_every_fault_kind(method, faults):
     kind = parse_faults(faults).kind
     why = get_method_class(method).card.refuses_faults.get(kind)
     if why is not None:
@@ -319,7 +319,7 @@ def test_every_method_runs_under_every_fault_kind(method, faults, validator):
     assert {"honest", "faulty"} <= set(record["history"][-1])
     assert honest["final"] == final_figures(record["history"], "honest")
     assert record["faults"]["baseline_config_hash"] == config_hash(dict(record["config"], faults=""))
-    assert not record_problems(json.loads(json.dumps(record)), validator)
+    assert not record_problems(json.loads(json.dumps(record)))
 
 
 def test_a_record_without_faults_is_what_it_was():
@@ -336,13 +336,6 @@ def test_runs_with_faults_are_deterministic():
     a, b = _run("uniform-kd", "byzantine:0.5"), _run("uniform-kd", "byzantine:0.5")
     assert a["history"][-1]["global_acc"] == b["history"][-1]["global_acc"]
     assert a["metrics"]["honest"] == b["metrics"]["honest"]
-
-
-@pytest.fixture(scope="module")
-def validator():
-    from hfl_bench.results.validation import schema_validator
-
-    return schema_validator()
 
 
 # ----------------------------------------------------------------------------- the command line

@@ -56,7 +56,7 @@ def run_cli(out, *args: str) -> dict:
     from typer.testing import CliRunner
 
     from hfl_bench.cli import app
-    from hfl_bench.results.validation import record_problems
+    from hfl_bench.record.check import problems as record_problems
 
     result = CliRunner().invoke(app, ["run", *args, "--out", str(out), "--json", "-q"])
     assert result.exit_code == 0, result.output

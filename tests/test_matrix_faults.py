@@ -22,7 +22,7 @@ from hfl_bench.config import RunConfig
 from hfl_bench.matrix import resume
 from hfl_bench.matrix.runner import run_matrix
 from hfl_bench.matrix.suite import Cell, load_suite, suite_cells
-from hfl_bench.results.validation import record_problems
+from hfl_bench.record.check import problems as record_problems
 
 from helpers import invoke_cli
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from hfl_bench.provenance import checkout_info, git_info
+from hfl_bench.record.check import problems as record_problems
 from hfl_bench.recording import SCHEMA_VERSION
-from hfl_bench.results.validation import record_problems
 from hfl_bench.testing import builtin_methods
 
 try:

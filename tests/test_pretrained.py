@@ -23,7 +23,7 @@ from hfl_bench.config import RunConfig, config_hash
 from hfl_bench.families import pretrained
 from hfl_bench.families import shared_predictor as sp
 from hfl_bench.partition import make_partition
-from hfl_bench.results.validation import record_problems
+from hfl_bench.record.check import problems as record_problems
 from hfl_bench.tasks.mnist1d import MNIST1D, pretraining_arrays
 from hfl_bench.testing import ready_method, tiny_federation
 

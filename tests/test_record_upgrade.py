@@ -16,8 +16,8 @@ import jsonschema
 import pytest
 
 from hfl_bench.record import upgrade as ru
+from hfl_bench.record.io import load_schema
 from hfl_bench.record.upgrade import STEPS, UpgradeError, upgrade
-from hfl_bench.results.records import load_schema
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = ("leaderboards", "tests/pins")
@@ -223,7 +223,7 @@ def _step(version: str, record: dict) -> dict:
 
 def test_the_steps_are_one_per_version_in_order():
     assert list(STEPS) == ["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7"]
-    from hfl_bench.results.records import SCHEMA_VERSIONS
+    from hfl_bench.record.io import SCHEMA_VERSIONS
 
     assert tuple(STEPS) == SCHEMA_VERSIONS
 
@@ -332,6 +332,10 @@ def test_the_unknowns_of_a_plugin_method_are_what_1_7_cannot_hold():
     bad = sorted(path for e in validator.iter_errors(_as_1_7(up))
                  if (path := "/".join(map(str, e.absolute_path))).startswith("method"))  # the minimal task is not
     assert bad == ["method/predictor", "method/single_architecture", "method/transfer"]
+    # ... and the 1.8 model does: the upgraded method section is valid as it is
+    from hfl_bench.record.model import record_problems
+
+    assert not [p for p in record_problems(up) if p.startswith("method")]
 
 
 # --------------------------------------------------------------------------- the entry point

@@ -146,7 +146,7 @@ def test_strict_record_turns_non_finite_numbers_into_a_failed_record():
 
 
 def test_an_ok_record_without_its_headline_figures_is_invalid():
-    from hfl_bench.results.validation import record_problems
+    from hfl_bench.record.check import problems as record_problems
 
     real = Path(__file__).resolve().parent.parent / "leaderboards" / "archive" / "first-wave" / "digits"
     record = json.loads(next(real.glob("digits__crad__*.json")).read_text())

@@ -24,9 +24,9 @@ from hfl_bench import recording as records
 from hfl_bench.cli import app
 from hfl_bench.config import FINAL_ROUNDS, HELD_MIN_TRAIN_COUNT, RunConfig
 from hfl_bench.evaluation import held_classes, seen_unseen_acc
+from hfl_bench.record.check import problems as record_problems
 from hfl_bench.results.html import build_site
 from hfl_bench.results.plots import make_plots
-from hfl_bench.results.validation import record_problems
 from hfl_bench.testing import QUICK
 
 from helpers import seen_unseen_problems

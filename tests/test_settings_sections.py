@@ -20,9 +20,9 @@ from typing import Any, Optional
 import pytest
 
 from hfl_bench.config import RunConfig, config_hash
+from hfl_bench.record.check import problems as record_problems
 from hfl_bench.recording import SCHEMA_VERSION
 from hfl_bench.results.setting import PEER_DATA_REASON
-from hfl_bench.results.validation import record_problems
 
 from helpers import invoke_cli
 
