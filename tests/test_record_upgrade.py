@@ -7,6 +7,7 @@ loader changes no view)."""
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import subprocess
 import sys
@@ -98,40 +99,54 @@ def _single_architecture(record: dict) -> object:
     return ru.pool_homogeneous(pool.get("name") or (record.get("config") or {}).get("pool"))
 
 
-def test_upgraded_older_records_read_as_todays_fallbacks_read_the_raw_ones(older):
-    """For each committed record written before 1.7, what today's readers compute from the raw
-    record through their fallbacks (the registry's cards and pools, the absent version, preset,
-    headline ...) is what the upgraded record states."""
+GOLDEN = REPO / "tests" / "golden" / "older-records-read-at-38a633c.json.gz"
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict:
+    """How the code before the upgrade (38a633c, whose readers fell back on the registry) read every
+    committed record older than 1.7 (tests/golden/make_older_records.py made it)."""
+    return json.loads(gzip.decompress(GOLDEN.read_bytes()))
+
+
+def test_upgraded_older_records_read_as_the_fallbacks_read_the_raw_ones(older, golden):
+    """For each committed record written before 1.7, what the readers before the upgrade computed
+    from the raw record through their fallbacks (the registry's cards and pools, the absent
+    version, preset, headline ...) is what today's readers read of the upgraded record, and what
+    it states."""
     from hfl_bench.results import headline as hl
     from hfl_bench.results import setting as st
     from hfl_bench.results.loading import Loaded
 
-    assert ru.UNKNOWN == st.UNKNOWN
+    assert ru.UNKNOWN == st.UNKNOWN and golden["n_records"] == len(older)
     runs = 0
     for path, raw in older:
         up = upgrade(raw)
-        where = path.relative_to(REPO)
-        assert Loaded(path, up).method_version == Loaded(path, raw).method_version, where
+        where = str(path.relative_to(REPO))
+        then = golden["per_record"][where]
+        assert Loaded(path, up).method_version == (raw["method"].get("version") if isinstance(raw["method"].get(
+            "version"), str) else None), where
+        assert (hl.headline_value(up), hl.headline_basis(up), st.headline_of(up)) == (
+            then["headline"], then["basis"], then["headline_of"]), where
         for metric in ("global_acc", "local_acc"):
             for clients in ("headline", "all", "honest", "faulty", "recipients", "donors"):
-                got = (hl.headline_value(up, metric, clients), hl.headline_basis(up, metric, clients),
-                       st.final_figure(up, metric, clients), st.figure(up, metric, clients))
-                want = (hl.headline_value(raw, metric, clients), hl.headline_basis(raw, metric, clients),
-                        st.final_figure(raw, metric, clients), st.figure(raw, metric, clients))
-                assert got == want, (where, metric, clients)
+                assert (st.final_figure(up, metric, clients), st.figure(up, metric, clients)) == (
+                    st.final_figure(raw, metric, clients), st.figure(raw, metric, clients)), (where, metric, clients)
+        assert (st.transfer_setting(up), st.peer_data_setting(up), st.predictor_setting(up),
+                st.single_architecture(up)) == (then["transfer"], then["peer_data"], then["predictor"],
+                                                 then["single_architecture"]), where
         if raw["source"]["kind"] == "published":  # no run: its method section is left as it is
             assert up["method"] == raw["method"] and up["metrics"] == raw["metrics"], where
             continue
         runs += 1
         method = up["method"]
-        assert method["transfer"] == st.transfer_setting(raw) == st.transfer_setting(up), where
-        assert method["peer_data"] == st.peer_data_setting(raw) == st.peer_data_setting(up), where
-        assert method["predictor"] == st.predictor_setting(raw) == st.predictor_setting(up), where
-        assert _single_architecture(up) == st.single_architecture(raw) == st.single_architecture(up), where
+        assert (method["transfer"], method["peer_data"], method["predictor"]) == (
+            then["transfer"], then["peer_data"], then["predictor"]), where
+        assert _single_architecture(up) == then["single_architecture"], where
         assert st.budget_class(up) == st.budget_class(raw) and method["preset"] is None, where
         head = up["metrics"]["headline"]
-        assert (head["value"], head["statistic"]) == (hl.headline_value(raw), hl.headline_basis(raw)), where
-        assert head["clients"] == st.headline_of(raw), where
+        assert (head["value"], head["statistic"], head["clients"]) == (then["headline"], then["basis"],
+                                                                        then["headline_of"]), where
         assert up["metrics"]["selected"] == {"round": raw["selection"]["round"],
                                              **{k: raw["metrics"].get(k) for k in
                                                 ("global_acc", "local_acc", "mean_val_acc")}}, where
@@ -151,17 +166,16 @@ def test_the_frozen_pools_stand_for_the_registry_on_every_committed_record(commi
         assert _single_architecture(upgrade(raw)) == single_architecture(raw), path
 
 
-def test_the_leaderboard_of_upgraded_records_is_todays(older):
+def test_the_leaderboard_of_upgraded_records_is_the_one_before_the_upgrade(older, golden):
     """The whole board (``leaderboard show --format json``'s content) built from the upgraded
-    records equals the one built from the raw records: groups, sections, predictors, headlines,
-    finals, published matches."""
+    records equals the one the code before the upgrade built from the raw records (its registry
+    fallbacks): groups, sections, predictors, headlines, finals, published matches."""
     from hfl_bench.results.board import build_board
     from hfl_bench.results.loading import Loaded
     from hfl_bench.results.render import board_json
 
-    raw = [Loaded(p, r) for p, r in older]
-    up = [Loaded(p, upgrade(r)) for p, r in older]
-    assert board_json(build_board(up)) == board_json(build_board(raw))
+    up = [Loaded(p.relative_to(REPO), upgrade(r)) for p, r in older]
+    assert json.loads(json.dumps(board_json(build_board(up)), sort_keys=True)) == golden["board"]
 
 
 # --------------------------------------------------------------------------- the frozen table
@@ -223,9 +237,9 @@ def _step(version: str, record: dict) -> dict:
 
 def test_the_steps_are_one_per_version_in_order():
     assert list(STEPS) == ["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7"]
-    from hfl_bench.record.io import SCHEMA_VERSIONS
+    from hfl_bench.record.io import CURRENT_VERSION, SCHEMA_VERSIONS
 
-    assert tuple(STEPS) == SCHEMA_VERSIONS
+    assert (*STEPS, CURRENT_VERSION) == SCHEMA_VERSIONS
 
 
 def test_1_0_to_1_1_adds_no_plugins_it_cannot_know():

@@ -44,7 +44,8 @@ def record(seed: int, status: str = "ok", date: str = "2026-01-01T00:00:00+00:00
         "source": {"kind": "reproduced", "citation": None},
         "status": status,
         "error": None if status == "ok" else "boom",
-        "method": {"name": "crad", "fidelity": "paper", "version": "1.0", "hparams": {"lam": 0.7}},
+        "method": {"name": "crad", "fidelity": "paper", "version": "1.0", "hparams": {"lam": 0.7}, "transfer": "none",
+                   "single_architecture": False, "peer_data": False, "predictor": "live model"},
         "task": {"name": "digits", "version": "1", "num_classes": 10, "n_train": 1000, "n_test": 200},
         "arch_pool": {"name": "cpu", "assignment": ["mlp_small"] * 4},
         "partition": {"scheme": "dirichlet", "params": {"alpha": 0.3}, "seed": seed, "hash": f"p{seed}",
@@ -193,7 +194,7 @@ def test_schema_is_package_data_found_through_importlib_resources():
     assert resource == (importlib.resources.files("hfl_bench.record") / "schema"
                         / f"record-{SCHEMA_VERSION}.schema.json")
     assert resource.is_file()
-    assert load_schema()["properties"]["schema_version"] == {"const": SCHEMA_VERSION}
+    assert load_schema()["properties"]["schema_version"]["const"] == SCHEMA_VERSION
     assert not (LEADERBOARDS / "schema").exists()  # one copy, in the package
 
 
