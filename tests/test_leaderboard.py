@@ -128,9 +128,9 @@ def test_invalid_records_are_listed_never_averaged(real_record, tmp_path):
     assert g["seeds"] == [0, 1] and g["global_acc"]["mean"] == 61.0
     skipped = " ".join(board["skipped"])
     assert len(board["skipped"]) == 5
-    assert "metrics/global_acc: 150.0 is greater than the maximum of 100" in skipped
-    assert "metrics/global_acc: '85.0' is not of type" in skipped
-    assert "metrics/local_acc: -3.0 is less than the minimum of 0" in skipped
+    assert "metrics/global_acc: accuracy 150.0 is not within [0, 100]" in skipped
+    assert "metrics/global_acc: accuracy '85.0' is not a number" in skipped
+    assert "metrics/local_acc: accuracy -3.0 is not within [0, 100]" in skipped
     assert "nan.json" in skipped and "NaN is not a JSON number" in skipped
     assert "history/1/global_acc" in skipped
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]

@@ -99,12 +99,15 @@ BUILTIN_POOLS: dict[str, bool] = {"paper": False, "cpu": False, "cpu-mm": False,
 
 def card_for(method: Any, version: Any) -> Optional[dict[str, Any]]:
     """The frozen card of built-in ``method`` at ``version`` (a run version such as
-    ``1.0+crad-accuracy-1.1`` reads its method's part, before the ``+``; None: unversioned);
-    None for a method or version the table does not know."""
+    ``1.0+crad-accuracy-1.1`` reads its method's part, before the ``+``; None: unversioned, which
+    for a method added after versions began is its first card: a record that names no version
+    was written before any later one); None for a method or version the table does not know."""
     if not isinstance(method, str) or not (version is None or isinstance(version, str)):
         return None
-    base = version.split("+", 1)[0] if isinstance(version, str) else None
-    return BUILTIN_CARDS.get(method, {}).get(base)
+    cards = BUILTIN_CARDS.get(method, {})
+    if version is None:
+        return cards.get(None) or next(iter(cards.values()), None)
+    return cards.get(version.split("+", 1)[0])
 
 
 def predictor_of(card: Mapping[str, Any], hparams: Any) -> str:
