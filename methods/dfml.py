@@ -180,7 +180,8 @@ class DFML(Method):
         name="dfml", fidelity="reconstructed", topology="p2p",
         peer_data=True,  # every model is trained with labels on the aggregator's shard
         predictor="stored snapshot",  # eval=peak (the default); eval=current: the live model (``predictor``)
-        version="1.1",  # 1.1: K follows --local-epochs (1.0: K = 1 whatever the protocol)
+        version="1.1",
+        changelog=(("1.1", "K follows --local-epochs (1.0: K = 1 whatever the protocol)."),),
         citation="Khalil et al., DFML: Decentralized Federated Mutual Learning, arXiv 2402.01863, 2024",
         summary="Decentralized mutual learning at a random aggregator, WSM supervision, cyclic alpha, peak models.",
         smoke=SmokeSettings(method_params={"period": "2"}),

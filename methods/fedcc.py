@@ -302,11 +302,13 @@ class OpenSetRule(nn.Module):
 class FedCC(Method):
     card = MethodCard(
         name="fedcc", fidelity="reconstructed", topology="server",
-        # 1.1: the protocol's budget by default: the run's SGD, and the pseudo-label step's private epoch
-        # inside the run's local epochs; 1.0's Adam and extra epoch are the "paper" preset.
-        # 1.2: the extra endpoint "open-set" (the paper's local-model rule); optimizer=run follows the
-        # run's --optimizer (training under the defaults unchanged).
         version="1.2",
+        changelog=(
+            ("1.1", "The protocol's budget by default: the run's SGD, and the pseudo-label step's private epoch "
+                    "inside the run's local epochs; 1.0's Adam and extra epoch are the \"paper\" preset."),
+            ("1.2", "The extra endpoint \"open-set\" (the paper's local-model rule); optimizer=run follows the "
+                    "run's --optimizer (training under the defaults unchanged)."),
+        ),
         citation=("Ye, Ayan, An, Carle, FedCC: Towards Addressing Label Distribution Skews in Distillation-Based "
                  "Federated Learning, arXiv 2608.23031"),
         summary="C + 1 outputs, calibrated pseudo-labels on the unlabeled public set, confidence-weighted server.",

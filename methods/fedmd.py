@@ -84,9 +84,9 @@ class FedMDParams(ExchangeParams):
 class FedMD(Method):
     card = MethodCard(
         name="fedmd", fidelity="paper", topology="p2p",
-        # 1.1: no private epochs before round 1 by default (the protocol's budget); 1.0's private
-        # initialization is the "paper" preset.
         version="1.1",
+        changelog=(("1.1", "No private epochs before round 1 by default (the protocol's budget); 1.0's private "
+                           "initialization is the \"paper\" preset."),),
         citation="Li & Wang, FedMD: Heterogenous Federated Learning via Model Distillation, arXiv 1910.03581, 2019",
         summary="Transfer learning on the public set, then per round: consensus logits, digest, revisit.",
         transfer="public-labelled",

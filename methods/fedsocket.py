@@ -329,11 +329,13 @@ MULTIMODAL_UPLOAD_KINDS = {**UPLOAD_KINDS, "modality_counts": Payload.COUNTS}
 class FedSocket(SharedPredictorClients, Method):
     card = MethodCard(
         name="fedsocket", fidelity="reconstructed", topology="server",
-        # 1.1: Private trains on the protocol's budget by default (the run's lr and local epochs per
-        # stage, no warm-up); 1.0's stage epochs, warm-up and private lr are the "paper" preset.
-        # 1.2: Q reads an encoder pretrained on data no client holds (extractor=pretrained) by
-        # default; 1.1's random conv bank is extractor=random-conv.
         version="1.2",
+        changelog=(
+            ("1.1", "Private trains on the protocol's budget by default (the run's lr and local epochs per "
+                    "stage, no warm-up); 1.0's stage epochs, warm-up and private lr are the \"paper\" preset."),
+            ("1.2", "Q reads an encoder pretrained on data no client holds (extractor=pretrained) by default; "
+                    "1.1's random conv bank is extractor=random-conv."),
+        ),
         citation=("Zhao, FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous Multimodal "
                  "Federated Learning, arXiv 2609.37582"),
         summary="Shared predictor Q on fixed features, Private <-> Q teaching, ownership-aware server averaging.",

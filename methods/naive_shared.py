@@ -118,10 +118,12 @@ UPLOAD_KINDS = {"q": Payload.PARAMS, "n": Payload.COUNTS}
 class NaiveShared(SharedPredictorClients, Method):
     card = MethodCard(
         name="naive-shared", fidelity="reconstructed", topology="server",
-        # 1.1: Private trains on the protocol's budget by default, as fedsocket 1.1 (the run's lr and
-        # local epochs, no warm-up); 1.0's epochs, warm-up and private lr are the "paper" preset.
-        # 1.2: the pretrained feature bank by default, as fedsocket 1.2 (1.1's: extractor=random-conv).
         version="1.2",
+        changelog=(
+            ("1.1", "Private trains on the protocol's budget by default, as fedsocket 1.1 (the run's lr and local "
+                    "epochs, no warm-up); 1.0's epochs, warm-up and private lr are the \"paper\" preset."),
+            ("1.2", "The pretrained feature bank by default, as fedsocket 1.2 (1.1's: extractor=random-conv)."),
+        ),
         citation=("Zhao, FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous Multimodal "
                  "Federated Learning, arXiv 2609.37582 (Naive Shared control, Sec. 5.3, 6.2, App. O)"),
         summary="FedSocket's Q, features and endpoints with plain CE training and plain FedAvg (the paper's control).",

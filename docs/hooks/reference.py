@@ -127,10 +127,10 @@ def presets_section(name: str, presets: dict[str, Any]) -> str:
             "budget.\n\n" + table(["preset", "hyperparameters"], rows))
 
 
-# Card fields the reference does not show as rows: the notes and presets have sections of their own,
+# Card fields the reference does not show as rows: the notes, presets and changelog have sections of their own,
 # the smoke settings are the test suite's, and the reason a method refuses missing modalities is
 # folded into that row (``card_rows``).
-NOT_ROWS = ("notes", "presets", "smoke", "why_single_modality")
+NOT_ROWS = ("notes", "presets", "smoke", "why_single_modality", "changelog")
 
 
 def card_rows(card: dict[str, Any]) -> list[list[Any]]:
@@ -156,6 +156,9 @@ def method_page(name: str, cls: type) -> str:
              "\n## Presets\n\n", presets_section(name, card.get("presets") or {}),
              "\n## Choices where the source is silent (`notes`, in every record)\n\n",
              "".join(f"- {prose(n)}\n" for n in notes) or "None declared.\n",
+             "\n## Changelog\n\n",
+             "".join(f"- {prose(e['version'])}: {prose(e['change'])}\n" for e in card.get("changelog") or ())
+             or f"None: `{name}` is at its first version.\n",
              "\n## Hyperparameters\n\n",
              "Set with `--set KEY=VALUE` on `hfl-bench run`, or under `method_params:` in a YAML config.\n\n"]
     rows = hyperparameter_rows(getattr(cls, "Params", None))

@@ -284,6 +284,10 @@ def _method_view(info: dict[str, Any]) -> list:
     if info["notes"]:
         view.append(["heading", "notes (choices the suite made where the source leaves room):"])
         view += [["bullet", str(n)] for n in info["notes"]]
+    changelog = info.get("changelog") or []  # an index written before the card had one: none
+    if changelog:
+        view.append(["heading", "changelog (what each version changed, oldest first):"])
+        view += [["bullet", f"{e['version']}: {e['change']}"] for e in changelog]
     return view + params_view(info["name"], info["hyperparameters"])
 
 
