@@ -150,11 +150,6 @@ def canonical_config(cfg: RunConfig) -> RunConfig:
     return cfg if canonical == cfg.faults else dataclasses.replace(cfg, faults=canonical)
 
 
-def baseline_config(cfg_dict: dict[str, Any]) -> dict[str, Any]:
-    """The same config without faults (its hash is the fault-free baseline's)."""
-    return {**cfg_dict, "faults": ""}
-
-
 # ----------------------------------------------------------------------------- the plan
 
 

@@ -43,7 +43,9 @@ from typing import Any
 import hfl_bench
 
 # Bump when the stored layout (this module's or the catalog's) changes: an older file is rebuilt.
-FORMAT = 3  # 2: the partitioner kind is "partitioners" (was "partitions"); 3: methods' metadata from their cards
+# 2: the partitioner kind is "partitioners" (was "partitions"); 3: methods' metadata from their cards;
+# 4: a method's changelog.
+FORMAT = 4
 # Entry-point groups hfl-bench discovers plugins through (``hfl_bench.registry``).
 GROUP_PREFIX = "hfl_bench."
 DISABLE_ENV = "HFL_BENCH_NO_INDEX"

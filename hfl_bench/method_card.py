@@ -5,9 +5,9 @@ is the one source of the method's name, version, citation, fidelity, topology, w
 beyond the clients' private data, whether its client models train on other clients' data
 (``peer_data``), which predictor its headline evaluates (``predictor``, one of ``PREDICTORS``),
 what settings it refuses, the settings of a quick test run, the named presets of
-hyperparameters (a paper's own budget) and the notes every record carries: ``hfl-bench list``
-and ``describe``, the record's ``method`` section, the leaderboard's setting sections, the
-engine's refusals, the docs' method pages and the test suites all read it.
+hyperparameters (a paper's own budget), the notes every record carries and the changelog (what
+each version changed): ``hfl-bench list`` and ``describe``, the record's ``method`` section, the
+leaderboard's setting sections, the engine's refusals, the docs' method pages and the test suites all read it.
 
 ``card_problems`` says what is wrong with a card; registering a method refuses one with problems.
 """
@@ -131,6 +131,9 @@ class MethodCard:
     presets: Mapping[str, Mapping[str, Any]] = FrozenMap()
     # Choices made where the source is silent; copied into every record.
     notes: tuple[str, ...] = ()
+    # What each version changed, oldest first: (version, what changed) pairs, the last one the card's
+    # ``version`` (a card at 1.0 needs none). ``describe`` shows it; records carry only the version.
+    changelog: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.refuses_faults, Mapping):
@@ -139,6 +142,8 @@ class MethodCard:
             object.__setattr__(self, "presets", FrozenMap({k: FrozenMap(v) for k, v in self.presets.items()}))
         if isinstance(self.notes, list):
             object.__setattr__(self, "notes", tuple(self.notes))
+        if isinstance(self.changelog, (list, tuple)) and all(isinstance(e, (list, tuple)) for e in self.changelog):
+            object.__setattr__(self, "changelog", tuple(tuple(e) for e in self.changelog))
 
     @property
     def needs_public(self) -> bool:
@@ -165,6 +170,7 @@ class MethodCard:
             "missing_modalities": self.missing_modalities, "why_single_modality": self.why_single_modality,
             "refuses_faults": dict(self.refuses_faults), "smoke": self.smoke_config(),
             "presets": {name: dict(values) for name, values in self.presets.items()}, "notes": list(self.notes),
+            "changelog": [{"version": v, "change": text} for v, text in self.changelog],
         }
 
 
@@ -205,8 +211,37 @@ def card_problems(card: Any, name: str) -> list[str]:
                 problems.append(f"refuses_faults: say in one line why it refuses {kind}")
     if not (isinstance(card.notes, tuple) and all(isinstance(n, str) for n in card.notes)):
         problems.append(f"notes must be a tuple of strings, got {card.notes!r}")
+    problems += _changelog_problems(card)
     problems += _smoke_problems(card)
     problems += _preset_problems(card)
+    return problems
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
+
+def _changelog_problems(card: MethodCard) -> list[str]:
+    """The changelog's shape: (version, one line of text) pairs, versions increasing, the last the card's."""
+    log = card.changelog
+    if not (isinstance(log, tuple) and all(isinstance(e, tuple) and len(e) == 2 for e in log)):
+        return [f"changelog must be a tuple of (version, what changed) pairs, got {log!r}"]
+    problems = []
+    for version, text in log:
+        if not (isinstance(version, str) and VERSION_PATTERN.fullmatch(version)):
+            problems.append(f"changelog: a version is a string like \"1.1\" (digits and dots), got {version!r}")
+        elif not _one_line(text):
+            problems.append(f"changelog: say in one line what {version} changed, got {text!r}")
+    if problems or not log:
+        return problems
+    versions = [v for v, _ in log]
+    keys = [_version_key(v) for v in versions]
+    if any(a >= b for a, b in zip(keys, keys[1:])):
+        problems.append(f"changelog: versions must increase, oldest first, got {', '.join(versions)}")
+    if isinstance(card.version, str) and VERSION_PATTERN.fullmatch(card.version) \
+            and _version_key(versions[-1]) != _version_key(card.version):
+        problems.append(f"changelog: the last entry is {versions[-1]}, but the card's version is {card.version}; "
+                        "add what this version changed")
     return problems
 
 

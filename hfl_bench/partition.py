@@ -11,16 +11,12 @@ import dataclasses
 import hashlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from hfl_bench.errors import PartitionError  # noqa: F401  (re-exported: partitioners raise it)
 from hfl_bench.registry import PARTITIONERS
-
-PartitionFn = Callable[..., list[np.ndarray]]
-
-
 
 
 def register_partitioner(name: str):

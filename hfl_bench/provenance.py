@@ -105,11 +105,8 @@ def plugin_dist(module: str) -> str | None:
 
 # ----------------------------------------------------------------------------- plugins a run used
 
-# The registries a record names entries of, by the ``kind`` a record's ``plugins`` block uses.
-PLUGIN_KINDS = ("method", "task", "pool", "partitioner", "aggregator")
-
-
 def _registry(kind: str):
+    """The registry a record's ``plugins`` block names entries of by ``kind``."""
     from hfl_bench.registry import AGGREGATORS, METHODS, PARTITIONERS, POOLS, TASKS
 
     return {"method": METHODS, "task": TASKS, "pool": POOLS, "partitioner": PARTITIONERS,
@@ -168,10 +165,11 @@ def checkout_info(folder: Path) -> dict[str, Any]:
 
 
 def plugins_used(used) -> list[dict[str, Any]]:
-    """The record's ``plugins`` block: for each ``(kind, name)`` in ``used`` (``PLUGIN_KINDS``;
-    names not registered, or None, are left out; duplicates once), the registering module, the
-    distribution that provides it and its version (``importlib.metadata``) and, for an editable
-    install in a git checkout, its commit and dirty flag (``checkout_info``; null otherwise)."""
+    """The record's ``plugins`` block: for each ``(kind, name)`` in ``used`` (kind: method, task,
+    pool, partitioner or aggregator; names not registered, or None, are left out; duplicates
+    once), the registering module, the distribution that provides it and its version
+    (``importlib.metadata``) and, for an editable install in a git checkout, its commit and dirty
+    flag (``checkout_info``; null otherwise)."""
     rows: list[dict[str, Any]] = []
     seen: set[tuple[str, str]] = set()
     git_by_folder: dict[Path, dict[str, Any]] = {}

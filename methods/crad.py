@@ -1,32 +1,14 @@
 """CRAD and its in-framework baselines: decentralized peer knowledge distillation.
 
-Paper: Class-wise Reliability-Aware Distillation for Decentralized Heterogeneous FL
-(arXiv 2609.00446), Sec. 3.2-3.3 and Algorithm 1. Each round every client distills from its
-peers' round r-1 snapshots evaluated on its own data, with loss
-(1 - lambda) CE + lambda T^2 KL(q-bar || softmax(z / T)). The three methods differ only in the
-aggregation rule that forms q-bar (``hfl_bench.aggregation``):
+Each round every client distills from its peers' round r-1 snapshots on its own data with (1 -
+lambda) CE + lambda T^2 KL(q-bar || softmax(z / T)); the three methods differ only in the
+aggregation rule that forms q-bar (``hfl_bench.aggregation``): ``uniform-kd`` the plain mean,
+``uncertainty-kd`` softmax(-entropy) weights, ``crad`` support and agreement filters with
+Agresti-Coull precision weights. ``--set aggregator=NAME`` swaps in any rule (the paper's Table 4
+weightings, the filter ablations).
 
-- ``uniform-kd``: the plain mean of the teachers (paper Eq. 3);
-- ``uncertainty-kd``: per-sample softmax over teachers of minus their entropy at T. The paper
-  says only "weights teachers by the negative entropy of their predictions": this exact form is
-  our reconstruction;
-- ``crad``: support filter, per-class median agreement filter, Agresti-Coull precision weights.
-
-Any of the three takes any rule with ``--set aggregator=NAME``. Besides the paper's Table 4
-weightings (``crad-accuracy``, ``crad-support``, ``crad-softmax``, ``crad-lcb``, ``crad-inv-sigma``,
-``crad-ce``: the precision weight swapped for another), the filter ablations remove stages of
-CRAD: ``crad-stage1`` the precision weights (the paper's Stage-1 ablation: both filters, equal
-weights over the survivors), ``crad-no-agreement-filter`` the agreement filter (support filter, then
-precision weights), ``crad-support-filter-only`` both (equal weights over the supported teachers).
-A rule's version is recorded in the run's method version once past 1.0 (``crad-accuracy`` 1.1: a
-class whose surviving teachers all have accuracy 0, as in round 1, keeps its target mass as their
-uniform mean; 1.0 gave it none and runs collapsed to chance).
-
-Where the paper is silent the card's notes (in every record) say what we chose: the temperature,
-the optimizer (the run's SGD and protocol, from the config), the validation split, the support
-threshold and the fallback for a class no teacher supports. Optional Laplace noise of scale
-1/epsilon on the shared counts (``dp_epsilon``) is drawn once, since the counts never change, and
-clamped at 0.
+Fidelity: paper (arXiv 2609.00446, Alg. 1); uncertainty-kd's weight form is reconstructed. The paper
+notes and every choice: ``docs/reference/method-notes/crad.md`` (the methods' reference pages).
 """
 
 from __future__ import annotations

@@ -1,55 +1,13 @@
 """DFML: Decentralized Federated Mutual Learning (Khalil et al., arXiv 2402.01863).
 
-Serverless mutual learning (methods spec, Sec. 2). Each round one of the round's active clients,
-the aggregator a, is drawn at random; every other participant sends it its model. At a, for K
-local epochs over a's own training data, every participating model n (a's own included) takes a
-step on each batch with
+Serverless mutual learning: each round a drawn active client is the aggregator; every participant
+sends it its model, each model trains K = ``--local-epochs`` epochs on the aggregator's data with a
+weighted-softmax (class-prior) NLL plus KL to its peers, mixed by a cyclic alpha, and goes home.
+Each client is evaluated with its peak model (stored when alpha peaks). Controls: ``eval=current``,
+``wsm=false``, ``alpha_max=0``.
 
-    L_n = (1 - alpha_t) * NLL(WSM_a(f_n(x)), y) + alpha_t * mean_{m != n} KL(p_m(x) || p_n(x)),
-
-where WSM_a is the softmax weighted by a's class proportions beta_a,
-log p_c = log beta_{a,c} + z_c - logsumexp_k(log beta_{a,k} + z_k), and p = softmax(f(x)).
-The models then go back to their owners. alpha_t cycles between supervision and distillation,
-and the model each client is evaluated with is its "peak model", stored when alpha_t peaks.
-
-Fidelity: reconstructed. The spec gives the loss, the WSM formula, one aggregator per round and
-models travelling to the aggregator and back; it marks the alpha schedule, the peak models and
-the WSM clamp [reconstructed] and is silent on the rest. The card's notes name each choice; the
-reasons are these.
-
-The alpha schedule is a raised cosine over a period of P rounds counted from the rounds already
-completed, so the first round is pure supervision (a random model has nothing to teach) and alpha
-peaks at mid-period; P must be even so that the peak falls on a round. A client is evaluated with
-the model copied at its latest peak round (its current model until its first); a client that
-sits out a peak round keeps its earlier peak model.
-
-Controls (hyperparameters; each default is what every record before them ran, so those records
-keep their meaning). ``eval=current`` evaluates each client's live model, as every other method
-does, instead of its stored peak model (``eval=peak``, the paper's predictor): the headline, the
-per-round validation and so the selected round then all read the live model, and no peak model
-is stored. ``wsm=false`` supervises with the plain softmax (cross-entropy) instead of the WSM;
-``alpha_max=0`` leaves out distillation altogether. What they separate: every DFML model is
-trained with labels on the data of whichever client draws it as aggregator, so it learns classes
-its owner never held (model travel), which no snapshot-KD method does; these controls let a suite
-attribute DFML's figure to model travel, WSM, distillation and the peak-model window
-(``suites/dfml-controls.yaml``).
-
-The class proportions are floored before the log: a class absent at a then gets a probability
-that is effectively zero, so a's labels never push that class's logit down, yet the log-prior
-stays finite, so no NaN or inf appears even for huge logits (an aggregator without data gives
-the plain softmax).
-
-Mutual learning is synchronous: on each batch every model's prediction is taken once, before
-any model steps, and the peers' softmaxes enter the KL detached, so the result does not depend on
-the order in which the models are updated. The aggregator is a seeded uniform draw from the
-active clients, and every active client takes part.
-
-K defaults to the run's local epochs, the per-round budget every method gets (version 1.0 fixed
-K = 1, which matched that budget only while every task trained one local epoch). Every model
-follows a's seeded epoch plan and is stepped by its owner's optimizer, whose state stays with
-the owner, so a client's training settings are the run's whatever aggregator it visits. A lone
-participant has no peer and trains with the WSM loss alone. Metering counts each model's trip to
-a and back.
+Fidelity: reconstructed (the alpha schedule, peak models and WSM clamp). The loss, the schedule and
+the reasons for every choice: ``docs/reference/method-notes/dfml.md`` (the method's reference page).
 """
 
 from __future__ import annotations
@@ -180,7 +138,8 @@ class DFML(Method):
         name="dfml", fidelity="reconstructed", topology="p2p",
         peer_data=True,  # every model is trained with labels on the aggregator's shard
         predictor="stored snapshot",  # eval=peak (the default); eval=current: the live model (``predictor``)
-        version="1.1",  # 1.1: K follows --local-epochs (1.0: K = 1 whatever the protocol)
+        version="1.1",
+        changelog=(("1.1", "K follows --local-epochs (1.0: K = 1 whatever the protocol)."),),
         citation="Khalil et al., DFML: Decentralized Federated Mutual Learning, arXiv 2402.01863, 2024",
         summary="Decentralized mutual learning at a random aggregator, WSM supervision, cyclic alpha, peak models.",
         smoke=SmokeSettings(method_params={"period": "2"}),

@@ -1,34 +1,13 @@
-"""DS-FL: distillation-based semi-supervised FL with entropy-reduction aggregation (after Itahara,
-Nishio, Koda, Morikura, Yamamoto, IEEE TMC 22(1), 2023, arXiv 2008.06180), one of the
-distillation baselines FedCC's paper compares with under label skew.
+"""DS-FL: distillation-based semi-supervised FL with entropy-reduction aggregation (Itahara et al.,
+IEEE TMC 2023, arXiv 2008.06180), a baseline of FedCC's paper under label skew.
 
-Per round, each active client:
+Per round each active client trains CE on its private data, uploads softmax predictions on the
+unlabeled public set; the server sharpens their mean, q = softmax(mean / T) (ERA;
+``aggregation=mean``: the simple-averaging ablation), and the clients distill toward q on the public
+set. No server model: the suite scores the clients' models (``--ensemble`` scores ERA's).
 
-1. trains CE on its private data (the run's local epochs);
-2. predicts on the unlabeled public set (``--public-size``) and uploads softmax(f(x)) [M, C];
-
-the server aggregates by **entropy-reduction averaging** (ERA): the mean of the uploads,
-sharpened by a softmax at temperature T < 1, q = softmax(mean_k p_k / T), and broadcasts q; then
-
-3. each active client distills toward q on the public set (soft cross-entropy, which has the
-   gradient of KL(q || softmax(f(x)))) for ``distill_epochs``.
-
-ERA is the method's answer to non-IID data: the plain mean of clients that each know a few
-classes is flat, and a model distilled toward a flat target learns little; sharpening lowers the
-target's entropy. ``aggregation=mean`` is the paper's simple-averaging ablation (SA).
-
-Fidelity: reconstructed. The paper's text is not among the suite's sources; the algorithm above
-is DS-FL as published (update, prediction, ERA, distillation), and the card's notes name our
-choices where the suite's setting differs. The paper draws a fresh subset of a large open set each
-round and also distills a server model; here the public set is small, so every round uses all of
-it (as MSFKD and FedCC do here), and there is no server model: the suite scores the clients'
-models. Both steps use the client's own optimizer (the run's, ``--optimizer``), whose state carries
-from one step to the next; the distillation costs ``distill_epochs`` public-set epochs per round on
-top of the protocol's private budget.
-
-DS-FL's own server predictor, ERA over every client's prediction, picks the same class as the
-plain mean of their softmaxes (a softmax is monotone), so the suite's plain ensemble endpoint
-(``--ensemble``, ``hfl_bench.families.ensemble``) scores it exactly; the method adds no endpoint.
+Fidelity: reconstructed (the paper's text is not among the suite's sources). The algorithm and every
+choice: ``docs/reference/method-notes/ds_fl.md`` (the method's reference page).
 """
 
 from __future__ import annotations

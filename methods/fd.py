@@ -1,32 +1,13 @@
-"""FD (federated distillation): Jeong, Oh, Kim, Park, Bennis, Kim, "Communication-Efficient On-Device
-Machine Learning: Federated Distillation and Augmentation under Non-IID Private Data", NeurIPS
-2018 workshop (MLPCD), arXiv 1811.11479. HtFLlib calls it FedDistill.
+"""FD, federated distillation (Jeong et al., NeurIPS 2018 workshop, arXiv 1811.11479; HtFLlib's
+FedDistill).
 
-Each client holds its own model f_k, whole: no split, no shared parameters. Only per-class mean
-logits cross the network. While a client trains, it records the logits its model produces for
-each training sample; per class it holds it uploads the mean logit vector (at most C vectors of
-size C). The server's global logit of class c is the unweighted mean of the vectors uploaded for
-c, and the table goes to every client. A client trains with
+Whole client models; only per-class mean logits cross the network. The server averages them per
+class and broadcasts the table; a client trains with CE + lam softCE(z, softmax(global mean logit of
+its class)) and predicts with its own model.
 
-    L = CE(z, y) + lam * softCE(z, softmax(Z[y]))
-
-where z = f_k(x), Z[y] is the global mean logit of the sample's class and softCE(z, t) =
--sum_c t_c log softmax(z)_c (the global soft label distilled at temperature 1: KL to it plus a
-constant); a row whose class has no global logit adds nothing (in the first round no class
-has one: plain CE). A client predicts with its own model.
-
-Choices and why. The distillation target is the softmax of the global mean logit: the paper's
-soft-label distillation, and HtFLlib's code until commit ca3e29a (2025-11-29). HtFLlib's HEAD
-feeds the raw averaged logits to its cross-entropy as if they were probabilities, which is not
-a distribution match and is unbounded below (a run of it on HtFLlib's MNIST split reached NaN at
-round 3, spec section 1); we keep the softmax form. Where the paper is silent we follow HtFLlib:
-the uploaded means are of the train-mode logits of every local batch of every epoch (the model
-evolving); the soft term is averaged over the whole batch, rows without a global logit counted
-as zero (HtFLlib gives them their own detached prediction as target: zero gradient); lam
-defaults to 1 (HtFLlib's main.py and total.sh). HtFLlib runs FD on its feature / head split
-models (pooled features, a new linear head); FD itself exchanges only logits, so we keep each
-pool member whole. Every client receives the table each round. A free-rider uploads the
-eval-mode mean logits of its untrained model.
+Fidelity: paper, with the paper's softmax target where HtFLlib's current code departs, HtFLlib's
+choices where the paper is silent. The loss and every choice: ``docs/reference/method-notes/fd.md``
+(the method's reference page).
 """
 
 from __future__ import annotations

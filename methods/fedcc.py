@@ -1,72 +1,14 @@
-"""FedCC: an "unknown" class and calibrated pseudo-labels on unlabeled public data against label
-skew in distillation-based FL (Ye, Ayan, An, Carle, arXiv 2608.23031; methods spec, Sec. 7).
+"""FedCC: an "unknown" class and calibrated pseudo-labels on unlabeled public data against label skew
+in distillation-based FL (Ye, Ayan, An, Carle, arXiv 2608.23031; methods spec, Sec. 7).
 
-Every model has C + 1 outputs; the last one is "unknown". Per round, each active client k:
+Models have C + 1 outputs. Per round each active client syncs to last round's broadcast on the
+public set, trains CE on its data, then CE plus entropy-weighted pseudo-labels (majority class vs
+"unknown") on the public set, and uploads its softmax there; the server weights clients by 1 -
+p_unk, zeroes "unknown" and broadcasts. Headline: each client's model without the unknown logit;
+extra endpoints ``ensemble`` and ``open-set`` (the paper's rules).
 
-1. sync: distills toward the soft targets the server broadcast last round (KL on the public set;
-   the targets are 0 on "unknown"); skipped in round 1, when there are none;
-2. trains CE on its private data D_k;
-3. computes its constants: w_l = H((1 - delta) p + delta / C) of its prediction p on a constant
-   probe image, C_J = its majority classes (> 2% of its local labels), w_u = log(C - |C_J| + 1);
-   and per public sample x: m = argmax over C_J of its prediction, w_x = min(w_l, H(x)),
-   alpha = (w_l - w_x) / (w_l + w_u), pseudo-label = alpha onehot(m) + (1 - alpha) onehot(unknown);
-4. trains CE(D_k) + lambda soft-CE(public, pseudo-labels);
-5. uploads softmax(f / tau) in R^{C+1} on the public set.
-
-The server weights client k on sample x by mu_k(x) = (1 - p_unk^k(x)) / sum_k' (1 - p_unk^k'(x)),
-averages, zeroes the unknown entry, renormalizes and broadcasts: the next round's sync targets.
-Evaluation drops the unknown logit (argmax over the C known classes): each client's own model is
-the suite's headline metric; the paper's predictor, the same confidence-weighted ensemble of all
-clients' models, is the extra endpoint ``ensemble`` (the baselines' plain ensembles,
-``hfl_bench.families.ensemble``, carry the same name, so ensemble compares with ensemble). The
-paper's rule for a local model is the extra endpoint ``open-set``: argmax over all C + 1 outputs,
-and "unknown" counts as correct when the true class is outside the client's majority classes
-C_J. It is lenient (a client that answers "unknown" everywhere scores every class it lacks), so it
-is labelled as the paper's rule and never the headline.
-
-Fidelity: reconstructed. The algorithm follows the paper's summary (spec Sec. 7); the summary
-does not say how w_l's reference prediction is made, so the probe image below is our
-reconstruction, and where the summary is silent the card's notes name what we chose; the reasons
-follow.
-
-The default optimizer is the run's (``--optimizer``: the protocol's SGD, as every method's on
-private data). The paper's Adam, with which FedCC's recipe (lambda, delta, tau) was tuned, is the
-card's ``paper`` preset; to compare FedCC under Adam with baselines that got the same, run every
-method with ``--optimizer adam --lr 0.001`` instead (the suite's label-skew study does both). Each
-client's model is rebuilt in setup
-with C + 1 outputs, seeded as the engine seeds its own, so the initialization stays a function of
-the run's seed alone.
-
-What the suite tested (the claims page, ``docs/claims.md``; ``hfl-bench leaderboard claims
-leaderboards/claims.yaml --paper FedCC`` prints the verdicts from the committed records): the
-one-class claim as the paper states it (the ensemble, everyone under Adam), under the protocol's
-SGD, and for each client's own model; the share of the paper preset's gain that is the optimizer's
-and the share that is its extra epoch; and the advantage widening at each step of the skew
-(Dirichlet 0.1, then two classes per client, then one), under Adam and again under the
-protocol's SGD. What it did not: the paper's absolute
-figures (CIFAR-10, ResNet14/20, 15 x 20 epochs), its other baselines (the suite runs FedMD,
-DS-FL, MSFKD and local), and the open-set rule as a headline.
-
-The entropies compare like with like: H(x), like w_l, is the entropy of the smoothed prediction
-over the C known classes, so w_x = min(w_l, H(x)) compares two quantities on the same scale and
-the smoothing delta / C spreads over the entries it is defined on; the unknown entry plays no
-part in the weights. The probe is the all-zeros input in normalized space, the training mean:
-the least informative input a client can build without data (ours: the summary gives w_l's role,
-not its input). C_J falls back to the classes a
-client holds when none passes the threshold (many balanced classes), so every client has a
-majority set.
-
-The paper's budget (15 rounds of 20 local epochs) is not the suite's protocol. By default the
-private data gets the protocol's budget: the CE step and the pseudo-label step share the run's
-local epochs (the pseudo-label step takes ``pseudo_epochs`` of them, the CE step the rest, so with
-one local epoch there is no separate CE step and the pseudo-labels come from the model after
-sync). The sync epoch runs on the public set, part of the method's setting. The ``paper`` preset
-runs the CE step for all the local epochs and the pseudo-label step on top, as version 1.0 did. In
-the pseudo-label step each private batch is joined by an equal share of the
-public set in one forward, so BatchNorm sees both, as a model trained on their union would.
-Public inputs are never augmented (every client must predict on the same inputs), predictions
-for uploads and pseudo-labels are taken in eval mode, every client keeps the latest broadcast,
-and the weights and targets fall back to uniform where they would otherwise divide by zero.
+Fidelity: reconstructed (w_l's probe image is ours). The algorithm, what the suite tested and the
+reasons for every choice: ``docs/reference/method-notes/fedcc.md`` (the method's reference page).
 """
 
 from __future__ import annotations
@@ -302,11 +244,13 @@ class OpenSetRule(nn.Module):
 class FedCC(Method):
     card = MethodCard(
         name="fedcc", fidelity="reconstructed", topology="server",
-        # 1.1: the protocol's budget by default: the run's SGD, and the pseudo-label step's private epoch
-        # inside the run's local epochs; 1.0's Adam and extra epoch are the "paper" preset.
-        # 1.2: the extra endpoint "open-set" (the paper's local-model rule); optimizer=run follows the
-        # run's --optimizer (training under the defaults unchanged).
         version="1.2",
+        changelog=(
+            ("1.1", "The protocol's budget by default: the run's SGD, and the pseudo-label step's private epoch "
+                    "inside the run's local epochs; 1.0's Adam and extra epoch are the \"paper\" preset."),
+            ("1.2", "The extra endpoint \"open-set\" (the paper's local-model rule); optimizer=run follows the "
+                    "run's --optimizer (training under the defaults unchanged)."),
+        ),
         citation=("Ye, Ayan, An, Carle, FedCC: Towards Addressing Label Distribution Skews in Distillation-Based "
                  "Federated Learning, arXiv 2608.23031"),
         summary="C + 1 outputs, calibrated pseudo-labels on the unlabeled public set, confidence-weighted server.",

@@ -1,58 +1,14 @@
-"""FedGD: FedMD on a synthetic transfer set made by a coordinator's generator.
+"""FedGD: FedMD on a synthetic transfer set made by a coordinator's generator (after TARGET, Zhang et
+al., ICCV 2023, and its data-free distillation lineage).
 
-After TARGET (Zhang, Chen, Zhuang, Lyu, ICCV 2023, arXiv 2303.06937) and its data-free
-distillation lineage (DeepInversion, Yin et al. CVPR 2020; DFAD, Fang et al. 2019; DENSE, Zhang
-et al. NeurIPS 2022). No public data are needed: each round
+Each round the active clients upload snapshots; a coordinator trains a class-conditional generator
+against the snapshot ensemble (BN-statistics matching + CE + an adversarial term), synthesizes a
+class-balanced set, computes the consensus logits on it and broadcasts both; the clients digest and
+revisit as in FedMD. No public data are read.
 
-1. the active clients upload their snapshots (round r-1 models) to a coordinator;
-2. the coordinator trains a generator G against the snapshot ensemble t(x) = mean_j f_j(x)
-   (eval mode) for ``g_steps`` Adam steps on batches (z ~ N(0, I) in R^256, y ~ Uniform):
-
-       L = lambda_bn * L_bn + lambda_oh * CE(t(G(z, y)), y) + lambda_adv * L_adv
-
-   L_bn = mean over the snapshots that have BatchNorm of the sum over their BN layers of
-   ||mu(x) - running_mean||_2 + ||var(x) - running_var||_2 (L2 norms, as DeepInversion and
-   TARGET's hooks compute it); a model without BN (``mlp_small``) contributes no BN term;
-3. it keeps ``synthetic_size`` generated samples with balanced labels, computes the consensus
-   (mean logits of the snapshots) on them and broadcasts both to the active clients;
-4. every active client digests the consensus on the synthetic set and revisits its private data,
-   exactly as in FedMD (``hfl_bench.families.fedmd_exchange``).
-
-Fidelity: reconstructed (spec, methods.md Sec. 5). Where the sources are silent, the card's notes
-name our choices; the reasons follow.
-
-The adversarial term needs no student. TARGET and DENSE push the generator toward samples where
-a student disagrees with the teacher; here the students are the clients themselves (each digests
-the consensus on these samples), so the term is minus the KL from the ensemble to each snapshot,
-at temperature 1, masked as DENSE masks it to samples where the snapshot agrees with the
-ensemble's argmax (which keeps it bounded by not rewarding samples a client already gets wrong).
-A coordinator-side student would cost a model, its optimizer and its training per round and would
-only approximate what the clients' own disagreement measures directly.
-
-The generator is class-conditional (z times a learned class embedding, as in FedFTG and
-ACGAN-style generators): the spec's generator sees z only, but with a generator that persists
-across rounds a label drawn independently of z makes the CE term push every sample toward a
-uniform prediction. Its architecture is the spec's; a spatial size not divisible by 4 is not
-upsampled, so mnist1d's 1x40 signals start at 1x10 and grow only along their length (the 3x3
-convs act as 1-D convs). Generator BN always uses batch statistics: it only ever runs on batches.
-Task data are standardized per channel, but ``Task.load`` does not keep the constants, so the
-coordinator cannot undo them; it maps the sigmoid output onto [-output_range, output_range], by
-default the span of a standardized channel within three standard deviations.
-
-The generator and its Adam persist across rounds. ``g_steps`` is below the spec's CIFAR value for
-CPU cost (``--set g_steps=10`` restores it at about 0.8 s more CPU per digits round); the loss
-weights are TARGET's CIFAR values. The exchange takes server form, since a coordinator exists and
-already holds every snapshot: it computes the consensus itself (identical to the mean of the
-clients' own eval-mode logits) and broadcasts it with the synthetic set, so clients upload no
-logits. There is no initialization phase before round 1 (no labeled public data); the digest and
-revisit are FedMD's. ``--public-size`` is accepted and its set held out of the partition, never
-read, so fedgd can run on the same partition as the public-set methods.
-
-Observed on digits (cpu pool, N = 10, R = 300, seed 0): the history's ``g_oh`` stays near
-ln 10 throughout, i.e. the ensemble does not classify the synthetic samples by their labels; the
-BN term dominates at the spec's weights, and the clients digest the consensus on exactly the
-samples the generator makes, so they learn to agree there. The exchange still transfers something
-(global accuracy above ``local`` on the same partition); see the methods guide in the docs.
+Fidelity: reconstructed (a student-free adversarial term, a class-conditional generator). The loss,
+the reasons for every choice and what was observed on digits:
+``docs/reference/method-notes/fedgd.md`` (the method's reference page).
 """
 
 from __future__ import annotations

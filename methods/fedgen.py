@@ -1,46 +1,14 @@
 """FedGen (Zhu, Hong, Zhou, "Data-Free Knowledge Distillation for Heterogeneous Federated Learning",
-ICML 2021).
+ICML 2021), in HtFLlib's heterogeneous form.
 
-Each client's model is a feature extractor and a predictor (the head) on a latent feature space.
-A server learns a lightweight generator G that maps a label y and noise eps ~ N(0, I) to a feature
-in that space, so that the ensemble of the clients' predictors classifies it as y:
+Heads are shared as in LG-FedAvg. Each round the server trains a feature generator G(noise, y)
+against the active clients' uploaded heads, then averages the heads; each client adds the head's CE
+on one batch of generated features to every private step. Clients are evaluated with their local
+extractor and the global head.
 
-    server:  min_G  E_{y ~ p(y), eps}  CE( sum_k w_k h_k(G(eps, y)), y )
-
-with p(y) the global label distribution (from the clients' label counts) and h_k the heads the
-clients uploaded. G persists across rounds and is sent to the clients, which distil the ensemble's
-knowledge from it as an inductive bias on their heads:
-
-    client:  min  CE(f_k(x), y) + E_{y^ ~ p(y), eps} CE(h_k(G(eps, y^)), y^)
-
-In the heterogeneous setting (HtFLlib's adaptation) the head is shared as in LG-FedAvg: each
-round the server trains G against the active clients' uploaded heads, then averages the heads
-(weights n_k / sum n) and every client replaces its head with the average. A client is evaluated
-with its local extractor and the global head.
-
-Choices, and why. **The generator is trained and kept.** HtFLlib's server trains G each round but
-never stores it, so its clients always use the randomly initialized G (spec, section 3); we follow
-the paper: the server's G persists across rounds and the clients use the trained one (sent to the
-active clients each round). **Noise is Gaussian**, as the paper states (HtFLlib's comment says
-Gaussian, its code draws Uniform[0, 1)). **The client's generated-feature term is plain
-cross-entropy with weight 1**, the client objective above and HtFLlib's: FedGen's published setup
-also weighs a KL term to the teacher's outputs on a decaying schedule, whose form and weights the
-spec does not give, so we leave it out; with a term of the published loss missing, the card's
-fidelity is "reconstructed", not "paper". **The generator's learning rate is HtFLlib's default
-0.005**, not the 0.1 its total.sh passes: that value never had an effect there (the trained
-generator was dropped), and with a kept generator and a fresh Adam each round it keeps the
-server's loss above ln C on digits (10 clients, 15 rounds: the generator never fits the heads),
-where 0.005 brings it to about 0.2.
-
-Where the spec gives no paper detail we follow HtFLlib: G is Linear(z + C, H) -> BatchNorm ->
-ReLU -> Linear(H, d) on [eps; onehot(y)] (its BatchNorm always normalizes with the batch's
-statistics: G only runs on batches, in train mode in HtFLlib); the ensemble weights are the
-clients' sample shares; the server takes ``g_steps`` Adam steps per round on batches of the run's
-batch size, with a fresh Adam each round; each client draws one batch of the run's batch size of
-labels from p(y) per training step, and only its head learns from the generated features (they are
-drawn without gradient). p(y) is the sum of all clients' training-label counts, uploaded once
-before round 1 and broadcast back. Every client, active or not, downloads the averaged head after
-each round, so evaluation sees it.
+Fidelity: reconstructed (the paper's KL term is left out; G is trained and kept, unlike HtFLlib's
+code). The objectives and every choice: ``docs/reference/method-notes/fedgen.md`` (the method's
+reference page).
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """FedGH (Yi, Wang, Liu, Shi, Yu, "FedGH: Heterogeneous Federated Learning with Generalized Global
 Header", ACM MM 2023).
 
-Each client holds a model of its own architecture: a local feature extractor and a header (the
-head) whose shape every client shares. A server holds one generalized global header. Each round
-the active clients train their whole model with cross-entropy on their private data, then compute
-one representation per class they hold (the mean feature of that class over their training data,
-with the trained model) and upload those (representation, class) pairs. The server trains the
-global header on all uploaded pairs with cross-entropy and SGD, and every client replaces its
-header by the global one. Only representations go up; only the header comes down. A client is
-evaluated with its local extractor and the global header.
+Clients train their whole model with CE, then upload one mean feature per class they hold; the
+server trains the global header on those pairs with SGD and every client replaces its header with
+it. A client is evaluated with its local extractor and the global header.
 
-Choices, and why. The split is the family's (``hfl_bench.families.feature_head``): features pooled
-without parameters to ``feature_dim`` and a new ``Linear(feature_dim, C)`` head. Where the spec
-does not give the paper's details we follow HtFLlib: the global header starts as client 0's
-initial head and persists across rounds; class means are taken with the trained model in eval
-mode over the client's whole training shard (no augmentation); the server runs ``server_epochs``
-epochs of plain SGD (``server_lr``, no momentum) over the pairs in seeded shuffled batches of the
-run's batch size, the last batch kept whole however small. The headers the clients train locally
-are dropped when the global header arrives: only their effect on the extractors survives (as in
-HtFLlib). A client uploads the classes it holds as a mask (metered as counts); every client,
-active or not, downloads the new header after each round, so evaluation sees it.
+Fidelity: paper, with HtFLlib's batching and initialization where the paper gives no detail. Every
+choice: ``docs/reference/method-notes/fedgh.md`` (the method's reference page).
 """
 
 from __future__ import annotations

@@ -1,44 +1,13 @@
-"""FedKD: communication-efficient federated learning via knowledge distillation (Wu, Wu, Lyu,
-Huang, Xie; Nature Communications 13, 2022).
+"""FedKD: communication-efficient federated learning via knowledge distillation (Wu, Wu, Lyu, Huang,
+Xie; Nature Communications 13, 2022).
 
-Each client holds a private **mentor** (its own architecture, split into features ``r = phi_k(x)``
-and a head ``z = h_k(r)``), a copy of a shared **mentee** (one architecture for every client, split
-the same way: ``r_g``, ``z_g``) and a private matrix ``W_h`` mapping mentee features to mentor
-features. On each batch both models learn from the labels and from each other (adaptive mutual
-distillation), every distillation term scaled by the inverse of the two task losses
-``S = CE(z, y) + CE(z_g, y)``, so the models distil little while their own predictions are poor:
+Each client holds a private mentor, a copy of a shared mentee and a private W_h mapping mentee to
+mentor features; both models learn from the labels and from each other (KL and hidden MSE scaled by
+1 / (CE_mentor + CE_mentee)). Only the mentee travels, SVD-compressed at a growing energy share,
+uniformly averaged. The mentor is evaluated; the mentee is the extra endpoint ``mentee``.
 
-    L_mentor = CE(z, y)   + KL(p_g || p) / S + MSE(r, W_h r_g) / S
-    L_mentee = CE(z_g, y) + KL(p || p_g) / S + MSE(r, W_h r_g) / S
-
-(softmax at temperature 1). Only the mentee is shared: each active client uploads its mentee's
-parameters compressed by SVD (each weight matrix keeps the smallest rank whose singular values
-hold a share ``T`` of its energy, sum of squared singular values), the server averages the
-reconstructed uploads, compresses the average again and sends it to every client, which
-overwrites its mentee. ``T`` grows over the run from ``T_start`` to ``T_end`` (coarse updates
-early, finer ones as the models converge). Each client is evaluated with its mentor; the mentee
-is reported as the extra endpoint ``mentee``.
-
-Fidelity: paper. HtFLlib's code departs from the paper in four places; we follow the paper:
-the task-loss scale ``S`` is a weight, a constant in the gradient (HtFLlib back-propagates
-through it); the KL divergence is summed over classes and averaged over the batch (HtFLlib's
-``KLDivLoss()`` default also divides by the number of classes); each model steps on its own loss
-with the other model's outputs as constants, and ``W_h`` on the mentee's hidden loss (HtFLlib
-back-propagates both losses into all three modules); a matrix whose energy only its full rank
-reaches keeps its full rank (HtFLlib's rank loop then leaves rank 0 and the matrix arrives as
-zeros). Where the paper is silent we follow HtFLlib: the mentee is the pool's smallest member
-by default (HtFLlib: client 0's architecture; ``shared_arch`` names another), split to the same
-feature width as the mentors so ``W_h`` is square; convolution kernels are factored as HtFLlib
-does, one SVD per kh x kw slice with one rank shared by all slices (the paper has only weight
-matrices); biases and other vectors are sent raw, buffers (BatchNorm statistics) stay with each
-client; the server's average is uniform over the uploads. One choice of ours: a tensor whose
-factors would hold as many values as the tensor itself (a small kernel slice at a high energy
-share: HtFLlib sends the larger factors) is sent raw, since the factors would compress nothing;
-the meter counts what is sent. The energy schedule spans
-this run's rounds (HtFLlib spans its configured 2000 rounds whatever a run stops at). Every
-mentee starts from one seeded initialization, and every ``W_h`` from another (HtFLlib seeds every
-client alike). The optimizers are the run's SGD, one per module, with the mentee at
-``mentee_lr``; each keeps its momentum while the mentee's weights are replaced by the average.
+Fidelity: paper, where HtFLlib departs from it in four places. The losses and every choice:
+``docs/reference/method-notes/fedkd.md`` (the method's reference page).
 """
 
 from __future__ import annotations

@@ -1,38 +1,13 @@
-"""FedL2G: learning to guide local training in heterogeneous federated learning (Zhang, Liu, Hua,
-Cao, Yang; arXiv 2410.06490, 2024).
+"""FedL2G: learning to guide local training in heterogeneous federated learning (Zhang, Liu, Hua, Cao,
+Yang; arXiv 2410.06490, 2024).
 
-Each client holds its own model, split into features ``phi_k(x)`` (width ``d``) and a head. The
-server holds one guiding vector per class, ``G[c]`` (in feature space: ``C x d``; the logit
-variant guides the outputs: ``C x C``). Local training adds a pull toward the guide of each
-sample's class:
+A server-held guiding vector per class pulls local features by MSE (``space=logit``: the outputs).
+Each round every active client takes a differentiable SGD step on a study batch and sends the
+gradient of its quiz loss on the guides; the server averages it per class and steps. Clients do not
+train during a warm-up share of the rounds.
 
-    L = CE(h_k(phi_k(x)), y) + MSE(phi_k(x), G[y])          (logit variant: MSE(f_k(x), G[y]))
-
-The guides are learned so that following them helps: each client sets a small quiz set of its
-training data apart, and each round, after its local training, takes one differentiable SGD step
-of ``L`` on a study batch of the rest (on a functional copy of its model) and measures the
-stepped copy's cross-entropy on a quiz batch. The gradient of that quiz loss with respect to
-``G`` (non-zero for the classes in the study batch) goes to the server, which averages the rows
-each class received over the clients that sent one, clips the result and takes one SGD step on
-``G``. The client's model itself never takes the meta step. In the first rounds (the warm-up)
-clients do not train, only the guides are meta-learned. Each client is evaluated with its model.
-
-Fidelity: paper, feature variant by default (``space``: ``feat``, the variant FedL2G's own run
-script trains at server lr 100; ``logit`` at 0.1). Where the paper is silent we follow HtFLlib
-and its FedL2G repository: guides drawn from N(0, 1); guide weight 1; one study and one quiz
-batch; a plain SGD meta step at the run's learning rate; the server clips the averaged gradient
-at norm 100 and steps with plain SGD. Our choices: the warm-up is a share of the run's rounds
-(``warm_up``): HtFLlib's 50 rounds are 2.5% of the 2000 it runs, and a run of this suite is tens
-of rounds, where 50 would be the whole run and no client would ever train; the same share keeps
-the warm-up's role (guides meta-learned before they guide) at any run length. The quiz set is a
-seeded draw of ``meta_quiz_batches`` batches of a client's training samples, fixed for the run
-(HtFLlib: the first samples of its training list, in the generator's order), and at most half of
-them, so every client keeps samples to train on (HtFLlib: a client with fewer than a quiz set
-plus one batch never trains); local training and study batches walk the rest. The server sends
-the guides to the round's active clients (HtFLlib reads them from disk, unmetered). Local
-training is the run's protocol (optimizer, gradient clipping; HtFLlib clips at 100). The meta
-step's study batches count as private training steps in the budget; a free-rider, which never
-takes an optimizer step, still sends the meta-gradient of its untrained model (no step is taken).
+Fidelity: paper, with HtFLlib's and FedL2G's repository settings where the paper is silent. Every
+choice: ``docs/reference/method-notes/fedl2g.md`` (the method's reference page).
 """
 
 from __future__ import annotations

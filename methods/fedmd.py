@@ -1,44 +1,13 @@
 """FedMD: heterogeneous federated learning via model distillation (Li & Wang, arXiv 1910.03581).
 
-Every client owns a model of its own architecture and a labeled public data set is available to
-all of them. Before the first round each client learns the public set (transfer learning, CE;
-the paper then trains on its private data too: the ``paper`` preset). Each round, every active
-client
+Before round 1 every client learns the labeled public set (transfer learning). Each round the active
+clients exchange their logits on the public set all-to-all, each digests the consensus (L1 on
+logits, Adam, as the official code) and revisits its private data with CE. ``--set
+transfer_epochs=0`` never reads the public labels (FedMD as FedCC's paper ran it).
 
-1. computes its logits on the public set (the alignment set),
-2. sends them to the other active clients (decentralized form: an all-to-all broadcast of the
-   M x C logit matrix; each client averages, which gives the same consensus as a server would),
-3. **Digest**: trains toward the consensus (mean of the active clients' logits, its own
-   included) on the public set,
-4. **Revisit**: trains on its private data with CE.
-
-Fidelity: paper, with the choices of the authors' official code (github.com/diogenes0319/FedMD_clean):
-the digest matches logits with an L1 loss (Keras ``mean_absolute_error``) under Adam at that
-code's learning rate; ``--set digest_loss=kl`` switches to KD_T on softened logits, a common
-variant. Where the paper and code leave room, the card's notes name our choices; the reasons
-follow.
-
-Transfer learning runs once, before round 1, with each client's own SGD and a few epochs: the
-official Keras code trained longer with Adam and early stopping, too slow for a CPU suite. It is
-work on the public set, part of the method's setting. The private data gets the protocol's budget
-and nothing more by default; the paper's private initialization after transfer learning (epochs
-on the private data before round 1, on top of the rounds' budget) is the ``paper`` preset. The alignment
-set is the whole public set each round by default; the official code draws a fresh subset, which
-``alignment_size`` reproduces (a seeded draw shared by every client, so it costs no bytes).
-FedCC's paper compares against FedMD on an *unlabelled* public set: ``--set transfer_epochs=0``
-drops the only step that reads the labels, and the record then states the transfer data as
-``public-unlabelled`` (``Method.transfer``), so those records sit in the unlabelled public set's
-section beside FedCC and MSFKD rather than as a preset, whose budget class would put them apart.
-
-The digest keeps one Adam optimizer per client across rounds, as the official Keras model keeps
-its compiled optimizer; it runs unaugmented and is clipped like every other step. The revisit
-runs the run's local epochs with the client's SGD, so the private budget per round matches every
-other method's. Logits are computed
-in eval mode, like every teacher's. Only the logit matrices are metered: the public set is
-available to all beforehand.
-
-The shared steps (consensus, digest, revisit) live in ``hfl_bench.families.fedmd_exchange``;
-``fedgd`` reuses them on its synthetic transfer set.
+Fidelity: paper, with the official code's choices. The steps and every choice:
+``docs/reference/method-notes/fedmd.md`` (the method's reference page). The shared steps live in
+``hfl_bench.families.fedmd_exchange``.
 """
 
 from __future__ import annotations
@@ -84,9 +53,9 @@ class FedMDParams(ExchangeParams):
 class FedMD(Method):
     card = MethodCard(
         name="fedmd", fidelity="paper", topology="p2p",
-        # 1.1: no private epochs before round 1 by default (the protocol's budget); 1.0's private
-        # initialization is the "paper" preset.
         version="1.1",
+        changelog=(("1.1", "No private epochs before round 1 by default (the protocol's budget); 1.0's private "
+                           "initialization is the \"paper\" preset."),),
         citation="Li & Wang, FedMD: Heterogenous Federated Learning via Model Distillation, arXiv 1910.03581, 2019",
         summary="Transfer learning on the public set, then per round: consensus logits, digest, revisit.",
         transfer="public-labelled",

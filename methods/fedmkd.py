@@ -1,41 +1,12 @@
-"""FedMKD, decentralized adaptation: peer KD plus distillation from the client's own memory.
+"""FedMKD, decentralized adaptation: peer KD plus distillation from the client's own memory (Lin, Tan,
+Liu, IEEE ICC 2025, as the CRAD paper, arXiv 2609.00446, ran it; not the NeurIPS 2024 FedMKD).
 
-Source: Tianjia Lin, Zhou Tan, Ximeng Liu, "FedMKD: Personalized federated learning with memory
-knowledge distillation", IEEE ICC 2025, pp. 4945-4950, as the CRAD paper (arXiv 2609.00446,
-Sec. 4.1) ran it as a baseline: "a recent multi-teacher method that reuses each client's own
-previous-round model as an additional teacher. No implementation is public, so we adapt it to our
-decentralized, architecture-heterogeneous setting."
+Per round, each active client trains CE + lambda KD(mean of its peers' round r-1 snapshots) + mu
+KD(its own round r-1 model) on its own data; a client's first active round is peer KD only.
 
-Not to be confused with two other methods of the same name: FedMKD of Li et al. (NeurIPS 2024)
-and the server-side multi-teacher FedMKD of Sun et al. (Cluster Computing 28:638, 2025) are
-different algorithms. The original Lin et al. method is server-based with identical
-architectures (the CRAD paper's related work describes its memory as a parameter-space blend of
-the global and the previous-round local model); what runs here is the CRAD paper's adaptation.
-
-Fidelity: reconstructed. Neither the original paper's text nor the CRAD authors' adaptation code
-was available; the loss below is the suite's spec (specs/methods.md, Sec. 3). Per round r, for
-every active client i and every batch x of its own data,
-
-    L = CE(f_i(x), y) + lambda * KD_T(mean_j p_T(f_j^{r-1}(x)) || f_i(x))
-                      + mu * KD_T(p_T(f_i^{r-1}(x)) || f_i(x)),
-
-with KD_T(q || z) = T^2 KL(q || softmax(z / T)), j over the round's other active clients.
-Where the sources are silent, the card's notes name our choices; the reasons follow.
-
-The weights add to CE rather than forming the backbone's convex (1 - lambda) CE, as the spec's
-loss is written. The peers' snapshots are exchanged and metered exactly as the peer-KD backbone
-exchanges them (``hfl_bench.families.peer_kd.exchange_snapshots``), without the reliability
-statistics FedMKD does not use. The memory is the client's own model as it stands when the round
-starts; it never leaves the client, so it costs no bytes. A client has no previous-round model
-before it has finished one local round (only its random initialization), so its first active
-round is peer KD only. The memory teacher runs in eval mode on the student's augmented view, like
-every teacher. Everything else (optimizer, batch size, clipping, local epochs) is the run's
-shared protocol.
-
-Both execution paths of the backbone are supported and compute the same targets: ``reference``
-(per batch, from frozen copies of every active model, the client's own included) and ``fast``
-(teacher-major: every teacher, each student itself included for its memory, runs once over its
-students' epoch views before any student trains).
+Fidelity: reconstructed (neither the original text nor the CRAD authors' adaptation was available;
+the loss is the suite's spec). The loss, the other FedMKDs and every choice:
+``docs/reference/method-notes/fedmkd.md`` (the method's reference page).
 """
 
 from __future__ import annotations

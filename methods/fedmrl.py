@@ -1,35 +1,12 @@
-"""FedMRL: federated model heterogeneous Matryoshka representation learning (Yi, Yu, Ren, Wang, Liu,
-Li; NeurIPS 2024).
+"""FedMRL: federated model heterogeneous Matryoshka representation learning (Yi et al., NeurIPS 2024).
 
-Each client holds its own model (features ``phi_k(x)`` of width ``d``, head ``h_k``), a copy of a
-small shared model ``g`` (one architecture for every client: features ``phi_g(x)`` of width
-``d_s``, head ``h_g``) and a private projector ``P_k: R^(d_s + d) -> R^d``. The projector fuses
-the generalised (shared) and personalised (local) features into one representation
-``u = P_k[phi_g(x); phi_k(x)]`` whose nested prefixes are trained as Matryoshka representations:
-the whole of ``u`` feeds the local head, its first ``d_s`` values the shared head,
+Each client holds its own model, a copy of a small shared model and a private projector fusing their
+features; the local head reads the whole fused representation, the shared head its first d_s values
+(Matryoshka), one CE each. Only the shared model travels, uniformly averaged. A client predicts with
+its local head on the fused features.
 
-    L = CE(h_k(u), y) + CE(h_g(u[:d_s]), y),
-
-and one step on ``L`` updates the local model, the shared copy and the projector. Only ``g``
-moves: active clients upload it, the server averages the uploads and sends the average to every
-client. A client predicts with ``h_k(P_k[phi_g(x); phi_k(x)])``, the aggregated shared model
-beside its own.
-
-Fidelity: paper. HtFLlib's code departs from the paper in one place: its projector is never
-saved after training, so it stays the random projection it started as; ours is trained and kept
-(the paper's). Where the paper is silent we follow HtFLlib: the shared model is the pool's
-smallest member by default (HtFLlib: client 0's architecture; ``shared_arch`` names another), its
-features pooled without parameters to ``d_s`` (the split of ``hfl_bench.families.feature_head``);
-the server's average is uniform over the uploads. ``d_s`` (``sub_feature_dim``) is a prefix of the
-``d``-wide representation, so it cannot exceed ``d``: a larger value is refused; by default it is
-HtFLlib's 128, lowered to ``d`` and to the shared model's native feature size where those are
-smaller (beyond its native size the pooling only repeats values). The server averages the shared
-model's floating-point buffers (BatchNorm statistics) with its parameters, so the evaluated
-shared model carries statistics of its training (HtFLlib averages parameters only, leaving its
-server's statistics at their initial values, harmless for its BatchNorm-free FedAvgCNN). Every
-shared copy starts from one seeded initialization, every projector from another (HtFLlib seeds
-every client alike). The optimizers are the run's SGD, one per module; each keeps its momentum
-while the shared model's weights are replaced by the average.
+Fidelity: paper (the projector is trained and kept, which HtFLlib's code never saves). Every choice:
+``docs/reference/method-notes/fedmrl.md`` (the method's reference page).
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
-"""FedProto: Tan, Long, Liu, Zhou, Lu, Jiang, Zhang, "FedProto: Federated Prototype Learning across
-Heterogeneous Clients", AAAI 2022.
+"""FedProto (Tan et al., "FedProto: Federated Prototype Learning across Heterogeneous Clients", AAAI
+2022).
 
-Each client holds its own model, split into a feature extractor phi_k (x -> R^d, d common to
-every client) and a head h_k (R^d -> C classes). Only class prototypes cross the network: a
-client's prototype of class c is the mean feature phi_k(x) of its samples of class c. Per round,
-each active client trains on its data with
+Only class prototypes (mean features) cross the network. Clients train CE + lam MSE(features, global
+prototype of the class) and upload per-class means; the server averages them per class and
+broadcasts. The headline classifies by the nearest global prototype; the head is the extra endpoint
+``head``.
 
-    L = CE(h_k(phi_k(x)), y) + lam * MSE(phi_k(x), P[y])
-
-where P[y] is the global prototype of the sample's class (a row whose class has no global
-prototype adds nothing), then uploads its prototypes of the classes it holds. The server sets
-each class's global prototype to the unweighted mean of the prototypes uploaded for it and sends
-the table to every client. A client classifies by the nearest global prototype (the head is
-trained but not used to predict).
-
-Choices and why. The feature / head split is the suite's (``families.feature_head``: pre-logit
-features pooled without parameters to ``feature_dim``, a new Linear head), as HtFLlib splits its
-models. Where the paper is silent we follow HtFLlib's code (spec section 4): the prototypes
-uploaded are the per-class means of the train-mode features computed during local training
-(every batch of every epoch, the model evolving); the MSE is averaged over all B * d entries;
-classes without a global prototype stay absent from the table (and from the nearest-prototype
-classifier); lam defaults to HtFLlib's pre-tuned 10 (total.sh; main.py's default is 1, and the
-paper's own value is not restated here). The headline metric classifies by the nearest global
-prototype (mean squared distance), as both the paper and HtFLlib do; the client's own head is
-reported as the extra endpoint ``head``. Before the first global prototypes exist (the
-evaluation of the initial models, which HtFLlib logs as accuracy 0 and which is never the
-selected round) a client is evaluated by its head. Every client receives the table each round
-(the evaluation of inactive clients uses it too), so every client's predictor changes each round.
-A free-rider uploads the prototypes of its untrained model.
+Fidelity: paper, with HtFLlib's code where the paper is silent. Every choice:
+``docs/reference/method-notes/fedproto.md`` (the method's reference page).
 """
 
 from __future__ import annotations

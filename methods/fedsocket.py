@@ -1,116 +1,16 @@
 """FedSocket style (Zhao, "FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous
-Multimodal Federated Learning", arXiv 2609.37582; methods spec, Sec. 8), on single-modality tasks
-and on one task with missing modalities (donors observe every modality, recipients miss one).
+Multimodal Federated Learning", arXiv 2609.37582), on single-modality tasks and on one with missing
+modalities.
 
-Only a shared predictor Q, with each client's sample and class counts (and, on a multimodal task,
-its per-modality row counts), crosses the network. Q reads fixed features u = h(x) of frozen
-extractors every client can compute (one per modality on a multimodal task; a recipient computes
-only those of the modalities it observes). Each client keeps its own Private model (its pool
-architecture) and, per round, a local copy of Q:
+Only a shared predictor Q on frozen, pretrained features (and counts) crosses the network. Q teaches
+each client's Private model and Private teaches the local Q copy (reliability-weighted KD; donors
+through every recipient interface: the conditional target); the server averages Q by ownership with
+a 0.5 stabilizer. Endpoints Private, Q and Joint; the paper's controls are hyperparameters
+(``CONTROLS``). Shared parts: ``hfl_bench.families.shared_predictor``.
 
-  (a) the frozen Q it holds teaches Private through the client's observed features:
-      CE_ls(Private) + lambda_KD * relKD(Q -> Private) + lambda_fus * CE(Joint score, y);
-  (b) the updated Private teaches the local Q copy: CE_ls(Q) + lambda_rel * relKD(Private -> Q),
-      a recipient on its observed interface; a donor, whose Private sees the complete input, on
-      its full interface and on every recipient interface of the federation (Q computed on the
-      features of only the recipients' modalities): the conditional target;
-
-with reliability weight w_i = (1 - H(t_i) / log C) * (0.25 + 0.75 [argmax t_i == y_i]) for the
-teacher's prediction t_i. The server averages the uploaded copies by ownership (head row c over
-the clients holding class c; a modality's adapter and embedding over the clients observing it;
-every other block sample-weighted), then stabilizes: phi = 0.5 phi_old + 0.5 avg, and sends phi
-back. Each client reports three predictors, all on the same inputs (its observed modalities):
-Private, Q (on its features) and Joint, score = (1 - omega) p_Private + omega p_Q with
-omega_{k,c} = rho med(c_k+) / (c_{k,c} + rho med(c_k+)) (= 1 for a class absent locally) and rho
-picked on the client's validation half.
-
-The pieces FedSocket shares with its Naive Shared control (the fixed features, Q, the endpoints,
-rho selection, aggregation, holding Q) are in ``hfl_bench.families.shared_predictor``; what
-follows here is what FedSocket adds: the teaching losses, the conditional target and the
-ownership rules it turns on.
-
-Fidelity: reconstructed. The paper (its summary) and the spec fix the exchange (Q parameters and
-counts only), the bidirectional teaching with a frozen teacher Q and a trainable local copy, the
-losses and the reliability weight, the ownership-aware averaging and its stabilizer, the Joint
-rule with rho chosen on validation data, the hyperparameter values (those of Private's budget
-in the ``paper`` preset), and, for missing modalities, the per-modality adapters and embeddings,
-the conditional target (forward KL to the complete-input teacher from a recipient interface is
-minimized by the average teacher prediction given that interface, paper A.1) anchored by the
-labels, and recipients running Private, Q and Joint through the same observed inputs (Sec.
-4.3-5.2, A.7). The card's notes name, as [paper] and [ours], what comes from the paper and what
-we chose; the reasons for our choices follow.
-
-The suite runs one task, so there is one expert and one head, and the multi-task parts (task
-embeddings, cross-task residual sharing, PCGrad) are absent; on a single-modality task the task
-and modality embeddings collapse into one learned vector. On a multimodal task z is the mean over
-the modalities a row has of its adapter's output plus its embedding, so Q runs on any subset of
-modalities and an adapter never sees a row without its modality.
-
-The paper's Q reads fixed features of pretrained encoders no client trains (a frozen ResNet-18
-with a fixed projection). This suite is offline and downloads no weights, so the default
-(``extractor=pretrained``) pretrains a small conv encoder per modality itself, on labelled data
-no client holds (``hfl_bench.families.pretrained``): a task's own generator where it has one
-(mnist1d's signals, from a generator seed no split of the task uses), else a pretraining split
-held out of the training data before partitioning, like the public set (``--pretrain-size``: a
-data setting, so every method of a comparison gets the same split and its clients the same rows).
-Without either, ``pretrained`` is refused with the fix. The encoder is trained once, supervised
-(cross-entropy through a linear head that is dropped), deterministically, and cached by the
-content hash of its data and settings; every client computes the same frozen function, and each
-record states the bank (``method.run_details.feature_bank``: per modality the data's source, size
-and fingerprint, the encoder version, whether this run trained or loaded it, and a linear probe's
-test accuracy). The earlier seeded random extractors trained nowhere stay as ablations:
-``extractor=random-conv`` (a random conv net per modality) and ``random-projection`` (a random
-projection of the flat input): a Q on random features tests a different method (claims spec).
-A modality's extractor runs only on rows where the modality is present, so no feature is ever
-computed from a value a client does not observe. The LayerNorm in each adapter puts any bank's
-features on one scale; Q has about 151k parameters with C = 10 (about 218k with two modalities).
-Q always reads the un-augmented sample's features, and so the Private teacher of stage (b)
-predicts on un-augmented samples too.
-
-The paper's controls (Sec. 5.3, 6.1, 6.3, 6.4) are hyperparameters here (``CONTROLS``), so a
-control's records are variants of fedsocket in fedsocket's own setting, paired with its default
-by seed (``hfl-bench leaderboard compare --variants``, labelled ``fedsocket [q_teacher=none]``),
-as CRAD's ablations are. Not card presets: a preset names a budget (``paper``), and the
-leaderboard sets each budget apart in a section of its own, where a control could not be
-compared with the method it controls.
-
-- Label Q (``q_teacher=none``): Q trained on labels only: Q trained on labels only. Stage (b)
-  keeps its CE_ls terms (for a donor on its own and on each recipient interface, so Q learns
-  through the same views) and drops the teaching term; Private's outputs are never computed for
-  it. Private is still taught by Q. Q vs Label Q is the value of Private's teaching.
-- No return (``q_return=off``): Q -> Private KD and fusion training
-  disabled, so stage (a) is CE_ls alone and Private never learns from Q; Q is still taught by
-  Private, shared and used at inference (Joint). Private with and without return is the value
-  of Q's return.
-- Matched-capacity ensemble (``share_q=off``). The paper
-  compares Joint with "independent" predictors and ensembles of the same inference parameter
-  count (Sec. 5.3, 6.3) without a full recipe in its summary. We keep every client's Private and
-  a Q of the same architecture on the same features, taught in both directions exactly as in
-  FedSocket and combined by the same Joint rule with rho chosen the same way, and remove only
-  the sharing: the Q copy is never uploaded or averaged, each client keeps its own (nothing
-  crosses the network; each builds the same seeded initialization itself). Inference capacity
-  matches Joint's and only sharing differs, which is the comparison the claim makes (Joint's
-  gain over the ensemble is the value of sharing Q). Members trained fully independently are
-  ``--set share_q=off --set q_teacher=none --set q_return=off``.
-
-In relKD the reliability weights are not renormalized, so an unreliable teacher just contributes
-less. The fusion CE uses a fixed training rho, separate from the rho selected for inference, with
-Q frozen so that only Private learns from it. Private keeps its client's optimizer; the Q copy gets
-a fresh Adam each round, because the copy is re-initialized from the global Q and no optimizer
-state is exchanged. By default Private trains on the protocol's budget, as every method's client
-model does: the run's learning rate, and each stage runs the run's local epochs, with no warm-up.
-The paper's own budget (its stage epochs, a Private-only warm-up before round 1 and its private
-learning rate) is the card's ``paper`` preset (``--preset paper``). Q's seeded initialization is
-sent to every client in setup (metered). There is no out-of-fold cross-fitting (A.4).
-
-In aggregation, a head row or modality block that no uploader holds keeps its previous value, so
-an absent class or modality is not pulled toward an average of clients that know nothing of it.
-The server catches a stale active client up with the current Q at round start (partial
-participation only), and a client evaluates Q and Joint with the last Q it received. rho is
-chosen from a small grid per client after each active round, ties broken by validation NLL and
-then the smaller rho, so the choice is deterministic; without validation data rho is 1. The
-headline is Private unless ``endpoint=joint``; the record reports all three endpoints either way,
-a client's three on the same inputs.
+Fidelity: reconstructed (small encoders pretrained here, not the paper's ResNet-18). The losses, the
+controls and every [paper] / [ours] choice: ``docs/reference/method-notes/fedsocket.md`` (the
+method's reference page).
 """
 
 from __future__ import annotations
@@ -167,7 +67,8 @@ from hfl_bench.method_api import (
 EPS = 1e-12
 
 
-# The paper's controls (module docstring) and the hyperparameters that make each (--set key=value).
+# The paper's controls (docs/reference/method-notes/fedsocket.md) and the hyperparameters that make
+# each (--set key=value).
 CONTROLS = {"label-q": {"q_teacher": "none"}, "no-return": {"q_return": "off"},
             "matched-ensemble": {"share_q": "off"}}
 ON_OFF = ("on", "off")
@@ -329,11 +230,13 @@ MULTIMODAL_UPLOAD_KINDS = {**UPLOAD_KINDS, "modality_counts": Payload.COUNTS}
 class FedSocket(SharedPredictorClients, Method):
     card = MethodCard(
         name="fedsocket", fidelity="reconstructed", topology="server",
-        # 1.1: Private trains on the protocol's budget by default (the run's lr and local epochs per
-        # stage, no warm-up); 1.0's stage epochs, warm-up and private lr are the "paper" preset.
-        # 1.2: Q reads an encoder pretrained on data no client holds (extractor=pretrained) by
-        # default; 1.1's random conv bank is extractor=random-conv.
         version="1.2",
+        changelog=(
+            ("1.1", "Private trains on the protocol's budget by default (the run's lr and local epochs per "
+                    "stage, no warm-up); 1.0's stage epochs, warm-up and private lr are the \"paper\" preset."),
+            ("1.2", "Q reads an encoder pretrained on data no client holds (extractor=pretrained) by default; "
+                    "1.1's random conv bank is extractor=random-conv."),
+        ),
         citation=("Zhao, FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous Multimodal "
                  "Federated Learning, arXiv 2609.37582"),
         summary="Shared predictor Q on fixed features, Private <-> Q teaching, ownership-aware server averaging.",

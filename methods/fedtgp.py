@@ -1,34 +1,13 @@
-"""FedTGP: Zhang, Liu, Hua, Cao, "FedTGP: Trainable Global Prototypes with Adaptive-Margin-Enhanced
-Contrastive Learning for Data and Model Heterogeneity in Federated Learning", AAAI 2024.
+"""FedTGP (Zhang, Liu, Hua, Cao, "FedTGP: Trainable Global Prototypes with Adaptive-Margin-Enhanced
+Contrastive Learning for Data and Model Heterogeneity in Federated Learning", AAAI 2024).
 
-Each client holds its own model, split into a feature extractor phi_k (x -> R^d) and a head h_k,
-and trains it as in FedProto: CE(h_k(phi_k(x)), y) + lam * MSE(phi_k(x), P[y]) against the global
-prototypes P. After local training it uploads its prototypes: per class it holds, the mean
-feature of its training samples. The server holds the trainable global prototypes (TGP): a class
-embedding E in R^{C x d} followed by Linear(d, d) - ReLU - Linear(d, d), P_c = TGP(c). Each round
-it (1) averages the uploaded prototypes per class (Q_c), takes each class's gap to its nearest
-other class (min over c' of ||Q_c - Q_c'||) and sets the adaptive margin tau to the largest gap,
-capped at ``margin_threshold``; (2) trains TGP for ``server_epochs`` epochs over the uploaded
-(prototype q, class y) pairs with the adaptive-margin contrastive loss
-CE(-(D + tau * onehot(y)), y), D_c = ||q - P_c||; (3) sends P_c = TGP(c) for every class to every
-client. A client classifies by the nearest global prototype.
+Clients train as in FedProto and upload their class prototypes after local training; the server
+trains its trainable global prototypes (a class embedding and an MLP) with the adaptive-margin
+contrastive loss and sends them back. A client classifies by the nearest global prototype.
 
-Choices and why. The feature / head split is the suite's (``families.feature_head``). Prototypes
-are computed after local training, in eval mode over the client's whole training set: the
-paper's order. HtFLlib's code (and the official FedTGP repository) collect them with the model
-saved at the start of the round, so its uploads lag one round behind the local training; we do
-not copy that. Where the paper is silent we follow HtFLlib (spec section 7): the uniform per-class
-mean for Q; a class no client sent takes the smallest gap (so does a class without a partner);
-the server's batches are the run's batch size, reshuffled each epoch (seeded); the server's
-optimizer is plain SGD at the run's learning rate (HtFLlib uses the local learning rate, not its
-server learning rate flag), re-created each round while TGP itself persists; no gradient
-clipping on the server. The squared distance is clamped at 1e-12 before its square root (HtFLlib
-takes the root of the expanded square as it is, where rounding can make it negative: NaN).
-The server's TGP training is counted on the work meter (the server's row). The MSE and its
-absent-class rule, the nearest-prototype headline (the head as the endpoint ``head``), the
-evaluation of the initial models by their heads, and the defaults (lam 10, 100 server epochs,
-margin threshold 100: HtFLlib's total.sh and the FedTGP repository) are as in ``fedproto``. A
-free-rider uploads the prototypes of its untrained model.
+Fidelity: paper (prototypes after local training, where HtFLlib's lag a round), with HtFLlib's
+choices where the paper is silent. Every choice: ``docs/reference/method-notes/fedtgp.md`` (the
+method's reference page).
 """
 
 from __future__ import annotations

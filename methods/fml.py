@@ -1,27 +1,12 @@
 """FML: Federated Mutual Learning (Shen, Zhang, Jin, Ke, Wang, Wu; arXiv 2006.16765, 2020).
 
-Each client keeps a private model of its own architecture and a "meme" model whose architecture
-is the same for every client. In local training both models see the same batches and teach each
-other (deep mutual learning):
+Each client keeps a private model and a "meme" model of one architecture for every client; both see
+the same batches and teach each other (deep mutual learning, alpha / beta CE-KL mixes). A server
+averages the memes by training size and broadcasts the average. The private model is evaluated; the
+meme is the extra endpoint ``meme``.
 
-    L_private = alpha * CE(private) + (1 - alpha) * KL(p_meme || p_private)
-    L_meme    = beta  * CE(meme)    + (1 - beta)  * KL(p_private || p_meme)
-
-with softmax at temperature 1, KL averaged over the batch ('batchmean'), and the other model's
-prediction treated as a constant in each term. A server averages the active clients' trained
-memes weighted by their training-set sizes (as FedAvg does) and broadcasts the average; the
-private models never leave their clients. The headline metric evaluates each client's private
-model; the meme is reported as the extra endpoint ``meme``.
-
-Fidelity: paper, for the method as specified here. Where the paper leaves room, the card's notes
-name our choices; the reasons follow. The meme is by default the pool's smallest member, the
-architecture every client can afford (``meme_arch`` names another: a pool member's label or any
-timm model name; the record's hparams carry the one used). Every meme starts from one seeded
-initialization, so clients that share the seed need no initial download. The server broadcasts
-the average to every client, so an inactive client holds the current meme when it is next drawn.
-Each client keeps its meme optimizer's momentum while the weights are replaced by the average, as
-this suite's FedAvg does with its clients' optimizers. Both models train on the same batches and
-views, one step each per batch, under the run's shared protocol.
+Fidelity: paper. The losses and every choice: ``docs/reference/method-notes/fml.md`` (the method's
+reference page).
 """
 
 from __future__ import annotations

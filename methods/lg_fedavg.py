@@ -1,21 +1,13 @@
-"""LG-FedAvg (Liang, Liu, Ziyin, Allen, Auerbach, Brent, Salakhutdinov, Morency, "Think Locally, Act
-Globally: Federated Learning with Local and Global Representations", 2020; arXiv 2001.01523).
+"""LG-FedAvg (Liang et al., "Think Locally, Act Globally: Federated Learning with Local and Global
+Representations", 2020; arXiv 2001.01523).
 
-Each client's model is a local representation (the feature extractor, which never leaves the
-client) followed by global layers (the head) shared by all clients. Each round the active clients
-train their whole model with cross-entropy on their private data and upload their heads; the
-server averages the heads (FedAvg on the global layers: weights n_k / sum n) and every client
-replaces its head with the average. A client is evaluated with its local base and the global head.
-
-Choices, and why. The split is the family's (``hfl_bench.families.feature_head``): the pool
-member's pre-logit features pooled without parameters to ``feature_dim`` and a new
-``Linear(feature_dim, C)`` head, the same shape for every client, which is what lets clients of
-different architectures share it (HtFLlib's adaptation of the paper to heterogeneous models).
-The global head starts as client 0's initial head (HtFLlib); a warm start of the global layers from
-a model trained with FedAvg assumes one architecture for every client and does not apply. The head
-reaches every client after each round, inactive ones included, so evaluation sees the current
-global head (HtFLlib downloads it to every client before it evaluates). The family code is
+Each client's feature extractor stays local; the head is global. Active clients train their whole
+model with CE and upload their heads; the server averages them by training size and every client
+takes the average. Evaluated with the local extractor and the global head. The family code is
 ``hfl_bench.families.shared_head``.
+
+Fidelity: paper, as HtFLlib adapts it to heterogeneous models. Every choice:
+``docs/reference/method-notes/lg_fedavg.md`` (the method's reference page).
 """
 
 from __future__ import annotations

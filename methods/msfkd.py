@@ -1,29 +1,12 @@
-"""MSFKD: prediction exchange on a public set with per-sample knowledge selection (after Wang,
-Zhang, Tao, Chen, IEEE JSTSP 17(1), 2023; methods spec, Sec. 6).
+"""MSFKD: prediction exchange on a public set with per-sample knowledge selection (after Wang, Zhang,
+Tao, Chen, IEEE JSTSP 17(1), 2023; methods spec, Sec. 6).
 
-Each round every active client predicts on the unlabeled public set (``--public-size``) and
-sends its softened predictions p_T = softmax(z / T) to every other active client (server-free,
-all-to-all). Per public sample, each student keeps only the teachers that are confident there
-(max probability >= tau) and averages their p_T into its target; if no teacher is confident on a
-sample, it averages all of them. The student distills toward the targets on the public set
-(KD_T) for E_d epochs, then trains on its own data (CE) for E_l epochs.
+Each round the active clients exchange softened predictions on the unlabeled public set all-to-all;
+per sample each student averages its confident peers (max probability >= tau; all peers if none is),
+distills toward that on the public set, then trains CE on its own data.
 
-Fidelity: reconstructed. The paper's text was not available, so everything beyond the spec's
-sentence is our choice; the card's notes name each one, and the reasons are these.
-
-The public labels are never read: the exchange needs only inputs. The teachers are the student's
-peers, never itself (distilling toward one's own prediction teaches nothing), so a round with a
-single active client has nothing to distill. Confidence is measured at T = 1, and the receiver
-recovers it from the p_T it was sent (softmax(T log p_T) = softmax(z)), so only one M x C
-matrix per client crosses the network. All targets come from predictions made before anyone
-distills (snapshot semantics: the result does not depend on the order of the students), in eval
-mode like every teacher's.
-
-The distillation runs without augmentation, since every client must predict on the same inputs,
-then the private CE epochs follow; with the defaults E_d : E_l = 1 : 1 at the run's local epochs,
-so the method costs one public-set epoch per round beyond the protocol's budget. Both steps use
-the client's own optimizer (the run's SGD), whose momentum carries from one to the next, as one
-model trained on both objectives would.
+Fidelity: reconstructed (the paper's text was not available). Every choice and its reason:
+``docs/reference/method-notes/msfkd.md`` (the method's reference page).
 """
 
 from __future__ import annotations

@@ -1,34 +1,13 @@
-"""Naive Shared: the shared-model control of FedSocket (Zhao, "FedSocket: Recipient-Executable
-Knowledge Exchange for Heterogeneous Multimodal Federated Learning", arXiv 2609.37582, Sec. 5.3,
-6.2 and App. O), reconstructed.
+"""Naive Shared: the shared-model control of FedSocket (Zhao, arXiv 2609.37582, Sec. 5.3, 6.2 and App.
+O).
 
-The paper compares FedSocket with a "Naive Shared" model under the same partitions, private
-backbones, recipient interfaces, rounds and Joint selection rules, with nearly the same parameter
-count as Q; the summary does not spell out how it is trained. Here it is FedSocket with every
-FedSocket part removed, so a comparison of the two isolates them: the same Q architecture on the
-same fixed features (``hfl_bench.families.shared_predictor``), trained at each client with plain
-CE on its observed interface and averaged by plain sample-weighted FedAvg; each client's Private
-model trained with plain CE; the same Private, Q and Joint endpoints with the same rho selection.
+FedSocket with every FedSocket part removed: the same Q on the same fixed features, trained with
+plain CE on each client's observed interface and averaged by plain sample-weighted FedAvg; Private
+trained with plain CE; the same Private, Q and Joint endpoints and rho rule, budget and ``paper``
+preset. A comparison of the two isolates what FedSocket adds.
 
-Fidelity: reconstructed: the paper names the control and what it shares with FedSocket; its
-training is ours. The card's notes list each choice as [paper] or [ours]; they all follow one
-rule, so that a comparison of the two methods isolates what FedSocket adds: keep everything
-FedSocket has that is not part of its contribution, and remove everything that is.
-
-Kept from FedSocket: Q's architecture and seeded initialization, the fixed features (the same
-bank, ``build_feature_bank``: by default encoders pretrained on data no client holds, the same
-encoders fedsocket reads, per modality on a multimodal task, absent where a row lacks the
-modality, so Q runs on any subset of modalities; the random ablations by ``extractor``), the
-warm-up length (with plain CE instead of CE_ls, so Private gets the same number of epochs in
-both methods), the per-round local epochs and optimizers, the endpoints and rho
-rule, and the seeded batch orders (the same plan purposes), so with equal settings the two runs
-differ only in what FedSocket adds. Both train Private on the protocol's budget by default, and
-both carry the same ``paper`` preset (FedSocket's stage epochs, warm-up and private lr).
-
-Removed: KD in either direction, the fusion loss, label smoothing, the conditional target
-(donors train Q on their full interface only), reliability weights, the ownership rules of
-aggregation (every block, head rows and modality blocks included, is a plain sample-weighted
-mean) and the stabilizer.
+Fidelity: reconstructed (the paper names the control; its training is ours). What is kept, what is
+removed and why: ``docs/reference/method-notes/naive_shared.md`` (the method's reference page).
 """
 
 from __future__ import annotations
@@ -118,10 +97,12 @@ UPLOAD_KINDS = {"q": Payload.PARAMS, "n": Payload.COUNTS}
 class NaiveShared(SharedPredictorClients, Method):
     card = MethodCard(
         name="naive-shared", fidelity="reconstructed", topology="server",
-        # 1.1: Private trains on the protocol's budget by default, as fedsocket 1.1 (the run's lr and
-        # local epochs, no warm-up); 1.0's epochs, warm-up and private lr are the "paper" preset.
-        # 1.2: the pretrained feature bank by default, as fedsocket 1.2 (1.1's: extractor=random-conv).
         version="1.2",
+        changelog=(
+            ("1.1", "Private trains on the protocol's budget by default, as fedsocket 1.1 (the run's lr and local "
+                    "epochs, no warm-up); 1.0's epochs, warm-up and private lr are the \"paper\" preset."),
+            ("1.2", "The pretrained feature bank by default, as fedsocket 1.2 (1.1's: extractor=random-conv)."),
+        ),
         citation=("Zhao, FedSocket: Recipient-Executable Knowledge Exchange for Heterogeneous Multimodal "
                  "Federated Learning, arXiv 2609.37582 (Naive Shared control, Sec. 5.3, 6.2, App. O)"),
         summary="FedSocket's Q, features and endpoints with plain CE training and plain FedAvg (the paper's control).",

@@ -197,7 +197,8 @@ def test_list(runner, kind, expected):
                                      "topology": card.topology, "transfer": card.transfer,
                                      "single_architecture": card.single_architecture,
                                      "peer_data": card.peer_data, "predictor": card.predictor,
-                                     "refuses_faults": sorted(card.refuses_faults),
+                                     "refuses_faults": sorted(card.refuses_faults), "version": card.version,
+                                     "presets": {n: dict(v) for n, v in card.presets.items()},
                                      "origin": get_method_class(name).__module__}
         assert by_name["fedavg"]["single_architecture"] and by_name["fedmd"]["transfer"] == "public-labelled"
         assert by_name["dfml"]["peer_data"] and by_name["dfml"]["predictor"] == "stored snapshot"

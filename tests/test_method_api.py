@@ -26,6 +26,7 @@ from hfl_bench.method_api import (
     train_client,
     transfer_plan,
 )
+from hfl_bench.method_card import card_problems
 from hfl_bench.registry import METHODS, RegistryError
 
 from helpers import cpu_federation
@@ -92,12 +93,30 @@ def test_register_method_takes_the_name_from_the_card():
     ({"single_architecture": True}, "a single-architecture method names a homogeneous smoke.pool"),
     ({"transfer": "public-labelled", "smoke": SmokeSettings(public_size=0)}, "smoke.public_size is 0, but"),
     ({"smoke": SmokeSettings(method_params={"rounds": 2})}, "smoke.method_params must map names to strings"),
+    ({"changelog": "1.1: faster"}, "changelog must be a tuple of (version, what changed) pairs"),
+    ({"changelog": (("1.1",),)}, "changelog must be a tuple of (version, what changed) pairs"),
+    ({"version": "1.1", "changelog": (("v1.1", "faster"),)}, "changelog: a version is a string like \"1.1\""),
+    ({"version": "1.1", "changelog": (("1.1", "two\nlines"),)}, "changelog: say in one line what 1.1 changed"),
+    ({"version": "1.2", "changelog": (("1.2", "b"), ("1.1", "a"))}, "changelog: versions must increase, oldest "
+                                                                    "first, got 1.2, 1.1"),
+    ({"version": "1.10", "changelog": (("1.2", "b"), ("1.10", "c"), ("1.10", "d"))}, "versions must increase"),
+    ({"version": "1.2", "changelog": (("1.1", "a"),)}, "changelog: the last entry is 1.1, but the card's version "
+                                                       "is 1.2; add what this version changed"),
 ])
 def test_register_method_refuses_a_card_with_a_problem(fields, problem):
     with pytest.raises(RegistryError) as refused:
         register_method(method_class(card=card(**fields)))
     assert str(refused.value).startswith("method 'demo': ") and problem in str(refused.value)
     assert "demo" not in METHODS
+
+
+def test_a_changelog_in_version_order_ending_at_the_cards_version_is_accepted():
+    # Numeric order, not text order: 1.10 comes after 1.9.
+    ok = card(version="1.10", changelog=[("1.1", "a"), ("1.9", "b"), ("1.10", "c")])
+    assert card_problems(ok, "demo") == []
+    assert ok.changelog == (("1.1", "a"), ("1.9", "b"), ("1.10", "c"))  # a list is kept as a tuple
+    assert card_problems(card(), "demo") == []  # a card at 1.0 needs no changelog
+    assert card_problems(card(version="1.1"), "demo") == []  # nor one whose history is not written
 
 
 def test_a_card_must_name_the_method_it_is_registered_as():
@@ -128,7 +147,10 @@ def test_a_card_is_frozen_hashable_and_its_dict_is_json():
         "why_single_modality": "it was written for inputs of one modality",
         "refuses_faults": {"straggler": "it needs every client each round"},
         "smoke": {"method_params": {"epochs": "1"}, "pool": None, "public_size": 100}, "presets": {},
-        "notes": ["a choice"]}
+        "notes": ["a choice"], "changelog": []}
+    logged = card(version="1.1", changelog=(("1.1", "faster"),))
+    assert hash(logged) == hash(card(version="1.1", changelog=[["1.1", "faster"]]))
+    assert logged.as_dict()["changelog"] == [{"version": "1.1", "change": "faster"}]
 
 
 def test_the_registry_refuses_an_object_an_entry_point_would_register():

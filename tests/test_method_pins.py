@@ -118,10 +118,10 @@ def pins():
 # only with that evidence, in the commit that says where it was seen.
 PLATFORM_SENSITIVE = {"fedcc", "fedgd", "fedkd"}
 # Another CPU's rounding noise: losses and other continuous figures within 0.2% or 1e-3 absolute;
-# accuracies (percent) within 5 points, a sample or two of a client's few dozen validation or test
-# samples. Observed between the two hosts: losses within 0.07%, accuracies within 0.7 points.
-# Integers and strings (selected round, bytes, status, hashes) stay exact.
-PLATFORM_TOLERANCE = {"rel": 2e-3, "abs": 1e-3, "acc_points": 5.0}
+# accuracies (percent) within 1.5 points, about twice the largest drift seen between hosts (0.7
+# points, losses within 0.07%: docs/studies/cross-host.md), one sample of a class's ~70 pinned
+# ones. Integers and strings (selected round, bytes, status, hashes) stay exact.
+PLATFORM_TOLERANCE = {"rel": 2e-3, "abs": 1e-3, "acc_points": 1.5}
 
 
 def beyond_noise(pinned, got, path: str = "") -> str | None:
@@ -185,7 +185,7 @@ def test_pin_problem_forces_a_version_bump():
 
 def test_another_cpus_rounding_stands_and_a_numerics_change_does_not():
     """The two hosts' fedcc figures (module docstring) stand; a loss 2% off, another selected round
-    or an accuracy 10 points off does not, under the same version."""
+    or an accuracy 2 points off (beyond twice the hosts' 0.7) does not, under the same version."""
     pinned = {"method_version": "1.0", "selection": {"round": 3}, "bytes_total": 1000,
               "metrics": {"per_class_global_acc": [77.7778, 25.0], "per_arch_global_acc": {"cnn_small": 35.9331}},
               "history": [{"train_loss": 0.9558, "alpha_mean": 0.1058, "local_acc": 75.6226}]}
@@ -198,7 +198,7 @@ def test_another_cpus_rounding_stands_and_a_numerics_change_does_not():
         ({**pinned, "history": [{**pinned["history"][0], "train_loss": 0.9751}]}, "history[0].train_loss"),
         ({**pinned, "selection": {"round": 2}}, "selection.round"),
         ({**pinned, "bytes_total": 1001}, "bytes_total"),
-        ({**pinned, "history": [{**pinned["history"][0], "local_acc": 65.6}]}, "history[0].local_acc"),
+        ({**pinned, "history": [{**pinned["history"][0], "local_acc": 77.6226}]}, "history[0].local_acc"),
         ({**pinned, "history": [{**pinned["history"][0], "extra_loss": 0.1}]}, "extra_loss: only in this run"),
     ]:
         problem = pin_problem("fedcc", pinned, changed, tolerant=True)

@@ -84,6 +84,30 @@ def test_describe_method_json():
     assert info["needs_public"] is False
 
 
+def test_describe_shows_a_methods_changelog():
+    # fedcc's card logs 1.1 and 1.2: the terminal lists them oldest first, --json gives the pairs.
+    result = CliRunner().invoke(app, ["describe", "fedcc"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = _stdout(result)
+    assert "changelog (what each version changed, oldest first):" in text
+    first, second = text.index("  - 1.1: The protocol's budget by default"), text.index("  - 1.2: The extra endpoint")
+    assert first < second
+    info = json.loads(_stdout(CliRunner().invoke(app, ["describe", "fedcc", "--json"])))
+    assert [e["version"] for e in info["changelog"]] == ["1.1", "1.2"] == [v for v, _ in
+                                                                         _card("fedcc").changelog]
+    assert info["changelog"][-1]["version"] == info["version"]
+    # A method still at its first version shows no changelog section.
+    crad = CliRunner().invoke(app, ["describe", "crad"], env={"COLUMNS": "200"})
+    assert "changelog" not in _stdout(crad)
+    assert json.loads(_stdout(CliRunner().invoke(app, ["describe", "crad", "--json"])))["changelog"] == []
+
+
+def _card(name: str):
+    from hfl_bench.registry import METHODS
+
+    return METHODS.get(name).card
+
+
 def test_describe_the_other_kinds():
     runner = CliRunner()
     result = runner.invoke(app, ["describe", "digits"])

@@ -5,7 +5,9 @@ Generated here, never committed (they are products of the code, like ``hfl-bench
 
 - ``reference/cli.md``: every command and subcommand of the Typer app, with usage, help and options;
 - ``reference/methods/index.md`` and ``reference/methods/NAME.md``: one page per registered method
-  (built-ins and installed plugins) from its card, its module docstring and its ``Params``;
+  (built-ins and installed plugins) from its card, its ``Params`` and its notes: a built-in module's
+  ``docs/reference/method-notes/MODULE.md`` (the paper and the choices; its docstring sums them up),
+  else the module docstring (a plugin's);
 - ``reference/record-schema.md``: the newest record JSON Schema as a table of fields;
 - ``reference/plugins.md``: the registered tasks, pools, partitioners and aggregation rules.
 
@@ -33,6 +35,9 @@ ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ("leaderboards/plots/**/*.png", "leaderboards/site.png")
 METHODS_NAV_TITLE = "Methods"
 METHODS_DIR = "reference/methods"
+# A built-in method module's full notes (moved out of its docstring), by the module's file name.
+NOTES_DIR = ROOT / "docs" / "reference" / "method-notes"
+_NOTES_HEAD = re.compile(r"\A# [^\n]*\n+(<!--.*?-->\n+)?", re.S)
 STATIC_PAGES = ("reference/cli.md", "reference/record-schema.md", "reference/plugins.md",
                 f"{METHODS_DIR}/index.md")
 
@@ -127,10 +132,10 @@ def presets_section(name: str, presets: dict[str, Any]) -> str:
             "budget.\n\n" + table(["preset", "hyperparameters"], rows))
 
 
-# Card fields the reference does not show as rows: the notes and presets have sections of their own,
+# Card fields the reference does not show as rows: the notes, presets and changelog have sections of their own,
 # the smoke settings are the test suite's, and the reason a method refuses missing modalities is
 # folded into that row (``card_rows``).
-NOT_ROWS = ("notes", "presets", "smoke", "why_single_modality")
+NOT_ROWS = ("notes", "presets", "smoke", "why_single_modality", "changelog")
 
 
 def card_rows(card: dict[str, Any]) -> list[list[Any]]:
@@ -146,9 +151,20 @@ def card_rows(card: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+def method_notes(cls: type) -> tuple[str, str]:
+    """Where a method's notes come from (markdown) and their text: its module's file under
+    ``NOTES_DIR`` (the title and the comment under it left out), else its module docstring ("" where
+    it has none)."""
+    module = cls.__module__
+    path = NOTES_DIR / f"{module.rsplit('.', 1)[-1]}.md"
+    if module.startswith("hfl_bench.methods.") and path.is_file():
+        return f"`docs/reference/method-notes/{path.name}`", _NOTES_HEAD.sub("", path.read_text(encoding="utf-8"))
+    return f"the docstring of `{module}`", inspect.getdoc(sys.modules.get(module)) or ""
+
+
 def method_page(name: str, cls: type) -> str:
     card = method_card(name, cls)
-    module_doc = inspect.getdoc(sys.modules.get(cls.__module__)) or ""
+    source, module_doc = method_notes(cls)
     notes = card.get("notes") or ()
     parts = [GENERATED_NOTE, f"# `{name}`\n\n", prose(card.get("summary") or "") + "\n\n",
              "## Card\n\n",
@@ -156,12 +172,15 @@ def method_page(name: str, cls: type) -> str:
              "\n## Presets\n\n", presets_section(name, card.get("presets") or {}),
              "\n## Choices where the source is silent (`notes`, in every record)\n\n",
              "".join(f"- {prose(n)}\n" for n in notes) or "None declared.\n",
+             "\n## Changelog\n\n",
+             "".join(f"- {prose(e['version'])}: {prose(e['change'])}\n" for e in card.get("changelog") or ())
+             or f"None: `{name}` is at its first version.\n",
              "\n## Hyperparameters\n\n",
              "Set with `--set KEY=VALUE` on `hfl-bench run`, or under `method_params:` in a YAML config.\n\n"]
     rows = hyperparameter_rows(getattr(cls, "Params", None))
     parts.append(table(["name", "type", "default", "help"], rows) if rows else f"`{name}` has no hyperparameters.\n")
-    parts += ["\n## The paper and the choices (module docstring)\n\n",
-              f"From `{cls.__module__}`:\n\n", prose(module_doc) + "\n" if module_doc else "No module docstring.\n"]
+    parts += ["\n## The paper and the choices\n\n",
+              f"From {source}:\n\n", prose(module_doc) + "\n" if module_doc else "No module docstring.\n"]
     return "".join(parts)
 
 

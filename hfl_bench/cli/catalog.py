@@ -84,13 +84,15 @@ def list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
             card = obj.card
             row.update(description=card.summary, fidelity=card.fidelity, topology=card.topology,
                        transfer=card.transfer, single_architecture=card.single_architecture,
-                       peer_data=card.peer_data, predictor=card.predictor, refuses_faults=sorted(card.refuses_faults))
+                       peer_data=card.peer_data, predictor=card.predictor, refuses_faults=sorted(card.refuses_faults),
+                       version=card.version, presets={n: dict(v) for n, v in card.presets.items()})
         if kind == "tasks":
             info = obj.info
             row.update(version=info.version, classes=info.num_classes, input=list(info.input_shape),
                        source=info.source)
             if info.modalities:
                 row["modalities"] = {m.name: list(m.shape) for m in info.modalities}
+            row["defaults"] = dict(info.defaults)
         if kind == "aggregators":
             from hfl_bench.aggregation import aggregator_version  # here: an index answer imports no plugin
 
@@ -215,32 +217,63 @@ def _table_row(row: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in row.items() if k not in DECLARED}, "declares": _declares(row)}
 
 
-def list_view(kind: str, rows: list[dict[str, Any]]) -> list:
+# Fields of ``list``'s rows that --json always gives but a table or markdown shows only when --columns
+# names them (they would crowd the default view; ``describe`` shows them).
+ON_REQUEST = {"origin", "methods.version", "methods.presets", "tasks.defaults"}
+
+
+def shown_by_default(kind: str, column: str) -> bool:
+    return column not in ON_REQUEST and f"{kind}.{column}" not in ON_REQUEST
+
+
+def select_columns(kind: str, rows: list[dict[str, Any]], columns: list[str]) -> list[dict[str, Any]]:
+    """``rows`` with only ``columns``, in that order (``list --columns``); ConfigError, one line
+    naming the known columns, for one no row has."""
+    known = list(dict.fromkeys(c for row in rows for c in row))
+    unknown = [c for c in columns if c not in known]
+    if unknown or not columns:
+        raise ConfigError(f"--columns: {', '.join(unknown) or 'none given'} is no column of {kind}; "
+                          f"known: {', '.join(known)}")
+    return [{c: row[c] for c in columns if c in row} for row in rows]
+
+
+def list_view(kind: str, rows: list[dict[str, Any]], columns: list[str] | None = None) -> list:
+    if columns is not None:
+        rows = select_columns(kind, rows, columns)
+    else:
+        rows = [{c: v for c, v in row.items() if shown_by_default(kind, c)} for row in rows]
     rows = [_table_row(row) for row in rows]
-    columns = [c for c in (rows[0].keys() if rows else ["name"]) if c != "origin"]  # origin: --json only
+    columns = list(rows[0].keys()) if rows else ["name"]
     return [_table(kind, [_column(c, no_wrap=c not in WRAPPED, overflow="fold" if c in WRAPPED else "ellipsis",
                                   one_line=c == "input") for c in columns],
                    [[_shape_text(row[c]) if c == "input" else _cell_text(row[c]) for c in columns] for row in rows])]
 
 
-def _markdown_value(v: Any) -> str:
+def _markdown_value(v: Any, column: str = "") -> str:
+    if column == "presets":
+        return presets_text(v)
     if isinstance(v, list) and all(isinstance(x, int) for x in v):
         return _shape_text(v)  # an input shape, 1x8x8
     if isinstance(v, list):
         return "; ".join(map(str, v))
+    if isinstance(v, dict) and column == "defaults":  # a task's protocol defaults, as --set-like pairs
+        return ", ".join(f"{k}={x}" for k, x in v.items())
     if isinstance(v, dict):
         return "; ".join(f"{k}: {_shape_text(x)}" for k, x in v.items())
     return fmt(v)
 
 
-def markdown_list(rows: list[dict[str, Any]]) -> str:
-    """``hfl-bench list KIND --format markdown``: the rows of ``--json`` as a markdown table (all
-    columns but ``origin``), every cell escaped as plugin text."""
-    columns = [c for c in (rows[0].keys() if rows else ["name"]) if c != "origin"]
-    for row in rows:  # a column only some rows have (a task's modalities) goes last
-        columns += [c for c in row if c not in columns and c != "origin"]
+def markdown_list(rows: list[dict[str, Any]], kind: str = "", columns: list[str] | None = None) -> str:
+    """``hfl-bench list KIND --format markdown``: the rows of ``--json`` as a markdown table (the
+    columns shown by default, or ``columns`` in their order), every cell escaped as plugin text."""
+    if columns is not None:
+        rows = select_columns(kind, rows, columns)
+    else:
+        columns = [c for c in (rows[0].keys() if rows else ["name"]) if shown_by_default(kind, c)]
+        for row in rows:  # a column only some rows have (a task's modalities) goes last
+            columns += [c for c in row if c not in columns and shown_by_default(kind, c)]
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(markdown_cell(_markdown_value(r[c])) if c in r else "" for c in columns) + " |"
+    lines += ["| " + " | ".join(markdown_cell(_markdown_value(r[c], c)) if c in r else "" for c in columns) + " |"
               for r in rows]
     return "\n".join(lines) + "\n"
 
@@ -284,6 +317,10 @@ def _method_view(info: dict[str, Any]) -> list:
     if info["notes"]:
         view.append(["heading", "notes (choices the suite made where the source leaves room):"])
         view += [["bullet", str(n)] for n in info["notes"]]
+    changelog = info.get("changelog") or []  # an index written before the card had one: none
+    if changelog:
+        view.append(["heading", "changelog (what each version changed, oldest first):"])
+        view += [["bullet", f"{e['version']}: {e['change']}"] for e in changelog]
     return view + params_view(info["name"], info["hyperparameters"])
 
 

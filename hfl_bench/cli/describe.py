@@ -1,6 +1,6 @@
 """``hfl-bench describe NAME``: everything one plugin declares. A method's card
 (``hfl_bench.method_card``: version, fidelity, topology, citation, the transfer data it reads,
-whether it needs one architecture or runs missing modalities, the fault kinds it refuses, notes)
+whether it needs one architecture or runs missing modalities, the fault kinds it refuses, notes, changelog)
 and its hyperparameters (type, default, help); a task's ``TaskInfo``; a pool's members; an
 aggregator's or partitioner's docstring.
 
@@ -31,7 +31,7 @@ def describe(
 ):
     """Show what a plugin declares: a method's card and hyperparameters; a task's metadata; a pool's members.
 
-    A method's card: version, fidelity, topology, citation, transfer data, refusals and notes. An
+    A method's card: version, fidelity, topology, citation, transfer data, refusals, notes and changelog. An
     aggregator or partitioner shows its documentation; --json prints it all as JSON. Read from
     the metadata index, like list (HFL_BENCH_NO_INDEX=1 imports the plugins instead)."""
     if kind is not None and kind not in REGISTRIES:

@@ -19,6 +19,9 @@ def list_(
     task: str = typer.Option("digits", help="For pools: the task whose input shape sizes the models."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, markdown or json."),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
+    columns: str = typer.Option(
+        None, "--columns", help="Comma-separated columns to show, in that order (any field of --json, "
+        "e.g. name,version,presets for methods, name,defaults for tasks)."),
 ):
     """List registered plugins of one kind.
 
@@ -31,10 +34,15 @@ def list_(
         entry = catalog.answer(lambda c: c.list_entry(kind, task))
     except USER_ERRORS as e:
         fail(str(e))
+    chosen = [c.strip() for c in columns.split(",") if c.strip()] if columns is not None else None
+    try:
+        rows = entry["json"] if chosen is None else catalog.select_columns(kind, entry["json"], chosen)
+    except USER_ERRORS as e:
+        fail(str(e))
     if fmt == "json":
-        emit_json(entry["json"])
+        emit_json(rows)
         return
     if fmt == "markdown":
-        typer.echo(catalog.markdown_list(entry["json"]), nl=False)
+        typer.echo(catalog.markdown_list(rows, kind, chosen), nl=False)
         return
-    catalog.render(out, entry["view"])
+    catalog.render(out, entry["view"] if chosen is None else catalog.list_view(kind, rows, chosen))

@@ -1,7 +1,7 @@
 """FedMD's exchange (Li & Wang, arXiv 1910.03581), shared by ``fedmd`` (on the public set) and
 ``fedgd`` (on a synthetic set): the consensus of the clients' logits on a transfer set, the
 digest step toward it and the revisit step on private data. The choices behind each step are in
-``methods/fedmd.py``'s docstring and notes.
+fedmd's card notes and ``docs/reference/method-notes/fedmd.md``.
 """
 
 from __future__ import annotations

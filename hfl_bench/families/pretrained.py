@@ -79,13 +79,6 @@ class ConvEncoder(nn.Module):
         return self.project(self.body(x))
 
 
-def check_shape(input_shape: tuple[int, ...]) -> str | None:
-    """Why ``ConvEncoder`` cannot read samples of this shape (None: it can)."""
-    if len(input_shape) != 3:
-        return f"reads C x H x W inputs, not shape {tuple(input_shape)}"
-    return None
-
-
 def data_fingerprint(x: torch.Tensor, y: torch.Tensor) -> str:
     """16 hex characters of a sha256 over the samples (float32) and labels (int64), shapes included."""
     h = hashlib.sha256()
