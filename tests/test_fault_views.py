@@ -162,8 +162,10 @@ def test_drop_is_paired_by_seed(folder):
 
 
 def with_final(r: dict, shift: float) -> dict:
-    """``r`` with a final window: each client's final figure its selected one + ``shift``."""
-    rows = [dict(c, global_acc=c["global_acc"] + shift) for c in r["metrics"]["per_client"]]
+    """``r`` with a final window: each client's final figure its selected one + ``shift`` (the
+    fields the writer gives a final per-client row)."""
+    rows = [{"cid": c["cid"], "global_acc": c["global_acc"] + shift, "local_acc": c["local_acc"]}
+            for c in r["metrics"]["per_client"]]
     r["metrics"]["final"] = {"rounds": 2, "first_round": 1, "last_round": 2, "local_acc": 80.0, "per_client": rows,
                              "global_acc": statistics.fmean(c["global_acc"] for c in rows)}
     return r

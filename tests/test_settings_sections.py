@@ -321,8 +321,10 @@ def test_a_run_record_states_peer_data_and_its_predictor(run_record, tmp_path):
 
 
 def test_committed_records_before_1_7_read_their_regime_from_the_card():
-    """The committed digits records (schema 1.6) state neither peer data nor predictor: the
-    registered cards give them, DFML's predictor at the record's own hyperparameters."""
+    """The committed digits records (schema 1.6) state neither peer data nor predictor: the upgrade
+    fills them from the frozen table of built-in cards, DFML's predictor at the record's own
+    hyperparameters, and the readers read them from the upgraded record."""
+    from hfl_bench.record.upgrade import upgrade
     from hfl_bench.results.setting import peer_data_setting, predictor_setting
 
     folder = Path(__file__).resolve().parent.parent / "leaderboards" / "reproduced" / "digits"
@@ -330,7 +332,7 @@ def test_committed_records_before_1_7_read_their_regime_from_the_card():
                                      ("fedproto", False, "prototype classifier")):
         r = json.loads(next(folder.glob(f"digits__{method}__*__seed0.json")).read_text())
         assert r["schema_version"] == "1.6" and not {"peer_data", "predictor"} & set(r["method"])
-        assert (peer_data_setting(r), predictor_setting(r)) == (peers, predictor)
+        assert (peer_data_setting(upgrade(r)), predictor_setting(upgrade(r))) == (peers, predictor)
     current = json.loads(next(folder.glob("digits__dfml__*__seed0.json")).read_text())
     current["method"]["hparams"]["eval"] = "current"  # what a 1.6 record of the control holds
-    assert predictor_setting(current) == "live model"
+    assert predictor_setting(upgrade(current)) == "live model"
