@@ -137,7 +137,7 @@ class _ExecutorRegistry(Registry["type[Executor]"]):
 
         def add(cls: Any) -> Any:
             added(cls)
-            if not cls.name:  # a class registered under several names keeps its first
+            if not vars(cls).get("name"):  # its own, not a base's; registered under several: the first
                 cls.name = name.strip()
             return cls
 
@@ -172,7 +172,8 @@ def executor_options(name: str, given: Optional[Mapping[str, Any]] = None) -> Ex
     for field in given:
         if field not in takes:
             owners = [n for n, cls in EXECUTORS.items() if field in {f.name for f in dataclasses.fields(cls.Options)}]
-            where = f"is for --executor {' or '.join(owners)}" if owners else "is for no executor"
+            listed = " or ".join([", ".join(owners[:-1]), owners[-1]] if len(owners) > 1 else owners)
+            where = f"is for --executor {listed}" if owners else "is for no executor"
             hint = options.HINTS.get(field)
             raise ConfigError(f"{flag(field)} {where}, not {name}" + (f"; {hint}" if hint else ""))
     made = options(**{k: v for k, v in given.items() if v is not None})
