@@ -18,16 +18,17 @@ import pytest
 import yaml
 
 from hfl_bench.config import ConfigError
-from hfl_bench.matrix.executor_api import (
-    EXECUTORS,
-    Executor,
-    ExecutorOptions,
+from hfl_bench.matrix.executor_api import EXECUTORS, Executor, ExecutorOptions, register_executor
+from hfl_bench.matrix.executors import (
+    LocalOptions,
+    PoolExecutor,
+    PoolOptions,
+    RayExecutor,
+    RayOptions,
     executor_class,
     executor_options,
     make_executor,
-    register_executor,
 )
-from hfl_bench.matrix.executors import LocalOptions, PoolExecutor, PoolOptions, RayExecutor, RayOptions
 from hfl_bench.matrix.runner import run_matrix
 from hfl_bench.matrix.suite import parse_suite, suite_cells
 from hfl_bench.registry import RegistryError

@@ -52,7 +52,7 @@ class MatrixCommand(BenchCommand):
     commands never load them."""
 
     def format_help(self, ctx, formatter) -> None:
-        from hfl_bench.matrix.executor_api import EXECUTORS
+        from hfl_bench.matrix.executors import EXECUTORS
         from hfl_bench.registry import describe
 
         listed = "; ".join(f"{name}: {_lower_first(describe(cls).rstrip('.'))}" for name, cls in EXECUTORS.items())
@@ -111,7 +111,7 @@ def matrix(
     """
     # Imported here so that `hfl-bench --help` does not pay for the matrix runner.
     from hfl_bench.config import ConfigError
-    from hfl_bench.matrix.executor_api import executor_options
+    from hfl_bench.matrix.executors import executor_options
     from hfl_bench.matrix.gpus import parse_cells_per_gpu
     from hfl_bench.matrix.runner import count_statuses, dry_run_row, exit_code, run_matrix, throughput
     from hfl_bench.matrix.suite import load_suite, parse_seeds, suite_cells

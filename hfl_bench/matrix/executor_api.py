@@ -7,12 +7,13 @@ validates their values). Executors live in the registry ``EXECUTORS``, keyed by 
 ``@register_executor("name")`` on the class, or, from another package, an entry point of the group
 ``hfl_bench.executors`` naming the module that registers it or the class itself (registered under
 the entry point's name). The built-ins (``executors``: ``local``, ``pool``, ``ray``) are registered
-before any plugin loads, so a plugin cannot take their names.
+before any plugin loads, so a plugin cannot take their names; look executors up there
+(``executors.executor_class``, ``make_executor``).
 
-``executor_options(name, given)`` turns the flags given into the executor's options, in one place:
-a flag the executor does not take, or a bad value, is one ``ConfigError`` line (exit 2 from the
-CLI). The driver (``runner.run_matrix``) claims each cell's record before and writes it after; an
-executor only runs cells and hands back what they return.
+``executors.executor_options(name, given)`` turns the flags given into the executor's options, in
+one place: a flag the executor does not take, or a bad value, is one ``ConfigError`` line (exit 2
+from the CLI). The driver (``runner.run_matrix``) claims each cell's record before and writes it
+after; an executor only runs cells and hands back what they return.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.registry import Registry, RegistryError
@@ -126,11 +127,7 @@ def check_executor_class(name: str, cls: Any) -> None:
 
 
 class _ExecutorRegistry(Registry["type[Executor]"]):
-    def discover(self) -> None:
-        # the built-ins first, so a plugin's entry point cannot take their names
-        import hfl_bench.matrix.executors  # noqa: F401 - registers local, pool and ray
-
-        super().discover()
+    """A registry that gives each class registered the name it is registered under (``Executor.name``)."""
 
     def register(self, name: str, obj: Any = None, *, origin: Optional[str] = None):
         added = super().register(name, origin=origin)
@@ -144,6 +141,9 @@ class _ExecutorRegistry(Registry["type[Executor]"]):
         return add if obj is None else add(obj)
 
 
+# Look executors up through ``hfl_bench.matrix.executors`` (``executor_class``, ``make_executor``):
+# importing it registers the built-ins before any plugin's entry point loads (the entry point
+# ``builtin`` of the group does the same for a discovery started here).
 EXECUTORS = _ExecutorRegistry("executor", "hfl_bench.executors")
 EXECUTORS.validate = check_executor_class  # also checks classes third-party entry points register
 
@@ -151,44 +151,3 @@ EXECUTORS.validate = check_executor_class  # also checks classes third-party ent
 def register_executor(name: str) -> Callable[[type], type]:
     """Class decorator: register an ``Executor`` subclass under ``name`` (refuses anything else)."""
     return EXECUTORS.register(name)
-
-
-def executor_class(name: str) -> type[Executor]:
-    """The executor registered as ``name``; an unknown name is a ``ConfigError`` with the closest
-    registered one ("Did you mean") and the list."""
-    try:
-        return EXECUTORS.get(name)
-    except RegistryError as e:
-        raise ConfigError(f"--executor: {e}") from None
-
-
-def executor_options(name: str, given: Optional[Mapping[str, Any]] = None) -> ExecutorOptions:
-    """The options of executor ``name`` from the flags given (field name -> value; a field present
-    counts as given, even as None), checked: a field the executor does not take names the
-    executors that do (and the executor's hint, ``ExecutorOptions.HINTS``)."""
-    given = given or {}
-    options = executor_class(name).Options
-    takes = {f.name for f in dataclasses.fields(options)}
-    for field in given:
-        if field not in takes:
-            owners = [n for n, cls in EXECUTORS.items() if field in {f.name for f in dataclasses.fields(cls.Options)}]
-            listed = " or ".join([", ".join(owners[:-1]), owners[-1]] if len(owners) > 1 else owners)
-            where = f"is for --executor {listed}" if owners else "is for no executor"
-            hint = options.HINTS.get(field)
-            raise ConfigError(f"{flag(field)} {where}, not {name}" + (f"; {hint}" if hint else ""))
-    made = options(**{k: v for k, v in given.items() if v is not None})
-    made.check()
-    return made
-
-
-def make_executor(executor: str | Executor, options: Optional[ExecutorOptions] = None) -> Executor:
-    """An executor instance from a name and its options (None: its defaults), or the instance given
-    (which has its own options: passing others too is an error)."""
-    if isinstance(executor, Executor):
-        if options is not None and options is not executor.options:
-            raise ConfigError("an Executor instance carries its own options: pass the name with options, "
-                              "or the instance alone")
-        return executor
-    if not isinstance(executor, str):
-        raise ConfigError(f"executor must be a registered name or an Executor, got {executor!r}")
-    return executor_class(executor)(options)

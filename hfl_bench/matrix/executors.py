@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.matrix.cells import error_text, failed_record, run_cell
@@ -37,18 +37,70 @@ from hfl_bench.matrix.executor_api import (
     OnRecord,
     OnRound,
     Plugins,
+    flag,
     job_of,
     register_executor,
     run_here,
 )
 from hfl_bench.matrix.suite import Cell
+from hfl_bench.registry import RegistryError
 from hfl_bench.resolved import ResolvedRun
 from hfl_bench.runpath import each_round
 
 __all__ = ["EXECUTORS", "LocalExecutor", "LocalOptions", "PoolExecutor", "PoolOptions", "RayExecutor",
-           "RayOptions", "job_of", "run_process_pool"]
+           "RayOptions", "executor_class", "executor_options", "job_of", "make_executor", "run_process_pool"]
 
 Done = OnRecord  # the name the functions below always used
+
+
+# ----------------------------------------------------------------------------- looking executors up
+# Here, not in executor_api: importing this module registers the built-ins below before any
+# plugin's entry point loads, so a lookup always sees them and no plugin takes their names.
+
+
+def executor_class(name: str) -> type[Executor]:
+    """The executor registered as ``name``; an unknown name is a ``ConfigError`` with the closest
+    registered one ("Did you mean") and the list."""
+    try:
+        return EXECUTORS.get(name)
+    except RegistryError as e:
+        raise ConfigError(f"--executor: {e}") from None
+
+
+def executor_options(name: str, given: Optional[Mapping[str, Any]] = None) -> ExecutorOptions:
+    """The options of executor ``name`` from the flags given (field name -> value; a field present
+    counts as given, even as None), checked: a field the executor does not take names the
+    executors that do (and the executor's hint, ``ExecutorOptions.HINTS``)."""
+    given = given or {}
+    options = executor_class(name).Options
+    takes = {f.name for f in dataclasses.fields(options)}
+    for field in given:
+        if field not in takes:
+            owners = [n for n, cls in EXECUTORS.items() if field in {f.name for f in dataclasses.fields(cls.Options)}]
+            listed = " or ".join([", ".join(owners[:-1]), owners[-1]] if len(owners) > 1 else owners)
+            where = f"is for --executor {listed}" if owners else "is for no executor"
+            hint = options.HINTS.get(field)
+            raise ConfigError(f"{flag(field)} {where}, not {name}" + (f"; {hint}" if hint else ""))
+    made = options(**{k: v for k, v in given.items() if v is not None})
+    made.check()
+    return made
+
+
+def make_executor(executor: str | Executor, options: Optional[ExecutorOptions] = None) -> Executor:
+    """An executor instance from a name and its options (None: its defaults), or the instance given
+    (which has its own options: passing others too is an error)."""
+    if isinstance(executor, Executor):
+        if options is not None and options is not executor.options:
+            raise ConfigError("an Executor instance carries its own options: pass the name with options, "
+                              "or the instance alone")
+        return executor
+    if not isinstance(executor, str):
+        raise ConfigError(f"executor must be a registered name or an Executor, got {executor!r}")
+    return executor_class(executor)(options)
+
+
+# ----------------------------------------------------------------------------- the built-ins
+
 
 WATCH_INTERVAL_S = 0.5  # how often a pool worker checks that its driver is still there
 RAY_WAIT_S = 0.5  # how long the Ray driver blocks in ray.wait, which does not run signal handlers

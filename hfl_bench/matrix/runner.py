@@ -9,7 +9,8 @@ from typing import Any, Callable, Iterable, Optional
 from hfl_bench import claims, runpath
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.matrix.cells import error_text, failed_record
-from hfl_bench.matrix.executor_api import Executor, ExecutorOptions, make_executor
+from hfl_bench.matrix.executor_api import Executor, ExecutorOptions
+from hfl_bench.matrix.executors import make_executor
 from hfl_bench.matrix.resume import existing_record
 from hfl_bench.matrix.suite import Cell
 from hfl_bench.registry import resolve_plugins
