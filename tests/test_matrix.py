@@ -477,9 +477,11 @@ def test_process_pool_executor(tmp_path, validator):
 
 def test_bad_flags_exit_2(tmp_path):
     suite = _write_suite(tmp_path / "s.yaml", methods=["local"], tasks=["digits"], out=str(tmp_path / "o"))
-    for args, message in ([("--executor", "dask"), "--executor must be one of local, ray"],
+    for args, message in ([("--executor", "dask"), "unknown executor 'dask'. Available: local, pool, ray"],
+                          [("--executor", "rey"), "unknown executor 'rey'. Did you mean 'ray'?"],
                           [("--jobs", "0"), "--jobs must be >= 1"],
-                          [("--address", "auto"), "are for --executor ray"]):
+                          [("--address", "auto"), "--address is for --executor ray, not local"],
+                          [("--executor", "pool", "--cpus-per-cell", "2"), "--cpus-per-cell is for --executor ray"]):
         result, _ = _invoke(str(suite), *args)
         assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "o").exists()

@@ -194,8 +194,11 @@ def _suite(tmp_path: Path) -> Path:
     (["--cells-per-gpu", "0"], "--cells-per-gpu must be a positive integer or auto, got '0'"),
     (["--cells-per-gpu", "-1"], "--cells-per-gpu must be a positive integer or auto, got '-1'"),
     (["--cells-per-gpu", "x"], "--cells-per-gpu must be a positive integer or auto, got 'x'"),
-    (["--executor", "ray", "--cells-per-gpu", "2"], "--cells-per-gpu is for --executor local; on Ray, --gpus-per-cell"),
-    (["--executor", "ray", "--cells-per-gpu", "auto"], "--cells-per-gpu is for --executor local"),
+    (["--executor", "ray", "--cells-per-gpu", "2"],
+     "--cells-per-gpu is for --executor local or pool, not ray; on Ray, --gpus-per-cell"),
+    (["--executor", "ray", "--cells-per-gpu", "auto"], "--cells-per-gpu is for --executor local or pool, not ray"),
+    (["--executor", "pool", "--gpus-per-cell", "0.5"], "--gpus-per-cell is for --executor ray, not pool; in the pool, "
+     "--cells-per-gpu"),
 ])
 def test_bad_cells_per_gpu_exits_2_with_one_line(tmp_path, args, message):
     result = CliRunner().invoke(app, ["matrix", str(_suite(tmp_path)), *args], env={"COLUMNS": "200"})

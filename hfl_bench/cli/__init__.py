@@ -66,7 +66,7 @@ def _build_app():
     command()(describe.describe)
     command()(partition.partition)
     app.add_typer(leaderboard.app, name="leaderboard")
-    command("matrix")(matrix.matrix)
+    app.command("matrix", cls=matrix.MatrixCommand)(matrix.matrix)  # --help lists the registered executors
     command("plot")(plots.plot_command)
     app.add_typer(prepare.app, name="prepare")
     return app

@@ -22,6 +22,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from hfl_bench.cli.options import BenchCommand
 from hfl_bench.cli.output import (
     USER_ERRORS,
     RoundLines,
@@ -42,22 +43,47 @@ if TYPE_CHECKING:
     from hfl_bench.matrix.suite import Cell, Suite
 
 
+EXECUTOR_HELP = "How the cells run: a registered executor (MatrixCommand lists them here)."
+
+
+class MatrixCommand(BenchCommand):
+    """``matrix``: its --help lists the executors registered when it is shown (the built-ins and
+    any installed plugin's, entry point group ``hfl_bench.executors``), read only then, so other
+    commands never load them."""
+
+    def format_help(self, ctx, formatter) -> None:
+        from hfl_bench.matrix.executors import EXECUTORS
+        from hfl_bench.registry import describe
+
+        listed = "; ".join(f"{name}: {_lower_first(describe(cls).rstrip('.'))}" for name, cls in EXECUTORS.items())
+        for param in self.params:
+            if param.name == "executor":
+                param.help = f"How the cells run, one of the registered executors: {listed}."
+        super().format_help(ctx, formatter)
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
 def matrix(
     suite_file: Path = typer.Argument(..., metavar="SUITE", help="Suite YAML (methods x tasks x seeds, "
                                       "optionally x fault settings; see README)."),
-    executor: str = typer.Option("local", help="local (in-process, or a process pool with --jobs > 1) or ray."),
+    executor: str = typer.Option("local", help=EXECUTOR_HELP),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="local: worker processes \\[default: 1, in-process]; "
-                                       "ray: most cells in flight \\[default: all]."),
+                                       "pool: worker processes \\[default: the CPUs]; ray: most cells in flight "
+                                       "\\[default: all]."),
     threads: Optional[int] = typer.Option(None, help="Torch threads per cell; default: 1 in a pool worker, "
                                           "--cpus-per-cell in a Ray task, unchanged in-process."),
     address: Optional[str] = typer.Option(None, help="Ray: address of an existing cluster (or 'auto'); "
                                           "default: start a local Ray on loopback."),
-    cpus_per_cell: float = typer.Option(1, help="Ray: CPUs each cell asks for."),
+    cpus_per_cell: Optional[float] = typer.Option(None, help="Ray: CPUs each cell asks for \\[default: 1]."),
     gpus_per_cell: Optional[float] = typer.Option(None, help="Ray: GPUs each cell asks for; default: 1 if the cell's "
                                                   "device is cuda, or auto on a cluster with GPUs, else 0."),
     cells_per_gpu: Optional[str] = typer.Option(
         None, "--cells-per-gpu", metavar="<int|auto>",
-        help="Local pool (--jobs > 1): most cells at once on each visible GPU, for cells whose device is cuda, "
+        help="Pool (--executor pool, or local with --jobs > 1): most cells at once on each visible GPU, for cells "
+             "whose device is cuda, "
              "cuda:N or auto (when there is a GPU); each such cell runs on the GPU with the fewest cells running "
              "(a cell set to cuda:N keeps it). auto: one per GPU until a cell reports its peak CUDA memory after "
              "its first round, then floor(0.8 x the GPU's memory / the largest peak so far), 1 to 8. --jobs caps "
@@ -85,27 +111,21 @@ def matrix(
     """
     # Imported here so that `hfl-bench --help` does not pay for the matrix runner.
     from hfl_bench.config import ConfigError
-    from hfl_bench.matrix.executors import EXECUTORS
+    from hfl_bench.matrix.executors import executor_options
     from hfl_bench.matrix.gpus import parse_cells_per_gpu
     from hfl_bench.matrix.runner import count_statuses, dry_run_row, exit_code, run_matrix, throughput
     from hfl_bench.matrix.suite import load_suite, parse_seeds, suite_cells
     from hfl_bench.paths import check_out_dir
 
-    if executor not in EXECUTORS:
-        fail(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    if jobs is not None and jobs < 1:
-        fail(f"--jobs must be >= 1, got {jobs}")
-    if threads is not None and threads < 1:
-        fail(f"--threads must be >= 1, got {threads}")
-    if cpus_per_cell <= 0 or (gpus_per_cell is not None and gpus_per_cell < 0):
-        fail("--cpus-per-cell must be > 0 and --gpus-per-cell >= 0")
-    if executor == "local" and (address or gpus_per_cell is not None):
-        fail("--address and --gpus-per-cell are for --executor ray")
-    if executor == "ray" and cells_per_gpu is not None:
-        fail("--cells-per-gpu is for --executor local; on Ray, --gpus-per-cell sets each cell's share of a GPU "
-             "(0.5: two cells per GPU)")
+    # The flags given, by options field; the executor's options dataclass takes them or says which
+    # executor does (executor_api.executor_options).
+    given = {name: value for name, value in (("jobs", jobs), ("threads", threads), ("address", address),
+                                             ("cpus_per_cell", cpus_per_cell), ("gpus_per_cell", gpus_per_cell),
+                                             ("cells_per_gpu", cells_per_gpu)) if value is not None}
     try:
-        per_gpu = parse_cells_per_gpu(cells_per_gpu)
+        if "cells_per_gpu" in given:  # auto stays given (None, the default): refused where not taken
+            given["cells_per_gpu"] = parse_cells_per_gpu(cells_per_gpu)
+        options = executor_options(executor, given)
     except ConfigError as e:
         fail(str(e))
     finished: list[dict[str, Any]] = []
@@ -126,8 +146,7 @@ def matrix(
                     finished.append(row)
                     bar.cell_done(row)
 
-                rows = run_matrix(cells, executor, jobs, threads, address, cpus_per_cell, gpus_per_cell,
-                                  on_cell=on_cell, round_progress=bar.rounds, cells_per_gpu=per_gpu,
+                rows = run_matrix(cells, executor, options, on_cell=on_cell, round_progress=bar.rounds,
                                   trackers=suite.trackers)
             elapsed = time.perf_counter() - t0
     except USER_ERRORS as e:

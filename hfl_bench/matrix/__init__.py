@@ -2,8 +2,10 @@
 ``hfl_bench.cli.matrix`` is the ``hfl-bench matrix`` command).
 
 Modules: ``suite`` (the suite file and its cells), ``resume`` (which cells already have a final
-record), ``cells`` (running one cell into a record), ``executors`` (in-process, process pool,
-Ray) and ``runner`` (run_matrix, dry runs and the summary rows).
+record), ``cells`` (running one cell into a record), ``executor_api`` (the ``Executor`` base class,
+its options dataclasses and the ``EXECUTORS`` registry, plugins' through the entry point group
+``hfl_bench.executors``), ``executors`` (the built-ins: local, in this process; pool, worker
+processes; ray, Ray tasks) and ``runner`` (run_matrix, dry runs and the summary rows).
 
 A suite is a YAML file (format below, and in the README). Each cell is one ``RunConfig``,
 resolved against its task's defaults, run as ``engine.run`` + ``recording.build_record`` and

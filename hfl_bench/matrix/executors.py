@@ -1,15 +1,18 @@
-"""Executors: in-process (``--jobs 1``), local worker processes, one per cell (forkserver, not
-fork: torch is imported), or Ray tasks on a local or existing cluster. Workers and Ray tasks
-return the record and the driver writes it (``done``), so records land in the driver's folder
-even on a multi-machine cluster; a worker that dies costs only its own cell. Local workers of
-CUDA cells share out the visible GPUs (``--cells-per-gpu``, ``hfl_bench.matrix.gpus``).
+"""The built-in executors (``executor_api``): ``local``, the cells one after another in this
+process; ``pool``, each cell in a worker process of its own (forkserver, not fork: torch is
+imported), up to ``--jobs`` at once; ``ray``, each cell a Ray task on a local or existing cluster.
+``local`` with ``--jobs`` > 1 runs the pool, as ``--executor local --jobs N`` always did. Workers and
+Ray tasks return the record and the driver writes it (``on_record``), so records land in the
+driver's folder even on a multi-machine cluster; a worker that dies costs only its own cell. Pool
+workers of CUDA cells share out the visible GPUs (``--cells-per-gpu``, ``hfl_bench.matrix.gpus``).
 
 Workers and Ray tasks load the plugins the driver resolved at the matrix's start, no others
 (``plugins``: ``hfl_bench.registry.resolve_plugins`` / ``pin``): a plugin installed while a
 matrix runs is not loaded by its later cells, so it cannot change or break them.
 
-A local cell's rounds reach the driver as they end (``on_round``: the experiment trackers log
-them live); a Ray task's reach it with its record.
+Every executor reports each cell's rounds as they end (``on_round``: the experiment trackers log
+them live): a pool worker sends them down its pipe (``RoundReport``), a Ray task puts them on a
+``ray.util.queue.Queue`` that the driver drains while it waits for records.
 
 Workers die with their driver (``die_with``), however it ends, and leave Ctrl-C to it: the
 driver then ends them at once (``stop_workers``). A local Ray started by the driver is shut down
@@ -23,20 +26,80 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.matrix.cells import error_text, failed_record, run_cell
+from hfl_bench.matrix.executor_api import (
+    EXECUTORS,
+    Executor,
+    ExecutorOptions,
+    OnRecord,
+    OnRound,
+    Plugins,
+    flag,
+    job_of,
+    register_executor,
+    run_here,
+)
 from hfl_bench.matrix.suite import Cell
+from hfl_bench.registry import RegistryError
 from hfl_bench.resolved import ResolvedRun
 from hfl_bench.runpath import each_round
 
-EXECUTORS = ("local", "ray")
+__all__ = ["EXECUTORS", "LocalExecutor", "LocalOptions", "PoolExecutor", "PoolOptions", "RayExecutor",
+           "RayOptions", "executor_class", "executor_options", "job_of", "make_executor", "run_process_pool"]
 
-Done = Callable[[Cell, dict[str, Any]], None]
-OnRound = Callable[[Cell, dict[str, Any]], None]  # a cell's history entry, as the round ends
-# The entry points a matrix's driver loaded at its start (``hfl_bench.registry.resolve_plugins``).
-Plugins = Optional[tuple[tuple[str, str, str, str], ...]]
+Done = OnRecord  # the name the functions below always used
+
+
+# ----------------------------------------------------------------------------- looking executors up
+# Here, not in executor_api: importing this module registers the built-ins below before any
+# plugin's entry point loads, so a lookup always sees them and no plugin takes their names.
+
+
+def executor_class(name: str) -> type[Executor]:
+    """The executor registered as ``name``; an unknown name is a ``ConfigError`` with the closest
+    registered one ("Did you mean") and the list."""
+    try:
+        return EXECUTORS.get(name)
+    except RegistryError as e:
+        raise ConfigError(f"--executor: {e}") from None
+
+
+def executor_options(name: str, given: Optional[Mapping[str, Any]] = None) -> ExecutorOptions:
+    """The options of executor ``name`` from the flags given (field name -> value; a field present
+    counts as given, even as None), checked: a field the executor does not take names the
+    executors that do (and the executor's hint, ``ExecutorOptions.HINTS``)."""
+    given = given or {}
+    options = executor_class(name).Options
+    takes = {f.name for f in dataclasses.fields(options)}
+    for field in given:
+        if field not in takes:
+            owners = [n for n, cls in EXECUTORS.items() if field in {f.name for f in dataclasses.fields(cls.Options)}]
+            listed = " or ".join([", ".join(owners[:-1]), owners[-1]] if len(owners) > 1 else owners)
+            where = f"is for --executor {listed}" if owners else "is for no executor"
+            hint = options.HINTS.get(field)
+            raise ConfigError(f"{flag(field)} {where}, not {name}" + (f"; {hint}" if hint else ""))
+    made = options(**{k: v for k, v in given.items() if v is not None})
+    made.check()
+    return made
+
+
+def make_executor(executor: str | Executor, options: Optional[ExecutorOptions] = None) -> Executor:
+    """An executor instance from a name and its options (None: its defaults), or the instance given
+    (which has its own options: passing others too is an error)."""
+    if isinstance(executor, Executor):
+        if options is not None and options is not executor.options:
+            raise ConfigError("an Executor instance carries its own options: pass the name with options, "
+                              "or the instance alone")
+        return executor
+    if not isinstance(executor, str):
+        raise ConfigError(f"executor must be a registered name or an Executor, got {executor!r}")
+    return executor_class(executor)(options)
+
+
+# ----------------------------------------------------------------------------- the built-ins
 
 
 WATCH_INTERVAL_S = 0.5  # how often a pool worker checks that its driver is still there
@@ -109,14 +172,70 @@ class RoundReport:
     entry: dict[str, Any]
 
 
-def run_in_process(cells: list[Cell], done: Done, threads: Optional[int] = None,
-                   round_progress: Optional[Callable[[Cell], Callable]] = None,
-                   on_round: Optional[OnRound] = None) -> None:
-    """Serially, in this process (``--jobs 1``)."""
-    for cell in cells:
-        rounds = (lambda rnd, total, entry, c=cell: on_round(c, entry)) if on_round else None
-        progress = each_round(round_progress(cell) if round_progress else None, rounds)
-        done(cell, run_cell(job_of(cell), threads, progress))
+_POOL_GPU_HINT = "in the pool, --cells-per-gpu sets how many cells share a GPU"
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalOptions(ExecutorOptions):
+    """``--executor local``: ``threads``, torch threads (None: the process's, unchanged). ``jobs``
+    above 1 hands the cells to the pool (``PoolOptions``, with ``cells_per_gpu``), as
+    ``--executor local --jobs N`` always did; ``cells_per_gpu`` does nothing in this process."""
+
+    threads: Optional[int] = None
+    jobs: int = 1
+    cells_per_gpu: Optional[int] = None
+
+    HINTS: ClassVar[dict[str, str]] = {"gpus_per_cell": _POOL_GPU_HINT}
+
+
+@register_executor("local")
+class LocalExecutor(Executor):
+    """The cells one after another, in this process (the default; with --jobs > 1, the pool)."""
+
+    Options = LocalOptions
+    options: LocalOptions
+
+    @property
+    def serial(self) -> bool:
+        return self.options.jobs == 1
+
+    def run(self, cells: list[Cell], on_record: OnRecord, on_round: Optional[OnRound] = None,
+            plugins: Plugins = None) -> None:
+        o = self.options
+        if o.jobs > 1:
+            PoolExecutor(PoolOptions(o.jobs, o.threads, o.cells_per_gpu)).run(cells, on_record, on_round, plugins)
+            return
+        for cell in cells:
+            on_record(cell, run_here(cell, on_round, o.threads))
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolOptions(ExecutorOptions):
+    """``--executor pool``: ``jobs`` worker processes at most (None: the CPUs' count), ``threads``
+    torch threads each (None: 1), ``cells_per_gpu`` most cells per visible GPU (None: auto,
+    ``hfl_bench.matrix.gpus``)."""
+
+    jobs: Optional[int] = None
+    threads: Optional[int] = None
+    cells_per_gpu: Optional[int] = None
+
+    HINTS: ClassVar[dict[str, str]] = {"gpus_per_cell": _POOL_GPU_HINT}
+
+
+@register_executor("pool")
+class PoolExecutor(Executor):
+    """Each cell in a worker process of its own, up to --jobs at once (a dying worker fails only its cell)."""
+
+    Options = PoolOptions
+    options: PoolOptions
+
+    def run(self, cells: list[Cell], on_record: OnRecord, on_round: Optional[OnRound] = None,
+            plugins: Plugins = None) -> None:
+        import os
+
+        o = self.options
+        run_process_pool(cells, on_record, o.jobs or os.cpu_count() or 1, o.threads or 1, o.cells_per_gpu,
+                         plugins=plugins, on_round=on_round)
 
 
 def run_process_pool(cells: list[Cell], done: Done, jobs: int, threads: int = 1,
@@ -197,14 +316,6 @@ def _pinned(worker: Callable, plugins: Plugins, *args: Any) -> None:
 
     pin(plugins)
     worker(*args)
-
-
-def job_of(cell: Cell, device: Optional[str] = None) -> ResolvedRun | RunConfig:
-    """What a cell's worker runs: its ``ResolvedRun`` (a bare config for a cell built without one),
-    on ``device`` when given (not hashed: the same record path and claim)."""
-    if cell.run is not None:
-        return cell.run if device is None else cell.run.with_device(device)
-    return cell.cfg if device is None else dataclasses.replace(cell.cfg, device=device)
 
 
 def _cell_worker(job: ResolvedRun | RunConfig, threads: int, driver_pid: int, send, rounds: bool = False) -> None:
@@ -400,19 +511,51 @@ class TermAsLocal:
         signal.signal(signal.SIGTERM, self.previous if self.previous is not None else signal.SIG_DFL)
 
 
-def run_ray(cells: list[Cell], done: Done, address: Optional[str], cpus_per_cell: float = 1,
-            gpus_per_cell: Optional[float] = None, jobs: Optional[int] = None,
-            threads: Optional[int] = None, plugins: Plugins = None) -> None:
-    """Each cell a Ray task with its CPU/GPU request; at most ``jobs`` in flight (default: all,
-    Ray's scheduler decides). The task, pinned to ``plugins``, returns the record; ``done`` writes
-    it here. SIGTERM ends it as it ends a local matrix (``TermAsLocal``)."""
+_RAY_GPU_HINT = "on Ray, --gpus-per-cell sets each cell's share of a GPU (0.5: two cells per GPU)"
+
+
+@dataclasses.dataclass(frozen=True)
+class RayOptions(ExecutorOptions):
+    """``--executor ray``: ``address`` of an existing cluster (or ``auto``; None: start a local Ray
+    on loopback); ``cpus_per_cell`` and ``gpus_per_cell`` each task asks for (GPUs None: 1 for a
+    CUDA cell, or auto on a cluster with GPUs, else 0, ``cell_gpus``); ``jobs`` most cells in
+    flight (None: all, Ray's scheduler decides); ``threads`` torch threads (None: ``cpus_per_cell``)."""
+
+    address: Optional[str] = None
+    cpus_per_cell: float = 1
+    gpus_per_cell: Optional[float] = None
+    jobs: Optional[int] = None
+    threads: Optional[int] = None
+
+    HINTS: ClassVar[dict[str, str]] = {"cells_per_gpu": _RAY_GPU_HINT}
+
+
+@register_executor("ray")
+class RayExecutor(Executor):
+    """Each cell a Ray task on a local Ray or an existing cluster (--address), records written here."""
+
+    Options = RayOptions
+    options: RayOptions
+
+    def run(self, cells: list[Cell], on_record: OnRecord, on_round: Optional[OnRound] = None,
+            plugins: Plugins = None) -> None:
+        run_ray(cells, on_record, self.options, plugins, on_round)
+
+
+def run_ray(cells: list[Cell], done: Done, options: RayOptions, plugins: Plugins = None,
+            on_round: Optional[OnRound] = None) -> None:
+    """Each cell a Ray task with its CPU/GPU request; at most ``options.jobs`` in flight. The task,
+    pinned to ``plugins``, returns the record; ``done`` writes it here. With ``on_round``, each
+    task puts its rounds' history entries on a Ray queue as they end, and the driver passes them
+    on while it waits (``_RayRounds``). SIGTERM ends it as it ends a local matrix (``TermAsLocal``)."""
     ray = ray_module()
     term = TermAsLocal()
     started = False
     try:
-        started = start_ray(address)
+        started = start_ray(options.address)
         term.install()  # after ray.init, which replaced it
-        _ray_cells(ray, cells, done, cpus_per_cell, gpus_per_cell, jobs, threads, plugins, term.held)
+        with _RayRounds.open(ray, cells, on_round) as rounds:
+            _ray_cells(ray, cells, done, options, plugins, rounds, term.held)
     except _Terminated:
         pass  # the cells in flight are cancelled; ends by the signal below
     finally:
@@ -423,29 +566,79 @@ def run_ray(cells: list[Cell], done: Done, address: Optional[str], cpus_per_cell
             term.finish()
 
 
-def _ray_cells(ray, cells: list[Cell], done: Done, cpus_per_cell: float,
-               gpus_per_cell: Optional[float], jobs: Optional[int], threads: Optional[int],
-               plugins: Plugins, held: Callable = contextlib.nullcontext) -> None:
+def _ray_task(job: ResolvedRun | RunConfig, threads: int, plugins: Plugins, rounds: Any = None,
+              key: int = 0) -> dict[str, Any]:
+    """A Ray task: one cell's record; with ``rounds`` (a ``ray.util.queue.Queue``), each round's
+    history entry put there as ``(key, entry)`` as the round ends."""
+    def report(rnd: int, total: int, entry: dict[str, Any]) -> None:
+        try:
+            rounds.put((key, entry))
+        except Exception:  # noqa: BLE001 - a lost report never fails the cell: the record has every round
+            pass
+
+    return run_cell(job, threads, report if rounds is not None else None, plugins=plugins)
+
+
+class _RayRounds:
+    """The driver's end of the round reports: a Ray queue (an actor asking for no CPU) that the
+    tasks put ``(cell index, entry)`` on, drained into ``on_round``; with no ``on_round``, nothing."""
+
+    def __init__(self, queue: Any, cells: list[Cell], on_round: Optional[OnRound]):
+        self.queue, self.cells, self.on_round = queue, cells, on_round
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, ray, cells: list[Cell], on_round: Optional[OnRound]):
+        queue = None
+        if on_round is not None:
+            from ray.util.queue import Queue
+
+            queue = Queue(actor_options={"num_cpus": 0})
+        try:
+            yield cls(queue, cells, on_round)
+        finally:
+            if queue is not None:
+                with contextlib.suppress(Exception):  # best effort: ray.shutdown ends it anyway
+                    queue.shutdown()
+
+    def drain(self) -> None:
+        """Pass on every round reported so far (in the order put, so a cell's rounds in order)."""
+        if self.queue is None:
+            return
+        try:
+            size = self.queue.qsize()
+            entries = self.queue.get_nowait_batch(size) if size else []
+        except Exception:  # noqa: BLE001 - the queue is gone: the trackers replay the rest from the records
+            self.queue = None
+            return
+        for key, entry in entries:
+            self.on_round(self.cells[key], entry)
+
+
+def _ray_cells(ray, cells: list[Cell], done: Done, options: RayOptions, plugins: Plugins,
+               rounds: _RayRounds, held: Callable = contextlib.nullcontext) -> None:
     in_flight: dict[Any, Cell] = {}
     try:
-        remote = ray.remote(run_cell)
+        remote = ray.remote(_ray_task)
         resources = ray.cluster_resources()
-        threads = threads or max(1, int(cpus_per_cell))
-        pending = list(cells)
+        cpus, jobs = options.cpus_per_cell, options.jobs
+        threads = options.threads or max(1, int(cpus))
+        pending = list(enumerate(cells))
         while pending or in_flight:
             while pending and (not jobs or len(in_flight) < jobs):
-                cell = pending.pop(0)
-                gpus = cell_gpus(cell.cfg, gpus_per_cell, resources.get("GPU", 0))
-                problem = unschedulable(cpus_per_cell, gpus, resources)
+                key, cell = pending.pop(0)
+                gpus = cell_gpus(cell.cfg, options.gpus_per_cell, resources.get("GPU", 0))
+                problem = unschedulable(cpus, gpus, resources)
                 if problem:  # Ray would wait for it forever
                     done(cell, failed_record(cell.cfg, f"ConfigError: {problem}"))
                     continue
-                options = dict(num_cpus=cpus_per_cell, num_gpus=gpus, max_retries=0)
-                in_flight[remote.options(**options).remote(job_of(cell), threads, plugins=plugins)] = cell
+                task = remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=0)
+                in_flight[task.remote(job_of(cell), threads, plugins, rounds.queue, key)] = cell
             if not in_flight:
                 break
             # with a timeout: a signal's Python handler (SIGTERM, Ctrl-C) runs only between calls
             ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=RAY_WAIT_S)
+            rounds.drain()  # a finished task put its rounds before returning: all of them are here
             if not ready:
                 continue
             with held():  # a finished cell's record is written before a SIGTERM ends the driver

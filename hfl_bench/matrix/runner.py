@@ -9,7 +9,8 @@ from typing import Any, Callable, Iterable, Optional
 from hfl_bench import locks, runpath
 from hfl_bench.config import ConfigError, RunConfig
 from hfl_bench.matrix.cells import error_text, failed_record
-from hfl_bench.matrix.executors import run_in_process, run_process_pool, run_ray
+from hfl_bench.matrix.executor_api import Executor, ExecutorOptions
+from hfl_bench.matrix.executors import make_executor
 from hfl_bench.matrix.resume import existing_record
 from hfl_bench.matrix.suite import Cell
 from hfl_bench.recording import save_record
@@ -139,30 +140,40 @@ def dry_run_row(cell: Cell) -> dict[str, Any]:
     return row
 
 
-def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] = None,
-               threads: Optional[int] = None, address: Optional[str] = None, cpus_per_cell: float = 1,
-               gpus_per_cell: Optional[float] = None, on_cell: Optional[Callable[[dict], None]] = None,
+def run_matrix(cells: list[Cell], executor: str | Executor = "local", options: Optional[ExecutorOptions] = None, *,
+               on_cell: Optional[Callable[[dict], None]] = None,
                round_progress: Optional[Callable[[Cell], Callable]] = None,
-               cells_per_gpu: Optional[int] = None, trackers: Iterable[str] = ()) -> list[dict[str, Any]]:
+               trackers: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Run every cell not already done; returns the summary rows in cell order. Nothing one cell
     raises, while running or while its record is built or written, stops the others: that cell
     is failed and the matrix goes on (Ctrl-C, a KeyboardInterrupt, does stop it).
-    ``cells_per_gpu`` is the local pool's most cells per GPU (None: auto; ``run_process_pool``).
-    The plugins are resolved once, here: worker processes and Ray tasks load exactly the entry
-    points this process loaded (one installed meanwhile is not loaded by a later cell).
-    ``trackers``: tracker names each cell is logged to (``hfl_bench.trackers``): the driver logs a
-    local cell's rounds as they end and a Ray cell's when its record comes back, then the record."""
+    ``executor``: a registered name (``executor_api.EXECUTORS``: local, pool, ray, plugins') with
+    ``options``, its options dataclass (None: its defaults; the wrong kind is a ConfigError), or an
+    ``Executor`` instance (it has its options). The plugins are resolved once, here: worker processes
+    and Ray tasks load exactly the entry points this process loaded (one installed meanwhile is not
+    loaded by a later cell). ``on_cell`` gets each summary row as its cell ends; ``round_progress(cell)``
+    a progress callback (round, rounds, entry) for a cell's rounds, for an executor that runs one
+    cell at a time here (``Executor.serial``). ``trackers``: tracker names each cell is logged to
+    (``hfl_bench.trackers``): the driver logs a cell's rounds as they end, whatever the executor,
+    then the record."""
+    runner = make_executor(executor, options)
     trackers = check_names(trackers)
     rows: dict[int, dict[str, Any]] = {}
     index = {id(cell): i for i, cell in enumerate(cells)}
     live: dict[int, Trackers] = {}  # the trackers of the cells whose rounds are being logged as they end
+    progress = round_progress if runner.serial else None
+    shown: dict[int, Optional[Callable]] = {}  # the progress callback of the cell running now
 
     def on_round(cell: Cell, entry: dict[str, Any]) -> None:
-        logged = live.get(id(cell))
-        if logged is None and cell.run is not None:
-            logged = live[id(cell)] = _started(cell, trackers)
-        if logged is not None:
-            logged.round(entry)
+        if trackers:
+            logged = live.get(id(cell))
+            if logged is None and cell.run is not None:
+                logged = live[id(cell)] = _started(cell, trackers)
+            if logged is not None:
+                logged.round(entry)
+        show = shown.get(id(cell))
+        if show is not None and isinstance(entry.get("round"), int):
+            show(entry["round"], cell.cfg.rounds, entry)
 
     def report(cell: Cell, row: dict[str, Any]) -> None:
         rows[index[id(cell)]] = row
@@ -194,16 +205,23 @@ def run_matrix(cells: list[Cell], executor: str = "local", jobs: Optional[int] =
             todo.append(cell)
 
     todo = claim_cells(todo, held, report)
-    rounds = on_round if trackers else None
+    upcoming = iter(todo)
+
+    def next_progress() -> None:  # a serial executor runs the cells in order: the next one starts now
+        shown.clear()
+        cell = next(upcoming, None)
+        if cell is not None and progress is not None:
+            shown[id(cell)] = progress(cell)
+
+    def ran(cell: Cell, record: dict[str, Any]) -> None:
+        done(cell, record)
+        next_progress()
+
     try:
         if todo:
             plugins = resolve_plugins()
-            if executor == "ray":
-                run_ray(todo, done, address, cpus_per_cell, gpus_per_cell, jobs, threads, plugins)
-            elif (jobs or 1) > 1:
-                run_process_pool(todo, done, jobs, threads or 1, cells_per_gpu, plugins=plugins, on_round=rounds)
-            else:
-                run_in_process(todo, done, threads, round_progress, on_round=rounds)
+            next_progress()
+            runner.run(todo, ran, on_round if trackers or progress is not None else None, plugins)
     finally:
         for logged in live.values():  # interrupted: their runs end without a record
             logged.close()
