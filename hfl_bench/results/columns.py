@@ -10,6 +10,7 @@ views that show it. Adding a column is one ``register_column`` call::
 
     register_column(Column("rounds run", lambda row: row.group.rounds, numeric=True), after="seeds")
 
+A plugin adds one through the ``hfl_bench.columns`` entry-point group (``ENTRY_POINT_GROUP``).
 Each view takes the columns that name it (``columns(view)``). The rows beside a group (a published
 figure, a multimodal group's other clients, a csv endpoint row) are the views' own; a column they
 do not fill is empty there.
@@ -23,6 +24,7 @@ is what it was.
 from __future__ import annotations
 
 import dataclasses
+import types
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable, Optional
@@ -240,6 +242,33 @@ class Column:
 # ----------------------------------------------------------------------------- the registry
 
 _COLUMNS: dict[str, Column] = {}
+# Plugins add columns through this entry-point group: an entry point names a module (importing it
+# calls register_column) or a Column (registered at the end). Loaded the first time a view asks.
+ENTRY_POINT_GROUP = "hfl_bench.columns"
+_discovered = False
+
+
+def _discover() -> None:
+    """Load the ``hfl_bench.columns`` entry points once; one that fails is taken back and skipped
+    with one warning line (``registry.skip_plugin``), as a faulty method plugin is."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    from hfl_bench.registry import plugin_entry_points, skip_plugin
+
+    for ep in plugin_entry_points(ENTRY_POINT_GROUP):
+        before = set(_COLUMNS)
+        try:
+            loaded = ep.load()
+            if isinstance(loaded, Column):
+                register_column(loaded)
+            elif not isinstance(loaded, types.ModuleType):
+                raise RegistryError(f"entry point {ep.value} is neither a module nor a Column")
+        except Exception as e:
+            for name in set(_COLUMNS) - before:
+                _COLUMNS.pop(name)
+            skip_plugin(ep, e)
 
 
 def register_column(column: Column, *, after: Optional[str] = None) -> Column:
@@ -264,6 +293,7 @@ def unregister_column(name: str) -> Column:
 
 
 def get_column(name: str) -> Column:
+    _discover()
     try:
         return _COLUMNS[name]
     except KeyError:
@@ -274,6 +304,7 @@ def columns(view: Optional[str] = None) -> list[Column]:
     """The columns a view shows (every one for None), in the list's order."""
     if view is not None and view not in ALL:
         raise RegistryError(unknown_message("leaderboard view", view, list(VIEWS)))
+    _discover()
     return [c for c in _COLUMNS.values() if view is None or view in c.views]
 
 

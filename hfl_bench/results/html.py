@@ -14,13 +14,16 @@ Safe to open from ``file://`` or any static host, and safe with hostile records:
   Content-Security-Policy that forbids fetching anything (``default-src 'none'``; images from the
   site itself; the one inline script allowed by its hash, so an injected script would not run
   even if escaping failed);
-- every string from a record is HTML-escaped (Jinja2 autoescape; no ``|safe`` on record text);
+- every string from a record is HTML-escaped (Jinja2 autoescape; no ``|safe`` on record text; the
+  leaderboard tables' cells, built from ``columns``, by markupsafe's ``Markup.format``, which escapes
+  every value it is given);
 - file names are built from safe components only: a group page is named by a hash of the group's
   key, a copied record by its file name reduced to ``[A-Za-z0-9_-]`` (never by record text).
 
 The site is deterministic (no dates, paths relative to the working folder where they lie under
 it), so regenerating it gives no diff. The rows come from the leaderboard (``board``,
-``render.display_rows``, ``ranking``): the site and ``leaderboard show`` never disagree.
+``render.display_rows``, ``ranking``) and their cells from the one column list every view
+iterates (``columns``): the site and ``leaderboard show`` never disagree.
 """
 
 from __future__ import annotations

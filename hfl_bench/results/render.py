@@ -15,6 +15,9 @@ A multimodal group (``SettingGroup.is_multimodal``) shows its recipients' figure
 beside them the donors', all clients' and each extra endpoint's: as ``↳`` rows under the group in
 the table and markdown (whose note says whose the headline is), as columns and ``endpoint`` rows in
 csv, as blocks in json. A single-modality group's rows are what they were.
+
+A group's own row in every view is its columns' (``columns``: one list, each column declared once
+for the terminal, markdown, csv, json and the HTML site); the rows beside it are built here.
 """
 
 from __future__ import annotations
@@ -27,22 +30,18 @@ from rich.table import Table
 from rich.text import Text
 
 from hfl_bench.results.board import Board
-from hfl_bench.results.columns import (  # noqa: F401 (bytes_label, drop_label, human_bytes, version_label: re-exported)
+from hfl_bench.results.columns import (
     BYTES,
     STEPS,
     TEXT,
     GroupRow,
     _pm,
     _setting_label,
-    bytes_label,
     columns,
     csv_fields,
     csv_figures,
-    drop_label,
-    human_bytes,
     names,
     section_fields,
-    version_label,
 )
 from hfl_bench.results.headline import FALLBACK_NOTE, HEADLINE_STATISTIC, group_basis, headline_stat, marked
 from hfl_bench.results.published import Match, Published
@@ -325,12 +324,14 @@ def same_label(same: list[tuple[str, str]]) -> str:
     return "same in every row: " + ", ".join(f"{c} {v}" for c, v in same) if same else ""
 
 
-def to_markdown(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
+def to_markdown(rows: list[dict[str, str]], columns: Iterable[str],
+                headers: Optional[dict[str, str]] = None) -> str:
     """A markdown table; every cell one line with its markdown and HTML escaped (``text``), so a
     value can neither add a row or a column nor inject a link, code or HTML. The rows' notes
-    (``row_notes``) follow it, one paragraph each."""
-    columns = list(columns)
-    lines = ["| " + " | ".join(map(markdown_cell, columns)) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    (``row_notes``) follow it, one paragraph each. ``headers``: a column's header, where not its name."""
+    columns, headers = list(columns), headers or {}
+    lines = ["| " + " | ".join(markdown_cell(headers.get(c, c)) for c in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(markdown_cell(r.get(c, "")) for c in columns) + " |" for r in rows]
     notes = [f"\nNote: {markdown_cell(n)}" for n in row_notes(rows)]
     return "\n".join(lines + notes) + "\n"
@@ -341,13 +342,13 @@ def sections_markdown(rows: list[dict[str, str]], columns: Iterable[str], chosen
     for a section that stands apart, the reason why (``section_reasons``) in a paragraph. Each
     table keeps the columns a reader compares (``readable``; the others' one value in a line above
     it), unless the columns were ``chosen`` (``--columns``): then exactly those."""
-    columns = list(columns)
+    columns, headers = list(columns), _text_headers()
     parts = []
     for label, part in by_section(rows):
         shown, same = (columns, []) if chosen else readable(part, columns)
         line = f"{markdown_cell(same_label(same)[:1].upper() + same_label(same)[1:])}.\n\n" if same else ""
         parts.append(f"**Setting: {markdown_cell(label)}**\n\n" + reasons_markdown(label) + line
-                     + to_markdown(part, shown))
+                     + to_markdown(part, shown, headers))
     return "\n".join(parts)
 
 
@@ -381,6 +382,10 @@ def terminal_header(name: str) -> str:
 def _right(name: str) -> bool:
     c = _text_column(name)
     return name in RANK_NUMERIC if c is None else c.numeric
+
+
+def _text_headers() -> dict[str, str]:
+    return {c.name: c.shown_header for c in columns() if c.views & TEXT}
 
 
 def _text_column(name: str) -> Any:
