@@ -209,7 +209,7 @@ def _shown(has_faults: bool) -> list[Column]:
 
 
 def _lines(cells: list[tuple[Markup, bool, bool]]) -> Markup:
-    """Cells (cell, joins, keeps open) one a line: a cell that joins (``Column.th_joins`` /
+    """Cells (cell, joins, keeps open) one to a line: a cell that joins (``Column.th_joins`` /
     ``td_joins``) on the line before, as does the cell after one that keeps its line open (a
     column shown only under faults: the site's layout before these columns)."""
     lines: list[Markup] = []
@@ -265,15 +265,15 @@ def _beside(shown: list[Column], kind: str, label: str, cells: dict[str, str]) -
     """A row beside a group: the columns it fills (``Column.sub``) as cells, each run of the others
     as one blank span; the first span carries ``label``, on the line of the cell before it."""
     out: list[tuple[Markup, bool, bool]] = []
-    blank = 0
+    blank, labelled = 0, False
     for c in [*shown, None]:  # None: the end, which closes the last span
         if c is not None and kind not in c.sub:
             blank += 1
             continue
         if blank:
-            first = not any("colspan" in cell for cell, _, _ in out)
-            out.append((Markup('<td colspan="{}">{}</td>').format(blank, Markup(label) if first else ""), first, False))
-            blank = 0
+            out.append((Markup('<td colspan="{}">{}</td>').format(blank, "" if labelled else Markup(label)),
+                        not labelled, False))
+            blank, labelled = 0, True
         if c is not None:
             cls = c.sub[kind]
             out.append((Markup("<td{}>{}</td>").format(Markup(' class="{}"').format(cls) if cls else "",
