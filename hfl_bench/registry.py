@@ -229,6 +229,20 @@ def _entry_points(group: str) -> list[Any]:
                   key=lambda ep: (not _is_builtin(ep), ep.name))
 
 
+def plugin_entry_points(group: str) -> list[Any]:
+    """The entry points of ``group`` to load (``_entry_points``): for an extension point kept
+    outside a ``Registry`` (the leaderboard's ordered columns)."""
+    return _entry_points(group)
+
+
+def skip_plugin(ep: Any, e: Exception) -> None:
+    """An entry point of such an extension point failed: raise for a built-in (a bug in
+    hfl-bench), else skip it with one warning line, as a ``Registry`` does."""
+    if _is_builtin(ep):
+        raise e
+    _skip(_key(ep), e)
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 

@@ -531,3 +531,80 @@ def test_output_survives_an_ascii_only_stdout(args):
             elif block:
                 tables, block = [*tables, block], []
         assert tables and all(len({len(line) for line in t}) == 1 for t in tables), "columns do not line up"
+
+
+def test_a_new_column_is_one_entry_in_every_view(real_record, tmp_path):
+    """One ``register_column`` entry shows in the terminal table, markdown, csv, json and the
+    HTML site (its text escaped there as data); unregistered, it is gone from every view."""
+    from hfl_bench.results.columns import Column, csv_fields, register_column, unregister_column
+
+    folder = write(tmp_path / "records", *(variant(real_record, s, 80.0 + s, method=m)
+                                           for m in ("crad", "fedavg") for s in (0, 1)))
+    register_column(Column("tag", lambda row: f"{row.group.method}<b>"), after="seeds")
+    try:
+        def view(*args: str) -> str:
+            result = CliRunner().invoke(app, ["leaderboard", *args], env={"COLUMNS": "400"})
+            assert result.exit_code == 0, result.output
+            return result.stdout
+
+        table = view("show", str(folder))
+        assert re.search(r"[┃│] tag +[┃│]", table) and "crad<b>" in table and "fedavg<b>" in table
+        markdown = view("show", str(folder), "--format", "markdown")
+        assert "| method | tag |" in markdown and "| crad&lt;b&gt; |" in markdown  # seeds: one value, in the title
+        assert "| seeds | tag |" in view("show", str(folder), "--format", "markdown", "--columns", "all")
+        rows = list(csv.DictReader(io.StringIO(view("show", str(folder), "--format", "csv"))))
+        fields = list(rows[0])
+        assert fields.index("tag") == fields.index("n_seeds") + 1 and fields == list(csv_fields())
+        assert {r["tag"] for r in rows} == {"crad<b>", "fedavg<b>"}
+        board = json.loads(view("show", str(folder), "--format", "json"))
+        assert {g["method"]: g["tag"] for g in board["groups"]} == {"crad": "crad<b>", "fedavg": "fedavg<b>"}
+        view("html", str(folder), "--out", str(tmp_path / "site"))
+        index = (tmp_path / "site" / "index.html").read_text()
+        assert '<th data-type="text">tag</th>' in index and "<td>crad&lt;b&gt;</td>" in index
+        assert "crad<b>" not in index  # record text is data, never markup
+    finally:
+        unregister_column("tag")
+    assert "tag" not in csv_fields()
+    code, out = show(str(folder), "--format", "markdown")
+    assert code == 0 and "crad<b>" not in out and "crad&lt;b&gt;" not in out
+
+
+def test_a_column_name_is_taken_once(real_record):
+    from hfl_bench.registry import RegistryError
+    from hfl_bench.results.columns import Column, register_column
+
+    with pytest.raises(RegistryError, match="already registered"):
+        register_column(Column("seeds", lambda row: 0))
+    with pytest.raises(RegistryError, match="unknown leaderboard column 'sedes'.*Did you mean 'seeds'"):
+        register_column(Column("new", lambda row: 0), after="sedes")
+    with pytest.raises(RegistryError, match="unknown views"):
+        Column("new", lambda row: 0, views=frozenset({"pdf"}))
+
+
+COLUMN_PLUGIN = '''
+from hfl_bench.results.columns import Column
+
+PARTITIONS = Column("partitions", lambda row: len({r.partition_hash for r in row.group.ok}), numeric=True)
+'''
+
+
+def test_a_plugin_adds_a_column_through_its_entry_point(real_record, tmp_path):
+    """A distribution's ``hfl_bench.columns`` entry point (a Column) is a column of every view of the
+    real CLI; one whose import fails is skipped with one warning line, the board still shown."""
+    import os
+    import subprocess
+
+    from helpers import write_dist
+
+    plugins = tmp_path / "plugins"
+    write_dist(plugins, "hflb_column_plugin", "hflb-column-plugin", COLUMN_PLUGIN,
+               "[hfl_bench.columns]\npartitions = hflb_column_plugin:PARTITIONS\n")
+    write_dist(plugins, "hflb_broken_column", "hflb-broken-column", "raise ImportError('no such thing')\n",
+               "[hfl_bench.columns]\nbroken = hflb_broken_column\n")
+    folder = write(tmp_path / "records", *(variant(real_record, s, 80.0 + s) for s in (0, 1)))
+    env = dict(os.environ, PYTHONPATH=str(plugins), OMP_NUM_THREADS="1", COLUMNS="400")
+    proc = subprocess.run([sys.executable, "-m", "hfl_bench.cli", "leaderboard", "show", str(folder), "-f", "json"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert [g["partitions"] for g in json.loads(proc.stdout)["groups"]] == [2]
+    assert "hflb-broken-column" in proc.stderr and "skipped" in proc.stderr

@@ -98,10 +98,10 @@ def show(
         chosen = _chosen(columns, RANK_COLUMNS)
         _print_rank(ranked, unranked_methods(board.groups, ranked), fmt, chosen)
     else:
-        from hfl_bench.results.render import COLUMNS as BOARD_COLUMNS
+        from hfl_bench.results.render import text_columns
 
         vs = _vs(records, against)
-        known = BOARD_COLUMNS + ((paired_view_column(vs[0]),) if vs else ())
+        known = text_columns() + ((paired_view_column(vs[0]),) if vs else ())
         _print_board(board, fmt, vs, _chosen(columns, known))
 
 
@@ -152,17 +152,17 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
                  chosen: Optional[tuple[str, ...]] = None) -> None:
     from hfl_bench.results import paired_view
     from hfl_bench.results.render import (
-        COLUMNS,
-        CSV_COLUMNS,
         KIND,
-        TABLE_COLUMNS,
         UNMATCHED_COLUMNS,
         board_json,
         by_section,
+        csv_columns,
         csv_rows,
         display_rows,
         section_title,
         sections_markdown,
+        table_columns,
+        text_columns,
         to_csv,
         to_markdown,
     )
@@ -177,7 +177,7 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
         return
     if fmt == "csv":
         rows = csv_rows(board)
-        columns = CSV_COLUMNS + (paired_view.VS_CSV if vs else ())
+        columns = csv_columns() + (paired_view.VS_CSV if vs else ())
         for r in rows if vs else ():
             r.update(paired_view.vs_csv(r["group_id"], *vs) if r["row_type"] == "reproduced" else {})
         sys.stdout.write(to_csv(rows, columns))
@@ -189,7 +189,7 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
         vs_columns = (paired_view.vs_column(vs[0]),)
     title = "published figures with no reproduced group"
     if fmt == "markdown":
-        sys.stdout.write(sections_markdown(rows, chosen or COLUMNS + vs_columns, chosen=chosen is not None))
+        sys.stdout.write(sections_markdown(rows, chosen or text_columns() + vs_columns, chosen=chosen is not None))
         if unmatched:
             sys.stdout.write(f"\n{title}:\n\n" + to_markdown(unmatched, UNMATCHED_COLUMNS))
         return
@@ -203,7 +203,7 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
                         + (f"; {paired_view.vs_title(vs[0])}" if vs else ""))
         wide_out().print(plain(title_groups), highlight=False)
         for label, part in by_section(rows):  # one table per setting section: the rows that compete
-            _print_table(part, chosen or TABLE_COLUMNS + vs_columns, f"setting: {section_title(label)}",
+            _print_table(part, chosen or table_columns() + vs_columns, f"setting: {section_title(label)}",
                          chosen=chosen is not None)
     else:
         wide_out().print("no reproduced records match", highlight=False)

@@ -14,13 +14,16 @@ Safe to open from ``file://`` or any static host, and safe with hostile records:
   Content-Security-Policy that forbids fetching anything (``default-src 'none'``; images from the
   site itself; the one inline script allowed by its hash, so an injected script would not run
   even if escaping failed);
-- every string from a record is HTML-escaped (Jinja2 autoescape; no ``|safe`` on record text);
+- every string from a record is HTML-escaped (Jinja2 autoescape; no ``|safe`` on record text; the
+  leaderboard tables' cells, built from ``columns``, by markupsafe's ``Markup.format``, which escapes
+  every value it is given);
 - file names are built from safe components only: a group page is named by a hash of the group's
   key, a copied record by its file name reduced to ``[A-Za-z0-9_-]`` (never by record text).
 
 The site is deterministic (no dates, paths relative to the working folder where they lie under
 it), so regenerating it gives no diff. The rows come from the leaderboard (``board``,
-``render.display_rows``, ``ranking``): the site and ``leaderboard show`` never disagree.
+``render.display_rows``, ``ranking``) and their cells from the one column list every view
+iterates (``columns``): the site and ``leaderboard show`` never disagree.
 """
 
 from __future__ import annotations
@@ -36,28 +39,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from markupsafe import Markup, escape
+
 from hfl_bench.config import FINAL_ROUNDS, POOLED_SELECTION_RULE, SELECTION_RULE
 from hfl_bench.results import seen_unseen
 from hfl_bench.results.board import Board, board_records, build_board
-from hfl_bench.results.budget import mean_steps
+from hfl_bench.results.columns import Column, GroupRow, _num, _pm, columns, drop_label, get_column
 from hfl_bench.results.grouping import SeedGroup, group_seeds
 from hfl_bench.results.headline import FALLBACK_MARK, FALLBACK_NOTE, FINAL, group_basis, headline_stat, marked
 from hfl_bench.results.loading import HONEST_SELECTION, Loaded, ResultsError, Skipped, load_records
 from hfl_bench.results.paired_view import page_tables
 from hfl_bench.results.rank_intervals import with_rank_intervals
 from hfl_bench.results.ranking import protocol_label, protocol_labels, rank_methods, unranked_methods
-from hfl_bench.results.render import (
-    KIND,
-    UNMATCHED_COLUMNS,
-    _num,
-    _pm,
-    by_section,
-    display_rows,
-    drop_label,
-    human_bytes,
-    rank_rows,
-    unranked_lines,
-)
+from hfl_bench.results.render import KIND, UNMATCHED_COLUMNS, by_section, display_rows, rank_rows, unranked_lines
 from hfl_bench.results.setting import (
     SettingGroup,
     Stat,
@@ -196,28 +190,95 @@ def _page_name(g: SettingGroup, row: dict[str, Any], taken: set[str]) -> str:
 
 def _row(g: SettingGroup) -> dict[str, Any]:
     """One group's row, a multimodal group's other figures and the published rows beside it
-    (``render.display_rows``), with the figures the site adds (fidelity, version, faults and the
-    drop, cost) and the numbers to sort by."""
+    (``render.display_rows``), and its site cells: each html column's text and sort value
+    (``columns``; its protocol labelled as a board of this group alone labels it)."""
     rows, _ = display_rows(Board([g], [], []))
     head = rows[0]
-    clients = [r for r in rows[1:] if r[KIND] == "clients"]
-    published = [r for r in rows[1:] if r[KIND] == "published"]
-    gl, lo, selected = headline_stat(g, "global_acc"), headline_stat(g, "local_acc"), g.stat("global_acc")
-    sent = Stat.of(_get(r.record, "cost", "bytes_sent_per_client_per_round") for r in g.ok)
-    wall = Stat.of((t / 60 if isinstance(t, (int, float)) else None)
-                   for t in (_get(r.record, "cost", "wall_time_total_s") for r in g.ok))
+    row = GroupRow.of([g])[0]
     return {
-        "cells": head, "clients": clients, "published": published, "group": g, "modalities": g.modalities,
-        "setting": g.section,
-        "fidelity": _values(g.ok, "method", "fidelity"), "version": head["version"],
-        "faults": g.faults, "drop": drop_label(g) or "", "drop_v": g.drop.headline_mean if g.drop is not None else None,
-        "global_v": gl.mean, "local_v": lo.mean, "selected_v": selected.mean, "seeds_v": len(g.ok),
-        "bytes_v": sent.mean,
-        "minutes_v": wall.mean,
-        "bytes": human_bytes(sent.mean), "minutes": _num(wall.mean),
-        "steps_v": mean_steps((r.record for r in g.ok), "private"),  # sorts by the private steps shown first
-        "delta_v": next((m.delta for m in g.published if m.delta is not None), None),
+        "cells": head, "clients": [r for r in rows[1:] if r[KIND] == "clients"],
+        "published": [r for r in rows[1:] if r[KIND] == "published"], "group": g, "modalities": g.modalities,
+        "setting": g.section, "fidelity": get_column("fidelity").value(row), "version": head["version"],
+        "faults": g.faults, "site": {c.name: c.html_cell(row) for c in columns("html")},
     }
+
+
+def _shown(has_faults: bool) -> list[Column]:
+    """The site's columns: those shown only under faults (``Column.faults_only``) where a group ran with any."""
+    return [c for c in columns("html") if has_faults or not c.faults_only]
+
+
+def _lines(cells: list[tuple[Markup, bool, bool]]) -> Markup:
+    """Cells (cell, joins, keeps open) one to a line: a cell that joins (``Column.th_joins`` /
+    ``td_joins``) on the line before, as does the cell after one that keeps its line open (a
+    column shown only under faults: the site's layout before these columns)."""
+    lines: list[Markup] = []
+    open_line = False
+    for cell, joins, keeps_open in cells:
+        if (joins or open_line) and lines:
+            lines[-1] += cell
+        else:
+            lines.append(cell)
+        open_line = keeps_open
+    return Markup("\n").join(lines) + Markup("\n")
+
+
+def _attribute(text: str) -> Markup:
+    """Text for a double-quoted attribute: escaped, its apostrophes kept as they are (as the site wrote them)."""
+    return Markup(str(escape(text)).replace("&#39;", "'"))
+
+
+def header_cells(has_faults: bool) -> Markup:
+    """The leaderboard tables' header: one ``th`` per site column (``columns``), escaped."""
+    cells = []
+    for c in _shown(has_faults):
+        title = Markup(' title="{}"').format(_attribute(c.title)) if c.title else ""
+        cells.append((Markup('<th{} data-type="{}"{}>{}</th>').format(
+            Markup(' class="num"') if c.numeric else "", "num" if c.numeric else "text", title, c.shown_header),
+            c.th_joins, c.faults_only))
+    return Markup("<thead><tr>\n") + _lines(cells) + Markup("</tr></thead>\n")
+
+
+# The rows beside a group: a multimodal group's other clients, then the published figures; the
+# span of columns they leave blank after the method says what the row is.
+BESIDE = (("clients", "besides the recipients' headline"), ("published", "published figure"))
+
+
+def group_cells(row: dict[str, Any], root: str, has_faults: bool, link: bool = True) -> Markup:
+    """A group's ``tr`` (each site column's cell: its text escaped, a number's sort value in
+    ``data-v``; the method linking to the group's page) and the rows beside it."""
+    shown = _shown(has_faults)
+    cells = []
+    for c in shown:
+        text, sort = row["site"][c.name]
+        attrs = Markup(' class="num" data-v="{}"').format("" if sort is None else sort) if c.numeric else ""
+        body = Markup('<a href="{}groups/{}">{}</a>').format(root, row["page"], text) if c.link and link else text
+        cells.append((Markup("<td{}>{}</td>").format(attrs, body), c.td_joins, c.faults_only))
+    out = Markup('<tr class="reproduced">\n') + _lines(cells) + Markup("</tr>\n")
+    for kind, label in BESIDE:
+        for beside in row[kind]:
+            out += Markup('<tr class="{}">\n').format(kind) + _beside(shown, kind, label, beside) + Markup("</tr>\n")
+    return out
+
+
+def _beside(shown: list[Column], kind: str, label: str, cells: dict[str, str]) -> Markup:
+    """A row beside a group: the columns it fills (``Column.sub``) as cells, each run of the others
+    as one blank span; the first span carries ``label``, on the line of the cell before it."""
+    out: list[tuple[Markup, bool, bool]] = []
+    blank, labelled = 0, False
+    for c in [*shown, None]:  # None: the end, which closes the last span
+        if c is not None and kind not in c.sub:
+            blank += 1
+            continue
+        if blank:
+            out.append((Markup('<td colspan="{}">{}</td>').format(blank, "" if labelled else Markup(label)),
+                        not labelled, False))
+            blank, labelled = 0, True
+        if c is not None:
+            cls = c.sub[kind]
+            out.append((Markup("<td{}>{}</td>").format(Markup(' class="{}"').format(cls) if cls else "",
+                                                        cells.get(c.name, "")), c.td_joins, c.faults_only))
+    return _lines(out)
 
 
 # ----------------------------------------------------------------------------- group pages
@@ -465,6 +526,8 @@ def _environment():
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.globals["style"] = STYLE
     env.globals["section_reasons"] = section_reasons  # why a section stands apart, under its heading
+    env.globals["header_cells"] = header_cells  # the leaderboard tables' cells, from the columns (escaped)
+    env.globals["group_cells"] = group_cells
     return env
 
 

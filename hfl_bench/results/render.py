@@ -15,6 +15,9 @@ A multimodal group (``SettingGroup.is_multimodal``) shows its recipients' figure
 beside them the donors', all clients' and each extra endpoint's: as ``↳`` rows under the group in
 the table and markdown (whose note says whose the headline is), as columns and ``endpoint`` rows in
 csv, as blocks in json. A single-modality group's rows are what they were.
+
+A group's own row in every view is its columns' (``columns``: one list, each column declared once
+for the terminal, markdown, csv, json and the HTML site); the rows beside it are built here.
 """
 
 from __future__ import annotations
@@ -26,41 +29,24 @@ from typing import Any, Iterable, Optional
 from rich.table import Table
 from rich.text import Text
 
-from hfl_bench.results import seen_unseen
 from hfl_bench.results.board import Board
-from hfl_bench.results.budget import CLIENT_KINDS, budget_of, group_steps, steps_label
-from hfl_bench.results.headline import FALLBACK_NOTE, HEADLINE_STATISTIC, group_basis, headline_stat, marked
-from hfl_bench.results.loading import selection_mark
-from hfl_bench.results.published import Match, Published
-from hfl_bench.results.ranking import protocol_label, protocol_labels
-from hfl_bench.results.setting import (
-    METRICS,
-    SettingGroup,
-    canonical,
-    modalities_section,
-    partition_label,
-    section_reasons,
+from hfl_bench.results.columns import (
+    BYTES,
+    STEPS,
+    TEXT,
+    GroupRow,
+    _pm,
+    _setting_label,
+    columns,
+    csv_fields,
+    csv_figures,
+    names,
+    section_fields,
 )
+from hfl_bench.results.headline import FALLBACK_NOTE, HEADLINE_STATISTIC, group_basis, headline_stat, marked
+from hfl_bench.results.published import Match, Published
+from hfl_bench.results.setting import SettingGroup, canonical, partition_label, section_reasons
 from hfl_bench.results.text import csv_cell, markdown_cell, terminal
-
-
-def _num(x: Optional[float], nd: int = 2) -> str:
-    return "-" if x is None else f"{x:.{nd}f}"
-
-
-def _pm(mean: Optional[float], sd: Optional[float]) -> str:
-    return "-" if mean is None else f"{mean:.2f} ± {_num(sd)}"
-
-
-def _params_label(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "default"
-
-
-def _setting_label(partition: str, n_clients: Any, clients_per_round: Any, rounds: Any) -> str:
-    n = "?" if n_clients is None else str(n_clients)
-    if clients_per_round not in (None, n_clients):
-        n += f"/{clients_per_round}"
-    return f"{partition} N={n} R={'?' if rounds is None else rounds}"
 
 
 def _published_setting(p: Published) -> str:
@@ -68,20 +54,6 @@ def _published_setting(p: Published) -> str:
     part = s.get("partition") or {}
     partition = partition_label(part["scheme"], part.get("params") or {}) if part.get("scheme") else "?"
     return _setting_label(partition, s.get("n_clients"), s.get("clients_per_round"), s.get("rounds"))
-
-
-def drop_label(g: Any) -> str:
-    """A group's drop against the same seeds and clients without faults, as the headline reads it
-    (``robustness``: the final window's, marked when the selected rounds' stands in) with its 95%
-    t-interval over the paired seeds: ``-2.10 [-4.02, -0.18] (n=3)``; ``-`` when no seed could be
-    paired, empty for a group without faults."""
-    if not g.has_faults:
-        return ""
-    drop = g.drop
-    if drop is None or drop.headline_mean is None:
-        return "-"
-    ci = f" [{drop.interval[0]:+.2f}, {drop.interval[1]:+.2f}]" if drop.interval else ""
-    return marked(f"{drop.headline_mean:+.2f}", drop.statistic) + f"{ci} (n={drop.n_paired})"
 
 
 # Keys of a display row that are not columns: what the row is ("group", "clients": a multimodal
@@ -96,42 +68,21 @@ OTHER_CLIENTS = (("donors", "donors"), ("all", "all clients"))
 
 
 def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """Rows for the table and markdown formats: each group followed by a multimodal group's other
-    figures (``clients_rows``) and the published figures beside it; then the published figures
-    that match no group."""
+    """Rows for the table and markdown formats: each group's text cells (the terminal's and
+    markdown's ``columns``) followed by a multimodal group's other figures (``clients_rows``) and
+    the published figures beside it; then the published figures that match no group."""
     rows = []
-    labels = protocol_labels(board.groups)
-    for g in board.groups:
-        first = len(rows)
-        gl, lo = headline_stat(g, "global_acc"), headline_stat(g, "local_acc")
-        setting = _setting_label(partition_label(g.partition_scheme, g.partition_params), g.n_clients,
-                                 g.clients_per_round, g.rounds)
-        if labels[g.protocol()] != protocol_label(g):  # one task's protocols differ only in their data
-            setting += " " + g.data_label
-        if g.is_multimodal:
-            setting += " " + g.modalities
-        if mark := selection_mark(g.selection_rule):  # records selected by an old rule (honest-val): kept apart
-            setting += f" selection={mark}"
-        if g.method_params:
-            setting += " " + _params_label(g.method_params)
-        sg, sl = g.stat("global_acc"), g.stat("local_acc")
+    text = [c for c in columns() if c.views & TEXT]
+    for row in GroupRow.of(board.groups):
+        g, first = row.group, len(rows)
         basis = group_basis(g)
         notes = tuple(n for n, on in ((MODALITY_NOTE, g.is_multimodal), (FALLBACK_NOTE, basis != HEADLINE_STATISTIC))
                       if on)
-        rows.append({
-            "method": g.method, "version": version_label(g), "predictor": g.predictor, "task": g.task,
-            "pool": g.pool, "faults": g.faults,
-            "setting": setting, "seeds": str(len(g.ok)), "global acc": marked(_pm(gl.mean, gl.sd), basis),
-            "drop": drop_label(g), "local acc": marked(_pm(lo.mean, lo.sd), group_basis(g, "local_acc")),
-            "selected global": _pm(sg.mean, sg.sd), "selected local": _pm(sl.mean, sl.sd),
-            STEPS: steps_label([r.record for r in g.ok]), BYTES: bytes_label(g),
-            "failed/diverged": f"{g.n_failed}/{g.n_diverged}", "source": "", "locator": "",
-            "match": "", "delta": "", KIND: "group", **({NOTE: notes} if notes else {}),
-        })
+        rows.append({**{c.name: c.text_cell(row) for c in text}, KIND: "group", **({NOTE: notes} if notes else {})})
         rows += clients_rows(g)
         rows += [_published_row(m.published, m) for m in g.published]
-        for row in rows[first:]:
-            row[SECTION] = g.section
+        for r in rows[first:]:
+            r[SECTION] = g.section
     return rows, [_published_row(p, None) for p in board.unmatched]
 
 
@@ -159,7 +110,7 @@ def clients_rows(g: SettingGroup) -> list[dict[str, str]]:
     for endpoint, who, label in wanted:
         sg, sl = g.stat("global_acc", endpoint, who), g.stat("local_acc", endpoint, who)
         name = f"[{endpoint}] {label}" if endpoint else label
-        row = {**{c: "" for c in COLUMNS}, "method": f"  ↳ {name}", "seeds": str(sg.n),
+        row = {**{c: "" for c in text_columns()}, "method": f"  ↳ {name}", "seeds": str(sg.n),
                "selected global": _pm(sg.mean, sg.sd), "selected local": _pm(sl.mean, sl.sd), KIND: "clients"}
         # the model's or the endpoint's headline over the same clients (an endpoint's final figure
         # from schema 1.7; before, its selected round's stands in, marked)
@@ -171,31 +122,6 @@ def clients_rows(g: SettingGroup) -> list[dict[str, str]]:
             row[NOTE] = (FALLBACK_NOTE,)
         rows.append(row)
     return rows
-
-
-def human_bytes(x: Optional[float]) -> str:
-    """``1.21 MB``: a byte count to three significant figures or so ('-' for None)."""
-    if x is None:
-        return "-"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(x) >= size:
-            return f"{x / size:.2f} {unit}"
-    return f"{x:.0f} B"
-
-
-def bytes_label(g: Any) -> str:
-    """The seeds' mean bytes sent per client per round ('-' where no record says)."""
-    sent = [c.get("bytes_sent_per_client_per_round") for c in (r.record.get("cost") for r in g.ok)
-            if isinstance(c, dict)]
-    sent = [x for x in sent if isinstance(x, (int, float)) and not isinstance(x, bool)]
-    return human_bytes(sum(sent) / len(sent)) if sent else "-"
-
-
-def version_label(g: Any) -> str:
-    """The method version ("-": records from before versions), and what else differs between
-    the seeds' code: several commits, uncommitted changes."""
-    label = g.method_version or "-"
-    return f"{label} ({g.provenance_note})" if g.provenance_note else label
 
 
 def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
@@ -220,54 +146,24 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
     }
 
 
-# The terminal table leaves out the locator (long) and the selected local accuracy (width); markdown,
-# csv and json keep them. "global acc" and "local acc" are the headline (``headline``: the mean over
-# the last evaluated rounds, records.FINAL_ROUNDS, over the headline's clients: the honest ones for a
-# group run with faults; marked ``FALLBACK_MARK`` where a record has no such figure and its selected
-# round's stands in); "selected" ones are at the selected round (the papers' rule; a published figure
-# sits in that column, and its delta is against it). "drop" is a faulty group's drop against the same
-# seeds and clients without faults with its 95% t-interval (``robustness``: per client, on the final
-# window like the headline; marked where the selected rounds' drop stands in).
-# The seen / unseen-class accuracy is in csv and json only (the table is at its width: a further
-# column folds the cells of the others; the group pages of the HTML site and ``hfl-bench show``
-# give it).
-# "steps / client / round" is the work the runs did (``budget``): optimizer steps per client per
-# round on private data, then "(all T)" with public or synthetic steps and "server S" for the
-# server's own steps per round ('-' for records before schema 1.6).
-# "predictor" is what each group's headline evaluated (``SettingGroup.predictor``: the live model,
-# a stored snapshot, a prototype classifier ..., ``method_card.PREDICTORS``; short values).
-# "bytes / client / round" is what each client sent per round through the metered channel
-# (``cost.bytes_sent_per_client_per_round``), the seeds' mean.
-STEPS = "steps / client / round"
-BYTES = "bytes / client / round"
-COLUMNS = ("method", "version", "predictor", "task", "pool", "faults", "setting", "seeds", "global acc", "drop",
-           "local acc", "selected global", "selected local", STEPS, BYTES, "failed/diverged", "source", "locator",
-           "match", "delta")
-TABLE_COLUMNS = tuple(c for c in COLUMNS if c not in ("locator", "selected local"))
+def text_columns() -> tuple[str, ...]:
+    """The markdown's columns (``columns.names("markdown")``): what ``--columns`` may name."""
+    return names("markdown")
+
+
+def table_columns() -> tuple[str, ...]:
+    """The terminal table's columns (it leaves out the locator, long, and the selected local
+    accuracy, for width; markdown, csv and json keep them)."""
+    return names("terminal")
+
+
+def csv_columns() -> tuple[str, ...]:
+    return csv_fields()
+
+
+# The published figures that match no group: a table of their own.
 UNMATCHED_COLUMNS = ("method", "published as", "task", "pool", "setting", "seeds", "global acc", "local acc",
                      "source", "locator", "match")
-
-# The seen / unseen-class accuracy (schema 1.6; empty for older records): the headline's at the
-# selected round and over the final window, all clients' at the selected round.
-SEEN_UNSEEN_CSV = ("seen_mean", "seen_sd", "unseen_mean", "unseen_sd", "final_seen_mean", "final_seen_sd",
-                   "final_unseen_mean", "final_unseen_sd", "all_seen_mean", "all_unseen_mean")
-CSV_COLUMNS = (
-    "row_type", "section", "transfer", "single_architecture", "budget", "peer_data", "optimizer", "group_id", "method",
-    "method_version", "predictor",
-    "commits", "task", "pool", "partition_scheme",
-    "partition_params", "n_clients", "clients_per_round", "rounds", "local_epochs", "method_params", "faults",
-    "modalities", "headline_clients", "headline_statistic", "seeds", "n_seeds", "global_mean", "global_sd",
-    "local_mean", "local_sd",
-    "all_global_mean", "all_global_sd", "all_local_mean", "all_local_sd", "donors_global_mean", "donors_global_sd",
-    "donors_local_mean", "donors_local_sd", "drop_mean", "drop_statistic", "drop_ci_low", "drop_ci_high",
-    "drop_selected_mean", "drop_n_paired", "drop_seeds",
-    "selected_global_mean", "selected_global_sd", "selected_local_mean", "selected_local_sd",
-    "final_global_mean", "final_global_sd", "final_local_mean", "final_local_sd", "all_final_global_mean",
-    "all_final_global_sd", *SEEN_UNSEEN_CSV, "private_steps_per_client_round", "public_steps_per_client_round",
-    "synthetic_steps_per_client_round", "server_steps_per_round", "n_failed", "n_diverged", "n_duplicates",
-    "endpoint", "citation_key", "arxiv_or_doi", "locator", "setting_match", "published_metric", "published_value",
-    "published_sd", "reproduced_mean", "delta",
-)
 
 
 def csv_rows(board: Board) -> list[dict[str, Any]]:
@@ -281,82 +177,19 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
     endpoint row's are at the selected round), selected_* at the selected round, final_* the final
     figures where the records have them."""
     rows = []
-    for g in board.groups:
-        fg, fl, fa = g.final_stat("global_acc"), g.final_stat("local_acc"), g.final_stat("global_acc", "all")
-        sg, sl = g.stat("global_acc"), g.stat("local_acc")
-        drop = g.drop
-        rows.append({
-            "row_type": "reproduced", **_section_fields(g), "group_id": g.group_id, "method": g.method,
-            "method_version": g.method_version, "predictor": g.predictor,
-            "commits": " ".join(g.commits), "task": g.task, "pool": g.pool,
-            "partition_scheme": g.partition_scheme, "partition_params": canonical(g.partition_params),
-            "n_clients": g.n_clients, "clients_per_round": g.clients_per_round, "rounds": g.rounds,
-            "local_epochs": g.local_epochs, "method_params": canonical(g.method_params), "faults": g.faults,
-            "modalities": g.modalities, "headline_clients": g.headline_clients, "headline_statistic": group_basis(g),
-            "seeds": " ".join(map(str, g.seeds)), **_csv_figures(g), "drop_mean": drop.headline_mean if drop else None,
-            "drop_statistic": drop.statistic if drop else None,
-            "drop_ci_low": drop.interval[0] if drop and drop.interval else None,
-            "drop_ci_high": drop.interval[1] if drop and drop.interval else None,
-            "drop_selected_mean": drop.mean if drop else None,
-            "drop_n_paired": drop.n_paired if drop else None,
-            "drop_seeds": " ".join(map(str, drop.seeds)) if drop else None, "selected_global_mean": sg.mean,
-            "selected_global_sd": sg.sd, "selected_local_mean": sl.mean, "selected_local_sd": sl.sd,
-            "final_global_mean": fg.mean,
-            "final_global_sd": fg.sd,
-            "final_local_mean": fl.mean, "final_local_sd": fl.sd, "all_final_global_mean": fa.mean,
-            "all_final_global_sd": fa.sd, **_csv_seen_unseen(g), **_csv_steps(g), "n_failed": g.n_failed,
-            "n_diverged": g.n_diverged,
-            "n_duplicates": g.n_duplicates,
-        })
+    data = columns("csv")
+    for row in GroupRow.of(board.groups):
+        g = row.group
+        rows.append({k: v for c in data for k, v in c.csv_values(row).items()})
         if g.is_multimodal:
-            rows += [{"row_type": "endpoint", **_section_fields(g), "group_id": g.group_id, "method": g.method,
+            rows += [{"row_type": "endpoint", **section_fields(g), "group_id": g.group_id, "method": g.method,
                       "method_version": g.method_version, "task": g.task, "pool": g.pool, "faults": g.faults,
                       "modalities": g.modalities, "headline_clients": g.headline_clients, "endpoint": e,
                       "headline_statistic": group_basis(g, endpoint=e),
-                      "seeds": " ".join(map(str, g.seeds)), **_csv_figures(g, e)} for e in g.endpoints()]
+                      "seeds": " ".join(map(str, g.seeds)), **csv_figures(g, e)} for e in g.endpoints()]
         rows += [{**_published_csv(m.published, m, g.group_id), "section": g.section} for m in g.published]
     rows += [_published_csv(p, None, "") for p in board.unmatched]
-    return [{c: ("" if r.get(c) is None else r.get(c)) for c in CSV_COLUMNS} for r in rows]
-
-
-def _section_fields(g: SettingGroup) -> dict[str, Any]:
-    """A group's setting section and its parts (csv and json; ``single_architecture`` null where
-    nothing says)."""
-    return {"section": g.section, "transfer": g.transfer, "single_architecture": g.single_architecture,
-            "budget": g.budget, "peer_data": g.peer_data, "optimizer": g.optimizer}
-
-
-def _csv_figures(g: SettingGroup, endpoint: Optional[str] = None) -> dict[str, Any]:
-    """The seed count and the headline, all clients' and (multimodal) donors' means and sds of the
-    model or of one extra endpoint (the headline statistic, ``headline``: an endpoint's final figure
-    from schema 1.7, its selected round's before)."""
-    out: dict[str, Any] = {}
-    for prefix, clients in (("", "headline"), ("all_", "all"), ("donors_", "donors")):
-        if clients == "donors" and not g.is_multimodal:
-            continue
-        for name, metric in (("global", "global_acc"), ("local", "local_acc")):
-            st = headline_stat(g, metric, clients, endpoint)
-            out |= {f"{prefix}{name}_mean": st.mean, f"{prefix}{name}_sd": st.sd}
-            if not prefix and name == "global":  # the group's ok seeds, as in JSON (every client faulty: no figure)
-                out["n_seeds"] = st.n if endpoint else len(g.ok)
-    return out
-
-
-def _csv_seen_unseen(g: SettingGroup) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, metric in (("seen", "seen_acc"), ("unseen", "unseen_acc")):
-        now, final = seen_unseen.stat(g, metric), seen_unseen.stat(g, metric, final=True)
-        out |= {f"{name}_mean": now.mean, f"{name}_sd": now.sd, f"final_{name}_mean": final.mean,
-                f"final_{name}_sd": final.sd, f"all_{name}_mean": seen_unseen.stat(g, metric, "all").mean}
-    return out
-
-
-def _csv_steps(g: SettingGroup) -> dict[str, Any]:
-    """The seeds' mean optimizer steps per client per round by kind of data, the server's per
-    round (empty for records before schema 1.6)."""
-    steps = group_steps([r.record for r in g.ok])
-    out = {f"{kind}_steps_per_client_round": steps[kind] for kind in CLIENT_KINDS}
-    return out | {"server_steps_per_round": steps["server"]}
+    return [{c: ("" if r.get(c) is None else r.get(c)) for c in csv_fields()} for r in rows]
 
 
 def _published_csv(p: Published, m: Optional[Match], group_id: str) -> dict[str, Any]:
@@ -376,40 +209,9 @@ def _published_csv(p: Published, m: Optional[Match], group_id: str) -> dict[str,
 
 
 def board_json(board: Board) -> dict[str, Any]:
-    groups = []
-    for g in board.groups:
-        groups.append({
-            "group_id": g.group_id, **_section_fields(g), "config_hash": g.config_hash, "method": g.method,
-            "method_version": g.method_version, "predictor": g.predictor, "commits": g.commits,
-            "git_dirty": "uncommitted" in g.provenance_note,
-            "processors": g.processors, "task": g.task,
-            "data": {"fingerprint": g.data_fingerprint, "num_classes": g.num_classes},
-            "pool": g.pool, "partition": {"scheme": g.partition_scheme, "params": g.partition_params},
-            "partition_hashes": sorted({r.partition_hash for r in g.ok}, key=str),
-            "split_by_partition": g.split_by_partition, "n_clients": g.n_clients,
-            "clients_per_round": g.clients_per_round, "rounds": g.rounds, "local_epochs": g.local_epochs,
-            "method_params": g.method_params, "faults": g.faults, "selection_rule": g.selection_rule,
-            **_json_modalities(g),
-            "headline_clients": g.headline_clients, "headline_statistic": group_basis(g),
-            "seeds": g.seeds, "n_seeds": len(g.ok),
-            "global_acc": headline_stat(g, "global_acc").as_dict(),
-            "local_acc": headline_stat(g, "local_acc").as_dict(),
-            **{key: {m: headline_stat(g, m, who).as_dict() for m in METRICS} for key, who in _json_clients(g)},
-            # the papers' rule: the figures at the selected round, over the headline's clients and each client group
-            "selected": {m: g.stat(m).as_dict() for m in METRICS},
-            "selected_clients": {key: {m: g.stat(m, clients=who).as_dict() for m in METRICS}
-                                 for key, who in _json_clients(g)},
-            "drop": g.drop.as_dict() if g.drop is not None else None,
-            "final": {m: g.final_stat(m).as_dict() for m in METRICS},  # over the headline's clients
-            "final_all_clients": {m: g.final_stat(m, "all").as_dict() for m in METRICS},
-            # seen / unseen-class accuracy (schema 1.6; n 0 for older records): the headline's, all clients'
-            "seen_unseen": seen_unseen.as_json(g), "seen_unseen_all_clients": seen_unseen.as_json(g, "all"),
-            "endpoints": {e: _json_endpoint(g, e) for e in g.endpoints()},
-            "steps_per_client_round": _json_steps(g),
-            "n_failed": g.n_failed, "n_diverged": g.n_diverged, "n_duplicates": g.n_duplicates,
-            "records": [str(r.path) for r in g.ok],
-            "published": [m.as_dict() for m in g.published],
-        })
+    """The board as json: each group the json ``columns``' keys, in order."""
+    data = columns("json")
+    groups = [{k: v for c in data for k, v in c.json_values(row).items()} for row in GroupRow.of(board.groups)]
     multimodal = ("over the recipients (the clients that miss a modality: metrics.recipients; also each "
                   "endpoint's) for a multimodal group (modalities), "
                   if any(g.is_multimodal for g in board.groups) else "")
@@ -434,44 +236,6 @@ def reasons_json(sections: Iterable[str]) -> dict[str, list[str]]:
 def section_title(label: str) -> str:
     """A section's label as a table's title shows it: with the reason it stands apart, if any."""
     return "; ".join([label, *section_reasons(label)])
-
-
-def _json_clients(g: SettingGroup) -> list[tuple[str, str]]:
-    """The client blocks of a group's JSON (key, clients): all clients'; the honest and faulty
-    clients' under faults; a multimodal group's recipients' and donors'."""
-    return ([("all_clients", "all")] + ([("honest", "honest"), ("faulty", "faulty")] if g.has_faults else [])
-            + ([("recipients", "recipients"), ("donors", "donors")] if g.is_multimodal else []))
-
-
-def _json_steps(g: SettingGroup) -> dict[str, Any]:
-    """The seeds' mean steps per client per round on private, public and synthetic data and all of
-    them, the server's per round (``server``), and how many seeds have a budget (``n``; 0: records
-    before schema 1.6, every figure null)."""
-    records = [r.record for r in g.ok]
-    return {**group_steps(records), "n": sum(1 for r in records if budget_of(r) is not None)}
-
-
-def _json_modalities(g: SettingGroup) -> dict[str, Any]:
-    """A multimodal group's modality setting and its parts (from a seed's ``modalities``
-    section); nothing for any other group."""
-    if not g.is_multimodal:
-        return {}
-    section = next((modalities_section(r.record) for r in g.ok if modalities_section(r.record)), {})
-    return {"modalities": {"setting": g.modalities, "names": section.get("names"), "missing": section.get("missing"),
-                           "recipient_fraction": section.get("recipient_fraction")}}
-
-
-def _json_endpoint(g: SettingGroup, endpoint: str) -> dict[str, Any]:
-    """One extra endpoint's headline figures (``headline``: final, else the selected round's, which
-    ``headline_statistic`` names) and its selected round's; a multimodal group's also over the
-    recipients, the donors and all clients."""
-    out: dict[str, Any] = {m: headline_stat(g, m, endpoint=endpoint).as_dict() for m in METRICS}
-    out |= {"headline_statistic": group_basis(g, endpoint=endpoint),
-            "selected": {m: g.stat(m, endpoint).as_dict() for m in METRICS}}
-    if g.is_multimodal:
-        out |= {key: {m: headline_stat(g, m, who, endpoint).as_dict() for m in METRICS}
-                for key, who in (("recipients", "recipients"), ("donors", "donors"), ("all_clients", "all"))}
-    return out
 
 
 def rank_rows(ranked: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -517,8 +281,13 @@ def row_notes(rows: Iterable[dict[str, Any]]) -> list[str]:
 # in every row is left out, and a column with one value in every row of the section goes into the
 # section's title ("same in every row: task digits, pool cpu, ..."). The figures and the method are
 # never moved (one row's figure is still a figure). csv, json and the HTML site keep every column.
-NEVER_LIFTED = frozenset({"method", "global acc", "drop", "local acc", "selected global", "selected local", "delta",
-                          "#", "mean rank", "rank interval", "ranks", STEPS, BYTES})
+# The board's figures are its columns' (``Column.figure``); the rank's are named here.
+RANK_FIGURES = frozenset({"method", "#", "mean rank", "rank interval", "ranks"})
+
+
+def never_lifted() -> frozenset[str]:
+    return RANK_FIGURES | {c.name for c in columns() if c.figure}
+
 EMPTY = ("", None, "-")
 
 
@@ -533,7 +302,7 @@ def readable(rows: list[dict[str, Any]], columns: Iterable[str],
     (for the title). A column is the same in every row when every group row has that one value
     and every other row has it or nothing; it is empty when no row has more than '-' in it. The
     ``protected`` columns stay whatever they hold."""
-    protected = set(protected)
+    protected, lifted_never = set(protected), never_lifted()
     shown, same = [], []
     main = [r for r in rows if _main_row(r)]
     for c in columns:
@@ -542,7 +311,7 @@ def readable(rows: list[dict[str, Any]], columns: Iterable[str],
             continue
         mains = {r.get(c) for r in main}
         others = {r.get(c) for r in rows if not _main_row(r)} - {"", None}
-        if (c not in NEVER_LIFTED and not c.startswith("vs ") and c not in protected and len(mains) == 1
+        if (c not in lifted_never and not c.startswith("vs ") and c not in protected and len(mains) == 1
                 and next(iter(mains)) not in EMPTY and others <= mains):
             same.append((c, str(next(iter(mains)))))
             continue
@@ -555,12 +324,14 @@ def same_label(same: list[tuple[str, str]]) -> str:
     return "same in every row: " + ", ".join(f"{c} {v}" for c, v in same) if same else ""
 
 
-def to_markdown(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
+def to_markdown(rows: list[dict[str, str]], columns: Iterable[str],
+                headers: Optional[dict[str, str]] = None) -> str:
     """A markdown table; every cell one line with its markdown and HTML escaped (``text``), so a
     value can neither add a row or a column nor inject a link, code or HTML. The rows' notes
-    (``row_notes``) follow it, one paragraph each."""
-    columns = list(columns)
-    lines = ["| " + " | ".join(map(markdown_cell, columns)) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    (``row_notes``) follow it, one paragraph each. ``headers``: a column's header, where not its name."""
+    columns, headers = list(columns), headers or {}
+    lines = ["| " + " | ".join(markdown_cell(headers.get(c, c)) for c in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(markdown_cell(r.get(c, "")) for c in columns) + " |" for r in rows]
     notes = [f"\nNote: {markdown_cell(n)}" for n in row_notes(rows)]
     return "\n".join(lines + notes) + "\n"
@@ -571,13 +342,13 @@ def sections_markdown(rows: list[dict[str, str]], columns: Iterable[str], chosen
     for a section that stands apart, the reason why (``section_reasons``) in a paragraph. Each
     table keeps the columns a reader compares (``readable``; the others' one value in a line above
     it), unless the columns were ``chosen`` (``--columns``): then exactly those."""
-    columns = list(columns)
+    columns, headers = list(columns), _text_headers()
     parts = []
     for label, part in by_section(rows):
         shown, same = (columns, []) if chosen else readable(part, columns)
         line = f"{markdown_cell(same_label(same)[:1].upper() + same_label(same)[1:])}.\n\n" if same else ""
         parts.append(f"**Setting: {markdown_cell(label)}**\n\n" + reasons_markdown(label) + line
-                     + to_markdown(part, shown))
+                     + to_markdown(part, shown, headers))
     return "\n".join(parts)
 
 
@@ -596,9 +367,31 @@ def to_csv(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:
 
 
 # Headers the terminal table stacks on lines of their own, so a column is as wide as its figures.
-NARROW_HEADERS = {STEPS: "steps /\nclient /\nround", BYTES: "bytes /\nclient /\nround", "global acc": "global\nacc",
-                  "local acc": "local\nacc", "selected global": "selected\nglobal", "selected local": "selected\nlocal",
-                  "failed/diverged": "failed/\ndiverged", "rank interval": "rank\ninterval", "mean rank": "mean\nrank"}
+# The board's columns say theirs (``Column.stacked``); the rank's are named here.
+RANK_HEADERS = {"rank interval": "rank\ninterval", "mean rank": "mean\nrank"}
+# Right-aligned: the board's numeric columns (``Column.numeric``) and the rank's figures.
+RANK_NUMERIC = frozenset({"mean rank", "rank interval", "protocols", "#"})
+
+
+def terminal_header(name: str) -> str:
+    """A column's header in the terminal: a board column's (stacked, else its header), else the name."""
+    c = _text_column(name)
+    return RANK_HEADERS.get(name, name) if c is None else c.stacked or c.shown_header
+
+
+def _right(name: str) -> bool:
+    c = _text_column(name)
+    return name in RANK_NUMERIC if c is None else c.numeric
+
+
+def _text_headers() -> dict[str, str]:
+    return {c.name: c.shown_header for c in columns() if c.views & TEXT}
+
+
+def _text_column(name: str) -> Any:
+    """The board's column of that name shown as text (--columns may choose one the terminal leaves out)."""
+    return next((c for c in columns() if c.name == name and c.views & TEXT), None)
+
 # The order in which the terminal table leaves columns out when it is wider than the terminal:
 # first the first. A column not named here goes before all of these; method and the headline never go.
 # What tells two rows of a section apart (task, setting, pool, faults) goes after the secondary
@@ -622,7 +415,7 @@ def table_width(rows: list[dict[str, Any]], columns: Iterable[str]) -> int:
     from rich.cells import cell_len
 
     widths = [min(max([cell_len(terminal(r.get(c, ""))) for r in rows]
-                      + [cell_len(x) for x in NARROW_HEADERS.get(c, c).split("\n")]), FOLDS.get(c, 10**6))
+                      + [cell_len(x) for x in terminal_header(c).split("\n")]), FOLDS.get(c, 10**6))
               for c in columns]
     return sum(widths) + 3 * len(widths) + 1
 
@@ -649,11 +442,8 @@ def to_rich(rows: list[dict[str, str]], columns: Iterable[str], title: str, capt
               caption=Text(terminal(caption)) if caption else None, caption_justify="left")
     columns = list(columns)
     for c in columns:
-        right = c in ("seeds", "global acc", "drop", "local acc", "selected global", "selected local", STEPS, BYTES,
-                      "delta",
-                      "mean rank", "rank interval", "protocols", "#")
         # fold, not ellipsis: a narrow terminal still shows every character
-        t.add_column(NARROW_HEADERS.get(c, c), justify="right" if right else "left", overflow="fold",
+        t.add_column(terminal_header(c), justify="right" if _right(c) else "left", overflow="fold",
                      no_wrap=c in KEPT)
     for r in rows:
         published = bool(r.get("source"))
