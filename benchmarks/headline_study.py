@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from hfl_bench.results.board import board_records, build_groups
+from hfl_bench.results.figures import figure, final_figure, headline_of
 from hfl_bench.results.loading import Loaded, load_records
-from hfl_bench.results.setting import figure, final_figure, headline_of
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "headline_study.json"

@@ -102,14 +102,14 @@ class RunRecord:
         """The headline global accuracy (%): the mean over the final evaluated rounds of the headline's
         clients (all; the honest ones under faults; the recipients of a multimodal run), as every
         leaderboard view shows it (``results.headline``)."""
-        from hfl_bench.results.headline import headline_value
+        from hfl_bench.results.figures import headline_value
 
         return headline_value(self.data)
 
     @property
     def headline_clients(self) -> str:
         """Whose figure the headline is: all, honest or recipients."""
-        from hfl_bench.results.setting import headline_of
+        from hfl_bench.results.figures import headline_of
 
         return headline_of(self.data)
 

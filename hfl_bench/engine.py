@@ -34,7 +34,6 @@ from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
 from hfl_bench.metering import Budget, Channel, PhaseTimer
 from hfl_bench.method_api import (  # noqa: F401 (re-exported: the run's method is resolved there)
     Method,
-    canonical_identity,
     canonical_method,
     check_card_setting,
     check_method_for_task,

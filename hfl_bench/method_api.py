@@ -305,20 +305,14 @@ def check_method_for_task(cls: type[Method], task: str) -> None:
                           f"{card.why_single_modality}. Methods that do: {', '.join(able)}")
 
 
-def canonical_identity(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with its float settings and its hyperparameters in the one form that is hashed
-    (``config.canonical_settings``, ``config.canonical_params``): one run, one config hash and one
-    record file, however its values were typed. A ``--preset`` is resolved into the
-    hyperparameters (explicit ones win) and ``preset`` becomes the name of the card's preset the
+def canonical_method(cfg: RunConfig) -> RunConfig:
+    """A config whose settings are already canonical (``config.canonical_settings``), with its
+    preset and hyperparameters in the one hashed form (``config.canonical_params``): one run, one
+    config hash and one record file, however its values were typed. A ``--preset`` is resolved into
+    the hyperparameters (explicit ones win) and ``preset`` becomes the name of the card's preset the
     resolved hyperparameters hold, or None (``method_card.matching_preset``). An unknown preset is
     refused (ConfigError); an unknown method or hyperparameter is left as given: ``make_method``
     reports it (with the method's hyperparameter table on a terminal)."""
-    return canonical_method(config_mod.canonical_settings(cfg))
-
-
-def canonical_method(cfg: RunConfig) -> RunConfig:
-    """``canonical_identity`` of a config whose settings are already canonical: its preset and
-    hyperparameters in the one hashed form."""
     try:
         cls = get_method_class(cfg.method)
     except RegistryError:

@@ -203,7 +203,7 @@ def modality_figures(best: Any, clients: list[int]) -> dict[str, Any]:
 
 
 def _headline_clients(result: RunResult) -> str:
-    """Whose figure a run's headline is (``setting.headline_of`` reads it back from the record): the
+    """Whose figure a run's headline is (``figures.headline_of`` reads it back from the record): the
     honest clients under faults, the recipients of a multimodal run that has any, else all."""
     if result.faults is not None:
         return "honest"
@@ -308,7 +308,7 @@ def build_record(cfg: RunConfig, result: RunResult, chash: str | None = None,
             "hparams": method.hparams(),
             **card_setting(method.card, method.predictor(), method.transfer()),
             # Schema 1.6: the card's preset the hyperparameters hold (``--preset``), null for the
-            # protocol's budget (``engine.canonical_identity``).
+            # protocol's budget (``method_api.canonical_method``).
             "preset": cfg.preset,
             # Optional: what the method states about this run (``Method.describe_run``), e.g. its feature bank.
             **({"run_details": details} if (details := method.describe_run(fed)) else {}),

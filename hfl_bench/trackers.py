@@ -77,7 +77,7 @@ def round_values(entry: dict[str, Any]) -> dict[str, float]:
 
 def summary_values(record: dict[str, Any]) -> dict[str, float]:
     """A record's summary as tracker metrics: headline, selected round and figures, cost, budget."""
-    from hfl_bench.results.headline import headline_value
+    from hfl_bench.results.figures import headline_value
 
     m = record.get("metrics") or {}
     cost = record.get("cost") or {}

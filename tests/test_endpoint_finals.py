@@ -14,8 +14,8 @@ import pytest
 
 from hfl_bench.record.check import problems as record_problems
 from hfl_bench.recording import final_endpoints, final_figures
-from hfl_bench.results.figures import headline_value as compared_value
-from hfl_bench.results.headline import headline_basis, headline_value
+from hfl_bench.results.figures import headline_basis, headline_value
+from hfl_bench.results.figures import statistic_value as compared_value
 
 QUICK = ("--clients", "4", "--rounds", "4", "--eval-every", "1", "--local-epochs", "1", "--batch-size", "64")
 

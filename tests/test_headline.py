@@ -14,7 +14,7 @@ from scipy.stats import chi2
 from typer.testing import CliRunner
 
 from hfl_bench.cli import app
-from hfl_bench.results.headline import FINAL, SELECTED, headline_basis, headline_value
+from hfl_bench.results.figures import FINAL, SELECTED, headline_basis, headline_value
 
 REPO = Path(__file__).resolve().parents[1]
 # A real record with final figures (schema 1.2): every synthetic record below is a copy of it.

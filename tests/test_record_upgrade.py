@@ -114,7 +114,7 @@ def test_upgraded_older_records_read_as_the_fallbacks_read_the_raw_ones(older, g
     from the raw record through their fallbacks (the registry's cards and pools, the absent
     version, preset, headline ...) is what today's readers read of the upgraded record, and what
     it states."""
-    from hfl_bench.results import headline as hl
+    from hfl_bench.results import figures as hl
     from hfl_bench.results import setting as st
     from hfl_bench.results.loading import Loaded
 

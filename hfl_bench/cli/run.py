@@ -187,8 +187,7 @@ def _say_checkpoint(path: Path, resume: bool) -> None:
 def _headline(record: dict[str, Any]) -> dict[str, Any]:
     """The run's figures for ``--json``: the headline (``results.headline``: its value, statistic and
     clients), then the selected round's figures (``global_acc`` ..., the papers' rule) and the round."""
-    from hfl_bench.results.headline import headline_basis, headline_value
-    from hfl_bench.results.setting import headline_of
+    from hfl_bench.results.figures import headline_basis, headline_of, headline_value
 
     m = record.get("metrics") or {}
     groups = {f"{who}_global_acc": m[who].get("global_acc") for who in ("recipients", "donors")
@@ -202,8 +201,7 @@ def _headline(record: dict[str, Any]) -> dict[str, Any]:
 def _headline_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
     """A reproduced record's headline (``results.headline``, the figure every leaderboard view shows)
     and what it is; a published record has only its paper's figure."""
-    from hfl_bench.results.headline import FINAL, headline_basis, headline_value
-    from hfl_bench.results.setting import headline_of
+    from hfl_bench.results.figures import FINAL, headline_basis, headline_of, headline_value
 
     if _get(record, "source", "kind") != "reproduced":
         return []

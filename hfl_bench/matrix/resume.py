@@ -84,9 +84,3 @@ def existing_record(cell: Cell) -> Existing:
     if recorded is not None:
         return Existing(conflict=other_data_message(path, recorded, current))
     return Existing(record)
-
-
-def finished_record(cell: Cell) -> Optional[dict[str, Any]]:
-    """The cell's existing record if it is final and of the same setting, seed and data; None
-    when the cell still has to run (no record, a failed one, an unreadable one, other data)."""
-    return existing_record(cell).record

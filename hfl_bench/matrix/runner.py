@@ -16,7 +16,7 @@ from hfl_bench.matrix.suite import Cell
 from hfl_bench.recording import save_record
 from hfl_bench.registry import resolve_plugins
 from hfl_bench.resolved import resolve_run
-from hfl_bench.results.headline import headline_value
+from hfl_bench.results.figures import headline_value
 from hfl_bench.trackers import Trackers, check_names
 
 
@@ -30,7 +30,7 @@ def _record_path(cell: Cell) -> Optional[Path]:
 def summary_row(cell: Cell, record: Optional[dict[str, Any]], status: str, path: Optional[Path]) -> dict[str, Any]:
     """One line of the summary: ``status`` is ok, diverged, failed or skipped (a final record
     was already there); ``record_status`` is the status inside the record file; ``global_acc``
-    the headline (``results.headline.headline_value``: the mean over the last evaluated rounds, of
+    the headline (``results.figures.headline_value``: the mean over the last evaluated rounds, of
     the honest clients under faults, the recipients of a multimodal run); ``variant`` the method's
     variant when the suite lists several (``suite.variant_text``), else None."""
     record = record or {}

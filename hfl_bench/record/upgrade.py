@@ -195,7 +195,7 @@ def step_1_5_to_1_6(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def headline_clients(record: dict[str, Any]) -> str:
-    """Whose figure a record's headline is (``results.setting.headline_of``): the honest clients of a
+    """Whose figure a record's headline is (``results.figures.headline_of``): the honest clients of a
     run with faults, the recipients of a multimodal run that has any, else all clients."""
     if isinstance(record.get("faults"), dict):
         return "honest"
@@ -205,7 +205,7 @@ def headline_clients(record: dict[str, Any]) -> str:
 
 def headline_block(record: dict[str, Any]) -> dict[str, Any]:
     """``metrics.headline`` as a 1.7 run writes it (``results.records.headline_block``) and every view
-    reads it (``results.headline.headline_value`` of ``global_acc``): the final figure of the
+    reads it (``results.figures.headline_value`` of ``global_acc``): the final figure of the
     headline's clients, else their selected round's (window null)."""
     metrics = record["metrics"]
     clients = headline_clients(record)

@@ -14,7 +14,7 @@ parameters (none: the method's defaults; ``paired.params_label`` labels them, as
 ``clients_per_round``, the ``task`` and the clients' ``optimizer`` (as sections name it);
 a side that matches two groups is an error (name more). The groups are paired by seed
 (``paired.pair``: the same seed and partition hash) and read at the headline figure (the mean
-global accuracy over the final window, ``figures.headline_value``), of the model or of a side's
+global accuracy over the final window, ``figures.statistic_value``), of the model or of a side's
 extra ``endpoint`` (its final window from schema 1.7; an older record holds an endpoint's selected
 round only: such a row names ``figure: selected`` on both sides), or at a side's ``figure``:
 ``selected``, ``final``, or ``selected-minus-final`` (the selected round's figure less the final
@@ -52,7 +52,7 @@ from typing import Any, Optional
 
 from hfl_bench.record.upgrade import BUILTIN_CARDS
 from hfl_bench.registry import unknown_message
-from hfl_bench.results.figures import check_figure, headline_value
+from hfl_bench.results.figures import check_figure, statistic_value
 from hfl_bench.results.paired import CONFIDENCE, Comparison, Side, compare, holm, pair, params_label
 from hfl_bench.results.setting import SettingGroup
 
@@ -315,8 +315,8 @@ class FigureSide(Side):
 
     def value(self, record: dict[str, Any], figure: str) -> Optional[float]:
         if self.fixed != GAP:
-            return headline_value(record, self.fixed or figure, self.endpoint)
-        selected, final = headline_value(record, "selected"), headline_value(record, "final")
+            return statistic_value(record, self.fixed or figure, self.endpoint)
+        selected, final = statistic_value(record, "selected"), statistic_value(record, "final")
         return None if selected is None or final is None else selected - final
 
 

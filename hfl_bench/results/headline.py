@@ -3,7 +3,7 @@ in every format, the rank, the HTML site, the plots, paired comparisons), so no 
 
 **The rule, chosen by measurement** (docs/studies/headline.md, ``benchmarks/headline_study.py``): the
 headline is the **final** figure, the mean over the last evaluated rounds (``records.FINAL_ROUNDS``,
-10; ``metrics.final``, schema 1.2 on) of the headline's clients (``setting.headline_of``: the honest
+10; ``metrics.final``, schema 1.2 on) of the headline's clients (``figures.headline_of``: the honest
 clients under faults, the recipients of a multimodal run, else all clients). On the committed
 records it moved about a quarter as much as the selected round's figure between two hosts, and its
 paired-seed sd between methods is smaller. The papers' rule, the figure at the round of the best
@@ -21,49 +21,15 @@ final figure (``group_basis``: ``selected`` or ``mixed``).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
-from hfl_bench.results.setting import (
-    SettingGroup,
-    Stat,
-    endpoint_figure,
-    figure,
-    final_endpoint_figure,
-    final_figure,
-)
+from hfl_bench.results.figures import FINAL, MIXED, headline_basis, headline_value
+from hfl_bench.results.setting import SettingGroup, Stat
 
-FINAL, SELECTED, MIXED = "final", "selected", "mixed"
-HEADLINE_STATISTIC = FINAL  # what the measurement chose; SELECTED is the fallback
 # How the table, markdown and HTML mark a group whose headline fell back (``group_basis`` not FINAL).
 FALLBACK_MARK = "*"
 FALLBACK_NOTE = (f"{FALLBACK_MARK} no final figure in (some of) these records (written by an older hfl-bench; "
                  "docs: Older records): the figure at the selected round stands in for the headline")
-
-
-def _figures(record: dict[str, Any], metric: str, clients: str,
-             endpoint: Optional[str]) -> tuple[Optional[float], Optional[float]]:
-    """A record's final and selected-round figure, of the model or of a named extra endpoint."""
-    if endpoint:
-        return (final_endpoint_figure(record, endpoint, metric, clients),
-                endpoint_figure(record, endpoint, metric, clients))
-    return final_figure(record, metric, clients), figure(record, metric, clients)
-
-
-def headline_basis(record: dict[str, Any], metric: str = "global_acc", clients: str = "headline",
-                   endpoint: Optional[str] = None) -> Optional[str]:
-    """Which statistic ``headline_value`` reads for this record: ``final``, ``selected`` (fallback),
-    or None when the record has neither."""
-    final, selected = _figures(record, metric, clients, endpoint)
-    return FINAL if final is not None else SELECTED if selected is not None else None
-
-
-def headline_value(record: dict[str, Any], metric: str = "global_acc", clients: str = "headline",
-                   endpoint: Optional[str] = None) -> Optional[float]:
-    """A record's headline figure (module doc): the final figure of the headline's clients (or of
-    ``clients``), of the model or of an extra ``endpoint``, else the figure at the selected round;
-    None when it has neither."""
-    final, selected = _figures(record, metric, clients, endpoint)
-    return final if final is not None else selected
 
 
 def headline_stat(group: SettingGroup, metric: str = "global_acc", clients: str = "headline",

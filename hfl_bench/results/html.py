@@ -45,8 +45,9 @@ from hfl_bench.config import FINAL_ROUNDS, POOLED_SELECTION_RULE, SELECTION_RULE
 from hfl_bench.results import seen_unseen
 from hfl_bench.results.board import Board, board_records, build_board
 from hfl_bench.results.columns import Column, GroupRow, _num, _pm, columns, drop_label, get_column
+from hfl_bench.results.figures import FINAL
 from hfl_bench.results.grouping import SeedGroup, group_seeds
-from hfl_bench.results.headline import FALLBACK_MARK, FALLBACK_NOTE, FINAL, group_basis, headline_stat, marked
+from hfl_bench.results.headline import FALLBACK_MARK, FALLBACK_NOTE, group_basis, headline_stat, marked
 from hfl_bench.results.loading import HONEST_SELECTION, Loaded, ResultsError, Skipped, load_records
 from hfl_bench.results.paired_view import page_tables
 from hfl_bench.results.rank_intervals import with_rank_intervals

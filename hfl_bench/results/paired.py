@@ -9,7 +9,7 @@ Pairs whose records ran on different kinds of processor (``setting.processor``: 
 kernel set, or GPU) are kept but the comparison is marked ``mixed hosts``: two kinds of processor
 round differently, which adds noise the pairing does not remove.
 
-For the n paired differences d = A - B (the figure: ``figures.headline_value``, the headline's
+For the n paired differences d = A - B (the figure: ``figures.statistic_value``, the headline's
 global accuracy, or a named extra endpoint's):
 
 - the mean difference and the two-sided 95% t-interval (``scipy.stats.ttest_rel``; n - 1 degrees
@@ -50,7 +50,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from hfl_bench.results.figures import check_figure, headline_value
+from hfl_bench.results.figures import check_figure, statistic_value
 from hfl_bench.results.ranking import protocol_labels
 from hfl_bench.results.setting import SettingGroup, canonical, processor, section_reasons
 
@@ -82,7 +82,7 @@ class Side:
         return self.group.method + version + variant + (f" [{self.endpoint}]" if self.endpoint else "")
 
     def value(self, record: dict[str, Any], figure: str) -> Optional[float]:
-        return headline_value(record, figure, self.endpoint)
+        return statistic_value(record, figure, self.endpoint)
 
 
 @dataclass
@@ -102,10 +102,6 @@ class Pairing:
     @property
     def mixed_hosts(self) -> bool:
         return len(self.processors) > 1
-
-    @property
-    def n_dropped(self) -> int:
-        return len(self.only_a) + len(self.only_b) + len(self.partition_differs) + len(self.no_figure)
 
     def as_dict(self) -> dict[str, Any]:
         return {"seeds": self.seeds, "only_a": self.only_a, "only_b": self.only_b,
@@ -303,7 +299,7 @@ class Table:
 def group_mean(g: SettingGroup, figure: Optional[str] = None, endpoint: Optional[str] = None) -> float:
     """The group's mean figure over its ok seeds (-inf where none has it): what picks a method's
     reference group in a protocol."""
-    xs = [v for r in g.ok if (v := headline_value(r.record, figure, endpoint)) is not None]
+    xs = [v for r in g.ok if (v := statistic_value(r.record, figure, endpoint)) is not None]
     return statistics.fmean(xs) if xs else -math.inf
 
 

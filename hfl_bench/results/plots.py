@@ -36,8 +36,9 @@ from typing import Any, Callable, Iterable, Optional
 from hfl_bench.config import LEGACY_FIELDS, NON_SEMANTIC
 from hfl_bench.paths import write_atomic
 from hfl_bench.results import robustness
+from hfl_bench.results.figures import FINAL, headline_basis, headline_value
 from hfl_bench.results.grouping import SeedGroup, data_identity, group_seeds
-from hfl_bench.results.headline import FALLBACK_MARK, FINAL, basis_of, headline_basis, headline_value
+from hfl_bench.results.headline import FALLBACK_MARK, basis_of
 from hfl_bench.results.loading import SIDECAR_SUFFIX, Loaded, ResultsError, Skipped, read_records, record_files
 from hfl_bench.results.setting import (
     PROTOCOL_BUDGET,

@@ -43,7 +43,8 @@ from hfl_bench.results.columns import (
     names,
     section_fields,
 )
-from hfl_bench.results.headline import FALLBACK_NOTE, HEADLINE_STATISTIC, group_basis, headline_stat, marked
+from hfl_bench.results.figures import HEADLINE_STATISTIC
+from hfl_bench.results.headline import FALLBACK_NOTE, group_basis, headline_stat, marked
 from hfl_bench.results.published import Match, Published
 from hfl_bench.results.setting import SettingGroup, canonical, partition_label, section_reasons
 from hfl_bench.results.text import csv_cell, markdown_cell, terminal

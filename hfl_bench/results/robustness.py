@@ -38,8 +38,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hfl_bench.results.figures import FINAL, SELECTED
 from hfl_bench.results.grouping import data_identity, recency
-from hfl_bench.results.headline import FINAL, SELECTED
 from hfl_bench.results.loading import Loaded, selection_mark
 from hfl_bench.results.paired import t_interval
 from hfl_bench.results.setting import SettingGroup

@@ -6,7 +6,7 @@ averaged over the clients that have the figure (a client that lacks no class has
 figure), with the final window's means beside them (``final``), each architecture's means
 (``per_arch``) and each client's figures; a client group (honest / faulty, recipients / donors)
 has its own block (``metrics.<group>.seen_unseen``). These readers take the headline's block by
-default (the leaderboard's rule: ``setting.headline_of``). A record from before schema 1.6 has
+default (the leaderboard's rule: ``figures.headline_of``). A record from before schema 1.6 has
 none: every reader gives None, and the views show "-".
 """
 
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from hfl_bench.results.setting import SettingGroup, Stat, clients_metrics
+from hfl_bench.results.figures import clients_metrics
+from hfl_bench.results.setting import SettingGroup, Stat
 
 SEEN_UNSEEN = ("seen_acc", "unseen_acc")
 
 
 def block(record: dict[str, Any], clients: str = "headline") -> dict[str, Any]:
-    """The record's seen / unseen block over ``clients`` (``setting.clients_metrics``); {} if none."""
+    """The record's seen / unseen block over ``clients`` (``figures.clients_metrics``); {} if none."""
     found = clients_metrics(record, clients).get("seen_unseen")
     return found if isinstance(found, dict) else {}
 

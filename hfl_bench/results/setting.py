@@ -50,13 +50,18 @@ from typing import Any, Iterable, Optional
 
 from hfl_bench.config import SELECTION_RULE
 from hfl_bench.record.upgrade import pool_homogeneous
+from hfl_bench.results.figures import (
+    endpoint_figure,
+    figure,
+    final_figure,
+    headline_of,
+)
 from hfl_bench.results.grouping import SeedGroup
 from hfl_bench.results.loading import Loaded
 
 METRICS = ("global_acc", "local_acc")
 NO_FAULTS = "none"  # the fault setting of a run without faults
 NO_MODALITIES = "none"  # the modality setting of a single-modality run
-CLIENTS = ("headline", "all", "honest", "faulty", "recipients", "donors")  # whose figure ``SettingGroup.stat`` reads
 UNKNOWN = "unknown"  # a transfer no record or registered card states
 PROTOCOL_BUDGET = "protocol"  # the budget class of a run under the protocol's budget (no preset)
 PROTOCOL_OPTIMIZER = "sgd"  # the optimizer setting of a run under the protocol's optimizer (``config.optimizer``)
@@ -207,74 +212,6 @@ def section_reasons(label: str) -> list[str]:
     """Why a setting section stands apart, for the views to print under its label: the peer-data
     reason (``PEER_DATA_REASON``) for a label that ends in ``PEER_DATA_LABEL``; none otherwise."""
     return [PEER_DATA_REASON] if label.endswith(PEER_DATA_LABEL) else []
-
-
-def has_recipients(record: dict[str, Any]) -> bool:
-    """A multimodal record with at least one recipient (a client that misses a modality)."""
-    return bool(modalities_section(record).get("recipients"))
-
-
-def headline_of(record: dict[str, Any]) -> str:
-    """Whose figure a record's headline is (module doc): honest, recipients or all."""
-    if isinstance(record.get("faults"), dict):
-        return "honest"
-    return "recipients" if has_recipients(record) else "all"
-
-
-def clients_metrics(record: dict[str, Any], clients: str = "headline") -> dict[str, Any]:
-    """A record's metrics over all clients (``metrics``) or one client group's block
-    (``metrics.honest`` ...), the headline's by default; {} where the record has no such block."""
-    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
-    if clients == "headline":
-        clients = headline_of(record)
-    if clients != "all":
-        metrics = metrics.get(clients) if isinstance(metrics.get(clients), dict) else {}
-    return metrics
-
-
-def figure(record: dict[str, Any], metric: str, clients: str = "headline") -> Optional[float]:
-    """One selected-round figure of a record: over all clients, the honest or the faulty ones, the
-    recipients or the donors, or the headline (``headline_of``; module doc)."""
-    return clients_metrics(record, clients).get(metric)
-
-
-def final_figure(record: dict[str, Any], metric: str, clients: str = "headline") -> Optional[float]:
-    """One final figure (mean over the last evaluated rounds) of a record, over the same clients
-    as ``figure``; None where the record has none (a group's final figures came with schema 1.5)."""
-    final = clients_metrics(record, clients).get("final")
-    return final.get(metric) if isinstance(final, dict) else None
-
-
-def endpoint_figure(record: dict[str, Any], endpoint: str, metric: str, clients: str = "headline") -> Optional[float]:
-    """One selected-round figure of a named extra endpoint: over all clients
-    (``metrics.extra_endpoints``), the recipients or the donors (``metrics.<who>.endpoints``), or
-    the headline (the recipients' for a multimodal record with recipients; all clients' otherwise,
-    faults or not: a record has no honest clients' endpoint figures). None where the record has no
-    such figure."""
-    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
-    if clients == "headline":
-        clients = "recipients" if has_recipients(record) else "all"
-    if clients == "all":
-        block = metrics.get("extra_endpoints")
-    else:
-        who = metrics.get(clients)
-        block = who.get("endpoints") if isinstance(who, dict) else None
-    figures = block.get(endpoint) if isinstance(block, dict) else None
-    return figures.get(metric) if isinstance(figures, dict) else None
-
-
-def final_endpoint_figure(record: dict[str, Any], endpoint: str, metric: str,
-                          clients: str = "headline") -> Optional[float]:
-    """One final figure (mean over the final window, schema 1.7) of a named extra endpoint, over the
-    clients ``endpoint_figure`` reads (the recipients of a multimodal record with recipients, all
-    clients otherwise: ``metrics.final.endpoints`` / ``metrics.<who>.final.endpoints``); None where
-    the record has none (written before 1.7)."""
-    if clients == "headline":
-        clients = "recipients" if has_recipients(record) else "all"
-    final = clients_metrics(record, clients).get("final")
-    block = final.get("endpoints") if isinstance(final, dict) else None
-    figures = block.get(endpoint) if isinstance(block, dict) else None
-    return figures.get(metric) if isinstance(figures, dict) else None
 
 
 def processor(record: dict[str, Any]) -> Optional[str]:
@@ -451,11 +388,6 @@ class SettingGroup:
                 return endpoint_figure(r.record, endpoint, metric, clients)
             return figure(r.record, metric, clients)
         return Stat.of(value(r) for r in self.ok)
-
-    def final_endpoint_stat(self, endpoint: str, metric: str = "global_acc", clients: str = "headline") -> Stat:
-        """A named extra endpoint's final figure (``final_endpoint_figure``) over the ok seeds; n
-        counts the seeds whose records have it (schema 1.7 on)."""
-        return Stat.of(final_endpoint_figure(r.record, endpoint, metric, clients) for r in self.ok)
 
     def final_stat(self, metric: str = "global_acc", clients: str = "headline") -> Stat:
         """The mean over the last evaluated rounds over the ok seeds: all clients' (``metrics.final``,
