@@ -24,6 +24,8 @@ from hfl_bench.results.records import SCHEMA_VERSION
 from hfl_bench.results.validation import record_problems
 from hfl_bench.testing import builtin_methods
 
+pytestmark = pytest.mark.slow  # runs the CLI and the plugin's tests as processes
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
