@@ -249,6 +249,7 @@ def test_the_site_is_built_outside_the_checkout(tmp_path):
     assert "sortBy" in script and "table.sortable" in style
 
 
+@pytest.mark.slow  # validates every committed record (about 2,000)
 def test_validate_the_shipped_records_through_the_cli():
     pytest.importorskip("jsonschema")
     folders = [LEADERBOARDS / "reproduced", LEADERBOARDS / "archive" / "first-wave", LEADERBOARDS / "published"]
