@@ -35,6 +35,7 @@ def _without_timings(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in e.items() if k not in TIMINGS} for e in history]
 
 
+@pytest.mark.slow  # two processes
 def test_python_run_writes_the_record_the_command_line_writes(tmp_path):
     # Both as programs, each with one torch thread (thread counts change CPU numerics).
     api_out, cli_out = tmp_path / "api", tmp_path / "cli"
@@ -100,7 +101,7 @@ def _matrix(suite: Path, executor: str) -> dict:
     return row
 
 
-PATHS = ["cli", "local-cell", pytest.param("ray-cell", marks=pytest.mark.ray)]
+PATHS = ["cli", "local-cell", pytest.param("ray-cell", marks=[pytest.mark.ray, pytest.mark.slow])]
 
 
 @pytest.fixture(scope="module")
@@ -244,6 +245,7 @@ def _curve(record: dict, key: str = "global_acc") -> dict[int, float]:
     return {e["round"]: e[key] for e in record["history"] if e.get(key) is not None}
 
 
+@pytest.mark.slow  # its fixture runs the CLI as a process
 def test_tensorboard_logs_the_records_history(tracked):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -263,6 +265,7 @@ def test_tensorboard_logs_the_records_history(tracked):
     assert json.loads((path.parent / "trackers" / "tensorboard" / path.stem / "record.json").read_text()) == record
 
 
+@pytest.mark.slow  # its fixture runs the CLI as a process
 def test_mlflow_logs_the_records_history(tracked):
     pytest.importorskip("mlflow")
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -280,6 +283,7 @@ def test_mlflow_logs_the_records_history(tracked):
     assert json.loads(artifact.read_text()) == record
 
 
+@pytest.mark.slow  # its fixture runs the CLI as a process
 def test_wandb_logs_the_records_history_offline(tracked):
     pytest.importorskip("wandb")
     path, record = tracked
@@ -297,7 +301,8 @@ def test_wandb_logs_the_records_history_offline(tracked):
     assert summary["round"] == 3 and summary["status"] == "ok"
 
 
-@pytest.mark.parametrize("jobs", [1, 2])  # in this process, and in worker processes that report to the driver
+# in this process, and in worker processes that report to the driver (slow: processes)
+@pytest.mark.parametrize("jobs", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_local_matrix_logs_each_round_as_it_ends(tmp_path, monkeypatch, jobs):
     from hfl_bench import trackers
 

@@ -167,6 +167,7 @@ def test_bad_input_gets_one_line_and_exit_2(case, args, files, phrase, tmp_path,
     check(outcome, phrase, folder, files)
 
 
+@pytest.mark.slow  # the CLI as processes
 @pytest.mark.parametrize("case", SUBPROCESS)
 def test_bad_input_in_a_real_process_too(case, processes):
     root, done = processes

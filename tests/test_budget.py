@@ -217,6 +217,7 @@ BY_DESIGN = {
 }
 
 
+@pytest.mark.slow  # every method through real training
 @pytest.mark.parametrize("method", builtin_methods())
 def test_counted_steps_equal_the_plan(method, out):
     record, sim = run_at_defaults(method, out)
@@ -234,6 +235,7 @@ def test_counted_steps_equal_the_plan(method, out):
     assert record_problems(json.loads(json.dumps(record))) == []
 
 
+@pytest.mark.slow  # every method through real training
 @pytest.mark.parametrize("method", builtin_methods())
 def test_private_budget_equals_locals(method, out):
     """Under defaults, private steps per client per round equal local's, except by design:

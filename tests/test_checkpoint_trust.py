@@ -146,6 +146,7 @@ def _can_mount_tmpfs(where: Path) -> str | None:
     return None
 
 
+@pytest.mark.slow  # the CLI as a process
 def test_a_checkpoint_write_on_a_real_full_disk_is_a_warning_and_the_run_goes_on(tmp_path):
     """The checkpoint folder is a 64 KiB tmpfs (a real ENOSPC from the kernel), the record's folder
     is not: the run warns at every checkpoint and writes its record."""
@@ -181,6 +182,7 @@ paths.write_atomic(sys.argv[1], die)
 """
 
 
+@pytest.mark.slow  # a process, killed
 def test_a_checkpoint_write_killed_midway_leaves_no_temporary_file_after_the_next_start(tmp_path):
     cfg = engine.load_task(RunConfig(method="local", task="digits", clients=3, rounds=3, seed=0,
                                      checkpoint_every=1, out=str(tmp_path), **QUICK))[1]
@@ -215,6 +217,7 @@ print(json.dumps({"status": record["status"], "error": record["error"],
 """
 
 
+@pytest.mark.slow  # the CLI as a process
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
 @pytest.mark.parametrize("how", ["run --resume", "matrix cell"])
 def test_a_fifo_at_the_checkpoint_path_is_refused_never_opened_blocking(tmp_path, how):

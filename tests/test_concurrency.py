@@ -42,6 +42,7 @@ def _hold(path: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow  # processes
 def test_a_second_run_of_the_same_identity_is_refused_while_the_first_runs(tmp_path):
     target = _target(tmp_path)
     holder = _hold(target)
@@ -106,6 +107,7 @@ def test_html_regenerated_under_its_input_folder_reads_no_copies_of_its_own(tmp_
         assert "from 1 records" in stdout
 
 
+@pytest.mark.slow  # the CLI and its worker processes
 def test_a_killed_matrix_worker_costs_only_its_own_cell(tmp_path):
     out = tmp_path / "records"
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump({
@@ -137,6 +139,7 @@ def test_a_killed_matrix_worker_costs_only_its_own_cell(tmp_path):
     assert proc.returncode == 1
 
 
+@pytest.mark.slow  # processes
 def test_a_matrix_cell_another_process_is_writing_is_failed_not_run(tmp_path):
     out = tmp_path / "records"
     suite = tmp_path / "suite.yaml"

@@ -43,6 +43,7 @@ def selected(record: dict) -> dict:
     return {"selection": record["selection"], "status": record["status"], "metrics": metrics}
 
 
+@pytest.mark.slow  # every method through real training
 @pytest.mark.parametrize("method", builtin_methods())
 def test_the_default_policy_selects_the_same_round_with_the_same_figures(method, short_final_window):
     every_round = run(method, 1)

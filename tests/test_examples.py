@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs the example script as a process
+
 REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", MPLBACKEND="Agg")
 

@@ -295,6 +295,7 @@ CASES = ([(m, "byzantine:0.5") for m in builtin_methods()] + [(m, "free-rider:0.
          + [("crad", "byzantine:0.5/sign-flip"), ("fedgd", "byzantine:0.5/sign-flip")])
 
 
+@pytest.mark.slow  # every method through real training
 @pytest.mark.parametrize("method, faults", CASES, ids=[f"{m}-{f.split(':')[0]}" + ("-flip" if "flip" in f else "")
                                                        for m, f in CASES])
 def test_every_method_runs_under_every_fault_kind(method, faults):

@@ -243,6 +243,7 @@ def test_checkpoints_follow_the_umask(tmp_path, umask):
     assert mode(tmp_path / "c.pt") == 0o640
 
 
+@pytest.mark.slow  # the CLI as a process
 def test_alias_bomb_in_a_real_process(tmp_path):
     """The process boundary too: one line, exit 2, in seconds (before: minutes, then MemoryError)."""
     import subprocess

@@ -117,6 +117,7 @@ def test_live_summary_ratios():
     assert out["cpu"]["amortized_ratio"] == out["wall"]["amortized_ratio"]
 
 
+@pytest.mark.slow  # the script as processes
 def test_side_by_side_report_rows_come_from_the_summary(tmp_path):
     runs = {sbs.key("fd", side, s): {"curve": c, "seconds": [0, 1, 1, 1]}
             for side, curves in (("htfllib", ([10, 50, 60, 70], [10, 70, 60, 72])),
@@ -276,6 +277,7 @@ print(json.dumps({"shared": [same(states[True][0], s) for s in states[True][1:]]
 """
 
 
+@pytest.mark.slow  # a process
 def test_shared_init_starts_every_client_from_client_0s_model(tmp_path):
     """``--shared-init``: hfl-bench's clients start from one model, as HtFLlib's do; by default each
     client draws its own. Through the engine, on a small folder in the PFLlib layout, in a process
@@ -348,6 +350,7 @@ def test_a_diagnostic_file_borrows_hfl_bench_runs_from_files_of_the_same_setting
         sbs.borrow_hfl_bench(probe, [lanes | {"settings": settings | {"hfl_bench_params": {"fedproto": ["lam=1"]}}}])
 
 
+@pytest.mark.slow  # the script as a process
 def test_report_gives_each_round_welchs_interval_and_the_rounds_it_resolves_before_and_after_holm(tmp_path):
     """``--report``'s interval table: hfl-bench minus HtFLlib per round with Welch's 95% interval over
     the two sides' seeds (scipy's, checked by hand at one round), the rounds clear of 0 listed per

@@ -201,6 +201,7 @@ def _cells(page, column: str, table: str = "table.leaderboard") -> list[str]:
                return r.cells[headers.indexOf(col)].textContent.trim(); })""", column)
 
 
+@pytest.mark.slow  # drives Chromium
 def test_in_a_headless_browser(site, browser, tmp_path):
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     requests: list[str] = []

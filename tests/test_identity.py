@@ -117,6 +117,7 @@ def test_old_records_typed_otherwise_are_mapped_into_one_group(tmp_path):
     assert result.exit_code == 0 and [g["n_seeds"] for g in json.loads(stdout)["groups"]] == [4]
 
 
+@pytest.mark.slow  # reads every committed record (about 2,000)
 def test_committed_records_keep_their_hashes():
     loaded, _ = load_records([REPO / "leaderboards"])
     changed = [r.path for r in loaded if r.kind == "reproduced" and r.config_hash != r.record.get("config_hash")]

@@ -17,6 +17,8 @@ import psutil
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # signals real CLI processes and their matrix workers (and Ray)
+
 CLI = [sys.executable, "-m", "hfl_bench.cli"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", COLUMNS="400")
 FOREVER = 100_000  # rounds: a cell that is still running whenever the test interrupts it

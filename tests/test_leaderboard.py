@@ -337,6 +337,7 @@ def test_average_ranks_share_ties():
     assert average_ranks({"a": 3.0, "b": 1.0, "c": 3.0, "d": 0.5}) == {"a": 1.5, "c": 1.5, "b": 3.0, "d": 4.0}
 
 
+@pytest.mark.slow  # reads every committed record (about 2,000)
 def test_default_folders_and_bad_paths(tmp_path):
     assert DEFAULT_DIRS == (REPRODUCED, PUBLISHED)
     board = show_json()  # the default folders: every published figure is on the board, beside a group or not
@@ -358,6 +359,7 @@ def validate(*args: str):
     return CliRunner().invoke(app, ["leaderboard", "validate", *args])
 
 
+@pytest.mark.slow  # validates every committed record (about 2,000)
 def test_validate_every_shipped_record():
     pytest.importorskip("jsonschema")
     result = validate()
@@ -449,6 +451,7 @@ def _mutations(real: dict) -> list[tuple[str, dict]]:
     return [("unchanged", real), ("published", published)] + [(n, change(*c)) for n, c in cases]
 
 
+@pytest.mark.slow  # validates every committed record (about 2,000) twice
 def test_the_record_check_refuses_what_the_frozen_schemas_refuse(real_record):
     """Each mutation the 1.7 JSON Schema refuses, the record check (upgrade, then the model) refuses
     too; every shipped record passes both its own version's frozen schema and the check; and the
@@ -502,6 +505,7 @@ def test_published_records_are_what_the_generator_writes(tmp_path):
     assert {r["task"]["name"] for r in records} == {"cifar10", "cifar100", "pathmnist"}
 
 
+@pytest.mark.slow  # the CLI as a process
 @pytest.mark.parametrize("args", [
     ("leaderboard", "show", str(REPRODUCED / "digits")),
     ("leaderboard", "show", str(REPRODUCED / "digits"), "--format", "markdown"),

@@ -454,6 +454,7 @@ def test_interrupted_cell_continues_from_its_checkpoint(tmp_path, validator):
 # --------------------------------------------------------------------------- local process pool
 
 
+@pytest.mark.slow  # worker processes
 def test_process_pool_executor(tmp_path, validator):
     out = tmp_path / "records"
     suite = _write_suite(tmp_path / "pool.yaml", methods=["local"], tasks=["digits"], seeds=[0, 1],
@@ -507,6 +508,7 @@ def ray_cluster():
         ray.shutdown()
 
 
+@pytest.mark.slow  # Ray and a driver process
 @pytest.mark.ray
 def test_ray_executor_returns_records_to_the_driver(tmp_path, validator, ray_cluster):
     assert ray_cluster.startswith("127.0.0.1:")
@@ -555,6 +557,7 @@ def _limited(gib: int):
     return limit
 
 
+@pytest.mark.slow  # the CLI as a process
 @pytest.mark.parametrize("where", ["--seeds", "suite"])
 def test_a_huge_seed_range_is_refused_before_any_cell_is_built(tmp_path, where):
     """``0-99999999`` (a typo for 0-9): one line with the limit and the hint, exit 2, at once (issue
@@ -587,6 +590,7 @@ def test_seed_and_cell_limits_hold_for_lists_and_products():
         suite_cells(suite)  # refused before any cell resolves its task
 
 
+@pytest.mark.slow  # the CLI as a process
 def test_a_piped_matrix_prints_a_line_per_finished_cell_before_it_exits(tmp_path):
     """Piped (not a terminal), ``matrix`` talks as ``run`` does: each finished cell is a line on
     stderr (read here while the process still runs), and the running cell's rounds are lines too."""

@@ -156,6 +156,7 @@ def _pool(tmp_path: Path, devices: list[str], mode: int, jobs: int, gpus: int, c
     return records
 
 
+@pytest.mark.slow  # worker processes
 def test_pool_gives_each_cuda_cell_a_gpu_within_the_cap(tmp_path):
     records = _pool(tmp_path, ["cuda", "cuda:1", "cuda", "cpu", "cuda"], REPORT_THEN_RECORD, jobs=4, gpus=2,
                     cells_per_gpu=1)
@@ -166,6 +167,7 @@ def test_pool_gives_each_cuda_cell_a_gpu_within_the_cap(tmp_path):
     assert max(r["live"] for r in records.values()) <= 3
 
 
+@pytest.mark.slow  # worker processes
 def test_auto_grows_past_one_cell_per_gpu_once_a_peak_is_reported(tmp_path):
     # 4 cells on 1 GPU: each waits until all 4 have started, which needs the plan to grow from 1
     records = _pool(tmp_path, ["cuda"] * 4, BARRIER, jobs=4, gpus=1)
@@ -173,6 +175,7 @@ def test_auto_grows_past_one_cell_per_gpu_once_a_peak_is_reported(tmp_path):
     assert {r["device"] for r in records.values()} == {"cuda:0"}
 
 
+@pytest.mark.slow  # worker processes
 def test_a_worker_that_dies_after_its_report_fails_only_its_cell(tmp_path):
     records = _pool(tmp_path, ["cuda", "cuda"], REPORT_THEN_DIE, jobs=2, gpus=1, cells_per_gpu=2)
     for record in records.values():

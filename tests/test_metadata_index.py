@@ -136,6 +136,7 @@ def built(tmp_path_factory):
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow  # its fixture runs the CLI as processes
 def test_corrupt_index_is_rebuilt_and_plugins_still_found(built):
     proc = built["first"]
     assert proc.returncode == 0, proc.stderr
@@ -148,6 +149,7 @@ def test_corrupt_index_is_rebuilt_and_plugins_still_found(built):
     assert "index-demo" in doc["data"]["names"]["methods"]
 
 
+@pytest.mark.slow  # processes
 def test_second_call_reads_the_index_without_importing_torch(built):
     code = ("import sys\n"
             "sys.argv = ['hfl-bench', 'list', 'methods', '--json']\n"
@@ -163,6 +165,7 @@ def test_second_call_reads_the_index_without_importing_torch(built):
     assert json.loads("\n".join(rows)) == json.loads(built["first"].stdout)
 
 
+@pytest.mark.slow  # its fixture runs the CLI as processes
 def test_output_identical_with_and_without_the_index(built):
     indexed = run_many(built["env"], COMMANDS, built["cwd"])
     assert indexed["imported"] == [] and indexed["touched"] == []  # every answer came from the index
@@ -192,6 +195,7 @@ def test_output_identical_with_and_without_the_index(built):
     assert "params" in next(p for p in pools if p["name"] == "paper")["members"][0]  # counts stored
 
 
+@pytest.mark.slow  # its fixture runs the CLI as processes
 def test_index_text_is_printed_as_plain_text(built):
     path = built["path"]
     original = path.read_bytes()
@@ -207,6 +211,7 @@ def test_index_text_is_printed_as_plain_text(built):
     assert "description: [red]styled[/red] cleared" in proc.stdout and "\x1b" not in proc.stdout
 
 
+@pytest.mark.slow  # processes
 def test_key_follows_plugins_and_their_sources(tmp_path):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
@@ -231,6 +236,7 @@ def test_key_follows_plugins_and_their_sources(tmp_path):
     assert key_now(env, cwd) == base
 
 
+@pytest.mark.slow  # processes
 def test_a_stale_index_is_never_shown(tmp_path):
     cwd = tmp_path / "cwd"
     cwd.mkdir()

@@ -76,6 +76,7 @@ def test_the_suites_enumerate_the_registry():
     assert "throwaway" not in builtin_methods()  # only the subprocesses below register it
 
 
+@pytest.mark.slow  # pytest as a process, over every-method suites
 def test_a_new_method_is_a_case_of_every_suite_and_fails_without_a_pin(site):
     collected = _pytest(site, "--collect-only", "-q", *sorted({case.split("::")[0] for case in PICKED_UP}))
     assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-2000:]

@@ -36,6 +36,8 @@ from hfl_bench.testing import builtin_methods, smoke_config
 
 from helpers import seen_unseen_problems
 
+pytestmark = pytest.mark.slow  # every method through real training
+
 PIN_FILE = Path(__file__).parent / "pins" / "methods.json"
 UPDATE = os.environ.get("HFL_BENCH_UPDATE_PINS") == "1"
 

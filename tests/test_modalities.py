@@ -136,6 +136,7 @@ def test_pools_and_settings_that_do_not_fit_are_one_clear_error():
         tiny_federation(task=TASK, public_size=50)
 
 
+@pytest.mark.slow  # the CLI as a process
 def test_bad_modality_flag_on_the_command_line_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hfl_bench.cli", "run", "--method", "local", "--task", TASK,
                            "--missing-modality", "audio", "--rounds", "1", "--out", str(tmp_path)],
@@ -145,6 +146,7 @@ def test_bad_modality_flag_on_the_command_line_is_one_line_and_exit_2(tmp_path):
     assert len(lines) == 1 and "audio" in lines[0] and "image, signal" in lines[0]
 
 
+@pytest.mark.slow  # every method through real training
 @pytest.mark.parametrize("name", builtin_methods())
 def test_every_method_runs_the_task_or_refuses_it_clearly(name, tmp_path):
     card = METHODS.get(name).card

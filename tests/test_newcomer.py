@@ -34,6 +34,7 @@ def _stdout(result) -> str:
 # --------------------------------------------------------------------------- --version
 
 
+@pytest.mark.slow  # the CLI as a process
 def test_version_fast_path_in_a_subprocess():
     proc = cli("--version", timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -141,6 +142,7 @@ def test_describe_unknown_name_is_one_line():
 # --------------------------------------------------------------------------- unknown --set key
 
 
+@pytest.mark.slow  # the CLI as a process
 def test_unknown_set_key_on_a_terminal_prints_the_table(tmp_path):
     """stderr on a pseudo-terminal: the error line, then the method's hyperparameter table."""
     master, slave = pty.openpty()
@@ -170,6 +172,7 @@ def test_unknown_set_key_on_a_terminal_prints_the_table(tmp_path):
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*.json"))
 
 
+@pytest.mark.slow  # the CLI as a process
 def test_unknown_set_key_piped_stays_one_line_naming_describe(tmp_path):
     proc = cli("run", "--method", "crad", "--set", "nosuch=1", "--out", str(tmp_path / "runs"))
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
@@ -180,6 +183,7 @@ def test_unknown_set_key_piped_stays_one_line_naming_describe(tmp_path):
 # --------------------------------------------------------------------------- progress and threads
 
 
+@pytest.mark.slow  # the CLI as a process
 def test_piped_run_prints_plain_progress_lines_and_records_threads(tmp_path):
     proc = cli("run", "--method", "crad", "--task", "digits", "--rounds", "3", "--clients", "4", "--local-epochs", "1",
                "--threads", "1", "--out", str(tmp_path / "runs"))
@@ -213,6 +217,7 @@ def test_cpu_info_reads_the_first_processor_and_keeps_only_vector_flags(tmp_path
     assert cpu_info(tmp_path / "missing")["cpu_isa"] is None
 
 
+@pytest.mark.slow  # the CLI as a process
 def test_json_and_quiet_print_no_progress(tmp_path):
     proc = cli("run", "--task", "digits", "--rounds", "2", "--clients", "4", "--local-epochs", "1", "--json",
                "--out", str(tmp_path / "runs"))
@@ -257,6 +262,7 @@ def test_auto_threads_rule(monkeypatch):
 # --------------------------------------------------------------------------- lazy timm
 
 
+@pytest.mark.slow  # a process
 def test_pools_import_without_timm_and_models_still_build():
     code = (
         "import sys\n"
@@ -275,6 +281,7 @@ def test_pools_import_without_timm_and_models_still_build():
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
+@pytest.mark.slow  # a process
 def test_a_plain_import_timm_sees_our_models():
     code = ("import sys, hfl_bench.pools\n"
             "assert 'timm' not in sys.modules\n"
@@ -286,6 +293,7 @@ def test_a_plain_import_timm_sees_our_models():
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
+@pytest.mark.slow  # a process
 def test_listing_methods_does_not_import_timm():
     code = ("import sys\n"
             "from hfl_bench.registry import METHODS, TASKS\n"
@@ -296,6 +304,7 @@ def test_listing_methods_does_not_import_timm():
     assert proc.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # a process
 @pytest.mark.parametrize("args", [["--help"], ["leaderboard", "--help"], ["matrix", "--help"], ["plot", "--help"]])
 def test_help_imports_neither_the_data_stack_nor_the_results_layer(args):
     """--help answers from the Typer app alone: numpy, torch, YAML, the results layer and the matrix

@@ -16,6 +16,8 @@ from typer.testing import CliRunner
 
 from hfl_bench.cli import app
 
+pytestmark = pytest.mark.slow  # drives Chromium and builds the docs site (mkdocs)
+
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]

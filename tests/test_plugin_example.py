@@ -24,6 +24,8 @@ from hfl_bench.record.check import problems as record_problems
 from hfl_bench.recording import SCHEMA_VERSION
 from hfl_bench.testing import builtin_methods
 
+pytestmark = pytest.mark.slow  # runs the CLI and the plugin's tests as processes
+
 try:
     import tomllib
 except ImportError:  # Python 3.10

@@ -19,11 +19,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from hfl_bench.testing import QUICK
 
 from helpers import write_dist
+
+pytestmark = pytest.mark.slow  # installs plugins and runs the CLI as processes
 
 
 def _cli(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:

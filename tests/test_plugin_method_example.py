@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs the CLI and the plugin's tests as processes
+
 try:
     import tomllib
 except ImportError:  # Python 3.10

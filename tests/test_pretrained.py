@@ -136,6 +136,7 @@ def test_every_method_of_a_comparison_gets_the_same_split():
     assert np.array_equal(a.partition.pretrain, b.partition.pretrain) and a.partition.hash == b.partition.hash
 
 
+@pytest.mark.slow  # a brute-force nearest-neighbour scan of 4,000 samples against every sample of the task
 def test_the_generators_pretraining_samples_are_none_of_the_tasks(tmp_path):
     x, y = pretraining_arrays()
     assert x.shape == (4000, 1, 1, 40) and np.bincount(y).tolist() == [400] * 10
@@ -186,6 +187,7 @@ def check_bank(record, modalities, trained):
     return bank
 
 
+@pytest.mark.slow  # pretrains the encoders, then runs twice
 def test_the_record_states_its_feature_bank(tmp_path, cache):
     args = ("--method", "fedsocket", "--task", "digits-mnist1d", "--clients", "4", "--rounds", "1",
             "--pretrain-size", str(PRETRAIN), "--set", "pretrain_steps=50")

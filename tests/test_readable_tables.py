@@ -39,6 +39,7 @@ def headlines() -> dict[str, str]:
     return {g["method"]: f"{g['global_acc']['mean']:.2f} ± {g['global_acc']['sd']:.2f}" for g in data["groups"]}
 
 
+@pytest.mark.slow  # the CLI as processes
 @pytest.mark.parametrize("width", [80, 120])
 def test_terminal_table_fits_the_width(width, headlines):
     result = _cli("leaderboard", "show", str(DIGITS), columns=width)
@@ -60,6 +61,7 @@ def test_terminal_table_fits_the_width(width, headlines):
     assert len(lines) < 100  # it was 324 lines at 80 columns when every cell folded
 
 
+@pytest.mark.slow  # the CLI as processes
 def test_columns_chooses_and_refuses_unknown_names():
     result = _cli("leaderboard", "show", str(DIGITS), "--columns", "method,global acc,task", columns=200)
     assert result.returncode == 0, result.stderr
@@ -100,6 +102,7 @@ def test_readme_tables_keep_the_columns_a_reader_compares():
                 assert len(set(cells)) > 1, f"column {column!r} is the same in every row"
 
 
+@pytest.mark.slow  # the CLI as a process
 def test_rank_intervals_of_whole_ranks_are_integers():
     assert rank_interval_label([2.0, 2.0], ".2f") == "[2, 2]"
     assert rank_interval_label([1.5, 3.0], ".2f") == "[1.50, 3]"

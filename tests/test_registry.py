@@ -215,6 +215,7 @@ def _cli(plugin_root: Path, cwd: Path, *args: str) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # the CLI as a process
 def test_plugins_listed_through_entry_points(plugin_path, tmp_path):
     proc = _cli(plugin_path, tmp_path, "list", "methods", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -230,6 +231,7 @@ def test_plugins_listed_through_entry_points(plugin_path, tmp_path):
     assert "ObjMethod" not in rows
 
 
+@pytest.mark.slow  # the CLI as a process
 def test_plugin_method_runs_end_to_end(plugin_path, tmp_path):
     out = tmp_path / "runs"
     proc = _cli(plugin_path, tmp_path, "run", "--method", "demo-local", "--task", "digits", "--clients", "3",

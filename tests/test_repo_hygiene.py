@@ -61,6 +61,7 @@ def test_the_pattern_leaves_other_text(text):
     assert not machine_paths(text)
 
 
+@pytest.mark.slow  # git ls-files, then reads every tracked file
 def test_no_tracked_file_holds_a_machine_path():
     found = []
     for name in tracked_files():

@@ -198,6 +198,7 @@ def test_schema_is_package_data_found_through_importlib_resources():
     assert not (LEADERBOARDS / "schema").exists()  # one copy, in the package
 
 
+@pytest.mark.slow  # a process
 def test_schema_is_found_outside_the_checkout(tmp_path):
     """A copy of the package alone (as an installed wheel lays it out) still finds its schema."""
     shutil.copytree(REPO / "hfl_bench", tmp_path / "site" / "hfl_bench",
@@ -230,6 +231,7 @@ def test_pyproject_ships_every_data_file(package, folder):
     assert not unshipped
 
 
+@pytest.mark.slow  # a process
 def test_the_site_is_built_outside_the_checkout(tmp_path):
     """A copy of the package alone (as an installed wheel lays it out) reads its templates, style
     sheet and script through importlib.resources and writes a site that uses them."""
@@ -250,6 +252,7 @@ def test_the_site_is_built_outside_the_checkout(tmp_path):
     assert "sortBy" in script and "table.sortable" in style
 
 
+@pytest.mark.slow  # validates every committed record (about 2,000)
 def test_validate_the_shipped_records_through_the_cli():
     pytest.importorskip("jsonschema")
     folders = [LEADERBOARDS / "reproduced", LEADERBOARDS / "archive" / "first-wave", LEADERBOARDS / "published"]

@@ -69,6 +69,7 @@ def assert_same_run(a: dict, b: dict) -> None:
 # ----------------------------------------------------------------------------- every method
 
 
+@pytest.mark.slow  # every method through real training
 @pytest.mark.parametrize("method", builtin_methods())  # an installed plugin is its own concern
 def test_resumed_run_equals_uninterrupted_run(method, tmp_path):
     cfg = config(method, tmp_path, local_epochs=2)  # two epochs: a multi-epoch plan, at less than digits' five
@@ -147,6 +148,7 @@ def test_resume_without_a_checkpoint_starts_fresh_and_says_so(tmp_path):
 # ----------------------------------------------------------------------------- a real kill
 
 
+@pytest.mark.slow  # the CLI as a process, killed
 def test_killed_process_resumes_to_the_same_record(tmp_path, run_record):
     """SIGKILL the CLI as soon as its first checkpoint (round 1) exists, resume it in a new process.
     Seven more rounds are left by then, which take far longer than the 10 ms between polls."""

@@ -233,6 +233,7 @@ def test_a_new_record_states_its_setting():
     assert record_problems(failed) == []
 
 
+@pytest.mark.slow  # reads every committed record (about 2,000)
 def test_the_committed_records_still_show():
     out = show("--format", "json")
     board = json.loads(out)

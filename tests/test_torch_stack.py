@@ -20,6 +20,8 @@ import pytest
 
 from hfl_bench import stack
 
+pytestmark = pytest.mark.slow  # runs the CLI as processes
+
 TORCH = version("torch")
 REAL_ERROR = "operator torchvision::nms does not exist"
 
