@@ -313,7 +313,6 @@ def test_the_steps_label():
     assert steps_label([_record_with({"private": 100, "public": 20})]) == "100 (all 120)"
     assert steps_label([_record_with({"private": 100, "synthetic": 8}, server=2)]) == "100 (all 108, server 2)"
     assert steps_label([_record_with(None), _record_with({"private": 50})]) == "50"  # the seeds that have one
-    assert steps_label([{"cost": {"budget": {"per_client_round": {"private": {"steps": "9"}}}}}]) == "-"  # data
 
 
 def _show(folder: Path, fmt: str) -> str:

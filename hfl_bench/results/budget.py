@@ -4,30 +4,21 @@ client / round" the views show beside the accuracies.
 A record from before schema 1.6 has no budget: its group shows "-". The figure is the mean over
 the group's ok seeds of each record's per-client-per-round optimizer steps on private data; where
 a method also trains on public or synthetic data the total follows, and the server's own steps per
-round where it trains a model (``hfl_bench.metering.Budget``).
+round where it trains a model (``hfl_bench.metering.Budget``). The readers read records that passed
+the record check (``record.check``): a budget has every part, each a finite count.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Any, Iterable, Optional
 
 CLIENT_KINDS = ("private", "public", "synthetic")
 
 
-def _number(value: Any) -> Optional[float]:
-    """A finite non-negative number, else None (a record's fields are data, never trusted)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        return None
-    return float(value)
-
-
 def budget_of(record: dict[str, Any]) -> Optional[dict[str, Any]]:
-    """The record's ``cost.budget`` when it has one that reads as such, else None."""
-    cost = record.get("cost")
-    budget = cost.get("budget") if isinstance(cost, dict) else None
-    return budget if isinstance(budget, dict) and isinstance(budget.get("per_client_round"), dict) else None
+    """The record's ``cost.budget`` when it has one, else None."""
+    return (record.get("cost") or {}).get("budget")
 
 
 def steps_per_client_round(record: dict[str, Any], kind: str) -> Optional[float]:
@@ -36,8 +27,8 @@ def steps_per_client_round(record: dict[str, Any], kind: str) -> Optional[float]
     budget = budget_of(record)
     if budget is None:
         return None
-    part = budget.get("server_per_round") if kind == "server" else budget["per_client_round"].get(kind)
-    return _number(part.get("steps")) if isinstance(part, dict) else None
+    part = budget["server_per_round"] if kind == "server" else budget["per_client_round"][kind]
+    return float(part["steps"])
 
 
 def mean_steps(records: Iterable[dict[str, Any]], kind: str) -> Optional[float]:

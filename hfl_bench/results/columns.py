@@ -91,9 +91,7 @@ def human_bytes(x: Optional[float]) -> str:
 
 def bytes_label(g: Any) -> str:
     """The seeds' mean bytes sent per client per round ('-' where no record says)."""
-    sent = [c.get("bytes_sent_per_client_per_round") for c in (r.record.get("cost") for r in g.ok)
-            if isinstance(c, dict)]
-    sent = [x for x in sent if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    sent = [x for x in (_bytes_sent(r.record) for r in g.ok) if x is not None]
     return human_bytes(sum(sent) / len(sent)) if sent else "-"
 
 
@@ -104,12 +102,8 @@ def version_label(g: Any) -> str:
     return f"{label} ({g.provenance_note})" if g.provenance_note else label
 
 
-def _get(d: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
+def _bytes_sent(record: dict[str, Any]) -> Optional[float]:
+    return (record.get("cost") or {}).get("bytes_sent_per_client_per_round")
 
 
 def _plain(v: Any) -> str:
@@ -435,16 +429,15 @@ def _fidelity(g: SettingGroup) -> str:
     """The distinct ``method.fidelity`` of the seeds' records ("-" when none carries it)."""
     seen: list[str] = []
     for r in g.ok:
-        v = _get(r.record, "method", "fidelity")
-        text = v if isinstance(v, str) else canonical(v)
-        if v is not None and text not in seen:
-            seen.append(text)
+        v = r.record["method"].get("fidelity")
+        if v is not None and v not in seen:
+            seen.append(v)
     return ", ".join(seen) or "-"
 
 
 def _wall_minutes(row: GroupRow) -> Stat:
-    return Stat.of((t / 60 if isinstance(t, (int, float)) else None)
-                   for t in (_get(r, "cost", "wall_time_total_s") for r in row.records))
+    return Stat.of((t / 60 if t is not None else None)
+                   for t in ((r.get("cost") or {}).get("wall_time_total_s") for r in row.records))
 
 
 def _figure(metric: str) -> Callable[[GroupRow], tuple[Stat, Optional[str]]]:
@@ -610,7 +603,7 @@ BUILTIN = (
 
 
 def _bytes_stat(g: SettingGroup) -> Stat:
-    return Stat.of(_get(r.record, "cost", "bytes_sent_per_client_per_round") for r in g.ok)
+    return Stat.of(_bytes_sent(r.record) for r in g.ok)
 
 
 for _column in BUILTIN:

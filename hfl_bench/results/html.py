@@ -132,14 +132,6 @@ def _safe_stem(name: str) -> str:
     return stem or "record"
 
 
-def _get(d: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
-
-
 def _text(v: Any) -> str:
     """A value as one text: strings as themselves, anything else as canonical JSON."""
     if v is None:
@@ -147,11 +139,11 @@ def _text(v: Any) -> str:
     return v if isinstance(v, str) else canonical(v)
 
 
-def _values(records: Iterable[Loaded], *keys: str) -> str:
-    """The distinct values of one field over records ("-" when none carries it)."""
+def _values(records: Iterable[Loaded], section: str, key: str) -> str:
+    """The distinct values of one field of a (required) section over records ("-" when none carries it)."""
     seen: list[str] = []
     for r in records:
-        v = _get(r.record, *keys)
+        v = r.record[section].get(key)
         if v is not None and _text(v) not in seen:
             seen.append(_text(v))
     return ", ".join(seen) or "-"
@@ -287,13 +279,13 @@ def _beside(shown: list[Column], kind: str, label: str, cells: dict[str, str]) -
 
 def _per_class(g: SettingGroup) -> list[dict[str, str]]:
     accs = [r.record["metrics"]["per_class_global_acc"] for r in g.ok
-            if _get(r.record, "metrics", "per_class_global_acc")]
+            if r.record["metrics"].get("per_class_global_acc")]
     if not accs:
         return []
     n = max(len(a) for a in accs)
     supports = []
     for r in g.ok:
-        counts = _get(r.record, "partition", "train_counts")
+        counts = (r.record.get("partition") or {}).get("train_counts")
         if counts and all(len(row) == n for row in counts):
             supports.append([sum(row[c] for row in counts) for c in range(n)])
     rows = []
@@ -307,10 +299,10 @@ def _per_class(g: SettingGroup) -> list[dict[str, str]]:
 def _per_arch(g: SettingGroup) -> list[dict[str, str]]:
     archs: list[str] = []
     for r in g.ok:
-        archs += [a for a in (_get(r.record, "metrics", "per_arch_global_acc") or {}) if a not in archs]
+        archs += [a for a in (r.record["metrics"].get("per_arch_global_acc") or {}) if a not in archs]
     rows = []
     for a in archs:
-        s = Stat.of((_get(r.record, "metrics", "per_arch_global_acc") or {}).get(a) for r in g.ok)
+        s = Stat.of((r.record["metrics"].get("per_arch_global_acc") or {}).get(a) for r in g.ok)
         seen, unseen = (Stat.of(seen_unseen.arch_value(r.record, a, m) for r in g.ok) for m in seen_unseen.SEEN_UNSEEN)
         rows.append({"arch": a, "acc": _pm(s.mean, s.sd), "seen": _pm(seen.mean, seen.sd),
                      "unseen": _pm(unseen.mean, unseen.sd), "n": str(s.n)})
@@ -362,16 +354,16 @@ def _members(sg: Optional[SeedGroup], g: SettingGroup, hrefs: dict[int, str]) ->
     out = []
     for r in records:
         role = "seed" if id(r) in ok else "duplicate (not counted)" if id(r) in dup else f"status {_text(r.status)}"
-        code = r.record.get("code") if isinstance(r.record.get("code"), dict) else {}
-        env = r.record.get("environment") if isinstance(r.record.get("environment"), dict) else {}
+        code = r.record.get("code") or {}
+        env = r.record.get("environment") or {}
         out.append({
             "path": str(shown_path(r.path)), "href": hrefs.get(id(r)), "record_id": r.record_id, "seed": _text(r.seed),
             "status": _text(r.status), "role": role, "date": _text(r.record.get("date")),
             "partition_hash": _text(r.partition_hash), "error": _text(r.record.get("error")),
             "code": [(k, _text(v)) for k, v in code.items()], "environment": [(k, _text(v)) for k, v in env.items()],
-            "plugin_dist": {"method": _text(_get(r.record, "method", "plugin_dist")),
-                            "task": _text(_get(r.record, "task", "plugin_dist")),
-                            "pool": _text(_get(r.record, "arch_pool", "plugin_dist"))},
+            "plugin_dist": {"method": _text(r.record["method"].get("plugin_dist")),
+                            "task": _text(r.record["task"].get("plugin_dist")),
+                            "pool": _text((r.record.get("arch_pool") or {}).get("plugin_dist"))},
         })
     return out
 
@@ -474,8 +466,8 @@ def _paired(g: SettingGroup, table: Optional[Any]) -> Optional[dict[str, Any]]:
 def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], hrefs: dict[int, str],
                 table: Optional[Any] = None) -> dict[str, Any]:
     first = (sg.describing() if sg else g.ok[0]).record
-    task = first.get("task") if isinstance(first.get("task"), dict) else {}
-    cfg = first.get("config") if isinstance(first.get("config"), dict) else {}
+    task = first["task"]
+    cfg = first.get("config") or {}
     setting = [
         ("method", g.method), ("task", g.task), ("pool", g.pool), ("setting section", g.section),
         *[("why apart", reason) for reason in section_reasons(g.section)],
@@ -504,8 +496,7 @@ def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], h
         "multimodal": g.is_multimodal,
         "members": _members(sg, g, hrefs),
         "citation": _values(g.ok, "method", "citation"),
-        "notes": list(dict.fromkeys(n for r in g.ok for n in (_get(r.record, "method", "notes") or [])
-                                    if isinstance(n, str))),
+        "notes": list(dict.fromkeys(n for r in g.ok for n in (r.record["method"].get("notes") or []))),
     }
 
 

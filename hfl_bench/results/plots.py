@@ -164,9 +164,9 @@ def headline_curve(record: dict[str, Any]) -> dict[int, float]:
     group = headline_of(record)
     curve = {}
     for h in record.get("history") or []:
-        row = h if group == "all" or not isinstance(h, dict) else h.get(group)
-        if isinstance(h, dict) and isinstance(row, dict) and row.get("global_acc") is not None:
-            curve[h.get("round")] = row["global_acc"]
+        row = h if group == "all" else h.get(group) or {}
+        if row.get("global_acc") is not None:
+            curve[h["round"]] = row["global_acc"]
     return curve
 
 
@@ -194,8 +194,7 @@ def _per_arch_missing(r: Loaded) -> Optional[str]:
 
 
 def _seen_unseen_missing(r: Loaded) -> Optional[str]:
-    found = _metrics(r).get("seen_unseen")
-    if not isinstance(found, dict) or found.get("seen_acc") is None:
+    if (_metrics(r).get("seen_unseen") or {}).get("seen_acc") is None:
         return "no metrics.seen_unseen (written from record schema 1.6 on)"
     return None
 
@@ -310,7 +309,7 @@ def _one_class_count(groups: list, task: str, lacking: list[Skipped]) -> list:
 
 def _setting(r: Loaded) -> dict[str, Any]:
     cfg = {k: v for k, v in (r.record.get("config") or {}).items() if k not in NOT_SETTING}
-    hparams = (r.record.get("method") or {}).get("hparams") or {}
+    hparams = r.record["method"].get("hparams") or {}
     return cfg | {f"{k}": v for k, v in hparams.items() if k not in cfg}
 
 

@@ -7,8 +7,7 @@ agree where the paper states them; rounds, local epochs and pool may differ, whi
 shown setting match to approximate. The delta is reproduced mean - published figure (of the same
 endpoint and metric). Published figures are never averaged in, and never sit beside a group run
 with faults (no paper's figure was measured under this suite's faults), nor beside a multimodal
-group unless their setting names the same modality setting (``setting.modalities``: the missing
-modality and the recipient fraction); beside one, the delta is against the recipients' figure.
+group (a published setting has no modality setting to match).
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from hfl_bench.results.setting import (  # noqa: F401  (Match, Published: re-exp
     Published,
     SettingGroup,
     Stat,
-    modality_setting,
 )
 
 
@@ -33,11 +31,9 @@ def _same(a: Any, b: Any) -> bool:
 
 def match(pub: Published, g: SettingGroup) -> Optional[Match]:
     """The published figure beside this group, or None if the setting contradicts it."""
-    if pub.method != g.method or pub.task != g.task or g.has_faults:
+    if pub.method != g.method or pub.task != g.task or g.has_faults or g.is_multimodal:
         return None
     s = pub.setting
-    if modality_setting({"modalities": s.get("modalities")}) != g.modalities:
-        return None
     part = s.get("partition") or {}
     if part.get("scheme") is not None and part["scheme"] != g.partition_scheme:
         return None

@@ -33,7 +33,6 @@ faulty clients over N for an explicit list). The fault-free baseline is x = 0.
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -54,8 +53,7 @@ X_LABELS = {
 
 
 def faults_section(r: Loaded) -> dict[str, Any]:
-    section = r.record.get("faults")
-    return section if isinstance(section, dict) else {}
+    return r.record.get("faults") or {}
 
 
 def baseline_hash(r: Loaded) -> Optional[str]:
@@ -110,27 +108,16 @@ def _difference(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 def honest_clients(r: Loaded) -> list[int]:
     """The honest client ids a record run with faults names ([] when it names none)."""
-    ids = faults_section(r).get("honest_clients")
-    return [c for c in ids if isinstance(c, int) and not isinstance(c, bool)] if isinstance(ids, list) else []
+    return list(faults_section(r).get("honest_clients") or [])
 
 
 def per_client_figures(r: Loaded, metric: str = "global_acc", final: bool = False) -> dict[int, float]:
     """Each client's selected-round figure (``metrics.per_client``; ``final``: its final-window
-    mean, ``metrics.final.per_client``), by client id; a client without a number is left out
-    (types checked: text from a record is data)."""
-    metrics = r.record.get("metrics") if isinstance(r.record.get("metrics"), dict) else {}
+    mean, ``metrics.final.per_client``), by client id; a client without a number is left out."""
+    metrics = r.record.get("metrics") or {}
     if final:
-        metrics = metrics.get("final") if isinstance(metrics.get("final"), dict) else {}
-    rows = metrics.get("per_client") if isinstance(metrics.get("per_client"), list) else []
-    out: dict[int, float] = {}
-    for row in rows:
-        if not isinstance(row, dict):
-            continue
-        cid, value = row.get("cid"), row.get(metric)
-        if isinstance(cid, int) and not isinstance(cid, bool) and isinstance(value, (int, float)) \
-                and not isinstance(value, bool) and math.isfinite(value):
-            out[cid] = float(value)
-    return out
+        metrics = metrics.get("final") or {}
+    return {row["cid"]: float(row[metric]) for row in metrics.get("per_client") or [] if row.get(metric) is not None}
 
 
 def same_clients_mean(r: Loaded, clients: list[int], metric: str = "global_acc",
@@ -252,18 +239,16 @@ def attach_drops(groups: list[SettingGroup]) -> None:
 
 
 def fault_kind(r: Loaded) -> Optional[str]:
-    kind = faults_section(r).get("kind")
-    return kind if isinstance(kind, str) else None
+    return faults_section(r).get("kind")
 
 
 def fault_fraction(r: Loaded) -> Optional[float]:
     """The fraction of faulty clients: the spec's, or the faulty clients over N for a list."""
     section = faults_section(r)
-    fraction = section.get("fraction")
-    if isinstance(fraction, (int, float)) and not isinstance(fraction, bool):
-        return float(fraction)
-    faulty, honest = section.get("faulty_clients"), section.get("honest_clients")
-    if isinstance(faulty, list) and isinstance(honest, list) and faulty + honest:
+    if section.get("fraction") is not None:
+        return float(section["fraction"])
+    faulty, honest = section.get("faulty_clients") or [], section.get("honest_clients") or []
+    if faulty + honest:
         return round(len(faulty) / (len(faulty) + len(honest)), 4)
     return None
 
@@ -273,7 +258,7 @@ def fault_x(r: Loaded) -> Optional[float]:
     kind = fault_kind(r)
     if kind in STRENGTH_AXIS:
         strength = faults_section(r).get("strength")
-        return float(strength) if isinstance(strength, (int, float)) and not isinstance(strength, bool) else None
+        return None if strength is None else float(strength)
     return fault_fraction(r) if kind else None
 
 

@@ -22,17 +22,16 @@ SEEN_UNSEEN = ("seen_acc", "unseen_acc")
 
 def block(record: dict[str, Any], clients: str = "headline") -> dict[str, Any]:
     """The record's seen / unseen block over ``clients`` (``figures.clients_metrics``); {} if none."""
-    found = clients_metrics(record, clients).get("seen_unseen")
-    return found if isinstance(found, dict) else {}
+    return clients_metrics(record, clients).get("seen_unseen") or {}
 
 
 def value(record: dict[str, Any], metric: str, clients: str = "headline", final: bool = False) -> Optional[float]:
     """``seen_acc`` or ``unseen_acc`` at the selected round, or over the final window with ``final``."""
     found = block(record, clients)
     if final:
-        found = found.get("final") if isinstance(found.get("final"), dict) else {}
+        found = found.get("final") or {}
     x = found.get(metric)
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+    return None if x is None else float(x)
 
 
 def stat(g: SettingGroup, metric: str, clients: str = "headline", final: bool = False) -> Stat:
@@ -42,10 +41,8 @@ def stat(g: SettingGroup, metric: str, clients: str = "headline", final: bool = 
 
 def arch_value(record: dict[str, Any], arch: str, metric: str) -> Optional[float]:
     """An architecture's mean ``seen_acc`` / ``unseen_acc`` over its clients at the selected round."""
-    per_arch = block(record, "all").get("per_arch")
-    figures = per_arch.get(arch) if isinstance(per_arch, dict) else None
-    x = figures.get(metric) if isinstance(figures, dict) else None
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+    x = (block(record, "all").get("per_arch") or {}).get(arch, {}).get(metric)
+    return None if x is None else float(x)
 
 
 def as_json(g: SettingGroup, clients: str = "headline") -> dict[str, Any]:

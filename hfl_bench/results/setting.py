@@ -79,11 +79,9 @@ PEER_DATA_REASON = ("each client's model travels to other clients and is trained
 def fault_setting(record: dict[str, Any]) -> str:
     """A record's fault setting: the canonical spec (``faults.spec``, else ``config.faults``), or
     ``none`` for a run without faults."""
-    section = record.get("faults") if isinstance(record.get("faults"), dict) else {}
-    spec = section.get("spec")
+    spec = (record.get("faults") or {}).get("spec")
     if spec in (None, ""):
-        cfg = record.get("config") if isinstance(record.get("config"), dict) else {}
-        spec = cfg.get("faults")
+        spec = (record.get("config") or {}).get("faults")
     if spec in (None, "", {}, []):
         return NO_FAULTS
     return spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True, default=str)
@@ -91,8 +89,7 @@ def fault_setting(record: dict[str, Any]) -> str:
 
 def modalities_section(record: dict[str, Any]) -> dict[str, Any]:
     """A multimodal record's ``modalities`` section; {} for any other record."""
-    section = record.get("modalities")
-    return section if isinstance(section, dict) else {}
+    return record.get("modalities") or {}
 
 
 def modality_setting(record: dict[str, Any]) -> str:
@@ -101,40 +98,26 @@ def modality_setting(record: dict[str, Any]) -> str:
     section = modalities_section(record)
     if not section:
         return NO_MODALITIES
-    fraction = section.get("recipient_fraction")
-    number = isinstance(fraction, (int, float)) and not isinstance(fraction, bool)
-    shown = f"{fraction:g}" if number else canonical(fraction)
-    missing = section.get("missing")
-    return f"missing={missing if isinstance(missing, str) else canonical(missing)} recipients={shown}"
-
-
-def method_section(record: dict[str, Any]) -> dict[str, Any]:
-    """A record's ``method`` section; {} where it has none."""
-    section = record.get("method")
-    return section if isinstance(section, dict) else {}
+    return f"missing={section['missing']} recipients={section['recipient_fraction']:g}"
 
 
 def transfer_setting(record: dict[str, Any]) -> str:
     """The transfer data a record's method reads (``method_card.TRANSFERS``): its ``method.transfer``
     (filled for a record older than 1.6 by the upgrade, from the frozen table of built-in cards),
-    else ``unknown`` (also for a value that is not one of them: text from a record is data)."""
-    stated = method_section(record).get("transfer")
-    return stated if isinstance(stated, str) and stated in TRANSFER_LABELS else UNKNOWN
+    else ``unknown``."""
+    return record["method"].get("transfer") or UNKNOWN
 
 
 def peer_data_setting(record: dict[str, Any]) -> bool:
     """Whether a record's client models were trained on other clients' data: its ``method.peer_data``
     (filled by the upgrade before 1.7), else False (nothing says its models travel)."""
-    return method_section(record).get("peer_data") is True
+    return record["method"].get("peer_data") is True
 
 
 def predictor_setting(record: dict[str, Any]) -> str:
     """Which predictor a record's headline evaluated: its ``method.predictor`` (filled by the upgrade
-    before 1.7; short text, shown as is), else ``unknown``."""
-    stated = method_section(record).get("predictor")
-    if isinstance(stated, str) and stated.strip() and "\n" not in stated and len(stated) <= 40:
-        return stated
-    return UNKNOWN
+    before 1.7; one of ``method_card.PREDICTORS``, shown as is), else ``unknown``."""
+    return record["method"].get("predictor") or UNKNOWN
 
 
 def single_architecture(record: dict[str, Any]) -> Optional[bool]:
@@ -142,22 +125,18 @@ def single_architecture(record: dict[str, Any]) -> Optional[bool]:
     (``arch_pool.assignment``, one name per client); else a method that states that it needs one;
     else the frozen table of built-in pools (``upgrade.pool_homogeneous``: a failed run has no
     assignment); None when nothing says."""
-    pool = record.get("arch_pool") if isinstance(record.get("arch_pool"), dict) else {}
-    assignment = pool.get("assignment")
-    if isinstance(assignment, list) and assignment and all(isinstance(a, str) for a in assignment):
-        return len(set(assignment)) == 1
-    if method_section(record).get("single_architecture") is True:
+    pool = record.get("arch_pool") or {}
+    if pool.get("assignment"):
+        return len(set(pool["assignment"])) == 1
+    if record["method"].get("single_architecture") is True:
         return True
-    cfg = record.get("config") if isinstance(record.get("config"), dict) else {}
-    name = pool.get("name") or cfg.get("pool")
-    return pool_homogeneous(name) if isinstance(name, str) else None
+    return pool_homogeneous(pool.get("name") or (record.get("config") or {}).get("pool"))
 
 
 def budget_class(record: dict[str, Any]) -> str:
     """A record's budget class: the name of the method preset it ran (``method.preset``), or
     ``protocol`` (the protocol's budget) when it ran none or the record predates presets."""
-    preset = method_section(record).get("preset")
-    return preset if isinstance(preset, str) and preset else PROTOCOL_BUDGET
+    return record["method"].get("preset") or PROTOCOL_BUDGET
 
 
 def pool_label(single: Optional[bool]) -> str:
@@ -217,7 +196,7 @@ def section_reasons(label: str) -> list[str]:
 def processor(record: dict[str, Any]) -> Optional[str]:
     """What a run's arithmetic ran on, as far as its record says: the GPU's name for a CUDA run,
     else the CPU's model, vector-instruction flags and torch kernel set (None when it names none)."""
-    env = record.get("environment") if isinstance(record.get("environment"), dict) else {}
+    env = record.get("environment") or {}
     if str(env.get("device", "")).startswith("cuda") and env.get("gpu_name"):
         return f"gpu {env['gpu_name']}"
     cpu = [env.get(k) for k in ("cpu", "cpu_isa", "torch_cpu_capability")]
@@ -427,8 +406,7 @@ class SettingGroup:
             m = r.record.get("metrics") or {}
             names |= set(m.get("extra_endpoints") or {})
             for who in ("recipients", "donors"):
-                block = m.get(who) if isinstance(m.get(who), dict) else {}
-                names |= set(block.get("endpoints") or {})
+                names |= set((m.get(who) or {}).get("endpoints") or {})
         return sorted(names)
 
     def section_key(self) -> tuple:
@@ -491,12 +469,11 @@ def describe(seeds: SeedGroup) -> SettingGroup:
 
 
 def _data_of(record: dict[str, Any]) -> dict[str, Any]:
-    """The data identity fields of ``SettingGroup`` from a record's ``task`` block (types checked: text
-    from a record is data)."""
-    task = record.get("task") if isinstance(record.get("task"), dict) else {}
-    fingerprint, classes = task.get("data_fingerprint"), task.get("num_classes")
-    return {"data_fingerprint": fingerprint if isinstance(fingerprint, str) else None,
-            "num_classes": classes if isinstance(classes, int) and not isinstance(classes, bool) else None}
+    """The data identity fields of ``SettingGroup`` from a record's ``task`` block (a class count written as
+    a float, 10.0, which the record check takes for an integer, reads as none)."""
+    classes = record["task"].get("num_classes")
+    return {"data_fingerprint": record["task"].get("data_fingerprint"),
+            "num_classes": classes if isinstance(classes, int) else None}
 
 
 def _with_public(params: dict[str, Any], public_size: Optional[int]) -> dict[str, Any]:
