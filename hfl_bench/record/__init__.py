@@ -1,4 +1,6 @@
-"""The run record as a type: reading a record file safely (``io``), the schema files (frozen for old
-versions, generated for the current one), and, once wired, the typed model and the upgrade steps
-that bring an old record to the current shape. Nothing here imports torch or numpy: the results
-layer reads records through this package alone."""
+"""The run record as a type: the model (``model``: pydantic, schema 1.8), one upgrade step per older
+version (``upgrade``, with the frozen table of what built-in cards said), reading one record file
+safely and upgraded (``io``), the one check of a record of any version (``check``), the schema
+files (frozen for older versions, generated from the model for the current one) and the frozen
+hyperparameters that old records' identities are read with (``legacy_params``). Nothing here
+imports torch, numpy or a method: the results layer reads records through this package alone."""
