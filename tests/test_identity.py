@@ -28,9 +28,9 @@ from hfl_bench.config import (
     type_hints,
 )
 from hfl_bench.record import legacy_params
+from hfl_bench.record.identity import canonical_config_dict, canonical_hash
 from hfl_bench.record.legacy_params import LEGACY_PARAMS
 from hfl_bench.results.board import build_board
-from hfl_bench.results.identity import canonical_config_dict, canonical_hash
 from hfl_bench.results.loading import load_records
 
 from helpers import invoke_cli
@@ -294,7 +294,7 @@ def test_a_refused_or_unknown_hyperparameter_is_kept_as_recorded():
 
 
 def test_importing_identity_imports_neither_torch_nor_the_method_registry():
-    code = ("import sys, hfl_bench.results.identity\n"
+    code = ("import sys, hfl_bench.record.identity\n"
             "print(sorted(m for m in ('torch', 'numpy', 'hfl_bench.method_api', 'hfl_bench.methods',\n"
             "                         'hfl_bench.registry') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)

@@ -1,5 +1,5 @@
 """Every built-in method's hyperparameters as records written before canonical hyperparameters
-meant them: a frozen table, so that ``hfl_bench.results.identity`` maps an old record's config hash
+meant them: a frozen table, so that ``hfl_bench.record.identity`` maps an old record's config hash
 without importing the method registry (no torch, no plugins: the same identity whatever is installed).
 
 Since commit 81932ac ("One identity per run") a run's ``method_params`` are canonicalized before they

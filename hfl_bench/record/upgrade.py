@@ -252,8 +252,20 @@ def step_1_6_to_1_7(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def step_1_7_to_1_8(record: dict[str, Any]) -> dict[str, Any]:
-    """1.8 is the 1.7 shape: only the version changes."""
-    return _with(record, "1.8")
+    """1.8 is the 1.7 shape, whose config hashes are canonical (``identity.canonical_hash``): a record
+    written before hyperparameters were canonicalized (and typed with ``--set``) gets the hash its
+    run has now, and so does its fault baseline; every other record changes only its version."""
+    from hfl_bench.record.identity import canonical_hash
+
+    sections: dict[str, Any] = {}
+    if (mapped := canonical_hash(record, record.get("config_hash"))) != record.get("config_hash"):
+        sections["config_hash"] = mapped
+    faults = record.get("faults")
+    if isinstance(faults, dict) and isinstance(faults.get("baseline_config_hash"), str):
+        baseline = canonical_hash(record, faults["baseline_config_hash"], faults="")
+        if baseline != faults["baseline_config_hash"]:
+            sections["faults"] = {**faults, "baseline_config_hash": baseline}
+    return _with(record, "1.8", **sections)
 
 
 # The steps in order: ``STEPS[v]`` takes a record of version ``v`` to the next version.

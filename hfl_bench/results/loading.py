@@ -5,7 +5,6 @@ a reason, never dropped in silence.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -79,13 +78,12 @@ class Loaded:
         sha = self._block("code").get("git_sha")
         return sha if isinstance(sha, str) else None
 
-    @functools.cached_property
+    @property
     def config_hash(self) -> Optional[str]:
-        """The config hash in canonical form (``identity``: records from before canonical
-        hyperparameters are mapped at read time; the file is not changed)."""
-        from hfl_bench.results.identity import canonical_hash
-
-        return canonical_hash(self.record, self.record.get("config_hash"))
+        """The config hash, in canonical form (an older record's is mapped by its upgrade,
+        ``record.identity``)."""
+        value = self.record.get("config_hash")
+        return value if isinstance(value, str) else None
 
     @property
     def seed(self) -> Any:

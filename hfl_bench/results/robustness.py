@@ -57,9 +57,9 @@ def faults_section(r: Loaded) -> dict[str, Any]:
 
 
 def baseline_hash(r: Loaded) -> Optional[str]:
-    from hfl_bench.results.identity import canonical_hash
-
-    return canonical_hash(r.record, faults_section(r).get("baseline_config_hash"), faults="")
+    """The config hash of the same run without faults (canonical: an older record's is mapped by its
+    upgrade, ``record.identity``)."""
+    return faults_section(r).get("baseline_config_hash")
 
 
 @dataclass

@@ -1,13 +1,14 @@
-"""A record's identity as the leaderboard reads it: its config hash in the canonical form.
+"""A record's identity: its config hash in the canonical form, which the current schema states.
 
 Since issue 28 a run's settings and hyperparameters are canonicalized before they are hashed
 (``config.canonical_settings``, ``config.canonical_params``: typed, floats by value, defaults left
 out), so ``--set lam=0.7``, ``lam=7e-1`` and no ``--set`` are one run with one hash. Records
-written before that keep the hash they were written with; this module maps them at read time:
+written before that carry the hash they were written with; the upgrade to 1.8 maps it (``upgrade``
+calls ``canonical_hash`` once, when the record is read):
 a record whose ``config.method_params`` is empty and whose float settings are floats (every
 record written without ``--set``, all the committed ones) already has the canonical hash and is
 read as it is; any other is hashed again from its canonicalized config, so it joins the group of
-the same run typed the canonical way. Nothing in the file changes.
+the same run typed the canonical way. Nothing in the file changes (its name keeps the stored hash).
 
 Hyperparameters are read against each built-in method's ``Params`` as the code that wrote those
 records had them (``hfl_bench.record.legacy_params``, a frozen table), never the method registry:
