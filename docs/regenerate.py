@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                     path.write_text(new, encoding="utf-8")
         for name, command in GENERATED_FILES.items():
             path = root / name
+            if not path.parent.is_dir():  # a root that holds the docs alone (no package): nothing to keep
+                continue
             new = run(command, root)
             if not path.is_file() or new != path.read_text(encoding="utf-8"):
                 stale.append(path)

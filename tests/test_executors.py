@@ -296,6 +296,7 @@ def test_the_pool_reports_rounds_live(tmp_path, waiter):
     _check(_run_live(PoolExecutor(PoolOptions(jobs=1, threads=1)), tmp_path, [0]), [0])
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_ray_reports_rounds_live(tmp_path, waiter):
     pytest.importorskip("ray")

@@ -45,7 +45,6 @@ from hfl_bench.matrix.executor_api import (
 from hfl_bench.matrix.suite import Cell
 from hfl_bench.registry import RegistryError
 from hfl_bench.resolved import ResolvedRun
-from hfl_bench.runpath import each_round
 
 __all__ = ["EXECUTORS", "LocalExecutor", "LocalOptions", "PoolExecutor", "PoolOptions", "RayExecutor",
            "RayOptions", "executor_class", "executor_options", "job_of", "make_executor", "run_process_pool"]
@@ -323,6 +322,7 @@ def _cell_worker(job: ResolvedRun | RunConfig, threads: int, driver_pid: int, se
     last message; a CUDA cell sends its peak memory once before it, ``gpus.memory_reporter``; with
     ``rounds``, each round's history entry as the round ends, ``RoundReport``)."""
     from hfl_bench.matrix.gpus import memory_reporter
+    from hfl_bench.runpath import each_round  # the run path (numpy, the record writer): in the worker only
 
     _pool_init(threads, driver_pid)
     device = job.cfg.device if isinstance(job, ResolvedRun) else job.device
