@@ -321,10 +321,14 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _float_by_value(value: Any) -> Any:
-    """A number of a float field as a float (YAML ``1`` and ``1.0`` are one value; ``-0.0`` is ``0.0``)."""
+def _float_by_value(value: Any, name: str = "a float setting") -> Any:
+    """A number of a float field as a float (YAML ``1`` and ``1.0`` are one value; ``-0.0`` is ``0.0``);
+    ConfigError naming ``name`` for an integer past the largest float."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value) + 0.0
+        try:
+            return float(value) + 0.0
+        except OverflowError:  # a YAML integer of hundreds of digits
+            raise ConfigError(f"{name}: {_short(value)} is too large for a number") from None
     return value
 
 
@@ -340,8 +344,9 @@ def canonical_settings(cfg: RunConfig) -> RunConfig:
     changes = {}
     for name in FIELDS:
         value = getattr(cfg, name)
-        if _is_float_field(hints.get(name)) and _float_by_value(value) is not value and value is not None:
-            changes[name] = _float_by_value(value)
+        if _is_float_field(hints.get(name)) and value is not None:
+            if (number := _float_by_value(value, name)) is not value:
+                changes[name] = number
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
@@ -355,7 +360,7 @@ def canonical_params(params_cls: type, raw: dict[str, Any], method: str) -> dict
     hints = type_hints(params_cls)
 
     def by_value(name: str, value: Any) -> Any:
-        return _float_by_value(value) if _is_float_field(hints.get(name, Any)) else value
+        return _float_by_value(value, f"{method}: {name}") if _is_float_field(hints.get(name, Any)) else value
 
     canonical = {}
     for f in dataclasses.fields(params_cls):

@@ -135,8 +135,16 @@ def checkpoint_path(cfg: RunConfig) -> Path:
 
 
 # The experiment trackers' files in a record folder (``<out>/trackers/<tracker>/``, ``hfl_bench.trackers``):
-# they may hold copies of records (an artifact), so the record walker leaves them out.
+# they may hold copies of records (an artifact), so the record walker leaves them out; only those:
+# a folder that happens to be named ``trackers`` (``--out study/trackers``) holds records like any.
 TRACKER_FOLDER = "trackers"
+TRACKER_OUTPUTS = ("tensorboard", "mlruns", "wandb")  # what each tracker writes under TRACKER_FOLDER
+
+
+def in_tracker_output(parts: tuple[str, ...]) -> bool:
+    """Whether a path (its folder names, relative to a searched folder) lies in a tracker's own output,
+    ``trackers/<tensorboard|mlruns|wandb>/...``."""
+    return any(a == TRACKER_FOLDER and b in TRACKER_OUTPUTS for a, b in zip(parts, parts[1:]))
 
 
 def trackers_folder(out: str | Path, tracker: str) -> Path:

@@ -42,6 +42,8 @@ def read_mapping(path: str | Path, what: str, expected: str) -> dict[str, Any]:
         raise YamlFileError(f"{what} {path} is not valid YAML: {e}") from None
     except RecursionError:
         raise YamlFileError(f"{what} {path} is nested more than {MAX_DEPTH} levels deep") from None
+    except ValueError as e:  # an integer longer than Python converts (4,300 digits by default)
+        raise YamlFileError(f"{what} {path} holds a number too long to read: {_short(str(e))}") from None
     _check_extent(data, f"{what} {path}")
     if not isinstance(data, dict):
         raise YamlFileError(f"{what} {path} must hold a mapping {expected}")

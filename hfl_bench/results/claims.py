@@ -382,7 +382,10 @@ class Evaluation:
 
     def groups(self, records: str) -> list[SettingGroup]:
         if records not in self.cache:
-            folder = (self.base / records).resolve()
+            try:
+                folder = (self.base / records).resolve()
+            except (OSError, RuntimeError) as e:  # a link loop (RuntimeError before Python 3.13)
+                raise ClaimsError(f"records folder {records!r} cannot be followed: {e}") from None
             if not folder.is_relative_to(self.base):
                 raise ClaimsError(f"records folder {records!r} leads outside the claims file's folder")
             groups, skipped = folder_groups(folder) if folder.is_dir() else ([], [])

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from hfl_bench.config import POOLED_SELECTION_RULE, SELECTION_RULE
-from hfl_bench.paths import TRACKER_FOLDER
+from hfl_bench.paths import in_tracker_output
 from hfl_bench.record.io import NotARecord, load_record
 
 # The rule that selected a record run with --faults before selection under faults read every
@@ -130,14 +130,14 @@ SIDECAR_SUFFIX = ".sources.json"
 
 def record_files(paths: Iterable[str | Path]) -> list[Path]:
     """The JSON files named, or found (recursively) under folders, each once, in a stable order;
-    a folder's plot sidecars and the experiment trackers' files (``trackers/`` below it:
-    ``paths.TRACKER_FOLDER``, which hold copies of records) are left out (a file named explicitly
+    a folder's plot sidecars and the experiment trackers' files (``trackers/<tracker>/`` below it:
+    ``paths.in_tracker_output``, which hold copies of records) are left out (a file named explicitly
     is read). Raises ResultsError for a path that does not exist."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             files += sorted(q for q in p.rglob("*.json") if q.is_file() and not q.name.endswith(SIDECAR_SUFFIX)
-                            and TRACKER_FOLDER not in q.relative_to(p).parts[:-1])
+                            and not in_tracker_output(q.relative_to(p).parts[:-1]))
         elif p.is_file():
             files.append(p)
         else:

@@ -1,0 +1,86 @@
+"""Reliability v5 (issue 63), the cases fixed so far: each through the real CLI or API, each
+failing on the code before its fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import REAL_RECORD, invoke_cli
+
+import hfl_bench
+from hfl_bench.config import ConfigError
+
+
+# ----------------------------------------------------------------------------- 7: numbers out of range
+
+
+@pytest.mark.parametrize("digits, says", [(400, "lr: 1000"), (5000, "holds a number too long to read")])
+def test_a_yaml_integer_too_large_is_one_line_exit_2(tmp_path, digits, says):
+    config = tmp_path / "run.yaml"
+    config.write_text("lr: 1" + "0" * digits + "\n")
+    result, out, err = invoke_cli("run", "--method", "local", "--task", "digits", "--rounds", "1",
+                                  "--config", str(config), "--out", str(tmp_path / "runs"))
+    text = (err or out).strip()
+    assert result.exit_code == 2, text
+    assert says in text and len(text.splitlines()) == 1 and "Traceback" not in text
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*.json"))
+
+
+def test_the_api_refuses_a_float_setting_too_large_with_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="too large"):
+        hfl_bench.run(method="local", task="digits", rounds=1, lr=10**400, out=str(tmp_path / "runs"))
+
+
+def test_a_hyperparameter_too_large_for_a_float_is_a_config_error():
+    from hfl_bench.config import canonical_params
+    from hfl_bench.registry import METHODS
+
+    with pytest.raises(ConfigError, match="crad: lam: 1000"):
+        canonical_params(METHODS.get("crad").Params, {"lam": 10**400}, "crad")
+
+
+# ----------------------------------------------------------------------------- 8: a records folder that loops
+
+
+def test_a_claims_records_folder_in_a_link_loop_is_one_line_exit_2(tmp_path):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    path = tmp_path / "claims.yaml"
+    side = {"records": "loop", "a": {"method": "crad"}, "b": {"method": "local"}}
+    path.write_text(yaml.safe_dump({"claims": [{"id": "c1", "paper": "CRAD", "claim": "x", "figures": "y",
+                                                "needs": "z", "test": "t", "comparisons": [side]}]}))
+    result, out, err = invoke_cli("leaderboard", "claims", str(path))
+    text = (err or out).strip()
+    assert result.exit_code == 2, text
+    assert "records folder 'loop' cannot be followed" in text and len(text.splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- 9: a folder named trackers
+
+
+def _record(seed: int) -> dict:
+    r = json.loads(REAL_RECORD.read_text())
+    r["config"]["seed"] = seed
+    r["seeds"] = {k: seed for k in r["seeds"]}
+    r["record_id"] = f"{r['config_hash']}-{seed}"
+    return r
+
+
+def test_records_in_a_folder_named_trackers_are_read_and_only_the_trackers_output_is_left_out(tmp_path):
+    study = tmp_path / "study" / "trackers"  # --out study/trackers: a record folder like any
+    study.mkdir(parents=True)
+    for seed in (0, 1):
+        (study / f"r{seed}.json").write_text(json.dumps(_record(seed)))
+    copy = tmp_path / "study" / "trackers" / "trackers" / "tensorboard" / "run"  # a tracker's copy of a record
+    copy.mkdir(parents=True)
+    shutil.copy(study / "r0.json", copy / "record.json")
+    result, out, _ = invoke_cli("leaderboard", "show", str(tmp_path / "study"), "--format", "json")
+    assert result.exit_code == 0, out
+    [group] = json.loads(out)["groups"]
+    assert group["seeds"] == [0, 1]  # both records, and the tracker's copy not counted as a third file
+    result, out, _ = invoke_cli("leaderboard", "validate", str(tmp_path / "study"), "--json")
+    assert json.loads(out)["checked"] == 2
+    assert Path(copy / "record.json").is_file()
