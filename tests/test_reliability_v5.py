@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REAL_RECORD, invoke_cli
 
 import hfl_bench
 from hfl_bench.config import ConfigError
 
+from helpers import REAL_RECORD, invoke_cli
 
 # ----------------------------------------------------------------------------- 7: numbers out of range
 
