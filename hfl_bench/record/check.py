@@ -12,6 +12,7 @@ installed: what ``leaderboard validate`` runs.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from hfl_bench.record import model
@@ -27,8 +28,8 @@ def problems(raw: Any, frozen: bool = False) -> list[str]:
     version = raw.get("schema_version")
     if frozen and isinstance(version, str) and version in SCHEMA_VERSIONS and version != model.CURRENT_VERSION:
         found += _frozen_problems(raw, version)
-    try:
-        current = upgrade(raw)
+    try:  # a record read through ``io.load_record`` is current already: no second upgrade (a deep copy)
+        current = raw if version == model.CURRENT_VERSION else upgrade(raw)
     except UpgradeError as e:
         return found + [f"schema_version: {e}"]
     except Exception as e:  # noqa: BLE001 - a record too broken for its version's upgrade step
@@ -40,9 +41,18 @@ def problems(raw: Any, frozen: bool = False) -> list[str]:
 def _frozen_problems(raw: dict[str, Any], version: str) -> list[str]:
     """``raw`` against its own version's frozen schema, with jsonschema where it is installed."""
     try:
-        import jsonschema
+        import jsonschema  # noqa: F401 - asked each time: a run without it checks the model alone
     except ImportError:
         return []
-    validator = jsonschema.Draft202012Validator(load_schema(version))
+    validator = _frozen_validator(version)
     errors = sorted(validator.iter_errors(raw), key=lambda e: [str(p) for p in e.absolute_path])
     return [f"{'/'.join(map(str, e.absolute_path)) or '(record)'}: {e.message}" for e in errors]
+
+
+@functools.lru_cache(maxsize=None)
+def _frozen_validator(version: str) -> Any:
+    """The jsonschema validator of ``version``'s frozen schema, built once per version (``leaderboard
+    validate`` checks every older record of a folder)."""
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(load_schema(version))
