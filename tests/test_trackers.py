@@ -83,7 +83,9 @@ def test_a_tracking_server_that_is_down_is_one_warning_and_the_run_goes_on(tmp_p
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the tracker's bounds are not left behind
 
 
-def test_a_matrix_drops_a_tracker_that_failed_to_start(tmp_path, monkeypatch, caplog):
+# in this process, and with worker processes whose rounds the driver logs (slow: processes)
+@pytest.mark.parametrize("jobs", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_matrix_drops_a_tracker_that_failed_to_start(tmp_path, monkeypatch, caplog, jobs):
     pytest.importorskip("mlflow")
     server = DroppingServer()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
@@ -93,7 +95,7 @@ def test_a_matrix_drops_a_tracker_that_failed_to_start(tmp_path, monkeypatch, ca
                                      "out": str(tmp_path / "runs"), "settings": {**settings, "device": "cpu"},
                                      "trackers": ["mlflow"]}))
     try:
-        result = CliRunner().invoke(app, ["matrix", str(suite), "--json"])
+        result = CliRunner().invoke(app, ["matrix", str(suite), "--jobs", str(jobs), "--json"])
     finally:
         server.close()
     assert result.exit_code == 0, result.output
