@@ -180,10 +180,10 @@ def test_tensorboard_draws_each_curve_in_round_order(tmp_path):
     folder = tmp_path / "trackers" / "tensorboard" / path.stem
     own, late = EventAccumulator(str(folder), size_guidance={"scalars": 0}), EventAccumulator(str(folder / "late"))
     own.Reload()
-    late.Reload()
     for tag in own.Tags()["scalars"]:
         steps = [e.step for e in own.Scalars(tag)]  # in the order written, as TensorBoard draws them
         assert steps == sorted(set(steps)), (tag, steps)
+    late.Reload()
     curve = {e["round"]: e["global_acc"] for e in history if e.get("global_acc") is not None}
     drawn = {e.step: e.value for e in own.Scalars("global_acc")}
     assert 0 not in drawn and {e.step: e.value for e in late.Scalars("global_acc")} == \
