@@ -251,12 +251,18 @@ def test_tensorboard_logs_the_records_history(tracked):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     path, record = tracked
-    events = EventAccumulator(str(path.parent / "trackers" / "tensorboard" / path.stem), size_guidance={"scalars": 0})
+    folder = path.parent / "trackers" / "tensorboard" / path.stem
+    events, late = (EventAccumulator(str(f), size_guidance={"scalars": 0}) for f in (folder, folder / "late"))
     events.Reload()
-    logged = {e.step: e.value for e in events.Scalars("global_acc")}
-    assert set(logged) == {0, 1, 2, 3}  # round 0 (the initial models) is logged at the end, at its round
-    assert logged == pytest.approx(_curve(record), rel=1e-6)  # event files hold float32
-    assert {e.step: e.value for e in events.Scalars("bytes")} == pytest.approx(_curve(record, "bytes"))
+    late.Reload()
+
+    def logged(tag: str) -> dict[int, float]:  # round 0 (the initial models) comes at the end: in the run late
+        return {e.step: e.value for e in [*events.Scalars(tag), *late.Scalars(tag)]}
+
+    assert [e.step for e in events.Scalars("global_acc")] == [1, 2, 3]
+    assert set(logged("global_acc")) == {0, 1, 2, 3}
+    assert logged("global_acc") == pytest.approx(_curve(record), rel=1e-6)  # event files hold float32
+    assert logged("bytes") == pytest.approx(_curve(record, "bytes"))
     clients = {e.step: e.value for e in events.Scalars("client/0/global_acc")}
     assert clients == pytest.approx({e["round"]: e["client_global_acc"][0] for e in record["history"]
                                      if e.get("client_global_acc")}, rel=1e-6)
@@ -367,8 +373,11 @@ def test_a_suites_trackers_log_each_cell(tmp_path):
     row = _matrix(_suite(tmp_path, out, trackers=["tensorboard"]), "local")
     assert row["status"] == "ok"
     record = json.loads(Path(row["record"]).read_text())
-    events = EventAccumulator(str(out / "trackers" / "tensorboard" / Path(row["record"]).stem))
+    folder = out / "trackers" / "tensorboard" / Path(row["record"]).stem
+    events, late = EventAccumulator(str(folder)), EventAccumulator(str(folder / "late"))  # late: round 0
     events.Reload()
-    assert {e.step: e.value for e in events.Scalars("global_acc")} == pytest.approx(_curve(record), rel=1e-6)
+    late.Reload()
+    logged = [*events.Scalars("global_acc"), *late.Scalars("global_acc")]
+    assert {e.step: e.value for e in logged} == pytest.approx(_curve(record), rel=1e-6)
     with pytest.raises(ConfigError, match=r"suite.yaml: trackers: known are tensorboard, mlflow, wandb"):
         load_suite(_suite(tmp_path, out, trackers=["comet"]))

@@ -60,7 +60,8 @@ THREADS_HELP = (
 )
 TRACKER_HELP = ("Log each round and the record to an experiment tracker: tensorboard, mlflow or wandb "
                 "(repeatable; each an extra, e.g. pip install 'hfl-bench[tensorboard]'; offline by default, "
-                "files under <out>/trackers). Never part of the config hash; a tracker that fails is a warning.")
+                "files under <out>/trackers). Never part of the config hash; a tracker that fails is one warning "
+                "and the run goes on (an MLflow server that is down: one request, 5 s at most).")
 
 
 @with_settings(CLI_SETTINGS)

@@ -82,7 +82,7 @@ def failed_row(cell: Cell, error: str, path: Optional[Path] = None) -> dict[str,
     return row
 
 
-def record_cell(cell: Cell, record: dict[str, Any], trackers: Iterable[str] = (),
+def record_cell(cell: Cell, record: dict[str, Any], trackers: Optional[list[str]] = None,
                 logged: Optional[Trackers] = None) -> dict[str, Any]:
     """Write a cell's record (``runpath.save``: strict JSON, atomic, a fallback folder when
     ``--out`` cannot take it, a finished record never replaced by a failed one nor by one of other
@@ -93,7 +93,7 @@ def record_cell(cell: Cell, record: dict[str, Any], trackers: Iterable[str] = ()
     makes the cell failed and its error says where the record is (or that it is lost)."""
     if cell.run is not None:
         if logged is None:
-            logged = _started(cell, trackers)
+            logged = _started(cell, trackers if trackers is not None else [])
         saved = runpath.save(cell.run, record, keep_final=True, trackers=logged)
     else:  # a cell that did not resolve: no run path to take, its failed record is written as is
         saved = save_record(record, cell.cfg.out, keep_final=True)
@@ -106,11 +106,14 @@ def record_cell(cell: Cell, record: dict[str, Any], trackers: Iterable[str] = ()
     return row
 
 
-def _started(cell: Cell, names: Iterable[str]) -> Trackers:
-    """The trackers ``names`` for ``cell``'s run, started (none when no name is given)."""
-    logged = Trackers(names)
+def _started(cell: Cell, names: list[str]) -> Trackers:
+    """The trackers ``names`` for ``cell``'s run, started (none when no name is given). A tracker
+    whose start failed (one warning) is removed from ``names``: the matrix's later cells go on
+    without it, and do not each wait for it and warn again."""
+    logged = Trackers(names, in_matrix=True)
     if logged:
         logged.start(cell.run)
+        names[:] = [n for n in names if n not in logged.failed]
     return logged
 
 
@@ -155,9 +158,9 @@ def run_matrix(cells: list[Cell], executor: str | Executor = "local", options: O
     a progress callback (round, rounds, entry) for a cell's rounds, for an executor that runs one
     cell at a time here (``Executor.serial``). ``trackers``: tracker names each cell is logged to
     (``hfl_bench.trackers``): the driver logs a cell's rounds as they end, whatever the executor,
-    then the record."""
+    then the record; a tracker that fails to start is one warning and no later cell starts it."""
     runner = make_executor(executor, options)
-    trackers = check_names(trackers)
+    trackers = check_names(trackers)  # the driver starts each cell's: one that fails to start leaves it
     rows: dict[int, dict[str, Any]] = {}
     index = {id(cell): i for i, cell in enumerate(cells)}
     live: dict[int, Trackers] = {}  # the trackers of the cells whose rounds are being logged as they end
