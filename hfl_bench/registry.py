@@ -16,7 +16,7 @@ raises: that is a bug in hfl-bench, not a plugin to skip. A process can be pinne
 points another one resolved (``resolve_plugins`` / ``pin``): a matrix's workers load exactly what
 its driver loaded at start, whatever is installed meanwhile.
 
-Discovery is thread-safe (issue 63): one process-wide reentrant lock (``_DISCOVERY``) is held
+Discovery is thread-safe (issue 63): one process-wide reentrant lock (``DISCOVERY_LOCK``) is held
 while any registry discovers, and a registry counts as discovered only once every entry point of
 its group has loaded, so a thread never sees another's half-finished discovery (it waits for it).
 """
@@ -78,7 +78,7 @@ _PINNED: frozenset[EntryPointKey] | None = None
 # discovery instead of seeing a registry half filled ("Available: (none)"). One lock for every
 # group, not one per registry: a plugin's import may discover another group, and one lock cannot
 # be taken in two orders. Reentrant for that same reason.
-_DISCOVERY = threading.RLock()
+DISCOVERY_LOCK = threading.RLock()
 
 
 class _Loading(threading.local):
@@ -141,10 +141,10 @@ class Registry(Generic[T]):
     def discover(self) -> None:
         """Load every entry point of this registry's group once (built-ins first; a plugin that
         fails is skipped with a warning, ``_load``). Thread-safe: a thread that finds another one
-        discovering waits for it to finish (``_DISCOVERY``)."""
+        discovering waits for it to finish (``DISCOVERY_LOCK``)."""
         if self._discovered or not self.entry_point_group:
             return
-        with _DISCOVERY:
+        with DISCOVERY_LOCK:
             # checked again under the lock: another thread may have finished meanwhile; and
             # ``_loading`` here is this very thread's discovery, re-entered by a plugin's import
             if self._discovered or self._loading:
@@ -310,7 +310,7 @@ def resolve_plugins() -> tuple[EntryPointKey, ...]:
     (a matrix's workers: they load exactly these, not a plugin installed since)."""
     for registry in REGISTRIES.values():
         registry.discover()
-    with _DISCOVERY:
+    with DISCOVERY_LOCK:
         return tuple(sorted(_LOADED))
 
 
