@@ -9,7 +9,7 @@ two threads would each compute figures neither would alone, under the config has
 they claim. ``run`` holds ``RUN_LOCK`` for the whole run (so do ``runpath.run_resolved`` and
 ``hfl_bench.run``, from before resolving to the written record): a second thread's run waits for
 the first to end, then runs exactly as it would have run alone. Runs in parallel are processes (a
-matrix's ``pool`` executor). A ``Simulation`` stepped by a driver of its own is not locked.
+matrix's worker processes, ``--jobs``). A ``Simulation`` stepped by a driver of its own is not locked.
 """
 
 from __future__ import annotations
