@@ -196,10 +196,19 @@ def run(config: Optional[RunConfig] = None, *, trackers: Iterable[str] = (), res
     the command line's one-line message. A finished run returns its record, whatever its status
     (``ok``, ``diverged``, or ``failed`` when the record could not be built); a record that could
     be written only to a fallback folder is returned with that path and a warning; one that could
-    be written nowhere raises ``RecordNotSaved``, which holds it."""
+    be written nowhere raises ``RecordNotSaved``, which holds it.
+
+    Runs in one process run one at a time: ``run`` called from several threads (a thread pool
+    over a sweep) waits while another thread's run is in progress, then runs exactly as it would
+    have run alone, so each record holds the figures a sequential run gives. A run draws from
+    process-wide state (torch's and numpy's global random streams, torch's thread count), so
+    interleaved runs would each compute figures neither computes alone (``engine.RUN_LOCK``). For
+    runs in parallel use processes: a suite's matrix with worker processes
+    (``hfl-bench matrix SUITE --jobs N``), or one process per run."""
     import warnings
 
     from hfl_bench import runpath
+    from hfl_bench.engine import RUN_LOCK
     from hfl_bench.resolved import resolve_run
     from hfl_bench.trackers import Trackers
 
@@ -208,9 +217,12 @@ def run(config: Optional[RunConfig] = None, *, trackers: Iterable[str] = (), res
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads must be >= 1, got {threads}")
     chosen = Trackers(trackers)
-    # the settings over the config's; checked, resolved and named once (an unknown one: ConfigError)
-    resolved = resolve_run({**(dataclasses.asdict(config) if config is not None else {}), **settings})
-    saved = runpath.run_resolved(resolved, progress=progress, resume=resume, trackers=chosen, threads=threads).saved
+    # resolving builds the method (its constructor may draw from the global streams): in the lock too
+    with RUN_LOCK:
+        # the settings over the config's; checked, resolved and named once (an unknown one: ConfigError)
+        resolved = resolve_run({**(dataclasses.asdict(config) if config is not None else {}), **settings})
+        saved = runpath.run_resolved(resolved, progress=progress, resume=resume, trackers=chosen,
+                                     threads=threads).saved
     if saved.path is None:
         raise RecordNotSaved(f"the record {saved.problem}", saved.record)
     if saved.fallback:

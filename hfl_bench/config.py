@@ -96,11 +96,14 @@ class RunConfig:
     optimizer: str = setting("sgd", "The clients' optimizer, one for every method of a comparison: sgd (the "
                                     "protocol's: --lr with the run's momentum and weight decay) or adam (Adam at "
                                     "--lr, betas 0.9 / 0.999, no weight decay: e.g. --optimizer adam --lr 0.001, "
-                                    "FedCC's paper recipe). A method's own extra optimizers (a digest step's, a "
+                                    "FedCC's paper recipe; a momentum or weight decay other than the task's default "
+                                    "is refused with it). A method's own extra optimizers (a digest step's, a "
                                     "generator's) keep their rules.")
     lr: float | None = setting(None, "Learning rate of the clients' optimizer; default: the task's, else 0.01.")
-    momentum: float | None = setting(None, "SGD momentum; default: the task's, else 0.9.", flags=None)
-    weight_decay: float | None = setting(None, "SGD weight decay; default: the task's, else 5e-4.", flags=None)
+    momentum: float | None = setting(None, "SGD momentum; default: the task's, else 0.9 (with --optimizer adam, "
+                                           "which takes none, only the default).", flags=None)
+    weight_decay: float | None = setting(None, "SGD weight decay; default: the task's, else 5e-4 (with --optimizer "
+                                               "adam, which takes none, only the default).", flags=None)
     grad_clip: float = setting(10.0, "Gradient clipping (global norm); 0 disables.", flags=None)
     heldout_fraction: float | None = setting(None, "Fraction of each client shard held out, split evenly into "
                                                    "validation and test; default: the task's, else 0.2.")
@@ -154,6 +157,11 @@ DEVICE_NAME = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 # The clients' optimizers a run may name (``--optimizer``; ``federation.Federation.make_optimizer``).
 OPTIMIZERS = ("sgd", "adam")
+# The settings an optimizer does not read (``federation.Federation.make_optimizer`` builds Adam
+# from --lr alone), refused by ``resolve`` when set to other than the task's default: the run would
+# train exactly as with the default, yet hash apart (two records, two leaderboard groups; issue 63).
+# Not left out of the hash instead: the committed Adam records hash the task's defaults.
+IGNORED_BY_OPTIMIZER = {"adam": ("momentum", "weight_decay")}
 def recorded_config(cfg_dict: dict[str, Any]) -> RunConfig:
     """The ``RunConfig`` of a record's or a checkpoint's ``config`` (legacy settings dropped; a
     setting added since, which the record lacks, at the value it then had: ``HASH_NEUTRAL_DEFAULTS``)."""
@@ -200,12 +208,19 @@ FALLBACK_DEFAULTS: dict[str, Any] = {
 
 
 def resolve(cfg: RunConfig, task_defaults: dict[str, Any]) -> RunConfig:
-    """Fill the unset (None) fields from the task's protocol defaults, then from global ones."""
+    """Fill the unset (None) fields from the task's protocol defaults, then from global ones. A
+    setting the run's optimizer does not read, set to other than its default, is a ConfigError
+    (``IGNORED_BY_OPTIMIZER``)."""
     fallback = dict(FALLBACK_DEFAULTS)
     values = dataclasses.asdict(cfg)
     for name, value in values.items():
         if value is None and (name in fallback or name in task_defaults):  # a multimodal task's own settings too
             values[name] = task_defaults.get(name, fallback.get(name))
+    for name in IGNORED_BY_OPTIMIZER.get(cfg.optimizer, ()):
+        given, default = getattr(cfg, name), task_defaults.get(name, fallback.get(name))
+        if given is not None and given != default:
+            raise ConfigError(f"{name} {given} is set, but --optimizer {cfg.optimizer} does not use it (Adam at "
+                              f"--lr, no momentum or weight decay): drop {name}, or use --optimizer sgd")
     out = RunConfig(**values)
     validate(out)
     return out

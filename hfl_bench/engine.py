@@ -1,6 +1,15 @@
 """The simulation engine: builds the federation, owns the round loop, evaluation, selection of
 the reported round, metering and checkpoints. Methods implement ``run_round``; the results layer
 turns the ``RunResult`` into a record.
+
+One run at a time per process (issue 63): a run draws from process-wide state (torch's, numpy's
+and Python's global random streams, which ``seed_everything`` seeds and every client's model
+initialization re-seeds, and torch's thread count), so two runs interleaved in one process by
+two threads would each compute figures neither would alone, under the config hash of the one
+they claim. ``run`` holds ``RUN_LOCK`` for the whole run (so do ``runpath.run_resolved`` and
+``hfl_bench.run``, from before resolving to the written record): a second thread's run waits for
+the first to end, then runs exactly as it would have run alone. Runs in parallel are processes (a
+matrix's worker processes, ``--jobs``). A ``Simulation`` stepped by a driver of its own is not locked.
 """
 
 from __future__ import annotations
@@ -9,6 +18,7 @@ import dataclasses
 import logging
 import random
 import resource
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -50,6 +60,10 @@ from hfl_bench.provenance import git_info
 from hfl_bench.training import Diverged, derive_seed, seeded_choice
 
 log = logging.getLogger(__name__)
+
+# Held by the thread whose run is in progress (see the module's docstring). Reentrant: a progress
+# callback may start a run of its own in the same thread, as it could when runs were unlocked.
+RUN_LOCK = threading.RLock()
 
 
 def pick_device(name: str) -> torch.device:
@@ -392,16 +406,18 @@ def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False
     Checkpoints go to ``checkpoint`` (default ``paths.checkpoint_path(cfg)``); ``resume``
     continues from the one there. ``code`` is the provenance to record (default: git now);
     ``built`` the method instance and the modality and fault plans resolution made (``Built``),
-    else made here."""
-    sim = Simulation(cfg, code, built)
-    path = Path(checkpoint) if checkpoint is not None else checkpoint_path(cfg)
-    # a run killed while writing its checkpoint left the temporary file: this run of the same
-    # config (one at a time: the CLI and the matrix hold its claim) removes it, or each kill adds one
-    for stale in remove_temporaries(path):
-        log.info("removed %s, left by a checkpoint write that was interrupted", stale)
-    if resume and path.exists():
-        sim.load_checkpoint(path)
-    return sim.run(progress, checkpoint=path)
+    else made here. Holds ``RUN_LOCK``: a run started meanwhile by another thread of this process
+    waits for this one to end."""
+    with RUN_LOCK:
+        sim = Simulation(cfg, code, built)
+        path = Path(checkpoint) if checkpoint is not None else checkpoint_path(cfg)
+        # a run killed while writing its checkpoint left the temporary file: this run of the same
+        # config (one at a time: the CLI and the matrix hold its claim) removes it, or each kill adds one
+        for stale in remove_temporaries(path):
+            log.info("removed %s, left by a checkpoint write that was interrupted", stale)
+        if resume and path.exists():
+            sim.load_checkpoint(path)
+        return sim.run(progress, checkpoint=path)
 
 
 def diverged_error(e: Diverged, rnd: int) -> str:

@@ -15,6 +15,10 @@ might have provided says so in its one-line error. Built-in entry points (module
 raises: that is a bug in hfl-bench, not a plugin to skip. A process can be pinned to the entry
 points another one resolved (``resolve_plugins`` / ``pin``): a matrix's workers load exactly what
 its driver loaded at start, whatever is installed meanwhile.
+
+Discovery is thread-safe (issue 63): one process-wide reentrant lock (``DISCOVERY_LOCK``) is held
+while any registry discovers, and a registry counts as discovered only once every entry point of
+its group has loaded, so a thread never sees another's half-finished discovery (it waits for it).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import logging
+import threading
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, TypeVar
@@ -68,8 +73,23 @@ class _Load:
 # the pinned set (None: every installed entry point may load).
 _LOADED: set[EntryPointKey] = set()
 _SKIPPED: dict[EntryPointKey, Skipped] = {}
-_LOADING: list[_Load] = []
 _PINNED: frozenset[EntryPointKey] | None = None
+# Held by the thread that discovers (any registry): another thread's lookup waits for the whole
+# discovery instead of seeing a registry half filled ("Available: (none)"). One lock for every
+# group, not one per registry: a plugin's import may discover another group, and one lock cannot
+# be taken in two orders. Reentrant for that same reason.
+DISCOVERY_LOCK = threading.RLock()
+
+
+class _Loading(threading.local):
+    """The entry points being loaded, per thread: a registration by another thread meanwhile (a
+    module it imports itself) is never taken for the loading plugin's."""
+
+    def __init__(self):
+        self.stack: list[_Load] = []
+
+
+_LOADING_NOW = _Loading()
 
 
 class Registry(Generic[T]):
@@ -100,9 +120,10 @@ class Registry(Generic[T]):
                 return item  # the very same object again: harmless
             self._items[key] = item
             self._origin[key] = origin or getattr(item, "__module__", "?")
-            if _LOADING:
-                self._dist[key] = _LOADING[-1].key[3]
-                _LOADING[-1].added.append((self, key))
+            loading = _LOADING_NOW.stack
+            if loading:
+                self._dist[key] = loading[-1].key[3]
+                loading[-1].added.append((self, key))
             return item
 
         return add if obj is None else add(obj)
@@ -110,7 +131,8 @@ class Registry(Generic[T]):
     def _taken_message(self, key: str, newcomer: str) -> str:
         """Why ``key`` cannot be registered again: both who asks (the plugin distribution being
         loaded, else the module's) and who has it."""
-        asking = _LOADING[-1].key[3] if _LOADING else _dist_of(newcomer)
+        loading = _LOADING_NOW.stack
+        asking = loading[-1].key[3] if loading else _dist_of(newcomer)
         owner = self._origin[key]
         owner_dist = self._dist.get(key) or _dist_of(owner)
         return (f"{newcomer}{f' ({asking})' if asking else ''} registers {self.kind} {key!r}, "
@@ -118,22 +140,28 @@ class Registry(Generic[T]):
 
     def discover(self) -> None:
         """Load every entry point of this registry's group once (built-ins first; a plugin that
-        fails is skipped with a warning, ``_load``)."""
-        if self._discovered or self._loading or not self.entry_point_group:
+        fails is skipped with a warning, ``_load``). Thread-safe: a thread that finds another one
+        discovering waits for it to finish (``DISCOVERY_LOCK``)."""
+        if self._discovered or not self.entry_point_group:
             return
-        self._loading = True
-        try:
-            for ep in _entry_points(self.entry_point_group):
-                self._load(ep)
-        finally:
-            self._loading = False
-        self._discovered = True
+        with DISCOVERY_LOCK:
+            # checked again under the lock: another thread may have finished meanwhile; and
+            # ``_loading`` here is this very thread's discovery, re-entered by a plugin's import
+            if self._discovered or self._loading:
+                return
+            self._loading = True
+            try:
+                for ep in _entry_points(self.entry_point_group):
+                    self._load(ep)
+            finally:
+                self._loading = False
+            self._discovered = True
 
     def _load(self, ep: Any) -> None:
         """Load one entry point; if its import or registration raises, take back what it
         registered and skip it with one warning line (a built-in's failure raises)."""
         load = _Load(_key(ep))
-        _LOADING.append(load)
+        _LOADING_NOW.stack.append(load)
         try:
             loaded = ep.load()
             if not isinstance(loaded, types.ModuleType):  # a module: importing it ran its decorators
@@ -146,7 +174,7 @@ class Registry(Generic[T]):
             _skip(load.key, e)
             return
         finally:
-            _LOADING.pop()
+            _LOADING_NOW.stack.pop()
         _LOADED.add(load.key)
 
     def _forget(self, name: str) -> None:
@@ -282,7 +310,8 @@ def resolve_plugins() -> tuple[EntryPointKey, ...]:
     (a matrix's workers: they load exactly these, not a plugin installed since)."""
     for registry in REGISTRIES.values():
         registry.discover()
-    return tuple(sorted(_LOADED))
+    with DISCOVERY_LOCK:
+        return tuple(sorted(_LOADED))
 
 
 def pin(plugins: tuple[EntryPointKey, ...] | None) -> None:

@@ -135,25 +135,29 @@ def run_resolved(run: ResolvedRun, progress: Optional[ProgressFn] = None, resume
     """``begin``, ``execute`` and ``save`` in this process; the claim is held until the record is
     written. ``started`` is called once the checks passed, before the run (the CLI's notes).
     Torch runs on ``threads`` threads (default ``resolved.auto_threads``) until the record is
-    written (its environment shows them), and then on as many as before."""
+    written (its environment shows them), and then on as many as before. One at a time per
+    process (``engine.RUN_LOCK``, held from the checks to the written record): a run another
+    thread started meanwhile waits, and the thread counts are set and restored in turn."""
     from hfl_bench.data import get_task  # imports torch: not at start-up (a matrix's dry run never does)
+    from hfl_bench.engine import RUN_LOCK
 
-    claim, out = _open(run)
-    torch_threads = TorchThreads()
-    try:
-        torch_threads.set(threads or auto_threads(run.cfg.pool, get_task(run.cfg.task).info))
-        if started is not None:
-            started()
-        if trackers:
-            trackers.start(run)
+    with RUN_LOCK:
+        claim, out = _open(run)
+        torch_threads = TorchThreads()
         try:
-            record = execute(run, progress, resume=resume, trackers=trackers, record_file=out)
-        except BaseException:
+            torch_threads.set(threads or auto_threads(run.cfg.pool, get_task(run.cfg.task).info))
+            if started is not None:
+                started()
             if trackers:
-                trackers.close()
-            raise
-        saved = save(run, record, trackers=trackers, record_file=out)
-    finally:
-        torch_threads.restore()
-        claim.release()
+                trackers.start(run)
+            try:
+                record = execute(run, progress, resume=resume, trackers=trackers, record_file=out)
+            except BaseException:
+                if trackers:
+                    trackers.close()
+                raise
+            saved = save(run, record, trackers=trackers, record_file=out)
+        finally:
+            torch_threads.restore()
+            claim.release()
     return Outcome(saved.record, saved)

@@ -84,3 +84,37 @@ def test_records_in_a_folder_named_trackers_are_read_and_only_the_trackers_outpu
     result, out, _ = invoke_cli("leaderboard", "validate", str(tmp_path / "study"), "--json")
     assert json.loads(out)["checked"] == 2
     assert Path(copy / "record.json").is_file()
+
+
+# ----------------------------------------------------------------------------- 6: settings the optimizer ignores
+
+
+@pytest.mark.parametrize("setting, value", [("momentum", 0.5), ("weight_decay", 0)])
+def test_a_setting_adam_ignores_is_refused_in_one_line_exit_2(tmp_path, setting, value):
+    config = tmp_path / "run.yaml"
+    config.write_text(f"{setting}: {value}\n")
+    result, out, err = invoke_cli("run", "--method", "local", "--task", "digits", "--rounds", "1", "--clients", "3",
+                                  "--optimizer", "adam", "--lr", "0.001", "--config", str(config),
+                                  "--out", str(tmp_path / "runs"))
+    text = (err or out).strip()
+    assert result.exit_code == 2, text
+    assert f"{setting} {value} is set, but --optimizer adam does not use it" in text
+    assert len(text.splitlines()) == 1 and "Traceback" not in text
+    assert not list(tmp_path.rglob("*.json"))  # refused before any training: no record
+    with pytest.raises(ConfigError, match=f"{setting} {value} is set"):
+        hfl_bench.run(method="local", task="digits", rounds=1, optimizer="adam", lr=0.001, out=str(tmp_path / "api"),
+                      **{setting: value})
+
+
+def test_an_optimizers_ignored_setting_at_its_default_is_one_run_with_one_hash():
+    from hfl_bench.resolved import resolve_run
+
+    def chash(**settings):
+        return resolve_run({"method": "local", "task": "digits", "rounds": 1, **settings}).config_hash
+
+    adam = chash(optimizer="adam", lr=0.001)
+    # the task's defaults (digits: the global 0.9 and 5e-4), written out: the same run, the same hash
+    assert chash(optimizer="adam", lr=0.001, momentum=0.9, weight_decay=0.0005) == adam
+    # SGD reads both: another value is another run, with another hash, as before
+    assert chash(lr=0.001, momentum=0.5) != chash(lr=0.001)
+    assert chash(lr=0.001, weight_decay=0.0) != chash(lr=0.001)

@@ -239,30 +239,39 @@ _COLUMNS: dict[str, Column] = {}
 # Plugins add columns through this entry-point group: an entry point names a module (importing it
 # calls register_column) or a Column (registered at the end). Loaded the first time a view asks.
 ENTRY_POINT_GROUP = "hfl_bench.columns"
-_discovered = False
+_discovered = False  # every entry point loaded
+_discovering = False  # loading now, in the thread that holds the registries' discovery lock
 
 
 def _discover() -> None:
     """Load the ``hfl_bench.columns`` entry points once; one that fails is taken back and skipped
-    with one warning line (``registry.skip_plugin``), as a faulty method plugin is."""
-    global _discovered
+    with one warning line (``registry.skip_plugin``), as a faulty method plugin is. Under the
+    registries' discovery lock: another thread's view waits for every column (issue 63)."""
+    global _discovered, _discovering
     if _discovered:
         return
-    _discovered = True
-    from hfl_bench.registry import plugin_entry_points, skip_plugin
+    from hfl_bench.registry import DISCOVERY_LOCK, plugin_entry_points, skip_plugin
 
-    for ep in plugin_entry_points(ENTRY_POINT_GROUP):
-        before = set(_COLUMNS)
+    with DISCOVERY_LOCK:
+        if _discovered or _discovering:  # another thread's, done; or this thread's (a plugin asking for a column)
+            return
+        _discovering = True
         try:
-            loaded = ep.load()
-            if isinstance(loaded, Column):
-                register_column(loaded)
-            elif not isinstance(loaded, types.ModuleType):
-                raise RegistryError(f"entry point {ep.value} is neither a module nor a Column")
-        except Exception as e:
-            for name in set(_COLUMNS) - before:
-                _COLUMNS.pop(name)
-            skip_plugin(ep, e)
+            for ep in plugin_entry_points(ENTRY_POINT_GROUP):
+                before = set(_COLUMNS)
+                try:
+                    loaded = ep.load()
+                    if isinstance(loaded, Column):
+                        register_column(loaded)
+                    elif not isinstance(loaded, types.ModuleType):
+                        raise RegistryError(f"entry point {ep.value} is neither a module nor a Column")
+                except Exception as e:
+                    for name in set(_COLUMNS) - before:
+                        _COLUMNS.pop(name)
+                    skip_plugin(ep, e)
+        finally:
+            _discovering = False
+        _discovered = True
 
 
 def register_column(column: Column, *, after: Optional[str] = None) -> Column:
