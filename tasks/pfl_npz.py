@@ -61,14 +61,13 @@ import dataclasses
 import json
 import math
 import pickle
-import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from hfl_bench.data import DatasetError, Task, TaskData, TaskInfo, register_task, resolve_data_dir
-from hfl_bench.npzfile import declared_size, human_bytes, open_member, read_npy_header
+from hfl_bench.npzfile import declared_size, file_limit, human_bytes, open_member, open_npz, read_npy_header
 from hfl_bench.tasks.cifar import CITATION as CIFAR_CITATION
 from hfl_bench.tasks.cifar import LICENSE as CIFAR_LICENSE
 
@@ -224,7 +223,7 @@ def read_client_file(path: Path, limit: int | None = None) -> tuple[np.ndarray, 
     if not path.is_file():
         raise DatasetError(f"{NAME}: missing client file {path}")
     try:
-        with zipfile.ZipFile(path) as archive:
+        with open_npz(path, file_limit(limit), NAME) as archive:
             if archive.namelist() != [MEMBER]:
                 raise DatasetError(f"{NAME}: {path} should hold only {MEMBER}, found {archive.namelist()}")
             with open_member(archive, MEMBER, limit, path, NAME) as member:

@@ -4,10 +4,13 @@ failing on the code before its fix."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import hfl_bench
@@ -84,3 +87,107 @@ def test_records_in_a_folder_named_trackers_are_read_and_only_the_trackers_outpu
     result, out, _ = invoke_cli("leaderboard", "validate", str(tmp_path / "study"), "--json")
     assert json.loads(out)["checked"] == 2
     assert Path(copy / "record.json").is_file()
+
+
+# ----------------------------------------------------------------------------- 4: caches and data read as regular files
+
+# A regression would wait on the FIFO for ever (or read /dev/zero until memory runs out): the
+# timeout makes it a failure instead.
+
+
+def _replace_with(path: Path, what: str) -> None:
+    """Put a FIFO, or a symbolic link to /dev/zero, where the file ``path`` was."""
+    path.unlink()
+    if what == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", ["fifo", "dev-zero"])
+def test_the_encoder_cache_is_a_miss_with_one_warning_when_no_regular_file(tmp_path, monkeypatch, caplog, what):
+    from hfl_bench.families import pretrained
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(60, 1, 1, 12, generator=g), torch.arange(60) % 3
+    first = pretrained.pretrained_encoder(x, y, "toy", (1, 1, 12), 8, 3, 5)
+    path = pretrained.cache_path(first.facts["cache_key"])
+    _replace_with(path, what)
+    with caplog.at_level(logging.WARNING):
+        again = pretrained.pretrained_encoder(x, y, "toy", (1, 1, 12), 8, 3, 5)
+    assert again.facts["trained"] and torch.equal(again.encoder(x), first.encoder(x))
+    warned = [r.getMessage() for r in caplog.records if "encoder cache" in r.getMessage()]
+    assert len(warned) == 1 and str(path) in warned[0] and "trained again" in warned[0], warned
+    assert path.is_file() and not path.is_symlink()  # replaced by a regular cache file...
+    assert not pretrained.pretrained_encoder(x, y, "toy", (1, 1, 12), 8, 3, 5).facts["trained"]  # ...that loads
+
+
+@pytest.mark.slow  # two FedSocket runs
+@pytest.mark.timeout(300)
+def test_a_fifo_at_the_encoder_cache_path_does_not_hang_a_fedsocket_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    args = ("run", "--method", "fedsocket", "--task", "digits", "--clients", "4", "--rounds", "1",
+            "--pretrain-size", "100", "--set", "pretrain_steps=20", "--set", "warmup_epochs=0", "-q", "--json")
+    result, out, _ = invoke_cli(*args, "--out", str(tmp_path / "a"))
+    assert result.exit_code == 0, out
+    bank = json.loads(Path(json.loads(out)["record"]).read_text())["method"]["run_details"]["feature_bank"]
+    [facts] = bank["modalities"].values()
+    from hfl_bench.families import pretrained
+
+    _replace_with(pretrained.cache_path(facts["cache_key"]), "fifo")
+    result, out, _ = invoke_cli(*args, "--out", str(tmp_path / "b"))
+    assert result.exit_code == 0, out
+    record = json.loads(Path(json.loads(out)["record"]).read_text())
+    [again] = record["method"]["run_details"]["feature_bank"]["modalities"].values()
+    assert record["status"] == "ok" and again["trained"] and again["cache_key"] == facts["cache_key"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", ["fifo", "dev-zero"])
+def test_the_fingerprint_and_decode_caches_of_a_data_folder_are_misses_when_no_regular_file(
+        tmp_path, caplog, what):
+    from hfl_bench.data import FINGERPRINT_CACHE, get_task
+
+    from test_imagefolder import write_folder
+
+    write_folder(tmp_path)
+    for image in tmp_path.rglob("*.png"):  # written long ago: their hashes are cached (not "racy")
+        os.utime(image, ns=(10**18, 10**18))
+    first = get_task("imagefolder").load(tmp_path)
+    [decoded] = (tmp_path / ".hfl-bench-cache").iterdir()
+    fingerprints = tmp_path / FINGERPRINT_CACHE
+    assert fingerprints.is_file()
+    _replace_with(decoded, what)
+    _replace_with(fingerprints, what)
+    with caplog.at_level(logging.WARNING):
+        second = get_task("imagefolder").load(tmp_path)
+    assert torch.equal(second.train_x, first.train_x) and second.fingerprint == first.fingerprint
+    assert len([r for r in caplog.records if "fingerprint cache" in r.getMessage()]) == 1
+    for cache in (decoded, fingerprints):  # decoded or hashed again, and rewritten
+        assert cache.is_file() and not cache.is_symlink()
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_as_a_data_file_is_one_line_exit_2(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    os.mkfifo(data / "pathmnist.npz")
+    result, out, err = invoke_cli("run", "--method", "local", "--task", "pathmnist", "--data-dir", str(data),
+                                  "--rounds", "1", "-q", "--out", str(tmp_path / "runs"))
+    text = (err or out).strip()
+    assert result.exit_code == 2 and len(text.splitlines()) == 1 and "Traceback" not in text, text
+    assert "pathmnist.npz" in text
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_at_the_metadata_index_is_a_miss_and_is_replaced(tmp_path, monkeypatch):
+    from hfl_bench import metadata_index
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = metadata_index.index_path()
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    assert metadata_index.read("some key") is None
+    assert metadata_index.write("some key", {"x": 1}) and metadata_index.read("some key") == {"x": 1}
