@@ -191,3 +191,35 @@ def test_a_fifo_at_the_metadata_index_is_a_miss_and_is_replaced(tmp_path, monkey
     os.mkfifo(path)
     assert metadata_index.read("some key") is None
     assert metadata_index.write("some key", {"x": 1}) and metadata_index.read("some key") == {"x": 1}
+
+
+# ----------------------------------------------------------------------------- 5: an endpoint a suite adds
+
+
+def test_a_suite_that_adds_ensemble_runs_its_finished_cells_again_for_the_endpoint(tmp_path):
+    from hfl_bench.testing import QUICK
+
+    out = tmp_path / "records"
+    suite = {"methods": ["local"], "tasks": ["digits"], "seeds": [0], "out": str(out),
+             "settings": {"rounds": 1, "clients": 4, **QUICK}}
+    path = tmp_path / "suite.yaml"
+
+    def matrix(*extra: str) -> dict:
+        path.write_text(yaml.safe_dump(suite))
+        result, stdout, _ = invoke_cli("matrix", str(path), "--json", *extra)
+        assert result.exit_code == 0, stdout
+        [cell] = json.loads(stdout)["cells"]
+        return cell
+
+    first = matrix()
+    assert first["status"] == "ok"
+    record_file = Path(first["record"])
+    assert "ensemble" not in (json.loads(record_file.read_text())["metrics"].get("extra_endpoints") or {})
+    suite["settings"]["ensemble"] = True  # outside the config hash: the same record file
+    assert matrix("--dry-run")["status"] == "would run"
+    second = matrix()
+    assert second["status"] == "ok" and Path(second["record"]) == record_file
+    record = json.loads(record_file.read_text())
+    assert record["config"]["ensemble"] is True and "ensemble" in record["metrics"]["extra_endpoints"]
+    assert sorted(p.name for p in out.glob("*.json")) == [record_file.name]  # replaced, not beside it
+    assert matrix()["status"] == "skipped"  # now done
