@@ -86,18 +86,23 @@ def file_limit(budget: int) -> int:
     return 2 * budget + ZIP_MARGIN
 
 
+class UnusableFile(DatasetError):
+    """What is at an npz path is no regular file of a bounded size (``open_npz``): a cache reader
+    takes it as a miss and says so; a data reader lets the one line through."""
+
+
 @contextlib.contextmanager
 def open_npz(path: Path, max_bytes: int | None, task: str) -> Iterator[zipfile.ZipFile]:
     """The zip archive at ``path``, once it is a regular file of at most ``max_bytes`` (None: any
-    size; ``regularfile.open_regular``): DatasetError in one line naming the file otherwise. The
+    size; ``regularfile.open_regular``): UnusableFile in one line naming the file otherwise. The
     open's own errors (FileNotFoundError, ...) and a bad zip propagate, for the caller to word."""
     try:
         f = open_regular(path, max_bytes)
     except NotRegularFile as e:
-        raise DatasetError(f"{task}: {path} is not a regular file (a {e.kind}); replace it with the data file") \
+        raise UnusableFile(f"{task}: {path} is not a regular file (a {e.kind}); replace it with the data file") \
             from None
     except FileTooLarge as e:
-        raise DatasetError(f"{task}: {path} is {human_bytes(e.size)}, more than this task's data file may be "
+        raise UnusableFile(f"{task}: {path} is {human_bytes(e.size)}, more than this task's data file may be "
                            f"({human_bytes(e.limit)}); refused before reading it") from None
     with f, zipfile.ZipFile(f) as archive:  # a ZipFile given a file leaves closing it to its owner
         yield archive

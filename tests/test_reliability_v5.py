@@ -164,9 +164,24 @@ def test_the_fingerprint_and_decode_caches_of_a_data_folder_are_misses_when_no_r
     with caplog.at_level(logging.WARNING):
         second = get_task("imagefolder").load(tmp_path)
     assert torch.equal(second.train_x, first.train_x) and second.fingerprint == first.fingerprint
-    assert len([r for r in caplog.records if "fingerprint cache" in r.getMessage()]) == 1
+    for cache in ("fingerprint cache", "decode cache"):
+        assert len([r for r in caplog.records if cache in r.getMessage()]) == 1, cache
     for cache in (decoded, fingerprints):  # decoded or hashed again, and rewritten
         assert cache.is_file() and not cache.is_symlink()
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_at_the_mnist1d_cache_is_a_miss_with_one_warning(tmp_path, caplog):
+    from hfl_bench.data import get_task
+
+    cache = tmp_path / "mnist1d" / "mnist1d-42.npz"
+    cache.parent.mkdir()
+    os.mkfifo(cache)
+    with caplog.at_level(logging.WARNING):
+        data = get_task("mnist1d").load(tmp_path)
+    assert len(data.train_x) == 4000
+    assert len([r for r in caplog.records if "mnist1d cache" in r.getMessage()]) == 1
+    assert cache.is_file()  # generated again and written in its place
 
 
 @pytest.mark.timeout(60)
