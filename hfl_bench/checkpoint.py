@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import os
 import random
-import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +28,7 @@ from hfl_bench.aggregation import run_version
 from hfl_bench.config import ConfigError, config_hash, without_legacy
 from hfl_bench.federation import RoundMetrics
 from hfl_bench.paths import unseal, write_sealed
+from hfl_bench.regularfile import NotRegularFile, open_regular
 
 if TYPE_CHECKING:
     from hfl_bench.federation import RoundView
@@ -426,24 +425,20 @@ def write(path: str | Path, state: dict[str, Any]) -> None:
 def read(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True``: plain data only, no code runs.
 
-    Only a regular file is read: a FIFO would block the open (and the run) forever, a device or a
-    folder is no checkpoint. The file is opened non-blocking and checked on the open descriptor
-    (``fstat``), so nothing swapped in between a check and the open can block either."""
+    Only a regular file is read (``regularfile.open_regular``: opened non-blocking, checked on the
+    open descriptor): a FIFO would block the open (and the run) forever, a device or a folder is no
+    checkpoint."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        f = open_regular(path)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint not found: {path}") from None
-    except OSError as e:  # a folder (IsADirectoryError), no permission, a socket (ENXIO)
+    except NotRegularFile as e:
+        raise CheckpointError(f"checkpoint {path} is not a regular file (a {e.kind}): "
+                              "delete it or rerun without --resume") from None
+    except OSError as e:  # no permission, a socket (ENXIO)
         raise CheckpointError(f"cannot read checkpoint {path} ({type(e).__name__}: {e.strerror or e}); "
                               "delete it or rerun without --resume") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise CheckpointError(f"checkpoint {path} is not a regular file (a {_file_kind(mode)}): "
-                              "delete it or rerun without --resume")
-    with os.fdopen(fd, "rb") as f:
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)  # a regular file: plain reads from here
+    with f:
         state = _load(io.BytesIO(_verified(f.read(), path)), path)
     if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(f"{path} is not an hfl-bench checkpoint")
@@ -462,14 +457,6 @@ def _verified(data: bytes, path: str | Path) -> bytes:
         raise CheckpointError(f"checkpoint {path} is damaged (its content does not match its SHA-256): "
                               "delete it or rerun without --resume")
     return payload
-
-
-def _file_kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISDIR, "folder"), (stat.S_ISCHR, "character device"),
-                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
-        if test(mode):
-            return kind
-    return "special file"
 
 
 def _load(f: Any, path: str | Path) -> Any:

@@ -14,8 +14,10 @@ from a run on another. The rule, in one place (``Task.fingerprint``):
   ctime_ns), so a second fingerprint costs only ``stat`` calls and never decodes the dataset. The
   change time is in the key because the kernel sets it on every write and nothing can set it back:
   a file rewritten with its old size and modification time (``cp -p``, a restore) is hashed again. The cache is
-  best effort: an unreadable cache is ignored, and a folder that cannot be written (or has no write
-  permission bits, even for root) just goes uncached.
+  best effort: an unreadable cache is ignored (one that is not a regular file, a FIFO say, with a
+  warning; it is never waited on), and a folder that cannot be written (or has no write
+  permission bits, even for root) just goes uncached. A data file is hashed only when it is a
+  regular file (``regularfile``): a FIFO or a device at its path is refused, never read.
 - A task that reads no files (``data_files`` is empty: generated or bundled data) hashes its
   loaded arrays instead (name, version, then dtype, shape and bytes of train_x, train_y, test_x
   and test_y as float32 / int64); computing it means loading the data.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -41,13 +44,16 @@ import torch
 from hfl_bench.errors import DatasetError  # noqa: F401  (re-exported: tasks raise it)
 from hfl_bench.paths import write_atomic
 from hfl_bench.registry import TASKS
+from hfl_bench.regularfile import FileTooLarge, NotRegularFile, open_regular, read_regular
 
 DATA_DIR_ENV = "HFL_BENCH_DATA"
 FINGERPRINT_CACHE = ".hfl-bench-fingerprints.json"
+FINGERPRINT_CACHE_MAX = 256 * 2**20  # about 1.5 million files' entries
 FINGERPRINT_CHARS = 16
 # A file modified less than this long ago is hashed but not cached: a same-size rewrite within
 # the file system's timestamp granularity would otherwise keep a stale hash (git's "racy" case).
 RACY_NS = 2_000_000_000
+log = logging.getLogger(__name__)
 
 # The CRAD paper's protocol (Sec. 4.1): the default of the tasks it ran.
 PAPER_PROTOCOL = {"pool": "paper", "rounds": 300, "clients": 10, "partition": "dirichlet", "alpha": 0.3, "seed": 1024}
@@ -262,9 +268,10 @@ def arrays_fingerprint(info: TaskInfo, arrays) -> str:
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 of a file's content, read in chunks (the one place a fingerprint reads content)."""
+    """sha256 of a file's content, read in chunks (the one place a fingerprint reads content); only
+    a regular file (``regularfile``: a FIFO or a device at a data path is an OSError, never read)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
@@ -297,6 +304,9 @@ def files_fingerprint(info: TaskInfo, files: list[Path]) -> str:
             try:
                 entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
                          "sha256": file_sha256(path)}
+            except NotRegularFile as e:  # a FIFO, a link to a device: no data file, and never read
+                raise DatasetError(f"{info.name}: {path} is not a regular file (a {e.kind}); put the data file "
+                                   "there") from None
             except OSError as e:
                 raise unreadable_dataset(info.name, Path(path), e, download=False) from None
             if time.time_ns() - st.st_mtime_ns >= RACY_NS:
@@ -308,10 +318,15 @@ def files_fingerprint(info: TaskInfo, files: list[Path]) -> str:
 
 
 def _read_cache(path: Path) -> dict[str, Any]:
-    """The cached content hashes, or none when the cache is absent or unreadable."""
+    """The cached content hashes, or none when the cache is absent or unreadable; one that is not a
+    regular file of at most ``FINGERPRINT_CACHE_MAX`` bytes (``regularfile``) is never waited on
+    or read, and is named in one warning (it is rewritten when this call caches a hash)."""
     try:
-        cache = json.loads(path.read_text())
+        cache = json.loads(read_regular(path, FINGERPRINT_CACHE_MAX))
         files = cache.get("files") if isinstance(cache, dict) else None
+    except (NotRegularFile, FileTooLarge) as e:
+        log.warning("warning: the fingerprint cache cannot be used (%s); the data files are hashed again", e)
+        return {}
     except (OSError, ValueError, RecursionError):
         return {}
     return files if isinstance(files, dict) else {}

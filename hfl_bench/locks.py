@@ -11,6 +11,9 @@ out-of-memory killer), so a killed run leaves no claim that blocks the next one:
 may stay behind, but it is free. The file holds the holder's pid, host and start time, for the
 message only.
 
+The same lock (``hold``) keeps two ``hfl-bench prepare`` builds of one data folder apart
+(``<data-dir>/.claims/<folder>.lock``): the second is refused in one line while the first builds.
+
 Locks are per host: on a network file system whose ``flock`` is not shared between machines,
 runs on two hosts into one folder are not kept apart (give each host its own ``--out``).
 """
@@ -23,9 +26,10 @@ import os
 import socket
 import stat
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from hfl_bench.config import ConfigError
+from hfl_bench.regularfile import read_regular
 
 try:
     import fcntl
@@ -81,45 +85,55 @@ def _same_file(path: Path, fd: int) -> bool:
 
 def _holder(path: Path) -> str:
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        info = json.loads(read_regular(path, 4096))  # the holder's few fields; never a FIFO swapped in
         return f"pid {int(info['pid'])} on {str(info['host'])[:64]} since {str(info['date'])[:32]}"
     except (OSError, ValueError, KeyError, TypeError):
         return "another process"
 
 
-def _wrong_kind(path: Path, should: str, but: str) -> str:
-    return (f"cannot claim the record: {path} should be {should} (or absent) but is {but}; "
-            "remove it (no run holds it) and rerun")
+def _wrong_kind(path: Path, should: str, but: str, what: str = "the record") -> str:
+    return (f"cannot claim {what}: {path} should be {should} (or absent) but is {but}; "
+            "remove it (no process holds it) and rerun")
 
 
 def take(record: Path) -> Claim:
     """Claim ``record`` (a record file path) for this process: ClaimError, one line, when a
     running process holds it. Call before training; release after the record is written."""
+    return hold(record, "the record", lambda holder: (
+        f"{record} is being written by another run of this configuration ({holder}): wait for it to "
+        "finish, or use another --out"))
+
+
+def hold(target: Path, what: str, busy: Callable[[str], str]) -> Claim:
+    """Claim ``target`` (a path one process at a time may write: a record file, a data folder
+    ``hfl-bench prepare`` builds) for this process, by the lock file ``claim_file(target)``:
+    ClaimError, one line, when a running process holds it (``busy(holder)``: the message, given
+    the holder's pid, host and start) or something else is at the lock's path (``what``: what the
+    message says could not be claimed)."""
     if fcntl is None:
-        return Claim(record, None, claim_file(record))
-    path = claim_file(record)
+        return Claim(target, None, claim_file(target))
+    path = claim_file(target)
     while True:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except FileExistsError:  # a file where the .claims folder goes
-            raise ClaimError(_wrong_kind(path.parent, "a folder", "a file")) from None
+            raise ClaimError(_wrong_kind(path.parent, "a folder", "a file", what)) from None
         try:
             # non-blocking: the open itself must never wait (on a FIFO put there, say)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o644)
         except FileNotFoundError:  # the folder was removed by a releasing holder: again
             continue
         except IsADirectoryError:
-            raise ClaimError(_wrong_kind(path, "a lock file", "a folder")) from None
+            raise ClaimError(_wrong_kind(path, "a lock file", "a folder", what)) from None
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):  # a FIFO or a device: no place for the holder's details
             os.close(fd)
-            raise ClaimError(_wrong_kind(path, "a lock file", "not a regular file"))
+            raise ClaimError(_wrong_kind(path, "a lock file", "not a regular file", what))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise ClaimError(f"{record} is being written by another run of this configuration "
-                             f"({_holder(path)}): wait for it to finish, or use another --out") from None
+            raise ClaimError(busy(_holder(path))) from None
         except BaseException:
             os.close(fd)
             raise
@@ -130,4 +144,4 @@ def take(record: Path) -> Claim:
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode(), 0)
-    return Claim(record, fd, path)
+    return Claim(target, fd, path)

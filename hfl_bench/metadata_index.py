@@ -24,7 +24,8 @@ what would be printed could change. It is computed without importing any plugin,
 
 What cannot be located that way (an entry point whose module the finders do not find) or an error
 while computing the key means no key: the commands then import the plugins, as without an index.
-A file that is unreadable, not JSON, of another format or key, or malformed is ignored and
+A file that is unreadable, not a regular file of at most ``MAX_BYTES`` (``regularfile``: a FIFO is
+never waited on), not JSON, of another format or key, or malformed is ignored and
 rebuilt; it is data, never code. ``HFL_BENCH_NO_INDEX=1`` bypasses the index (neither read nor
 written). Left out of the key: code outside those packages that a plugin imports without being an
 installed distribution, and environment variables a plugin might read when imported.
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import hfl_bench
+from hfl_bench.regularfile import read_regular
 
 # Bump when the stored layout (this module's or the catalog's) changes: an older file is rebuilt.
 # 2: the partitioner kind is "partitioners" (was "partitions"); 3: methods' metadata from their cards;
@@ -208,12 +210,9 @@ def _stat_tree(root: str, files: dict[str, list[int]]) -> None:
 
 def read(key: str) -> dict[str, Any] | None:
     """The stored data if the index file holds this format and ``key``; else None."""
-    try:
-        with open(index_path(), "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except (OSError, RuntimeError):  # RuntimeError: no home folder
-        return None
-    if len(raw) > MAX_BYTES:
+    try:  # only a regular file, opened non-blocking: a FIFO there would hang every command
+        raw = read_regular(index_path(), MAX_BYTES)
+    except (OSError, RuntimeError):  # too large, not a regular file; RuntimeError: no home folder
         return None
     try:
         doc = json.loads(raw)

@@ -12,6 +12,10 @@ decompressed before its declared sizes are checked against what the task expects
   the expected kind of values, shape and at most the expected number of rows; numpy then reads
   exactly the declared bytes, in chunks. Pickled (object) arrays are refused.
 
+The file itself is opened only as a regular file (``hfl_bench.regularfile``: non-blocking, checked
+on the open descriptor, so a FIFO or a link to ``/dev/zero`` at the path is refused, never waited
+on or read) of at most ``file_limit`` bytes: twice its members' budgets and a margin.
+
 A file over its budget is refused in one line (``DatasetError``) naming the file, the member, the
 sizes and the budget. Other failures (a truncated or garbage file, a missing member) propagate as
 they are, for the caller to word as its task words a bad file.
@@ -19,20 +23,24 @@ they are, for the caller to word as its task words a bad file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import zipfile
 from pathlib import Path
-from typing import IO
+from typing import IO, Iterator
 
 import numpy as np
 
 from hfl_bench.errors import DatasetError
+from hfl_bench.regularfile import FileTooLarge, NotRegularFile, open_regular
 
 # What np.savez (stored) and np.savez_compressed (deflate) write; zipfile inflates only these in bounded chunks.
 READABLE_COMPRESSION = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED}
 # A .npy member's magic, header length and header: numpy refuses headers over 10,000 bytes itself.
 NPY_HEADER_BYTES = 10_240
+# Beyond twice the members' budgets, what an .npz file may hold: the zip's own headers and directory.
+ZIP_MARGIN = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,16 +79,46 @@ def open_member(archive: zipfile.ZipFile, name: str, limit: int, path: Path, tas
     return archive.open(info)
 
 
+def file_limit(budget: int) -> int:
+    """The largest .npz file a reader of ``budget`` bytes of members opens: twice the budget (a
+    member it does not read may sit beside the others, as PathMNIST's val split does; deflate
+    grows no member by much) and ``ZIP_MARGIN``."""
+    return 2 * budget + ZIP_MARGIN
+
+
+class UnusableFile(DatasetError):
+    """What is at an npz path is no regular file of a bounded size (``open_npz``): a cache reader
+    takes it as a miss and says so; a data reader lets the one line through."""
+
+
+@contextlib.contextmanager
+def open_npz(path: Path, max_bytes: int | None, task: str) -> Iterator[zipfile.ZipFile]:
+    """The zip archive at ``path``, once it is a regular file of at most ``max_bytes`` (None: any
+    size; ``regularfile.open_regular``): UnusableFile in one line naming the file otherwise. The
+    open's own errors (FileNotFoundError, ...) and a bad zip propagate, for the caller to word."""
+    try:
+        f = open_regular(path, max_bytes)
+    except NotRegularFile as e:
+        raise UnusableFile(f"{task}: {path} is not a regular file (a {e.kind}); replace it with the data file") \
+            from None
+    except FileTooLarge as e:
+        raise UnusableFile(f"{task}: {path} is {human_bytes(e.size)}, more than this task's data file may be "
+                           f"({human_bytes(e.limit)}); refused before reading it") from None
+    with f, zipfile.ZipFile(f) as archive:  # a ZipFile given a file leaves closing it to its owner
+        yield archive
+
+
 def declared_size(path: Path, name: str) -> int:
     """Member ``name``'s declared uncompressed size, from the zip's directory (nothing is inflated)."""
-    with zipfile.ZipFile(path) as archive:
+    with open_npz(path, None, "npz") as archive:
         return archive.getinfo(name).file_size
 
 
 def read_arrays(path: Path, specs: dict[str, ArraySpec], task: str) -> dict[str, np.ndarray]:
     """The arrays ``specs`` names (keys without ``.npy``) from the npz at ``path``, each checked
     against its spec before any of its data is read (module docstring)."""
-    with zipfile.ZipFile(path) as archive:
+    budget = sum(spec.budget + NPY_HEADER_BYTES for spec in specs.values())
+    with open_npz(path, file_limit(budget), task) as archive:
         return {key: _read_array(archive, key, spec, path, task) for key, spec in specs.items()}
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import ClassVar
@@ -37,10 +38,12 @@ from typing import ClassVar
 import numpy as np
 
 from hfl_bench.data import FINGERPRINT_CHARS, DatasetError, Task, TaskData, TaskInfo, files_fingerprint, register_task
-from hfl_bench.npzfile import ArraySpec, read_arrays
+from hfl_bench.npzfile import ArraySpec, UnusableFile, read_arrays
 from hfl_bench.paths import write_atomic
 from hfl_bench.tasks.cifar import CITATION as CIFAR_CITATION
 from hfl_bench.tasks.cifar import LICENSE as CIFAR_LICENSE
+
+log = logging.getLogger(__name__)
 
 SPLITS = ("train", "test")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -415,6 +418,9 @@ def read_cache(key: str, classes: list[str], root: Path, task: str,
             if int(z["format"]) != CACHE_FORMAT or z["classes"].tolist() != classes:
                 continue
             arrays = {k: z[k] for k in ARRAY_KEYS}
+        except UnusableFile as e:  # a FIFO, a link to a device, a huge file: never waited on or read
+            log.warning("warning: the decode cache cannot be used (%s); the images are decoded again", e)
+            continue
         except Exception:  # noqa: BLE001 - absent, truncated, garbage or over budget: decode again
             continue
         train_x, test_x = arrays["train_x"], arrays["test_x"]

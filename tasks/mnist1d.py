@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import random
 import tempfile
@@ -11,8 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from hfl_bench.data import DatasetError, Task, TaskInfo, register_task
-from hfl_bench.npzfile import ArraySpec, read_arrays
+from hfl_bench.npzfile import ArraySpec, UnusableFile, read_arrays
 from hfl_bench.paths import shared_mode
+
+log = logging.getLogger(__name__)
 
 # The package's default generation seed; fixed here so a package update cannot change the data.
 SEED = 42
@@ -138,12 +141,14 @@ def _valid(arrays: dict[str, np.ndarray]) -> bool:
 
 
 def _load_cache(path: Path) -> dict[str, np.ndarray] | None:
-    """The cached arrays, or None when the cache is absent or unreadable (then regenerate)."""
-    if not path.is_file():
-        return None
+    """The cached arrays, or None when the cache is absent or unreadable (then regenerate); one that
+    is not a regular file (a FIFO, a link to a device: never waited on or read) with one warning."""
     try:  # within a budget of the arrays' known sizes (hfl_bench.npzfile): a bomb is regenerated over
         arrays = read_arrays(path, CACHE_SPECS, "mnist1d")
-    except Exception:
+    except UnusableFile as e:
+        log.warning("warning: the mnist1d cache cannot be used (%s); the signals are generated again", e)
+        return None
+    except Exception:  # absent, truncated, garbage or over budget
         return None
     return arrays if _valid(arrays) else None
 

@@ -61,14 +61,14 @@ import dataclasses
 import json
 import math
 import pickle
-import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from hfl_bench.data import DatasetError, Task, TaskData, TaskInfo, register_task, resolve_data_dir
-from hfl_bench.npzfile import declared_size, human_bytes, open_member, read_npy_header
+from hfl_bench.npzfile import declared_size, file_limit, human_bytes, open_member, open_npz, read_npy_header
+from hfl_bench.regularfile import FileTooLarge, read_regular
 from hfl_bench.tasks.cifar import CITATION as CIFAR_CITATION
 from hfl_bench.tasks.cifar import LICENSE as CIFAR_LICENSE
 
@@ -157,11 +157,11 @@ def check_inside(path: Path, folder: Path) -> None:
 def read_config(folder: Path) -> dict[str, Any]:
     path = folder / "config.json"
     check_inside(path, folder)
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise DatasetError(f"{NAME}: {path} is larger than {MAX_CONFIG_BYTES >> 20} MB: not a PFLlib "
-                               "config.json; point --data-dir at a PFLlib/HtFLlib folder")
-        config = json.loads(path.read_text())
+    try:  # a regular file only (regularfile): a FIFO swapped in after the folder was found is never waited on
+        config = json.loads(read_regular(path, MAX_CONFIG_BYTES))
+    except FileTooLarge:
+        raise DatasetError(f"{NAME}: {path} is larger than {MAX_CONFIG_BYTES >> 20} MB: not a PFLlib "
+                           "config.json; point --data-dir at a PFLlib/HtFLlib folder") from None
     except (OSError, ValueError, RecursionError) as e:  # RecursionError: absurdly nested JSON
         raise DatasetError(f"{NAME}: {path} is not readable JSON ({type(e).__name__}: {e})") from None
     n = config.get("num_clients") if isinstance(config, dict) else None
@@ -224,7 +224,7 @@ def read_client_file(path: Path, limit: int | None = None) -> tuple[np.ndarray, 
     if not path.is_file():
         raise DatasetError(f"{NAME}: missing client file {path}")
     try:
-        with zipfile.ZipFile(path) as archive:
+        with open_npz(path, file_limit(limit), NAME) as archive:
             if archive.namelist() != [MEMBER]:
                 raise DatasetError(f"{NAME}: {path} should hold only {MEMBER}, found {archive.namelist()}")
             with open_member(archive, MEMBER, limit, path, NAME) as member:

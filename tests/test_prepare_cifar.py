@@ -1,14 +1,19 @@
 """``hfl-bench prepare cifar10-jpg``: the cifar10-jpg folder built from CIFAR-10's python release,
 written here in the release's real format (pickled dicts with ``data``, an N x 3072 uint8 array,
-and ``labels``; ``batches.meta`` with ``label_names``), a few images per batch instead of 10,000."""
+and ``labels``; ``batches.meta`` with ``label_names``), a few images per batch instead of 10,000;
+the release checked whole before anything is written, and one build of a folder at a time."""
 
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import os
 import pickle
+import subprocess
+import sys
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -120,3 +125,85 @@ def test_the_protocol_2_pickles_here_are_the_release_format():
     buf = io.BytesIO()
     pickle.dump({b"data": np.zeros((1, 3072), np.uint8), b"labels": [0]}, buf, protocol=2)
     assert pickle.loads(buf.getvalue(), encoding="bytes")[b"data"].shape == (1, 3072)
+
+
+# ----------------------------------------------------------------------------- checked before writing (row 10)
+
+
+def _rewrite_meta(folder: Path, label_names) -> None:
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({b"num_cases_per_batch": 2, b"label_names": label_names, b"num_vis": 3072}, f, protocol=2)
+
+
+@pytest.mark.parametrize("names, says", [
+    ([b"cat"] * 10, "names cat more than once"),
+    ([c.encode() for c in CLASSES[:9]] + [b"Cat"], "names Cat, cat more than once"),  # one folder where case is ignored
+    ([c.encode() for c in CLASSES[:9]] + [b"../up"], "class name '../up' cannot name a folder"),
+    ([c.encode() for c in CLASSES[:9]] + [""], "class name '' cannot name a folder"),
+    ([c.encode() for c in CLASSES[:9]] + [b"\xff"], "is not UTF-8 text"),
+    ([c.encode() for c in CLASSES[:9]], "is not a list of the ten class names"),
+    (10, "is not a list of the ten class names"),
+])
+def test_class_names_are_checked_before_anything_is_written(tmp_path, names, says):
+    folder, _ = _release(tmp_path / "src", per_batch=2)
+    _rewrite_meta(folder, names)
+    result, text = _prepare("--from", str(folder), "--data-dir", str(tmp_path / "data"))
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert text.startswith(f"error: {folder / 'batches.meta'}: ") and says in text, text  # the input, not the target
+    assert not (tmp_path / "data").exists()  # nothing written, not even the lock
+
+
+def test_a_bad_batch_names_its_file(tmp_path):
+    folder, _ = _release(tmp_path / "src", per_batch=2)
+    with open(folder / "data_batch_4", "wb") as f:
+        pickle.dump({b"labels": [0, 10], b"data": np.zeros((2, 3072), np.uint8)}, f, protocol=2)
+    result, text = _prepare("--from", str(folder), "--data-dir", str(tmp_path / "data"))
+    assert result.exit_code == 2 and text == f"error: {folder / 'data_batch_4'}: a label outside 0-9"
+    assert not (tmp_path / "data").exists()
+
+
+# ----------------------------------------------------------------------------- one build at a time (row 11)
+
+# The first build saves each JPEG a little slowly, so that the second starts while it writes: the
+# build itself is the real command's (a release of a few images is otherwise written in a blink).
+SLOW_BUILD = """
+import sys, time
+from PIL import Image
+save = Image.Image.save
+def slow(self, *args, **kwargs):
+    time.sleep(0.05)
+    return save(self, *args, **kwargs)
+Image.Image.save = slow
+from hfl_bench.cli import main
+sys.argv = ["hfl-bench", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.slow  # two processes
+@pytest.mark.timeout(300)
+def test_a_second_prepare_into_the_same_folder_is_refused_while_the_first_builds(tmp_path):
+    folder, _ = _release(tmp_path / "src", per_batch=20)
+    data = tmp_path / "data"
+    args = ["prepare", "cifar10-jpg", "--from", str(folder), "--data-dir", str(data)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (data / ".cifar10-jpg.partial").exists():  # the first is writing
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.05)
+        second = subprocess.run([sys.executable, "-m", "hfl_bench.cli", *args], capture_output=True, text=True,
+                                env=env, timeout=120)
+        out, err = first.communicate(timeout=240)
+    finally:
+        first.kill()
+    text = " ".join((second.stdout + second.stderr).split())
+    assert second.returncode == 2 and (second.stdout + second.stderr).count("\n") == 1, text
+    assert f"{data / 'cifar10-jpg'} is being built by another hfl-bench prepare (pid {first.pid}" in text
+    assert first.returncode == 0, out + err
+    built = data / "cifar10-jpg"
+    assert len(list((built / "train").rglob("*.jpg"))) == 100 and len(list((built / "test").rglob("*.jpg"))) == 20
+    assert json.loads((built / "SOURCE.json").read_text())["images"]["test"]["cat"] == 2
+    assert sorted(p.name for p in data.iterdir()) == ["cifar10-jpg"]  # no partial folder, no lock left

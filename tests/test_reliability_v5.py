@@ -4,10 +4,13 @@ failing on the code before its fix."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import hfl_bench
@@ -118,3 +121,152 @@ def test_an_optimizers_ignored_setting_at_its_default_is_one_run_with_one_hash()
     # SGD reads both: another value is another run, with another hash, as before
     assert chash(lr=0.001, momentum=0.5) != chash(lr=0.001)
     assert chash(lr=0.001, weight_decay=0.0) != chash(lr=0.001)
+# ----------------------------------------------------------------------------- 4: caches and data read as regular files
+
+# A regression would wait on the FIFO for ever (or read /dev/zero until memory runs out): the
+# timeout makes it a failure instead.
+
+
+def _replace_with(path: Path, what: str) -> None:
+    """Put a FIFO, or a symbolic link to /dev/zero, where the file ``path`` was."""
+    path.unlink()
+    if what == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", ["fifo", "dev-zero"])
+def test_the_encoder_cache_is_a_miss_with_one_warning_when_no_regular_file(tmp_path, monkeypatch, caplog, what):
+    from hfl_bench.families import pretrained
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(60, 1, 1, 12, generator=g), torch.arange(60) % 3
+    first = pretrained.pretrained_encoder(x, y, "toy", (1, 1, 12), 8, 3, 5)
+    path = pretrained.cache_path(first.facts["cache_key"])
+    _replace_with(path, what)
+    with caplog.at_level(logging.WARNING):
+        again = pretrained.pretrained_encoder(x, y, "toy", (1, 1, 12), 8, 3, 5)
+    assert again.facts["trained"] and torch.equal(again.encoder(x), first.encoder(x))
+    warned = [r.getMessage() for r in caplog.records if "encoder cache" in r.getMessage()]
+    assert len(warned) == 1 and str(path) in warned[0] and "trained again" in warned[0], warned
+    assert path.is_file() and not path.is_symlink()  # replaced by a regular cache file...
+    assert not pretrained.pretrained_encoder(x, y, "toy", (1, 1, 12), 8, 3, 5).facts["trained"]  # ...that loads
+
+
+@pytest.mark.slow  # two FedSocket runs
+@pytest.mark.timeout(300)
+def test_a_fifo_at_the_encoder_cache_path_does_not_hang_a_fedsocket_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    args = ("run", "--method", "fedsocket", "--task", "digits", "--clients", "4", "--rounds", "1",
+            "--pretrain-size", "100", "--set", "pretrain_steps=20", "--set", "warmup_epochs=0", "-q", "--json")
+    result, out, _ = invoke_cli(*args, "--out", str(tmp_path / "a"))
+    assert result.exit_code == 0, out
+    bank = json.loads(Path(json.loads(out)["record"]).read_text())["method"]["run_details"]["feature_bank"]
+    [facts] = bank["modalities"].values()
+    from hfl_bench.families import pretrained
+
+    _replace_with(pretrained.cache_path(facts["cache_key"]), "fifo")
+    result, out, _ = invoke_cli(*args, "--out", str(tmp_path / "b"))
+    assert result.exit_code == 0, out
+    record = json.loads(Path(json.loads(out)["record"]).read_text())
+    [again] = record["method"]["run_details"]["feature_bank"]["modalities"].values()
+    assert record["status"] == "ok" and again["trained"] and again["cache_key"] == facts["cache_key"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", ["fifo", "dev-zero"])
+def test_the_fingerprint_and_decode_caches_of_a_data_folder_are_misses_when_no_regular_file(
+        tmp_path, caplog, what):
+    from hfl_bench.data import FINGERPRINT_CACHE, get_task
+
+    from test_imagefolder import write_folder
+
+    write_folder(tmp_path)
+    for image in tmp_path.rglob("*.png"):  # written long ago: their hashes are cached (not "racy")
+        os.utime(image, ns=(10**18, 10**18))
+    first = get_task("imagefolder").load(tmp_path)
+    [decoded] = (tmp_path / ".hfl-bench-cache").iterdir()
+    fingerprints = tmp_path / FINGERPRINT_CACHE
+    assert fingerprints.is_file()
+    _replace_with(decoded, what)
+    _replace_with(fingerprints, what)
+    with caplog.at_level(logging.WARNING):
+        second = get_task("imagefolder").load(tmp_path)
+    assert torch.equal(second.train_x, first.train_x) and second.fingerprint == first.fingerprint
+    for cache in ("fingerprint cache", "decode cache"):
+        assert len([r for r in caplog.records if cache in r.getMessage()]) == 1, cache
+    for cache in (decoded, fingerprints):  # decoded or hashed again, and rewritten
+        assert cache.is_file() and not cache.is_symlink()
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_at_the_mnist1d_cache_is_a_miss_with_one_warning(tmp_path, caplog):
+    from hfl_bench.data import get_task
+
+    cache = tmp_path / "mnist1d" / "mnist1d-42.npz"
+    cache.parent.mkdir()
+    os.mkfifo(cache)
+    with caplog.at_level(logging.WARNING):
+        data = get_task("mnist1d").load(tmp_path)
+    assert len(data.train_x) == 4000
+    assert len([r for r in caplog.records if "mnist1d cache" in r.getMessage()]) == 1
+    assert cache.is_file()  # generated again and written in its place
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_as_a_data_file_is_one_line_exit_2(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    os.mkfifo(data / "pathmnist.npz")
+    result, out, err = invoke_cli("run", "--method", "local", "--task", "pathmnist", "--data-dir", str(data),
+                                  "--rounds", "1", "-q", "--out", str(tmp_path / "runs"))
+    text = (err or out).strip()
+    assert result.exit_code == 2 and len(text.splitlines()) == 1 and "Traceback" not in text, text
+    assert "pathmnist.npz" in text
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_at_the_metadata_index_is_a_miss_and_is_replaced(tmp_path, monkeypatch):
+    from hfl_bench import metadata_index
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = metadata_index.index_path()
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    assert metadata_index.read("some key") is None
+    assert metadata_index.write("some key", {"x": 1}) and metadata_index.read("some key") == {"x": 1}
+
+
+# ----------------------------------------------------------------------------- 5: an endpoint a suite adds
+
+
+def test_a_suite_that_adds_ensemble_runs_its_finished_cells_again_for_the_endpoint(tmp_path):
+    from hfl_bench.testing import QUICK
+
+    out = tmp_path / "records"
+    suite = {"methods": ["local"], "tasks": ["digits"], "seeds": [0], "out": str(out),
+             "settings": {"rounds": 1, "clients": 4, **QUICK}}
+    path = tmp_path / "suite.yaml"
+
+    def matrix(*extra: str) -> dict:
+        path.write_text(yaml.safe_dump(suite))
+        result, stdout, _ = invoke_cli("matrix", str(path), "--json", *extra)
+        assert result.exit_code == 0, stdout
+        [cell] = json.loads(stdout)["cells"]
+        return cell
+
+    first = matrix()
+    assert first["status"] == "ok"
+    record_file = Path(first["record"])
+    assert "ensemble" not in (json.loads(record_file.read_text())["metrics"].get("extra_endpoints") or {})
+    suite["settings"]["ensemble"] = True  # outside the config hash: the same record file
+    assert matrix("--dry-run")["status"] == "would run"
+    second = matrix()
+    assert second["status"] == "ok" and Path(second["record"]) == record_file
+    record = json.loads(record_file.read_text())
+    assert record["config"]["ensemble"] is True and "ensemble" in record["metrics"]["extra_endpoints"]
+    assert sorted(p.name for p in out.glob("*.json")) == [record_file.name]  # replaced, not beside it
+    assert matrix()["status"] == "skipped"  # now done

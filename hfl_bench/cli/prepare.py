@@ -27,7 +27,10 @@ def cifar10_jpg(
     the JPEG quality and Pillow's version. The images are encoded here, so they are not the
     project's mirror archive byte for byte: records of runs on this folder carry another data
     fingerprint and form leaderboard groups of their own. The pickles are read by an unpickler
-    that builds only what the release holds. An existing cifar10-jpg folder is never overwritten."""
+    that builds only what the release holds, and the whole release is checked (ten distinct class
+    names that can name folders, each batch's shape and labels) before anything is written. An
+    existing cifar10-jpg folder is never overwritten, and a second prepare into the same folder
+    while one builds is refused."""
     from hfl_bench.cifar_jpg import BuildError, build
     from hfl_bench.data import resolve_data_dir
 

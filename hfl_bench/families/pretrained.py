@@ -18,8 +18,10 @@ ResNet-18 in the paper; this suite is offline, so it pretrains small encoders it
   ($XDG_CACHE_HOME/hfl-bench or ~/.cache/hfl-bench). The key hashes the encoder's version, input
   shape, feature dimension and class count, the training hyperparameters and the pretraining
   data's fingerprint (sha256 of the tensors' bytes). Written atomically; each file carries the
-  sha256 of its payload, and one that fails it, does not load or holds another key is trained
-  again and overwritten, never trusted.
+  sha256 of its payload. Read only as a regular file no larger than the encoder's tensors and a
+  margin, opened non-blocking (``hfl_bench.regularfile``): a FIFO or a link to ``/dev/zero`` at
+  the path is never waited on or read. One that is not such a file, fails its sha256, does not
+  load or holds another key is named in one warning, trained again and replaced, never trusted.
 - **The linear probe** (``linear_probe``): how much the frozen features say about the labels, for
   the record: a ridge classifier fit on the features of the pretraining samples (never a
   client's), only scored on the task's test set.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +44,7 @@ from torch import nn
 
 from hfl_bench.config import canonical_json
 from hfl_bench.paths import cache_home, unseal, write_sealed
+from hfl_bench.regularfile import read_regular
 from hfl_bench.training import predict_logits
 
 # Bump when the encoder's architecture or training changes: it is part of the cache key and of
@@ -49,6 +53,8 @@ ENCODER_VERSION = "conv-1.0"
 ENCODER_SEED = 20260049
 BATCH_SIZE, LR = 64, 1e-3
 CACHE_MAGIC = b"hfl-bench encoder 1\n"
+CACHE_MARGIN = 1 << 20  # beyond the tensors' bytes: the header, torch's archive, the key
+log = logging.getLogger(__name__)
 
 
 class ConvEncoder(nn.Module):
@@ -116,23 +122,39 @@ def cache_path(key: str) -> Path:
     return cache_home() / "encoders" / f"{key}.pt"
 
 
-def _read_cache(path: Path, key: str) -> dict[str, torch.Tensor] | None:
-    """The cached state dict, or None when the file is absent, damaged (its payload's sha256
-    disagrees), unreadable or of another key: then the caller trains again."""
+def _read_cache(path: Path, key: str, limit: int) -> dict[str, torch.Tensor] | None:
+    """The cached state dict, or None when the file is absent, or is not a regular file of at most
+    ``limit`` bytes (a FIFO, a link to a device: ``regularfile``, never waited on or read past the
+    limit), or is damaged (its payload's sha256 disagrees), unreadable or of another key: then the
+    caller trains again, and a file that was there but unusable is named in one warning."""
     try:
-        blob = path.read_bytes()
-    except OSError:
+        blob = read_regular(path, limit)
+    except FileNotFoundError:
         return None
-    payload, _ = unseal(blob, CACHE_MAGIC)
+    except OSError as e:
+        return _unusable(path, e.strerror or str(e))
+    payload, problem = unseal(blob, CACHE_MAGIC)
     if payload is None:
-        return None
+        return _unusable(path, "damaged" if problem == "damaged" else "not an encoder cache file")
     try:
         obj = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
     except Exception:
-        return None
+        return _unusable(path, "it does not load")
     if not isinstance(obj, dict) or obj.get("key") != key or not isinstance(obj.get("state"), dict):
-        return None
+        return _unusable(path, "it holds another encoder")
     return obj["state"]
+
+
+def _unusable(path: Path, why: str) -> None:
+    log.warning("warning: the encoder cache %s cannot be used (%s); the encoder is trained again and the "
+                "file replaced", path, why)
+    return None
+
+
+def cache_limit(encoder: nn.Module) -> int:
+    """The most bytes a cache file of ``encoder`` may hold: its state's tensors, and a margin for
+    the header and torch's archive."""
+    return sum(t.numel() * t.element_size() for t in encoder.state_dict().values()) + CACHE_MARGIN
 
 
 def _write_cache(path: Path, key: str, encoder: nn.Module) -> None:
@@ -166,15 +188,15 @@ def pretrained_encoder(x: torch.Tensor, y: torch.Tensor, source: str, input_shap
                              "pretraining_fingerprint": fingerprint, "encoder_version": ENCODER_VERSION,
                              "cache_key": key}
     path = cache_path(key)
-    state = _read_cache(path, key)
+    with torch.random.fork_rng(devices=[]):
+        encoder = ConvEncoder(input_shape, dim)
+    state = _read_cache(path, key, cache_limit(encoder))
     if state is not None:
-        with torch.random.fork_rng(devices=[]):
-            encoder = ConvEncoder(input_shape, dim)
         try:
             encoder.load_state_dict(state)
             return PretrainedEncoder(encoder.requires_grad_(False).eval(), {**facts, "trained": False})
         except (RuntimeError, KeyError):
-            pass  # a state of another shape under this key: train again below
+            _unusable(path, "its tensors do not fit the encoder")  # another shape under this key
     start = time.perf_counter()
     encoder = train_encoder(x, y, input_shape, dim, num_classes, steps)
     seconds = time.perf_counter() - start

@@ -9,6 +9,12 @@ the file (use another ``--out``). A record without a fingerprint (written before
 recorded), or a task that cannot fingerprint its data, is trusted as before. When fingerprinting
 raises (the data is missing), the cell is run and fails the way a run without its data fails.
 
+Same output: a setting outside the config hash that adds to the record (``RECORD_EXTRAS``:
+``ensemble: true``, the extra endpoint ``ensemble``) asked for by the cell and not by the record's
+run makes the record not this cell's: the cell runs again and its record replaces the old one
+(the same run, the same config hash, with the endpoint added), so an endpoint a suite asks for is
+never silently absent.
+
 Same implementation: a method's version is not part of the config hash, so a record of the same
 setting and seed written by another version of the method (``method.version`` against the
 version this code records for the cell, ``records.registered_version``: the registered class's
@@ -39,6 +45,16 @@ from hfl_bench.recording import (
     registered_version,
 )
 
+# Settings outside the config hash that add to what a record holds (``ensemble``: an extra
+# endpoint): a record made without one is not the result of a cell that asks for it.
+RECORD_EXTRAS = ("ensemble",)
+
+
+def missing_extras(record: dict[str, Any], cell: Cell) -> list[str]:
+    """The ``RECORD_EXTRAS`` the cell asks for and its record was made without."""
+    recorded = record.get("config") or {}
+    return [name for name in RECORD_EXTRAS if getattr(cell.cfg, name, None) and not recorded.get(name)]
+
 
 @dataclass
 class Existing:
@@ -68,7 +84,7 @@ def existing_record(cell: Cell) -> Existing:
     cfg_dict = dataclasses.asdict(cell.cfg)
     same = (record.get("config_hash") == config_mod.config_hash(cfg_dict)
             and (record.get("config") or {}).get("seed") == cell.cfg.seed)
-    if not (same and record.get("status") in FINAL_STATUSES):
+    if not (same and record.get("status") in FINAL_STATUSES) or missing_extras(record, cell):
         return Existing()
     version = registered_version(cell.cfg.method, cell.cfg.method_params)
     recorded_version = other_version(record, version)
