@@ -112,8 +112,10 @@ def test_list_prints_a_markdown_table():
     result = CliRunner().invoke(app, ["list", "methods", "--format", "markdown"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
+    # refuses_faults, empty in every built-in row, is left out (issue 63); what each method needs on
+    # the quick-start task is a column of its own
     assert lines[0] == ("| name | description | fidelity | topology | transfer | single_architecture | peer_data "
-                        "| predictor | refuses_faults |")
+                        "| predictor | on_digits |")
     names = [line.split("|")[1].strip() for line in lines[2:]]
     assert set(builtin_names(METHODS)) <= set(names)
     assert CliRunner().invoke(app, ["list", "methods", "--format", "xml"]).exit_code == 2
