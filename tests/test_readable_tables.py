@@ -160,3 +160,39 @@ def test_html_takes_out_and_keeps_the_positional_form_for_now(tmp_path):
     assert "deprecated: the output folder as the first argument; write --out" in " ".join(result.output.split())
     result = CliRunner().invoke(app, ["leaderboard", "html"])
     assert result.exit_code == 2 and "--out FOLDER" in result.output
+
+
+# ----------------------------------------------------------------------------- issue 63: the first hour
+
+
+def test_show_on_a_wide_terminal_uses_its_width():
+    """A table's title is a line of its own at the terminal's width (COLUMNS, on a terminal as rich
+    sees it): as the table's title it wrapped at the table's width, DFML's narrow one-row table
+    printing its setting as a paragraph 78 columns wide."""
+    env = {"TTY_COMPATIBLE": "1", "COLUMNS": "200", "NO_COLOR": "1"}
+    result = CliRunner().invoke(app, ["leaderboard", "show", str(DIGITS)], env=env)
+    assert result.exit_code == 0, result.output
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", result.output).splitlines()  # styles (italic titles) aside
+    [start] = [i for i, x in enumerate(lines) if "models trained on" in x]
+    title = lines[start:lines.index(next(x for x in lines[start:] if x.startswith("┏")))]
+    assert len(title) == 2 and max(map(len, title)) > 150, title  # two lines of 200, not six of 78
+    assert max(len(x) for x in lines) <= 200
+
+
+def test_piped_compare_and_claims_print_a_header_row():
+    """Piped, compare and claims print one line per row: the first names the fields (issue 63)."""
+    result = CliRunner().invoke(app, ["leaderboard", "compare", str(DIGITS), "--against", "local"])
+    assert result.exit_code == 0, result.output
+    header, *rows = result.output.splitlines()
+    assert header.split(" | ")[:4] == ["section", "protocol", "A - B", "A - B [95% CI]"]
+    assert rows and all(len(r.split(" | ")) in (len(header.split(" | ")) - 1, len(header.split(" | "))) for r in rows)
+    claims = REPO / "leaderboards" / "claims.yaml"
+    result = CliRunner().invoke(app, ["leaderboard", "claims", str(claims), "--paper", "CRAD"])
+    assert result.exit_code == 0, result.output
+    header, *rows = result.output.splitlines()
+    width = len(header.split(" | "))
+    assert header.startswith("paper | claim id | ") and header.endswith(" | verdict")
+    tested = [r for r in rows if "p_holm=" in r]
+    assert tested and all(len(r.split(" | ")) == width for r in tested)  # a comparison fills every field
+    result = CliRunner().invoke(app, ["leaderboard", "claims", str(claims), "--paper", "CRAD", "--brief"])
+    assert result.output.splitlines()[0] == "paper | claim id | claim | paper's figures | verdict | tested lines"
