@@ -269,8 +269,11 @@ def compare(records: Iterable[RunRecord], against: str, methods: Iterable[str] =
     from hfl_bench.results.paired import against as paired_against
 
     groups = group(records)
-    if not any(g.method == against for g in groups):
-        raise ComparisonError(f"no records of {against} to compare against")
+    if not any(g.method == against for g in groups):  # say what is there and what to run (a notebook's first compare)
+        held = ", ".join(sorted({g.method for g in groups})) or "none"
+        raise ComparisonError(f"no records of {against} to compare against (the records hold: {held}); run "
+                              f"{against} on the same task and seeds first, e.g. hfl_bench.run(method={against!r}, "
+                              "task=..., seed=..., out=...)")
     return paired_against(groups, against, methods, figure)
 
 

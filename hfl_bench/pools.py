@@ -365,6 +365,9 @@ class ArchPool:
     name: str
     members: tuple[PoolMember, ...]
     description: str = ""
+    # True for a pool of paper-scale models (ResNet-18s) that a protocol runs on a GPU: ``run`` on a
+    # CPU says so before the first round and estimates the run's time after it.
+    gpu_sized: bool = False
 
     def assign(self, n_clients: int) -> list[PoolMember]:
         return [self.members[i % len(self.members)] for i in range(n_clients)]
@@ -437,6 +440,7 @@ register_pool(ArchPool(
     (PoolMember("resnet18_cifar", label="resnet18"), PoolMember("resnet18_half_cifar", label="resnet18-half"),
      PoolMember("cnn6")),
     "CRAD paper pool (Sec. 4.1): ResNet-18, ResNet-18 at half width, CNN-6, round-robin.",
+    gpu_sized=True,
 ))
 register_pool(ArchPool(
     "cpu",
@@ -458,4 +462,5 @@ register_pool(ArchPool(
 register_pool(ArchPool(
     "paper-resnet18", (PoolMember("resnet18_cifar", label="resnet18"),),
     "Homogeneous paper-scale pool (every client a CIFAR-stem ResNet-18), e.g. for fedavg.",
+    gpu_sized=True,
 ))

@@ -175,7 +175,9 @@ def test_load_records_group_and_compare(tmp_path):
     by_seed = {(r.method, r.seed): r.headline for r in records}
     expected = sum(by_seed["fml", s] - by_seed["local", s] for s in (0, 1)) / 2
     assert comparison.mean == pytest.approx(expected, abs=1e-4)  # rounded to 4 places
-    with pytest.raises(ValueError, match="no records of fedavg"):
+    # what is there and what to run, not just a missing name (issue 63: the README's first compare)
+    with pytest.raises(ValueError, match=r"no records of fedavg to compare against \(the records hold: fml, "
+                                         r"local\); run fedavg on the same task and seeds first"):
         hfl_bench.compare(records, against="fedavg")
     pd = pytest.importorskip("pandas")
     frame = records.to_frame()

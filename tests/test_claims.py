@@ -299,6 +299,7 @@ def test_one_papers_claims_in_brief(folder, tmp_path):
     [row] = [line for line in md.splitlines() if line.startswith("| CRAD ")]  # FedCC's claim left out
     assert row.endswith("| not yet tested (needs: a GPU) | 1 reproduced, 1 not yet tested |")
     result, out, _ = invoke_cli("leaderboard", "claims", str(path), "--paper", "FedCC", "--brief")
-    assert out.splitlines() == ["FedCC | other | A beats B | Table 1: 78.60 | contradicted | 1 contradicted"]
+    assert out.splitlines() == ["paper | claim id | claim | paper's figures | verdict | tested lines",
+                                "FedCC | other | A beats B | Table 1: 78.60 | contradicted | 1 contradicted"]
     result, _, err = invoke_cli("leaderboard", "claims", str(path), "--paper", "FedSocket")
     assert result.exit_code == 2 and "unknown paper 'FedSocket'; the claims file names 'CRAD'; 'FedCC'" in err

@@ -118,8 +118,10 @@ def test_layers_merge_and_cells_resolve_against_task_defaults(tmp_path):
 
 
 def test_unresolvable_cell_becomes_a_failed_record(tmp_path, validator):
-    suite = parse_suite({"methods": ["local"], "tasks": ["digits", "no-such-task"], "seeds": [0]})
-    cells = suite_cells(suite, out=tmp_path)
+    # A suite naming an unknown task is refused before any cell (test_misspelt_names_...); a cell
+    # that still cannot resolve (e.g. a plugin gone between the check and the cell) is a failed record.
+    cells = [resolve_cell({"method": "local", "task": t, "seed": 0, "out": str(tmp_path)})
+             for t in ("digits", "no-such-task")]
     assert cells[0].error is None
     assert cells[1].error.startswith("RegistryError: unknown task 'no-such-task'")
     [row] = run_matrix(cells[1:])  # nothing to run: written as failed straight away
@@ -128,6 +130,31 @@ def test_unresolvable_cell_becomes_a_failed_record(tmp_path, validator):
     assert _schema_errors(validator, record) == []
     assert record["task"] == {"name": "no-such-task", "version": None, "num_classes": None}
     assert record["method"]["fidelity"] == "paper"  # local is registered: its details are filled in
+
+
+@pytest.mark.parametrize("suite, line", [
+    ({"methods": ["crad", "fedmkdd"]}, r"methods: unknown method 'fedmkdd'\. Did you mean 'fedmkd'\?"),
+    ({"tasks": ["digts"]}, r"tasks: unknown task 'digts'\. Did you mean 'digits'\?"),
+    ({"settings": {"pool": "cpu-cn"}},
+     r"settings: pool: unknown architecture pool 'cpu-cn'\. Did you mean 'cpu-cnn'\?"),
+    ({"method_overrides": {"crad": [{}, {"pool": "cpu-mn"}]}},
+     r"method_overrides: crad: pool: unknown architecture pool 'cpu-mn'\. Did you mean 'cpu-mm'\?"),
+])
+def test_misspelt_names_are_one_line_before_any_cell(tmp_path, suite, line):
+    """A misspelt method, task or pool in a suite is a bad command line (issue 63): one line with the
+    registry's did-you-mean, exit 2, no folder and no record written; before, every cell of it ran
+    and failed, exit 1, and the typo was named nowhere."""
+    out = tmp_path / "out"
+    data = {"methods": ["crad"], "tasks": ["digits"], "seeds": [0], "out": str(out), "settings": {"rounds": 1},
+            **suite}
+    path = _write_suite(tmp_path / "typo.yaml", **data)
+    result, _ = _invoke(str(path))
+    assert result.exit_code == 2, result.output
+    [message] = result.output.strip().splitlines()
+    assert re.search(line, message) and message.startswith(f"error: {path}: "), message
+    assert not out.exists()
+    with pytest.raises(ConfigError, match=line):  # the API's path checks it too
+        suite_cells(load_suite(path))
 
 
 def test_the_faults_axis(tmp_path):
@@ -386,28 +413,30 @@ def test_matrix_runs_resumes_and_records_failures(tmp_path, validator, mnist1d_d
     assert _snapshot(out) == before
 
     # fedavg on the heterogeneous default pool raises a ConfigError at run time, an unknown
-    # method fails before: both become failed records, the other cells still run or skip.
-    suite2 = _write_suite(tmp_path / "failing.yaml", methods=["local", "fedavg", "no-such-method"],
+    # hyperparameter fails before: both become failed records, the other cells still run or skip.
+    suite2 = _write_suite(tmp_path / "failing.yaml", methods=["local", "fedavg", "crad"],
+                          method_overrides={"crad": {"method_params": {"no_such_param": 1}}},
                           tasks=["digits"], seeds=[0, 2], out=str(out), settings=SMALL)
     result, stdout = _invoke(str(suite2), "--json")
     assert result.exit_code == 1, result.output
     rows = {(r["method"], r["seed"]): r for r in json.loads(stdout)["cells"]}
     assert rows["local", 0]["status"] == "skipped" and rows["local", 2]["status"] == "ok"
-    for key in [("fedavg", 0), ("fedavg", 2), ("no-such-method", 0)]:
+    for key in [("fedavg", 0), ("fedavg", 2), ("crad", 0)]:
         row = rows[key]
         assert row["status"] == "failed", row
         record = json.loads(Path(row["record"]).read_text())
         assert record["status"] == "failed" and record["metrics"] is None
         assert _schema_errors(validator, record) == []
+        params = {"method_params": {"no_such_param": 1}} if key[0] == "crad" else {}
         assert Path(row["record"]).name == expected_filename(resolve_cell(
-            {**SMALL, "method": key[0], "task": "digits", "seed": key[1], "out": str(out)}).cfg)
+            {**SMALL, **params, "method": key[0], "task": "digits", "seed": key[1], "out": str(out)}).cfg)
     fedavg = json.loads(Path(rows["fedavg", 0]["record"]).read_text())
     assert fedavg["error"].startswith("ConfigError: fedavg needs one architecture")
     assert "Traceback" in fedavg["error"] and fedavg["method"]["fidelity"] == "paper"
     assert 'File "hfl_bench/engine.py"' in fedavg["error"] and not machine_paths(fedavg["error"])  # committable
-    unknown = json.loads(Path(rows["no-such-method", 0]["record"]).read_text())
-    assert unknown["method"]["fidelity"] is None and unknown["task"]["num_classes"] == 10
-    assert "unknown method 'no-such-method'" in rows["no-such-method", 0]["error"]
+    unknown = json.loads(Path(rows["crad", 0]["record"]).read_text())
+    assert unknown["method"]["fidelity"] == "paper" and unknown["task"]["num_classes"] == 10
+    assert "unknown hyperparameter(s) for method 'crad': no_such_param" in rows["crad", 0]["error"]
 
     # Failed cells are retried on a rerun; the finished ones are not. --dry-run says which.
     result, stdout = _invoke(str(suite2), "--dry-run", "--json")
@@ -415,7 +444,7 @@ def test_matrix_runs_resumes_and_records_failures(tmp_path, validator, mnist1d_d
     plan = {(r["method"], r["seed"]): r["status"] for r in json.loads(stdout)["cells"]}
     assert plan[("local", 0)] == plan[("local", 2)] == "would skip"
     assert plan[("fedavg", 0)] == "would run"  # its pool problem only shows once clients exist
-    assert plan[("no-such-method", 0)] == "would fail"
+    assert plan[("crad", 0)] == "would fail"
 
 
 def test_interrupted_cell_continues_from_its_checkpoint(tmp_path, validator):

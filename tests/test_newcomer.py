@@ -332,3 +332,72 @@ def test_list_still_works(kind):
     result = CliRunner().invoke(app, ["list", kind, "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(_stdout(result))
+
+
+# --------------------------------------------------------------------------- a GPU-sized run on a CPU (issue 63)
+
+
+def _pathmnist(root: Path, n=(90, 18, 45)) -> Path:
+    """A tiny pathmnist.npz in MedMNIST's format: uint8 N x 28 x 28 x 3 images, N x 1 uint8 labels."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for split, k in zip(("train", "val", "test"), n):
+        arrays[f"{split}_images"] = rng.integers(0, 256, size=(k, 28, 28, 3), dtype=np.uint8)
+        arrays[f"{split}_labels"] = (np.arange(k) % 9).reshape(-1, 1).astype(np.uint8)
+    root.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(root / "pathmnist.npz", **arrays)
+    return root
+
+
+def test_the_missing_pathmnist_line_says_where_the_file_comes_from_and_what_it_holds(tmp_path):
+    result = CliRunner().invoke(app, ["run", "--method", "crad", "--task", "pathmnist", "--data-dir",
+                                      str(tmp_path), "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2
+    [line] = [x for x in result.output.splitlines() if x.strip()]  # no GPU note before the missing data
+    for needle in ("https://zenodo.org/records/10519652/files/pathmnist.npz", "MedMNIST v2", "train_, val_ and "
+                   "test_images (uint8, N x 28 x 28 x 3)", "classes 0-8", "--download"):
+        assert needle in line, line
+
+
+def test_gpu_sized_note_names_a_cpu_run_only_for_a_gpu_pool_on_a_cpu(tmp_path):
+    from hfl_bench.cli.run import gpu_sized_note
+    from hfl_bench.resolved import resolve_run
+
+    data = _pathmnist(tmp_path / "data")
+
+    def cfg(**kw):
+        return resolve_run({"method": "crad", "task": "pathmnist", "data_dir": str(data), "device": "cpu",
+                            "out": str(tmp_path), **kw}).cfg
+
+    said = gpu_sized_note(cfg())
+    assert said and said.startswith("pool paper (resnet18, resnet18-half, cnn6) is sized for a GPU")
+    assert "300 rounds" in said and said.endswith("A CPU-sized run of pathmnist: --pool cpu --rounds 30")
+    assert "--pool cpu-cnn" in gpu_sized_note(cfg(method="fedavg", pool="paper-resnet18"))
+    assert gpu_sized_note(cfg(pool="cpu")) is None  # the smaller protocol says nothing
+    assert gpu_sized_note(cfg(device="cuda")) is None
+    assert gpu_sized_note(cfg(data_dir=str(tmp_path / "none"))) is None  # the missing data is the one line
+    assert gpu_sized_note(resolve_run({"method": "crad", "task": "digits", "out": str(tmp_path)}).cfg) is None
+
+
+@pytest.mark.slow  # the CLI as a process, two rounds of the paper pool on a tiny file
+def test_a_gpu_sized_run_on_a_cpu_says_so_and_estimates_then_goes_on(tmp_path):
+    """Before issue 63, pathmnist's 300-round ResNet-18 protocol started on a CPU in silence."""
+    data = _pathmnist(tmp_path / "data")
+    proc = cli("run", "--method", "local", "--task", "pathmnist", "--data-dir", str(data), "--device", "cpu",
+               "--rounds", "2", "--clients", "3", "--out", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    notes = [x for x in proc.stderr.splitlines() if x.startswith("note:")]
+    assert len(notes) == 2, proc.stderr
+    assert "sized for a GPU and this run is on the CPU: an estimate of its 2 rounds follows" in notes[0]
+    assert notes[0].endswith("A CPU-sized run of pathmnist: --pool cpu --rounds 30")
+    assert re.fullmatch(r"note: round 1 took \d+ s with the setup: about \d+ (s|min) for the 2 rounds on this CPU",
+                        notes[1]), notes[1]
+    assert len(list((tmp_path / "runs").glob("pathmnist__local__*.json"))) == 1  # and it went on to the end
+
+
+def test_duration_text():
+    from hfl_bench.cli.run import duration_text
+
+    assert [duration_text(s) for s in (0.2, 40, 90, 3600 * 5 + 25 * 60)] == ["1 s", "40 s", "2 min", "5 h 25 min"]

@@ -275,7 +275,8 @@ def test_compare_prints_plain_lines_when_piped(real, tmp_path):
                    *runs(real, "local", [60.0, 62.5, 57.25]))
     result, out, _ = invoke_cli("leaderboard", "compare", str(folder), "-m", "crad", "--against", "local")
     assert result.exit_code == 0
-    [line] = out.splitlines()
+    header, line = out.splitlines()  # piped: the header row, then one line per comparison
+    assert header.startswith("section | protocol | A - B | ")
     assert "| crad - local | +3.00 [0.52, 5.48] | n=3 | p=0.250 | p_holm=0.250 | n=3 cannot resolve at 5%" in line
     _, out1, _ = invoke_cli("leaderboard", "compare", str(folder), "-m", "crad", "--against", "local", "--digits", "1")
     assert "+3.0 [0.5, 5.5]" in out1

@@ -56,13 +56,25 @@ def test_listed_and_described_through_its_entry_point(env, tmp_path):
 
 
 def test_its_own_tests_pass(env):
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
-                           str(PACKAGE / "tests")], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    # the tutorial's command (pytest -o addopts="" ...), with pytest-xdist switched off: it needs pytest
+    # alone, which the page once did not (the repository's addopts carry -n 2)
+    page = (REPO / "docs" / "contributing" / "plugin-method.md").read_text()
+    assert '\npytest -o addopts="" examples/plugin-method/tests\n' in page
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-p", "no:xdist", "-q", "-p",
+                           "no:cacheprovider", str(PACKAGE / "tests")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "3 passed" in proc.stdout
 
 
 def test_the_tutorial_shows_the_file_ci_runs():
+    """The page holds each file as it is (docs/regenerate.py copies it; --check in CI), so it reads on
+    GitHub too, where snippet markers (--8<--) showed instead of the code."""
+    from test_docs_tables import regenerate  # docs/regenerate.py, loaded once
+
     page = (REPO / "docs" / "contributing" / "plugin-method.md").read_text()
+    assert "--8<--" not in page
     for path in ("pyproject.toml", "hfl_bench_prior/method.py", "tests/test_prior.py"):
-        assert f'--8<-- "examples/plugin-method/{path}"' in page  # included at build time, never copied
+        name = f"examples/plugin-method/{path}"
+        block = f"<!-- included from: {name} -->\n{regenerate.included(name)}<!-- end included -->"
+        assert block in page, f"{name}: the page's copy differs from the file (python docs/regenerate.py)"

@@ -85,7 +85,8 @@ def list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
             row.update(description=card.summary, fidelity=card.fidelity, topology=card.topology,
                        transfer=card.transfer, single_architecture=card.single_architecture,
                        peer_data=card.peer_data, predictor=card.predictor, refuses_faults=sorted(card.refuses_faults),
-                       version=card.version, presets={n: dict(v) for n, v in card.presets.items()})
+                       version=card.version, presets={n: dict(v) for n, v in card.presets.items()},
+                       on_digits=quick_start_text(card))
         if kind == "tasks":
             info = obj.info
             row.update(version=info.version, classes=info.num_classes, input=list(info.input_shape),
@@ -100,6 +101,18 @@ def list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
         row["origin"] = registry.origin(name)
         rows.append(row)
     return rows
+
+
+def quick_start_text(card: Any) -> str:
+    """What the method needs to run on the quick-start task (digits, the task of its smoke run):
+    "runs" with no flag, else the flags its declared requirements call for, read from the card (a
+    public set for a method that reads one, a one-architecture pool, the smoke run's pretraining
+    split), never typed by hand. tests/test_readme.py checks it against real runs."""
+    smoke = card.smoke_config()
+    needs = [f"--public-size {smoke['public_size']}"] if card.needs_public and smoke["public_size"] else []
+    needs += [f"--pool {smoke['pool']}"] if card.single_architecture and smoke["pool"] else []
+    needs += [f"--pretrain-size {smoke['pretrain_size']}"] if smoke.get("pretrain_size") else []
+    return "needs " + " ".join(needs) if needs else "runs"
 
 
 def _type_name(f: dataclasses.Field) -> str:
@@ -226,6 +239,16 @@ def shown_by_default(kind: str, column: str) -> bool:
     return column not in ON_REQUEST and f"{kind}.{column}" not in ON_REQUEST
 
 
+def _empty(v: Any) -> bool:
+    return v is None or v == "" or (isinstance(v, (list, dict)) and not v)
+
+
+def _filled(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
+    """``columns`` less those no row fills (e.g. ``refuses_faults`` where no method refuses a fault
+    kind): a default view shows no column empty in every row; --columns and --json still give it."""
+    return [c for c in columns if any(c in r and not _empty(r[c]) for r in rows)] or columns[:1]
+
+
 def select_columns(kind: str, rows: list[dict[str, Any]], columns: list[str]) -> list[dict[str, Any]]:
     """``rows`` with only ``columns``, in that order (``list --columns``); ConfigError, one line
     naming the known columns, for one no row has."""
@@ -243,6 +266,8 @@ def list_view(kind: str, rows: list[dict[str, Any]], columns: list[str] | None =
     else:
         rows = [{c: v for c, v in row.items() if shown_by_default(kind, c)} for row in rows]
     rows = [_table_row(row) for row in rows]
+    if columns is None:
+        rows = [{c: row[c] for c in _filled(rows, list(row))} for row in rows]
     columns = list(rows[0].keys()) if rows else ["name"]
     return [_table(kind, [_column(c, no_wrap=c not in WRAPPED, overflow="fold" if c in WRAPPED else "ellipsis",
                                   one_line=c == "input") for c in columns],
@@ -272,6 +297,7 @@ def markdown_list(rows: list[dict[str, Any]], kind: str = "", columns: list[str]
         columns = [c for c in (rows[0].keys() if rows else ["name"]) if shown_by_default(kind, c)]
         for row in rows:  # a column only some rows have (a task's modalities) goes last
             columns += [c for c in row if c not in columns and shown_by_default(kind, c)]
+        columns = _filled(rows, columns)
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(markdown_cell(_markdown_value(r[c], c)) if c in r else "" for c in columns) + " |"
               for r in rows]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from hfl_bench.cli.options import BenchCommand, BenchGroup
-from hfl_bench.cli.output import err, fail, note, output_format, plain, spelled_for, wide_out
+from hfl_bench.cli.output import err, fail, note, output_format, plain, print_titled, spelled_for, wide_out
 from hfl_bench.results.text import ascii_spelled, markdown_cell, terminal
 
 # The results layer (and numpy under it) is imported inside each command, so that `hfl-bench
@@ -234,7 +234,7 @@ def _print_table(rows: list[dict[str, Any]], columns: tuple[str, ...], title: st
             caption = f"left out to fit {console.width} columns: {', '.join(left_out)} (--columns chooses)"
     title = "; ".join(x for x in (title, legend) if x)
     encoding = console.encoding or "utf-8"
-    console.print(to_rich(rows, columns, ascii_spelled(title, encoding), ascii_spelled(caption, encoding)))
+    print_titled(console, to_rich(rows, columns, ascii_spelled(title, encoding), ascii_spelled(caption, encoding)))
 
 
 def _print_rank(ranked: list[dict[str, Any]], unranked: list[dict[str, Any]], fmt: str,
@@ -381,9 +381,19 @@ def _print_tables(tables: list, figure: str, digits: int, fmt: str) -> None:
         sys.stdout.write(markdown_tables(tables, figure, digits))
     elif wide_out().is_terminal:
         for table in rich_tables(tables, figure, digits):
-            wide_out().print(table)
+            print_titled(wide_out(), table)
     else:
-        sys.stdout.write(plain_lines(tables, digits))
+        lines = plain_lines(tables, digits)
+        sys.stdout.write((COMPARE_HEADER + "\n" + lines) if lines else lines)
+
+
+# The header row of the plain lines (piped output): the name of each " | " field, in order (a
+# comparison's notes, where it has any, last).
+COMPARE_HEADER = "section | protocol | A - B | A - B [95% CI] | n | p sign-flip | p Holm | verdict | notes"
+# claims' plain lines: a claim's own line fills paper, claim id, the test, verdict; each of its
+# comparisons every field
+CLAIMS_HEADER = ("paper | claim id | CPU-scale test: A - B | records, task | figure | n | A, B (means) | "
+                 "A - B [95% CI] | p Holm | verdict")
 
 
 def _check_endpoint(groups: list, methods: set, endpoint: Optional[str], flag: str) -> None:
@@ -441,7 +451,11 @@ def claims(
     elif fmt == "markdown":
         sys.stdout.write(brief_markdown(results) if brief else markdown(results, digits))
     else:
-        sys.stdout.write(brief_lines(results) if brief else plain_lines(results, digits))
+        from hfl_bench.results.claims_view import BRIEF_COLUMNS
+
+        lines = brief_lines(results) if brief else plain_lines(results, digits)
+        header = " | ".join(BRIEF_COLUMNS) if brief else CLAIMS_HEADER
+        sys.stdout.write((header + "\n" + lines) if lines else lines)
 
 
 @app.command(cls=BenchCommand)

@@ -114,7 +114,7 @@ def matrix(
     from hfl_bench.matrix.executors import executor_options
     from hfl_bench.matrix.gpus import parse_cells_per_gpu
     from hfl_bench.matrix.runner import count_statuses, dry_run_row, exit_code, run_matrix, throughput
-    from hfl_bench.matrix.suite import load_suite, parse_seeds, suite_cells
+    from hfl_bench.matrix.suite import check_names, load_suite, parse_seeds, suite_cells
     from hfl_bench.paths import check_out_dir
 
     # The flags given, by options field; the executor's options dataclass takes them or says which
@@ -134,6 +134,7 @@ def matrix(
         suite = load_suite(suite_file)
         if seeds is not None:
             suite = dataclasses.replace(suite, seeds=list(parse_seeds(seeds)))
+        check_names(suite, str(suite_file))  # a misspelt name: one line, before any folder or record is made
         folder = out_dir if out_dir is not None else Path(suite.out)
         check_out_dir(folder, create=not dry_run)  # a file or an unwritable folder: refused before any cell
         cells = suite_cells(suite, out_dir)

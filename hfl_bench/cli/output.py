@@ -90,6 +90,18 @@ def spelled_for(console: Console, rows: list[dict[str, Any]]) -> list[dict[str, 
     return [{k: ascii_spelled(v, encoding) if isinstance(v, str) else v for k, v in r.items()} for r in rows]
 
 
+def print_titled(console: Console, table: Any) -> None:
+    """A rich table with its title above and its caption below as lines of their own, wrapped at the
+    console's width: as the table's own they wrap at the table's width, and a narrow table (one row
+    of DFML) printed its title as a paragraph 78 columns wide on a wide terminal."""
+    above, below, table.title, table.caption = table.title, table.caption, None, None
+    if above:
+        console.print(above, style="table.title", highlight=False)
+    console.print(table)
+    if below:
+        console.print(below, style="table.caption", highlight=False)
+
+
 def wide_out() -> Console:
     """stdout for wide tables: piped or captured output gets 200 columns unless COLUMNS says
     otherwise (a terminal keeps its own width)."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -94,11 +95,19 @@ def run(
         # checked, resolved and named once (``resolve_run``), before torch is even imported
         resolved = _resolve(build_config(config_file, flags, sets))
         show_progress = not (quiet or as_json)
+        done.sized = gpu_sized_note(resolved.cfg)
+
+        def started() -> None:
+            _say_checkpoint(resolved.checkpoint_path, resume)
+            done.start()
+
         with _progress(show_progress, resolved.cfg.method, resolved.cfg.task, resolved.cfg.rounds) as update:
             # the claim, the same-data check, the run, the atomic write (``runpath``)
-            outcome = runpath.run_resolved(resolved, progress=done.tracking(update), resume=resume,
-                                           trackers=trackers, threads=threads,
-                                           started=functools.partial(_say_checkpoint, resolved.checkpoint_path, resume))
+            try:
+                outcome = runpath.run_resolved(resolved, progress=done.tracking(update), resume=resume,
+                                               trackers=trackers, threads=threads, started=started)
+            finally:
+                done.stop()
     except USER_ERRORS as e:
         fail(str(e))
     except KeyboardInterrupt:
@@ -147,18 +156,96 @@ def _resolve(settings: dict[str, Any]) -> ResolvedRun:
 
 
 class _Rounds:
-    """The last round a run completed (for the line Ctrl-C prints)."""
+    """The last round a run completed (for the line Ctrl-C prints); for a GPU-sized run on a CPU
+    (``sized``: the note said before the run), the time the whole run will take, after the first
+    round it ran."""
 
     def __init__(self):
         self.last: Optional[int] = None
+        self.sized: Optional[str] = None
+        self.t0: Optional[float] = None
+        self._said = threading.Lock()  # held once the note is said (or the run ended first)
+        self._timer: Optional[threading.Timer] = None
+
+    def start(self) -> None:
+        """The run's checks passed: the GPU-sized note is said after ``SIZED_NOTE_AFTER_S`` or at the
+        first round, whichever comes first, so a run that stops at its data (missing, corrupt) first
+        says only that, in one line."""
+        if self.sized:
+            self.t0 = time.perf_counter()
+            self._timer = threading.Timer(SIZED_NOTE_AFTER_S, self._say)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _say(self) -> None:
+        if self.sized and self._said.acquire(blocking=False):
+            note("note:", self.sized)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._said.acquire(blocking=False)  # nothing said after the run
 
     def tracking(self, update: Optional[Callable]) -> Callable:
         def progress(rnd: int, total: int, entry: dict[str, Any]) -> None:
+            first = self.last is None
             self.last = rnd
+            if first and self.t0 is not None:
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._say()
+                took = time.perf_counter() - self.t0
+                left = total - rnd + 1  # a resumed run: the rounds still to run, this one included
+                note("note:", f"round {rnd} took {duration_text(took)} with the setup: about "
+                              f"{duration_text(took * left)} for {'the' if left == total else 'its'} {left} "
+                              f"round{'s' if left != 1 else ''} on this CPU")
             if update is not None:
                 update(rnd, total, entry)
 
         return progress
+
+
+# The CPU-sized protocol a GPU-sized run is pointed to: the CPU tasks' pools and digits' rounds.
+CPU_ROUNDS = 30
+# A GPU-sized run on a CPU says so this long after its checks passed (or at its first round if
+# sooner): long enough for a missing or corrupt data file to be its one line, short beside a round.
+SIZED_NOTE_AFTER_S = 10.0
+
+
+def _on_cpu(device: str) -> bool:
+    if device == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return device == "cpu"  # cuda or cuda:N without one is the engine's one-line error
+
+
+def gpu_sized_note(cfg: config_mod.RunConfig) -> Optional[str]:
+    """The line a run prints before its first round when its pool is sized for a GPU
+    (``ArchPool.gpu_sized``, e.g. the paper pool of pathmnist's and CIFAR's defaults) and it runs
+    on the CPU, naming a CPU-sized run of the task; None otherwise."""
+    from hfl_bench.data import get_task, resolve_data_dir
+    from hfl_bench.pools import get_pool
+
+    pool = get_pool(cfg.pool)
+    if not pool.gpu_sized or not _on_cpu(cfg.device):
+        return None
+    files = get_task(cfg.task).data_files(resolve_data_dir(cfg.data_dir))
+    if not cfg.download and not all(f.is_file() for f in files):
+        return None  # the run stops at the missing data, with its one line
+    members = ", ".join(dict.fromkeys(m.name for m in pool.members))
+    smaller = "cpu-cnn" if pool.homogeneous else "cpu"
+    return (f"pool {pool.name} ({members}) is sized for a GPU and this run is on the CPU: an estimate of its "
+            f"{cfg.rounds} round{'s' if cfg.rounds != 1 else ''} follows the first one. A CPU-sized run of "
+            f"{cfg.task}: --pool {smaller} --rounds {CPU_ROUNDS}")
+
+
+def duration_text(seconds: float) -> str:
+    """``5 h 25 min``, ``12 min``, ``40 s``: a duration as an estimate reads."""
+    if seconds < 60:
+        return f"{max(1, round(seconds))} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
 def _interrupted_at(resolved: Optional[ResolvedRun], done: _Rounds) -> str:

@@ -16,7 +16,8 @@ ones. Nothing one cell raises, while running or while its record is built or wri
 others: the cell becomes a ``status: "failed"`` record (a record ``--out`` cannot take goes to
 ``paths.unsaved_dirs()``, and the summary says where) and the matrix goes on. Method and task
 names must be able to name files (``paths.NAME_PATTERN``): a suite naming ``x/../../elsewhere``
-is refused when it is read. Pool workers die with the driver; Ctrl-C stops every cell and the
+is refused when it is read, and one naming an unregistered method, task or pool before its first
+cell (``suite.check_names``). Pool workers die with the driver; Ctrl-C stops every cell and the
 same command continues.
 
 Suite format::

@@ -268,10 +268,35 @@ def merge_settings(*layers: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _pools(suite: Suite) -> list[tuple[str, str]]:
+    """Every architecture pool the suite names, with where: its settings, a task's or a method's
+    override (or one of a method's variants)."""
+    layers = [("settings", suite.settings)]
+    layers += [(f"task_overrides: {t}", o) for t, o in suite.task_overrides.items()]
+    for m, o in suite.method_overrides.items():
+        layers += [(f"method_overrides: {m}", v) for v in (o if isinstance(o, list) else [o])]
+    return [(where, layer["pool"]) for where, layer in layers if isinstance(layer.get("pool"), str)]
+
+
+def check_names(suite: Suite, where: str = "") -> None:
+    """Every method, task and pool the suite names is registered: the first that is not is one
+    ConfigError with the registry's did-you-mean line, before any cell runs or any record is
+    written (a typo is a bad command line, not a column of failed cells)."""
+    from hfl_bench.registry import METHODS, POOLS, TASKS
+
+    where = f"{where or 'suite ' + suite.name}: "
+    named = [("methods", METHODS, n) for n in suite.methods] + [("tasks", TASKS, n) for n in suite.tasks]
+    named += [(f"{w}: pool", POOLS, n) for w, n in _pools(suite)]
+    for key, registry, name in named:
+        if name not in registry:
+            raise ConfigError(f"{where}{key}: {registry.unknown_message(name)}")
+
+
 def suite_cells(suite: Suite, out: str | Path | None = None) -> list[Cell]:
     """Every cell, task by task, fault setting by fault setting (in the suite's order, so the
     runs without faults, listed first, finish first), method by method, seed by seed (the
-    summary's order)."""
+    summary's order). An unregistered method, task or pool is refused first (``check_names``)."""
+    check_names(suite)
     folder = str(out if out is not None else suite.out)
     n = len(suite.tasks) * len(suite.faults) * len(suite.methods) * len(suite.seeds)
     if n > MAX_CELLS:  # before any cell is built (each resolves its task)
