@@ -24,8 +24,8 @@ Rerun (resumable: a case already in the JSON is skipped; ``--force`` reruns all)
     export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
     python benchmarks/one_class_ensemble_study.py        # about 2 min a case on a 2-core CPU
 
-Writes ``benchmarks/results/one-class-ensemble.json``; ``docs/studies/one-class-ensemble.md``
-reads it.
+Writes ``benchmarks/results/one-class-ensemble.json``; ``--table`` prints the study page's table
+from it (``docs/studies/one-class-ensemble.md``), running nothing.
 """
 
 from __future__ import annotations
@@ -87,10 +87,27 @@ def probe(method: str, seed: int, optimizer: dict, method_params: dict) -> dict:
             "models": models}
 
 
+def table(study: dict) -> str:
+    """The study page's table: one row per case, from the JSON."""
+    rows = ["| case | config hash | ensemble, record (last round) | ensemble, recomputed | classes the ensemble "
+            "predicts (of 1,000 test inputs) | constant models | of which less sure on their own class |",
+            "|---|---|---|---|---|---|---|"]
+    for name, c in study["cases"].items():
+        predicted = ", ".join(f"{k}: {n}" for k, n in enumerate(c["ensemble_predicted_classes"]) if n)
+        rows.append(f"| {name} | `{c['config_hash']}` | {c['ensemble_global_acc_last_round_record']} | "
+                    f"{c['ensemble_global_acc_recomputed']} | {predicted} | {c['constant_models']} of "
+                    f"{len(c['models'])} | {c['constant_models_less_sure_on_own_class']} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--force", action="store_true", help="rerun the cases already in the JSON")
+    ap.add_argument("--table", action="store_true", help="print the study page's table from the JSON and exit")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(OUT.read_text())))
+        return
     torch.set_num_threads(1)
     done = json.loads(OUT.read_text()) if OUT.exists() and not args.force else {}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -88,6 +88,8 @@ class MSFKD(Method):
             "both steps use the client's own optimizer: the suite's SGD (the config's lr, momentum, weight decay, "
             "clipping norm)",
             "budget: one public-set epoch per round on top of the suite's local epochs",
+            "at one class per client its --ensemble endpoint (the plain mean of softmaxes) can score below chance: "
+            "measured, not a defect (docs/studies/one-class-ensemble.md)",
         ),
     )
     Params = MSFKDParams
