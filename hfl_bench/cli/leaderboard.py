@@ -205,6 +205,9 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
         for label, part in by_section(rows):  # one table per setting section: the rows that compete
             _print_table(part, chosen or table_columns() + vs_columns, f"setting: {section_title(label)}",
                          chosen=chosen is not None)
+        for g in board.groups:  # which copy of a seed recorded twice counted, as markdown and the site say
+            if g.copies_note:
+                wide_out().print(plain(f"note: {g.copies_note}"), highlight=False)
     else:
         wide_out().print("no reproduced records match", highlight=False)
     if unmatched:
