@@ -448,6 +448,32 @@ def claims(
 
 
 @app.command(cls=BenchCommand)
+def provenance(
+    paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (plain text), markdown or json."),
+):
+    """Say in one sentence where the reproduced records came from: how many ran from which commit,
+    from a clean tree or one with uncommitted changes, on which kind of processor (and whose records
+    each part holds). README's results paragraph embeds it (docs/regenerate.py), so that sentence
+    is the records', never typed."""
+    from hfl_bench.results.board import board_records
+    from hfl_bench.results.loading import ResultsError, load_records
+    from hfl_bench.results.sources import provenance_sentence
+
+    fmt = output_format(fmt, False, COMPARE_FORMATS)
+    try:
+        loaded, _ = load_records(_paths(paths))
+    except ResultsError as e:
+        fail(str(e))
+    records, _ = board_records(loaded)
+    sentence = provenance_sentence(records)
+    if fmt == "json":
+        print(json.dumps({"provenance": sentence}))
+    else:
+        print(markdown_cell(sentence) if fmt == "markdown" else terminal(sentence))
+
+
+@app.command(cls=BenchCommand)
 def schema(
     version: Optional[str] = typer.Option(None, "--version", help="A schema version (default: the current one).",
                                           show_default=False),
