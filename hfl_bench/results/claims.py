@@ -1,7 +1,11 @@
 """The claims page: each headline claim of the seed papers, tested on the suite's records.
 
 A claims file (``leaderboards/claims.yaml``) lists claims: an id, the paper, the claim, the
-paper's figures, what a test needs where the records are not there yet (``needs``), and the test,
+paper's figures, its **setting match** (``setting``: ``paper``, the paper's setting; ``proxy``, a
+proxy of the same experiment, with ``differs``: what differs, task, scale, N, rounds, figure; or
+``other``, another experiment family, with ``differs``: why), the statistic the paper reports
+(``paper_figure``: ``selected``, the round of the best mean validation accuracy, or ``final``),
+what a test needs where the records are not there yet (``needs``), and the test,
 as data: a list of ``comparisons`` or a ``trend`` (one, or a list: one per task, say; Holm runs
 over them as over comparisons), or neither (a claim the suite cannot test
 yet). Every text is data, shown escaped; a records folder is a path relative to the claims file's
@@ -31,14 +35,23 @@ is the last level's differences against the first's, Welch's t-test
 (``scipy.stats.ttest_ind``, ``equal_var=False``: the partitions differ between values, so nothing
 pairs across them), its 95% interval and two-sided p; beside it the ratio mean A / mean B at
 each value (the paper's "factor"), and ``mixed hosts`` where the records it reads ran on more than
-one kind of processor, within a level or between levels.
+one kind of processor, within a level or between levels, ``uncommitted`` where some ran from a tree
+with uncommitted changes (a comparison's row says both through ``paired_view.notes``). A trend with
+``statistic: ratio`` tests the per-seed ratios A / B instead of the differences (a paper's factor).
+
+**The paper's figure.** Where ``paper_figure`` is not the headline's statistic (``selected``), each
+test is run again at it, Holm over those alike (``Result.at_paper``), and shown beside the
+headline's; the verdict stays the headline's, and a row whose verdict there differs says so.
 
 **Verdicts.** A comparison (or trend) is *reproduced* when its 95% interval excludes 0 on the
 claimed side (A - B > 0) and its Holm-adjusted p < 0.05; *contradicted* when the interval excludes
 0 on the other side and the adjusted p < 0.05; *not resolved* otherwise; *not yet tested* where
-the records hold no group for a side or no paired seed. A claim is contradicted when any of its
-comparisons is; else not yet tested when any is; reproduced when all are; else not resolved; a
-claim with no test is not yet tested (its ``needs`` says what it takes). A CPU-scale test checks
+the records hold no group for a side or no paired seed; *n cannot resolve* where a comparison has
+fewer than ``paired.MIN_RESOLVABLE`` (6) paired seeds or a trend fewer at its first or last level
+(no sign-flip p could reach 0.05; the same bar for both). A claim is contradicted when any of its
+comparisons is; else not yet tested when any is; n cannot resolve when all are; reproduced when all
+are; else not resolved; a claim with no test is not yet tested (its ``needs`` says what it takes).
+A verdict is shown with its setting where that is not the paper's (``verdict_label``). A CPU-scale test checks
 the direction and the mechanism of a claim, not the paper's absolute figure.
 """
 
