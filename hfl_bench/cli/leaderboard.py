@@ -311,7 +311,7 @@ def compare(
 ):
     """Paired comparisons A - B within each protocol both ran (B: --against, local by default):
     records paired by seed (a pair must
-    share its partition hash; other seeds are dropped and counted, mixed hosts marked), the mean
+    share its partition hash; other seeds are dropped and counted; mixed hosts and uncommitted trees marked), the mean
     difference with its 95% t-interval, the exact sign-flip p-value and its Holm adjustment over the
     comparisons of one table; "resolved" when the interval excludes zero and the Holm-adjusted p is
     below 0.05 ("n=N cannot resolve at 5%" where no outcome could). Groups of two setting
@@ -421,13 +421,19 @@ def claims(
     the suite's CPU-scale test (records folder, task, figure, seeds n, the difference A - B with its
     95% interval and Holm-adjusted p) and a verdict: reproduced (the interval excludes 0 in the
     claimed direction and the Holm-adjusted p < 0.05), contradicted (excludes 0 the other way, p <
-    0.05), not resolved, or not yet tested (no records yet; the claims file says what it needs).
-    Comparisons are paired by seed, Holm over the comparisons of one claim; a claim is contradicted
-    when any of its comparisons is, reproduced when all are. A trend (an advantage that widens as
-    the pool grows or the label skew gets more severe) compares the per-seed differences at the
-    last level the claim lists with those at the first (Welch's t-test), marked mixed hosts where
-    its records ran on more than one kind of processor. A CPU test checks direction and
-    mechanism, not the paper's absolute figure. A bad claims file is one line, exit 2."""
+    0.05), not resolved, n cannot resolve (fewer than six paired seeds, a trend's level included),
+    or not yet tested (no records yet; the claims file says what it needs). Each verdict says the
+    setting it was reached in where that is not the paper's ("contradicted on a proxy",
+    "reproduced, other experiment"; the claim's setting match says what differs). Where the paper
+    reports the selected round, each comparison's test at that figure stands beside the headline's,
+    and a row whose verdict there differs says so. Comparisons are paired by seed, Holm over the
+    comparisons of one claim; a claim is contradicted when any of its comparisons is, reproduced
+    when all are. A trend (an advantage that widens as the pool grows or the label skew gets more
+    severe) compares the per-seed differences (or ratios) at the last level the claim lists with
+    those at the first (Welch's t-test). Rows say mixed hosts where their records ran on more than
+    one kind of processor, uncommitted where some ran from a tree with uncommitted changes. A CPU
+    test checks direction and mechanism, not the paper's absolute figure. A bad claims file is one
+    line, exit 2."""
     from hfl_bench.results.claims import ClaimsError, evaluate
     from hfl_bench.results.claims_view import brief_lines, brief_markdown, claims_json, markdown, plain_lines
     from hfl_bench.results.loading import ResultsError
