@@ -21,7 +21,8 @@ BASE = [60.0, 60.5, 60.0, 61.0, 60.0, 61.0]  # UP - BASE: +2.0 +2.5 +1.5 +3.0 +2
 
 
 def claim(cid: str = "c1", **test) -> dict:
-    return {"id": cid, "paper": "CRAD", "claim": "A beats B", "figures": "Table 1: 78.60", "needs": "a GPU", **test}
+    return {"id": cid, "paper": "CRAD", "claim": "A beats B", "figures": "Table 1: 78.60", "setting": "paper",
+            "paper_figure": "final", "needs": "a GPU", **test}
 
 
 def one(a: dict, b: dict, records: str = "reproduced/runs") -> dict:
@@ -85,7 +86,8 @@ def test_absent_records_are_not_yet_tested_with_what_they_need(folder, tmp_path)
     assert got["untestable"]["verdict"] == "not yet tested" and got["untestable"]["results"] == []
     assert got["no-variant"]["results"][0]["notes"] == ["no records of crad [aggregator=crad-lcb] yet"]
     _, md, _ = invoke_cli("leaderboard", "claims", str(path), "--format", "markdown")
-    assert "| untestable | A beats B | Table 1: 78.60 | none yet |" in md and "not yet tested (needs: a GPU) |" in md
+    assert "| untestable | A beats B | Table 1: 78.60 | paper | none yet |" in md
+    assert "not yet tested (needs: a GPU) |" in md
 
 
 def test_a_side_reads_its_own_figure(real, tmp_path):  # noqa: F811
@@ -188,7 +190,7 @@ def test_text_from_the_claims_file_is_escaped(folder, tmp_path):
     assert result.exit_code == 0
     row = next(line for line in md.splitlines() if line.startswith("| c1 "))
     assert "A \\| B &lt;b&gt;x&lt;/b&gt; \\[link\\](http://x)" in row
-    assert row.count(" | ") == 10  # eleven cells: the claim's text added none
+    assert row.count(" | ") == 12  # thirteen cells: the claim's text added none
     assert "| 62.75, 60.42 | +2.33 \\[1.79, 2.88\\] |" in row  # each side's mean over the paired seeds, then A - B
 
 
@@ -299,7 +301,7 @@ def test_one_papers_claims_in_brief(folder, tmp_path):
     [row] = [line for line in md.splitlines() if line.startswith("| CRAD ")]  # FedCC's claim left out
     assert row.endswith("| not yet tested (needs: a GPU) | 1 reproduced, 1 not yet tested |")
     result, out, _ = invoke_cli("leaderboard", "claims", str(path), "--paper", "FedCC", "--brief")
-    assert out.splitlines() == ["paper | claim id | claim | paper's figures | verdict | tested lines",
-                                "FedCC | other | A beats B | Table 1: 78.60 | contradicted | 1 contradicted"]
+    assert out.splitlines() == ["paper | claim id | claim | paper's figures | setting match | verdict | tested lines",
+                                "FedCC | other | A beats B | Table 1: 78.60 | paper | contradicted | 1 contradicted"]
     result, _, err = invoke_cli("leaderboard", "claims", str(path), "--paper", "FedSocket")
     assert result.exit_code == 2 and "unknown paper 'FedSocket'; the claims file names 'CRAD'; 'FedCC'" in err

@@ -146,8 +146,8 @@ def test_invalid_records_are_listed_never_averaged(real_record, tmp_path):
 
 
 def test_duplicate_record_ids_resolve_by_date_then_path(real_record, tmp_path):
-    """The same record_id and date in two files: the lexicographically greatest path counts,
-    whatever order the files are listed or found in; a newer date beats any path."""
+    """The same record_id and date in two files: the lexicographically smallest path counts,
+    whatever order the files are listed or found in; an earlier date beats any path."""
     from hfl_bench.results.grouping import group_seeds
     from hfl_bench.results.loading import load_records
 
@@ -160,16 +160,16 @@ def test_duplicate_record_ids_resolve_by_date_then_path(real_record, tmp_path):
     for order in (["a", "b"], ["b", "a"]):
         loaded, _ = load_records([folder / o for o in order])
         [g] = group_seeds(loaded if order == ["a", "b"] else list(reversed(loaded)))
-        assert [r.path.parent.name for r in g.ok] == ["b"] and len(g.duplicates) == 1
+        assert [r.path.parent.name for r in g.ok] == ["a"] and len(g.duplicates) == 1
         board = show_json(*[str(folder / o) for o in order])
-        assert group(board, "crad")["global_acc"]["mean"] == 70.0
+        assert group(board, "crad")["global_acc"]["mean"] == 50.0
     newer = dict(copy.deepcopy(same), date="2999-01-01T00:00:00+00:00")
     (folder / "a" / "x.json").write_text(json.dumps(newer))
-    assert group(show_json(str(folder)), "crad")["global_acc"]["mean"] == 50.0
-    # Dates are compared as instants, not as text: 01:00+01:00 is 00:00 UTC, older than 00:30Z.
+    assert group(show_json(str(folder)), "crad")["global_acc"]["mean"] == 70.0
+    # Dates are compared as instants, not as text: 01:00+01:00 is 00:00 UTC, earlier than 00:30Z.
     (folder / "a" / "x.json").write_text(json.dumps(dict(same, date="2030-01-01T01:00:00+01:00")))
     (folder / "b" / "x.json").write_text(json.dumps(dict(copy_b, date="2030-01-01T00:30:00+00:00")))
-    assert group(show_json(str(folder)), "crad")["global_acc"]["mean"] == 70.0
+    assert group(show_json(str(folder)), "crad")["global_acc"]["mean"] == 50.0
 
 
 def test_data_fingerprints_split_groups(real_record, tmp_path):
@@ -193,10 +193,10 @@ def test_one_seed_has_no_sd(real_record, tmp_path):
     assert code == 0 and "| 70.00 ± - |" in md
 
 
-def test_groups_by_setting_and_newest_of_a_rerun_seed(real_record, tmp_path):
+def test_groups_by_setting_and_earliest_of_a_rerun_seed(real_record, tmp_path):
     folder = write(tmp_path / "runs",
-                   variant(real_record, 0, 50.0, date="2026-01-01T00:00:00+00:00"),
-                   variant(real_record, 0, 54.0, date="2026-02-01T00:00:00+00:00"),  # rerun: newer wins
+                   variant(real_record, 0, 54.0, date="2026-01-01T00:00:00+00:00"),
+                   variant(real_record, 0, 50.0, date="2026-02-01T00:00:00+00:00"),  # rerun: the first stands
                    variant(real_record, 1, 56.0),
                    variant(real_record, 0, 80.0, method="uniform-kd"))
     board = show_json(str(folder))

@@ -64,14 +64,14 @@ def record(seed: int, status: str = "ok", date: str = "2026-01-01T00:00:00+00:00
 @pytest.fixture
 def folder(tmp_path) -> Path:
     """Setting A: seeds 0 and 1, seed 2 with another checkpoint_every (not part of the setting),
-    seed 1 run again later with another checkpoint_every (the newer counts), a failed seed 3.
+    seed 1 run twice with another checkpoint_every (the earlier-written counts), a failed seed 3.
     Setting B: A with another learning rate (part of the setting)."""
     assert "checkpoint_every" in NON_SEMANTIC
     records = {
         "a0.json": record(0),
-        # listed first, but older: first-found-wins would keep it
-        "a1-first.json": record(1),
-        "a1-second.json": record(1, date="2026-02-01T00:00:00+00:00", acc=70.0, checkpoint_every=0),
+        # listed first, but written later: first-found-wins would keep it
+        "a1-first.json": record(1, date="2026-02-01T00:00:00+00:00"),
+        "a1-second.json": record(1, acc=70.0, checkpoint_every=0),
         "a2-checkpointed.json": record(2, checkpoint_every=1),
         "a3-failed.json": record(3, status="failed"),
         "b0.json": record(0, lr=0.05),
@@ -104,7 +104,7 @@ def test_leaderboard_and_plots_group_the_same_records_the_same_way(folder):
     assert board == drawn
     a = config_hash(dataclasses.asdict(RunConfig(method="crad", task="digits", pool="cpu", partition="dirichlet",
                                                  alpha=0.3, clients=4, rounds=2)))
-    assert board[f"{a}@1.0"] == ["a0.json", "a1-second.json", "a2-checkpointed.json"]  # seeds 0, 1 (newest), 2
+    assert board[f"{a}@1.0"] == ["a0.json", "a1-second.json", "a2-checkpointed.json"]  # seeds 0, 1 (earliest), 2
     assert [names for gid, names in board.items() if gid != f"{a}@1.0"] == [["b0.json"]]
 
 
@@ -178,7 +178,7 @@ def test_the_commands_agree_too(folder, tmp_path):
         drawn.setdefault(r["config_hash"], []).append(Path(r["file"]).name)
     assert board == {h: sorted(files) for h, files in drawn.items()}
     reasons = {Path(s["file"]).name: s["reason"] for s in sources["skipped"]}
-    assert reasons["a1-first.json"].startswith("duplicate record_id")  # the older run of seed 1
+    assert reasons["a1-first.json"].startswith("duplicate record_id")  # the later run of seed 1
     assert "status 'failed'" in reasons["a3-failed.json"]
 
 

@@ -205,6 +205,9 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
         for label, part in by_section(rows):  # one table per setting section: the rows that compete
             _print_table(part, chosen or table_columns() + vs_columns, f"setting: {section_title(label)}",
                          chosen=chosen is not None)
+        for g in board.groups:  # which copy of a seed recorded twice counted, as markdown and the site say
+            if g.copies_note:
+                wide_out().print(plain(f"note: {g.copies_note}"), highlight=False)
     else:
         wide_out().print("no reproduced records match", highlight=False)
     if unmatched:
@@ -308,7 +311,7 @@ def compare(
 ):
     """Paired comparisons A - B within each protocol both ran (B: --against, local by default):
     records paired by seed (a pair must
-    share its partition hash; other seeds are dropped and counted, mixed hosts marked), the mean
+    share its partition hash; other seeds are dropped and counted; mixed hosts and uncommitted trees marked), the mean
     difference with its 95% t-interval, the exact sign-flip p-value and its Holm adjustment over the
     comparisons of one table; "resolved" when the interval excludes zero and the Holm-adjusted p is
     below 0.05 ("n=N cannot resolve at 5%" where no outcome could). Groups of two setting
@@ -393,7 +396,7 @@ COMPARE_HEADER = "section | protocol | A - B | A - B [95% CI] | n | p sign-flip 
 # claims' plain lines: a claim's own line fills paper, claim id, the test, verdict; each of its
 # comparisons every field
 CLAIMS_HEADER = ("paper | claim id | CPU-scale test: A - B | records, task | figure | n | A, B (means) | "
-                 "A - B [95% CI] | p Holm | verdict")
+                 "A - B [95% CI] | p Holm | at the paper's figure | verdict")
 
 
 def _check_endpoint(groups: list, methods: set, endpoint: Optional[str], flag: str) -> None:
@@ -428,13 +431,19 @@ def claims(
     the suite's CPU-scale test (records folder, task, figure, seeds n, the difference A - B with its
     95% interval and Holm-adjusted p) and a verdict: reproduced (the interval excludes 0 in the
     claimed direction and the Holm-adjusted p < 0.05), contradicted (excludes 0 the other way, p <
-    0.05), not resolved, or not yet tested (no records yet; the claims file says what it needs).
-    Comparisons are paired by seed, Holm over the comparisons of one claim; a claim is contradicted
-    when any of its comparisons is, reproduced when all are. A trend (an advantage that widens as
-    the pool grows or the label skew gets more severe) compares the per-seed differences at the
-    last level the claim lists with those at the first (Welch's t-test), marked mixed hosts where
-    its records ran on more than one kind of processor. A CPU test checks direction and
-    mechanism, not the paper's absolute figure. A bad claims file is one line, exit 2."""
+    0.05), not resolved, n cannot resolve (fewer than six paired seeds, a trend's level included),
+    or not yet tested (no records yet; the claims file says what it needs). Each verdict says the
+    setting it was reached in where that is not the paper's ("contradicted on a proxy",
+    "reproduced, other experiment"; the claim's setting match says what differs). Where the paper
+    reports the selected round, each comparison's test at that figure stands beside the headline's,
+    and a row whose verdict there differs says so. Comparisons are paired by seed, Holm over the
+    comparisons of one claim; a claim is contradicted when any of its comparisons is, reproduced
+    when all are. A trend (an advantage that widens as the pool grows or the label skew gets more
+    severe) compares the per-seed differences (or ratios) at the last level the claim lists with
+    those at the first (Welch's t-test). Rows say mixed hosts where their records ran on more than
+    one kind of processor, uncommitted where some ran from a tree with uncommitted changes. A CPU
+    test checks direction and mechanism, not the paper's absolute figure. A bad claims file is one
+    line, exit 2."""
     from hfl_bench.results.claims import ClaimsError, evaluate
     from hfl_bench.results.claims_view import brief_lines, brief_markdown, claims_json, markdown, plain_lines
     from hfl_bench.results.loading import ResultsError
@@ -456,6 +465,32 @@ def claims(
         lines = brief_lines(results) if brief else plain_lines(results, digits)
         header = " | ".join(BRIEF_COLUMNS) if brief else CLAIMS_HEADER
         sys.stdout.write((header + "\n" + lines) if lines else lines)
+
+
+@app.command(cls=BenchCommand)
+def provenance(
+    paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (plain text), markdown or json."),
+):
+    """Say in one sentence where the reproduced records came from: how many ran from which commit,
+    from a clean tree or one with uncommitted changes, on which kind of processor (and whose records
+    each part holds). README's results paragraph embeds it (docs/regenerate.py), so that sentence
+    is the records', never typed."""
+    from hfl_bench.results.board import board_records
+    from hfl_bench.results.loading import ResultsError, load_records
+    from hfl_bench.results.sources import provenance_sentence
+
+    fmt = output_format(fmt, False, COMPARE_FORMATS)
+    try:
+        loaded, _ = load_records(_paths(paths))
+    except ResultsError as e:
+        fail(str(e))
+    records, _ = board_records(loaded)
+    sentence = provenance_sentence(records)
+    if fmt == "json":
+        print(json.dumps({"provenance": sentence}))
+    else:
+        print(markdown_cell(sentence) if fmt == "markdown" else terminal(sentence))
 
 
 @app.command(cls=BenchCommand)

@@ -1,7 +1,11 @@
 """The claims page: each headline claim of the seed papers, tested on the suite's records.
 
 A claims file (``leaderboards/claims.yaml``) lists claims: an id, the paper, the claim, the
-paper's figures, what a test needs where the records are not there yet (``needs``), and the test,
+paper's figures, its **setting match** (``setting``: ``paper``, the paper's setting; ``proxy``, a
+proxy of the same experiment, with ``differs``: what differs, task, scale, N, rounds, figure; or
+``other``, another experiment family, with ``differs``: why), the statistic the paper reports
+(``paper_figure``: ``selected``, the round of the best mean validation accuracy, or ``final``),
+what a test needs where the records are not there yet (``needs``), and the test,
 as data: a list of ``comparisons`` or a ``trend`` (one, or a list: one per task, say; Holm runs
 over them as over comparisons), or neither (a claim the suite cannot test
 yet). Every text is data, shown escaped; a records folder is a path relative to the claims file's
@@ -31,14 +35,23 @@ is the last level's differences against the first's, Welch's t-test
 (``scipy.stats.ttest_ind``, ``equal_var=False``: the partitions differ between values, so nothing
 pairs across them), its 95% interval and two-sided p; beside it the ratio mean A / mean B at
 each value (the paper's "factor"), and ``mixed hosts`` where the records it reads ran on more than
-one kind of processor, within a level or between levels.
+one kind of processor, within a level or between levels, ``uncommitted`` where some ran from a tree
+with uncommitted changes (a comparison's row says both through ``paired_view.notes``). A trend with
+``statistic: ratio`` tests the per-seed ratios A / B instead of the differences (a paper's factor).
+
+**The paper's figure.** Where ``paper_figure`` is not the headline's statistic (``selected``), each
+test is run again at it, Holm over those alike (``Result.at_paper``), and shown beside the
+headline's; the verdict stays the headline's, and a row whose verdict there differs says so.
 
 **Verdicts.** A comparison (or trend) is *reproduced* when its 95% interval excludes 0 on the
 claimed side (A - B > 0) and its Holm-adjusted p < 0.05; *contradicted* when the interval excludes
 0 on the other side and the adjusted p < 0.05; *not resolved* otherwise; *not yet tested* where
-the records hold no group for a side or no paired seed. A claim is contradicted when any of its
-comparisons is; else not yet tested when any is; reproduced when all are; else not resolved; a
-claim with no test is not yet tested (its ``needs`` says what it takes). A CPU-scale test checks
+the records hold no group for a side or no paired seed; *n cannot resolve* where a comparison has
+fewer than ``paired.MIN_RESOLVABLE`` (6) paired seeds or a trend fewer at its first or last level
+(no sign-flip p could reach 0.05; the same bar for both). A claim is contradicted when any of its
+comparisons is; else not yet tested when any is; n cannot resolve when all are; reproduced when all
+are; else not resolved; a claim with no test is not yet tested (its ``needs`` says what it takes).
+A verdict is shown with its setting where that is not the paper's (``verdict_label``). A CPU-scale test checks
 the direction and the mechanism of a claim, not the paper's absolute figure.
 """
 
@@ -52,13 +65,21 @@ from typing import Any, Optional
 
 from hfl_bench.record.upgrade import BUILTIN_CARDS
 from hfl_bench.registry import unknown_message
-from hfl_bench.results.figures import check_figure, statistic_value
-from hfl_bench.results.paired import CONFIDENCE, Comparison, Side, compare, holm, pair, params_label
+from hfl_bench.results.figures import FIGURES, HEADLINE, check_figure, statistic_value
+from hfl_bench.results.paired import CONFIDENCE, MIN_RESOLVABLE, Comparison, Side, compare, holm, pair, params_label
 from hfl_bench.results.setting import SettingGroup
 
 LEVEL = 0.05  # the Holm-adjusted p below which a resolved interval counts
 REPRODUCED, CONTRADICTED, NOT_RESOLVED, NOT_YET = "reproduced", "contradicted", "not resolved", "not yet tested"
-VERDICTS = (REPRODUCED, CONTRADICTED, NOT_RESOLVED, NOT_YET)
+CANNOT = "n cannot resolve"  # fewer than MIN_RESOLVABLE seeds (a trend: at a level): no outcome could resolve
+VERDICTS = (REPRODUCED, CONTRADICTED, NOT_RESOLVED, CANNOT, NOT_YET)
+# How a claim's test matches the paper's experiment: its setting; a proxy of the same experiment
+# (``differs`` says what differs: task, scale, N, rounds, figure); another experiment family
+# (``differs`` says why). A verdict off the paper's setting says so (``verdict_label``).
+PAPER, PROXY, OTHER = "paper", "proxy", "other"
+SETTINGS = (PAPER, PROXY, OTHER)
+SETTING_SUFFIX = {PAPER: "", PROXY: " on a proxy", OTHER: ", other experiment"}
+TREND_STATISTICS = ("difference", "ratio")
 RULES = (f"A comparison A - B is {REPRODUCED} when its {CONFIDENCE:.0%} interval excludes 0 on the claimed side "
          f"(A above B) and its Holm-adjusted p < {LEVEL}; {CONTRADICTED} when the interval excludes 0 on the other "
          f"side and the adjusted p < {LEVEL}; {NOT_RESOLVED} otherwise; {NOT_YET} where the records hold no group "
@@ -68,9 +89,15 @@ RULES = (f"A comparison A - B is {REPRODUCED} when its {CONFIDENCE:.0%} interval
          "endpoint, unless the row says otherwise (records before schema 1.7 hold an endpoint's selected round "
          "only); p: the exact sign-flip p, Holm over the comparisons of one claim. "
          "A trend compares the per-seed differences at the last setting it lists with those at the first "
-         "(Welch's t-test: the partitions differ). With three seeds the smallest sign-flip p is 0.25: a "
-         f"comparison on three seeds stays {NOT_RESOLVED} whatever its interval. A CPU-scale test checks a claim's "
-         "direction and mechanism, not the paper's absolute figure.")
+         "(Welch's t-test: the partitions differ). The smallest sign-flip p is 2 / 2^n (0.25 at three seeds): a "
+         f"comparison on fewer than {MIN_RESOLVABLE} paired seeds, or a trend with fewer than {MIN_RESOLVABLE} "
+         f"at a level, reads {CANNOT} whatever its interval (counted as {NOT_RESOLVED} for its claim). Each claim "
+         f"says how its test matches the paper's experiment: the paper's setting, a proxy of it (the verdict "
+         f"reads e.g. '{CONTRADICTED}{SETTING_SUFFIX[PROXY]}', with what differs), or another experiment family "
+         f"('{CONTRADICTED}{SETTING_SUFFIX[OTHER]}'). Where the paper reports its figures at the selected round "
+         "(the round of the best mean validation accuracy), each comparison shows that figure's test beside the "
+         "headline's; the verdict is the headline's, and a row whose verdict at the selected round differs says "
+         "so. A CPU-scale test checks a claim's direction and mechanism, not the paper's absolute figure.")
 
 GAP = "selected-minus-final"
 SIDE_FIGURES = ("selected", "final", GAP)
@@ -80,11 +107,12 @@ NUMBER_SELECT = ("alpha", "k", "clients", "clients_per_round")
 TEXT_SELECT = ("task", "optimizer")
 SELECT = NUMBER_SELECT + TEXT_SELECT
 FILE_KEYS = ("claims",)
-CLAIM_KEYS = ("id", "paper", "claim", "figures", "needs", "test", "note", "comparisons", "trend")
-CLAIM_REQUIRED = ("id", "paper", "claim", "figures", "needs")
+CLAIM_KEYS = ("id", "paper", "claim", "figures", "setting", "differs", "paper_figure", "needs", "test", "note",
+              "comparisons", "trend")
+CLAIM_REQUIRED = ("id", "paper", "claim", "figures", "setting", "paper_figure", "needs")
 SIDE_KEYS = ("method", "params", "endpoint", "figure", *SELECT)
 COMPARISON_KEYS = ("records", "a", "b", *SELECT)
-TREND_KEYS = ("records", "a", "b", "over", "values", "levels", *SELECT)
+TREND_KEYS = ("records", "a", "b", "over", "values", "levels", "statistic", *SELECT)
 TREND_OVER = ("clients", "alpha", "k")
 
 
@@ -140,6 +168,7 @@ class TrendSpec:
     a: SideSpec
     b: SideSpec
     levels: tuple  # of {setting: value}, in the order the claim runs; the test: the last against the first
+    statistic: str = "difference"  # per seed at a level: A - B, or A / B (a paper's "factor")
 
 
 @dataclass(frozen=True)
@@ -149,6 +178,9 @@ class ClaimSpec:
     claim: str
     figures: str
     needs: str
+    setting: str = PAPER  # SETTINGS: how the test matches the paper's experiment
+    differs: str = ""  # what differs from the paper's setting (a proxy), or why it is another experiment
+    paper_figure: str = HEADLINE  # the statistic the paper reports: selected (best validation round) or final
     test: str = ""  # what the test is, in words (a claim of several comparisons or none)
     note: str = ""  # what a reader must know beside the figures (a regime, a feature bank)
     comparisons: tuple = ()
@@ -176,8 +208,21 @@ def read_claims(path: Path) -> list[ClaimSpec]:
 def _claim(raw: Any, where: str) -> ClaimSpec:
     _keys(raw, CLAIM_KEYS, CLAIM_REQUIRED, where)
     where = f"{where} ({_text(raw['id'], where + ': id')})"
-    texts = {k: _text(raw[k], f"{where}: {k}") for k in ("id", "paper", "claim", "figures", "needs", "test", "note")
-             if k in raw}
+    texts = {k: _text(raw[k], f"{where}: {k}")
+             for k in ("id", "paper", "claim", "figures", "differs", "needs", "test", "note") if k in raw}
+    setting, paper_figure = raw["setting"], raw["paper_figure"]
+    if setting not in SETTINGS:
+        raise ClaimsError(f"{where}: 'setting' must be one of {', '.join(SETTINGS)} (the paper's setting, a proxy "
+                          f"of its experiment, another experiment family), not {setting!r}")
+    if setting != PAPER and "differs" not in texts:
+        raise ClaimsError(f"{where}: setting {setting} needs 'differs': "
+                          + ("what differs from the paper's setting (task, scale, N, rounds, figure)"
+                             if setting == PROXY else "why it is another experiment than the paper's"))
+    if setting == PAPER and "differs" in texts:
+        raise ClaimsError(f"{where}: 'differs' is for a proxy or another experiment; setting is paper")
+    if paper_figure not in FIGURES:
+        raise ClaimsError(f"{where}: 'paper_figure' must be one of {', '.join(FIGURES)} (the statistic the paper "
+                          "reports: the selected round's, or the final rounds')")
     if "comparisons" in raw and "trend" in raw:
         raise ClaimsError(f"{where}: give 'comparisons' or 'trend', not both")
     comparisons = raw.get("comparisons", [])
@@ -189,7 +234,7 @@ def _claim(raw: Any, where: str) -> ClaimSpec:
     if not isinstance(trends, list) or ("trend" in raw and not trends):
         raise ClaimsError(f"{where}: 'trend' must be a trend or a non-empty list of trends")
     many = len(trends) > 1
-    return ClaimSpec(**texts, comparisons=specs, trends=tuple(
+    return ClaimSpec(**texts, setting=setting, paper_figure=paper_figure, comparisons=specs, trends=tuple(
         _trend(t, f"{where}: trend" + (f" {i + 1}" if many else "")) for i, t in enumerate(trends)))
 
 
@@ -207,8 +252,11 @@ def _trend(raw: Any, where: str) -> TrendSpec:
     clash = sorted({k for level in levels for k in level} & set(shared))
     if clash:
         raise ClaimsError(f"{where}: {clash[0]} is what the trend runs over; give it in its levels only")
+    statistic = raw.get("statistic", TREND_STATISTICS[0])
+    if statistic not in TREND_STATISTICS:
+        raise ClaimsError(f"{where}: 'statistic' must be one of {', '.join(TREND_STATISTICS)}")
     return TrendSpec(_records(raw["records"], where), _side(raw["a"], shared, f"{where}: a"),
-                     _side(raw["b"], shared, f"{where}: b"), levels)
+                     _side(raw["b"], shared, f"{where}: b"), levels, statistic)
 
 
 def _levels(raw: dict[str, Any], where: str) -> tuple:
@@ -338,13 +386,22 @@ class Result:
     verdict: str = NOT_YET
     notes: list[str] = field(default_factory=list)
     comparison: Optional[Comparison] = None  # a paired comparison's own figures (json)
+    min_n: int = 0  # the fewest paired seeds the test reads (a trend: at its first or last level)
+    at_paper: Optional["Result"] = None  # the same test at the paper's figure, where it is not the headline's
+
+    @property
+    def paper_differs(self) -> bool:
+        """Whether the test at the paper's figure reaches another verdict than the headline's."""
+        return self.at_paper is not None and self.at_paper.verdict != self.verdict
 
     def as_dict(self) -> dict[str, Any]:
         return {"test": self.label, "records": self.records, "task": self.task, "figure": self.figure, "n": self.n,
                 "means": None if self.levels is None else list(self.levels),
                 "mean_difference": self.mean, "ci95": None if self.low is None else [self.low, self.high],
                 "p": self.p, "p_holm": self.p_holm, "verdict": self.verdict, "notes": self.notes,
-                "pairing": self.comparison.pairing.as_dict() if self.comparison else None}
+                "pairing": self.comparison.pairing.as_dict() if self.comparison else None,
+                "at_paper_figure": None if self.at_paper is None else {
+                    k: v for k, v in self.at_paper.as_dict().items() if k not in ("test", "records", "task")}}
 
 
 @dataclass
@@ -369,7 +426,27 @@ def claim_verdict(results: list[Result]) -> str:
     for v in (CONTRADICTED, NOT_YET):
         if v in verdicts:
             return v
+    if all(v == CANNOT for v in verdicts):
+        return CANNOT
     return REPRODUCED if all(v == REPRODUCED for v in verdicts) else NOT_RESOLVED
+
+
+def verdict_label(verdict: str, setting: str) -> str:
+    """A verdict as the page reads it: with the setting it was reached in, where that is not the
+    paper's (``contradicted on a proxy``, ``reproduced, other experiment``); not yet tested as it is."""
+    return verdict if verdict == NOT_YET else verdict + SETTING_SUFFIX[setting]
+
+
+def adjust(results: list[Result]) -> None:
+    """Holm over the tested lines of one claim (at one figure), and each line's verdict; a line on
+    fewer than ``MIN_RESOLVABLE`` seeds (a trend: at a level) reads ``CANNOT``."""
+    tested = [r for r in results if r.p is not None]
+    for r, adjusted in zip(tested, holm([r.p for r in tested])):
+        r.p_holm = round(adjusted, 6)
+        r.verdict = verdict_of(r.low, r.high, r.p_holm)
+    for r in results:
+        if r.verdict != NOT_YET and r.min_n < MIN_RESOLVABLE:
+            r.verdict = CANNOT
 
 
 class Evaluation:
@@ -409,21 +486,25 @@ class Evaluation:
 
     def claim(self, spec: ClaimSpec) -> ClaimResult:
         results = [self.comparison(c) for c in spec.comparisons] + [self.trend(t) for t in spec.trends]
-        tested = [r for r in results if r.p is not None]
-        for r, adjusted in zip(tested, holm([r.p for r in tested])):
-            r.p_holm = round(adjusted, 6)
-            r.verdict = verdict_of(r.low, r.high, r.p_holm)
+        adjust(results)
+        if spec.paper_figure != HEADLINE:  # the same tests at the paper's figure, Holm over them alike
+            tests = [self.comparison(c, spec.paper_figure) if not (c.a.figure or c.b.figure) else None
+                     for c in spec.comparisons] + [self.trend(t, spec.paper_figure) for t in spec.trends]
+            adjust([t for t in tests if t is not None])
+            for r, at_paper in zip(results, tests):
+                r.at_paper = at_paper
         return ClaimResult(spec, results, claim_verdict(results))
 
-    def comparison(self, spec: ComparisonSpec) -> Result:
+    def comparison(self, spec: ComparisonSpec, figure: Optional[str] = None) -> Result:
         out = Result(pair_label(spec.a, spec.b), spec.records)
         ga, gb = self.select(spec.records, spec.a), self.select(spec.records, spec.b)
         if ga is None or gb is None:
             out.notes.append(f"no records of {(spec.a if ga is None else spec.b).label()} yet")
             return out
         a, b = _paired_side(ga, spec.a), _paired_side(gb, spec.b)
-        c = compare(a, b)
+        c = compare(a, b, figure)
         out.task, out.figure, out.n, out.comparison = ga.task, _figure(a, b, c.figure), str(c.n), c
+        out.min_n = c.n
         if c.n == 0:
             out.notes.append("no seed paired")
             return out
@@ -435,13 +516,16 @@ class Evaluation:
         out.verdict = NOT_RESOLVED
         return out
 
-    def trend(self, spec: TrendSpec) -> Result:
-        figure = check_figure(None)
+    def trend(self, spec: TrendSpec, figure: Optional[str] = None) -> Result:
+        figure = check_figure(figure)
         first, last = spec.levels[0], spec.levels[-1]
-        out = Result(f"({pair_label(spec.a, spec.b)}) at {where_label(last)} - at {where_label(first)}",
+        ratio = spec.statistic == "ratio"
+        pair_text = pair_label(spec.a, spec.b).replace(" - ", " / ", 1) if ratio else pair_label(spec.a, spec.b)
+        out = Result(f"({pair_text}){' ratio' if ratio else ''} at {where_label(last)} - at {where_label(first)}",
                      spec.records, figure=figure)
         diffs: list[list[float]] = []
         processors: set[str] = set()
+        dirty = 0
         for level in spec.levels:
             ga = self.select(spec.records, spec.a, level)
             gb = self.select(spec.records, spec.b, level)
@@ -450,16 +534,24 @@ class Evaluation:
                 out.notes.append(f"{where_label(level)}: no records")
                 continue
             pg = pair(_paired_side(ga, spec.a), _paired_side(gb, spec.b), figure)  # each side's endpoint
-            diffs[-1] = [x - y for x, y in zip(pg.a, pg.b)]
+            # the paper's "factor" A / B per seed (a seed whose B is 0 has none), or the difference A - B
+            diffs[-1] = [x / y for x, y in zip(pg.a, pg.b) if y > 0] if ratio else [x - y for x, y in zip(pg.a, pg.b)]
             processors.update(pg.processors)
+            dirty += len(pg.uncommitted)
             out.task = ga.task
-            if pg.seeds:
+            if pg.seeds and ratio:
+                out.notes.append(f"{where_label(level)}: mean ratio {statistics.fmean(diffs[-1]):.3f} "
+                                 f"(n={len(diffs[-1])})")
+            elif pg.seeds:
                 out.notes.append(f"{where_label(level)}: {statistics.fmean(diffs[-1]):+.2f} "
                                  f"(ratio {statistics.fmean(pg.a) / statistics.fmean(pg.b):.2f}, n={len(pg.seeds)})")
         if len(processors) > 1:  # within a level's pairs or between levels: as compare marks it
             out.notes.append(f"mixed hosts: {len(processors)} processors")
+        if dirty:
+            out.notes.append(f"uncommitted: {dirty} pairs ran from a tree with uncommitted changes")
         small, large = diffs[0], diffs[-1]
         out.n = f"{len(large)} vs {len(small)}"
+        out.min_n = min(len(large), len(small))
         if not small or not large:
             return out
         out.mean = round(statistics.fmean(large) - statistics.fmean(small), 4)

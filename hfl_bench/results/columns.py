@@ -587,6 +587,7 @@ BUILTIN = (
            csv_fields=("n_failed", "n_diverged"),
            json=lambda row: {"n_failed": row.group.n_failed, "n_diverged": row.group.n_diverged}),
     Column("duplicates", lambda row: row.group.n_duplicates, field="n_duplicates", views=DATA),
+    Column("copies", lambda row: row.group.copies_note, field="copies_note", views=frozenset({"json"})),
     Column("min / run", _wall_minutes, html=lambda st: _num(st.mean), sort=lambda st: st.mean, numeric=True,
            views=frozenset({"html"}), th_joins=True),
     Column("records", lambda row: [str(r.path) for r in row.group.ok], views=frozenset({"json"})),

@@ -21,12 +21,17 @@ its data loaded (no train size) joins its config's only data identity, or stays 
 config ran on several.
 
 Within a group, the records with status ok give one seed each. A seed recorded more than once (a
-seed run twice, or one record copied: the same ``record_id``) counts once, by this rule: the
-record with the **newest** ``date`` (ISO 8601, compared as instants; a date that does not parse
-counts as oldest), and among equal dates the one whose file has the **lexicographically greatest
-resolved path**. The others are duplicates. The rule depends on neither the order the files are
-found or named in nor the order of the arguments. Failed and diverged records are counted, never
-averaged in.
+seed run twice, in one folder or in two suites' folders, or one record copied: the same
+``record_id``) counts once, by this rule: the **earliest-written** record (the oldest ``date``,
+ISO 8601, compared as instants; a date that does not parse counts as newest), and among equal
+dates the one whose file has the **lexicographically smallest resolved path**. The others are
+duplicates, never averaged in. The first run of a seed stands: a later run of the same config and
+version (another suite that reruns it, on another host, say) can neither replace nor pick its
+outcome, and a view that reads one folder and a view that reads every folder give the group the
+same figure whenever the first run is in the folder read alone (``copies_note`` says, in every
+view, which copy counted and where the others are). The rule depends on neither the order the
+files are found or named in nor the order of the arguments. Failed and diverged records are
+counted, never averaged in.
 """
 
 from __future__ import annotations
@@ -57,16 +62,36 @@ def data_identity(r: Loaded) -> Optional[tuple]:
             task.get("data_fingerprint"))
 
 
-def recency(r: Loaded) -> tuple:
-    """Sort key of the duplicate rule (module docstring): the largest is the record that counts."""
+def precedence(r: Loaded) -> tuple:
+    """Sort key of the duplicate rule (module docstring): the smallest is the record that counts
+    (the earliest written, then the smallest resolved path)."""
     try:
         when = dt.datetime.fromisoformat(r.date.replace("Z", "+00:00"))
         if when.tzinfo is None:
             when = when.replace(tzinfo=dt.timezone.utc)
         instant = when.timestamp()
     except (ValueError, OverflowError, OSError):
-        instant = float("-inf")
+        instant = float("inf")
     return (instant, str(Path(r.path).resolve()))
+
+
+def copies_note(method: str, kept: list[Loaded], duplicates: list[Loaded]) -> str:
+    """One line, the same in every view: which copy of a seed recorded twice counted, where the
+    others are, and why (the duplicate rule, module docstring); "" where no seed was recorded twice."""
+    if not duplicates:
+        return ""
+    seeds = {r.seed for r in duplicates}
+    counted = sorted({_folder(r) for r in kept if r.seed in seeds})
+    left = sorted({_folder(r) for r in duplicates})
+    return (f"{method}: {len(duplicates)} later cop{'y' if len(duplicates) == 1 else 'ies'} of seeds recorded "
+            f"twice not counted ({', '.join(left)}); each seed's earliest-written record counts "
+            f"({', '.join(counted)})")
+
+
+def _folder(r: Loaded) -> str:
+    """A record's folder as the view was given it (relative where the path was), never resolved,
+    so no machine path is printed."""
+    return Path(r.path).parent.as_posix()
 
 
 def group_key(r: Loaded, data: Optional[tuple], by_partition: bool) -> tuple:
@@ -164,7 +189,7 @@ def _seed_group(records: list[Loaded], split: bool) -> SeedGroup:
     version = f"@{first.method_version}" if first.method_version else ""
     mark = f"!{m}" if (m := selection_mark(first.selection_rule)) else ""
     g.group_id = (first.config_hash or "?") + version + mark + (f"/{first.partition_hash}" if split else "")
-    newest: dict[Any, Loaded] = {}
+    counted: dict[Any, Loaded] = {}
     for r in records:
         if r.status in NOT_OK:
             g.n_failed += r.status == "failed"
@@ -172,12 +197,12 @@ def _seed_group(records: list[Loaded], split: bool) -> SeedGroup:
             continue
         if r.status != "ok":  # no status the schema knows: neither a seed nor a failure
             continue
-        kept = newest.get(r.seed)  # a seed recorded twice: keep the newest, then the greatest path
-        if kept is not None and recency(r) <= recency(kept):
+        kept = counted.get(r.seed)  # a seed recorded twice: keep the earliest written, then the smallest path
+        if kept is not None and precedence(r) >= precedence(kept):
             g.duplicates.append(r)
             continue
         if kept is not None:
             g.duplicates.append(kept)
-        newest[r.seed] = r
-    g.ok = [newest[s] for s in sorted(newest, key=seed_order)]
+        counted[r.seed] = r
+    g.ok = [counted[s] for s in sorted(counted, key=seed_order)]
     return g

@@ -481,6 +481,7 @@ def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], h
         *_fault_rows(g), *_modality_rows(g),
         ("config hash", g.config_hash), ("group id", g.group_id),
         ("split by partition hash", "yes" if g.split_by_partition else "no"),
+        ("seeds recorded twice", g.copies_note or "none"),
         ("data", f"task version {_text(task.get('version'))}, train {_text(task.get('n_train'))}, "
                  f"test {_text(task.get('n_test'))}, fingerprint {_text(task.get('data_fingerprint'))}"),
         ("selection", _selection_label(g)),

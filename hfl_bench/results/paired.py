@@ -60,6 +60,9 @@ EXACT_UP_TO = 20  # seeds: every sign pattern enumerated up to here (2^20 patter
 MONTE_CARLO = 100_000  # sign patterns drawn beyond EXACT_UP_TO
 MONTE_CARLO_SEED = 0  # so the same records always give the same p-value
 BATCH_VALUES = 2 ** 21  # sign-pattern values evaluated at once (16 MiB of float64), any seed count
+# The fewest pairs whose smallest sign-flip p (2 / 2^n, every difference of one sign) is below ALPHA:
+# 6 (2 / 64 = 0.031); up to 5 no outcome can resolve. The claims page asks as many seeds of a trend's level.
+MIN_RESOLVABLE = next(n for n in range(1, EXACT_UP_TO + 1) if 2.0 / 2 ** n < ALPHA)
 
 
 class ComparisonError(ValueError):
@@ -98,6 +101,7 @@ class Pairing:
     no_figure: list[Any] = field(default_factory=list)  # a record of the pair lacks the figure
     processors: list[str] = field(default_factory=list)  # the distinct kinds the paired records ran on
     unknown_processor: bool = False  # a paired record names none
+    uncommitted: list[Any] = field(default_factory=list)  # paired seeds with a record from a dirty tree
 
     @property
     def mixed_hosts(self) -> bool:
@@ -107,7 +111,13 @@ class Pairing:
         return {"seeds": self.seeds, "only_a": self.only_a, "only_b": self.only_b,
                 "partition_differs": self.partition_differs, "no_figure": self.no_figure,
                 "processors": self.processors, "mixed_hosts": self.mixed_hosts,
-                "unknown_processor": self.unknown_processor}
+                "unknown_processor": self.unknown_processor, "uncommitted": self.uncommitted}
+
+
+def uncommitted(record: dict[str, Any]) -> bool:
+    """Whether the record's run came from a checkout with uncommitted changes (``code.git_dirty``)."""
+    code = record.get("code")
+    return isinstance(code, dict) and code.get("git_dirty") is True
 
 
 def pair(a: Side, b: Side, figure: str) -> Pairing:
@@ -131,6 +141,8 @@ def pair(a: Side, b: Side, figure: str) -> Pairing:
         out.seeds.append(ra.seed)
         out.a.append(float(va))
         out.b.append(float(vb))
+        if any(uncommitted(r.record) for r in (ra, rb)):
+            out.uncommitted.append(ra.seed)
         for r in (ra, rb):
             kind = processor(r.record)
             out.unknown_processor |= kind is None
@@ -165,7 +177,7 @@ class Comparison:
         """Whether the sign-flip test can reach ``ALPHA`` at this seed count at all: its smallest
         p is 2 / 2^n (every difference of one sign), 0.0625 at n = 5; a Monte Carlo estimate
         (n > ``EXACT_UP_TO``) can."""
-        return self.n > EXACT_UP_TO or (self.n >= 1 and 2.0 / 2 ** self.n < ALPHA)
+        return self.n >= MIN_RESOLVABLE
 
     @property
     def equal_differences(self) -> bool:

@@ -42,6 +42,8 @@ def notes(c: Comparison) -> str:
             out.append(f"dropped seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: {why}")
     if pg.mixed_hosts:
         out.append(f"mixed hosts: {len(pg.processors)} processors")
+    if pg.uncommitted:
+        out.append(f"uncommitted: {len(pg.uncommitted)} of {c.n} pairs ran from a tree with uncommitted changes")
     if c.equal_differences:
         out.append("every difference equal: a zero-width interval, the sign-flip p decides")
     return "; ".join(out)

@@ -77,8 +77,8 @@ def display_rows(board: Board) -> tuple[list[dict[str, str]], list[dict[str, str
     for row in GroupRow.of(board.groups):
         g, first = row.group, len(rows)
         basis = group_basis(g)
-        notes = tuple(n for n, on in ((MODALITY_NOTE, g.is_multimodal), (FALLBACK_NOTE, basis != HEADLINE_STATISTIC))
-                      if on)
+        notes = tuple(n for n, on in ((MODALITY_NOTE, g.is_multimodal), (FALLBACK_NOTE, basis != HEADLINE_STATISTIC),
+                                      (g.copies_note, bool(g.copies_note))) if on)
         rows.append({**{c.name: c.text_cell(row) for c in text}, KIND: "group", **({NOTE: notes} if notes else {})})
         rows += clients_rows(g)
         rows += [_published_row(m.published, m) for m in g.published]

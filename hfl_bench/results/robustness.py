@@ -3,7 +3,7 @@ faults, and where a fault setting sits on the robustness plot's x axis.
 
 **The drop.** A record run with faults names its fault-free baseline by config hash
 (``faults.baseline_config_hash``: the hash of the same config with ``faults`` empty). Each ok seed
-of a group with faults is paired with the counted record (``grouping``: the newest ok record of
+of a group with faults is paired with the counted record (``grouping``: the earliest-written ok record of
 that seed) of a fault-free group with that config hash and the same method version, the same seed,
 the same data identity (``grouping.data_identity``) and, where both records carry one, the same
 partition hash. Per pair the drop is taken **over the same clients**: the honest clients of the
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hfl_bench.results.figures import FINAL, SELECTED
-from hfl_bench.results.grouping import data_identity, recency
+from hfl_bench.results.grouping import data_identity, precedence
 from hfl_bench.results.loading import Loaded, selection_mark
 from hfl_bench.results.paired import t_interval
 from hfl_bench.results.setting import SettingGroup
@@ -220,7 +220,7 @@ def find_drop(g: SettingGroup, fault_free: list[SettingGroup]) -> Drop:
                    if base.seed == r.seed and data_identity(base) == data_identity(r) and _same_partition(r, base)]
         if not matches:
             continue
-        group, base = max(matches, key=lambda m: recency(m[1]))
+        group, base = min(matches, key=lambda m: precedence(m[1]))  # the seed as its group counts it
         drop.pairs.append(Pair(r.seed, r, base))
         used.add(group.group_id)
     drop.baseline_group_ids = sorted(used)

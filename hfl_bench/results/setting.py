@@ -56,7 +56,7 @@ from hfl_bench.results.figures import (
     final_figure,
     headline_of,
 )
-from hfl_bench.results.grouping import SeedGroup
+from hfl_bench.results.grouping import SeedGroup, copies_note
 from hfl_bench.results.loading import Loaded
 
 METRICS = ("global_acc", "local_acc")
@@ -323,6 +323,7 @@ class SettingGroup:
     n_failed: int = 0
     n_diverged: int = 0
     n_duplicates: int = 0
+    copies_note: str = ""  # which copy of a seed recorded twice counted, and where the others are (grouping)
     split_by_partition: bool = False
     published: list[Match] = field(default_factory=list)
     faults: str = NO_FAULTS  # the fault setting (canonical spec), part of the setting and protocol
@@ -461,6 +462,7 @@ def describe(seeds: SeedGroup) -> SettingGroup:
         method_params=dict(cfg.get("method_params") or {}), hparams=dict(first["method"].get("hparams") or {}),
         config_hash=first.get("config_hash") or "?", ok=list(seeds.ok), n_failed=seeds.n_failed,
         n_diverged=seeds.n_diverged, n_duplicates=len(seeds.duplicates), split_by_partition=seeds.split_by_partition,
+        copies_note=copies_note(first["method"]["name"], seeds.ok, seeds.duplicates),
         faults=fault_setting(first), modalities=modality_setting(first), selection_rule=seeds.selection_rule,
         **_data_of(first), transfer=transfer_setting(first), single_architecture=single_architecture(first),
         budget=budget_class(first), peer_data=peer_data_setting(first), predictor=predictor_setting(first),
