@@ -195,4 +195,5 @@ def test_piped_compare_and_claims_print_a_header_row():
     tested = [r for r in rows if "p_holm=" in r]
     assert tested and all(len(r.split(" | ")) == width for r in tested)  # a comparison fills every field
     result = CliRunner().invoke(app, ["leaderboard", "claims", str(claims), "--paper", "CRAD", "--brief"])
-    assert result.output.splitlines()[0] == "paper | claim id | claim | paper's figures | verdict | tested lines"
+    assert result.output.splitlines()[0] == ("paper | claim id | claim | paper's figures | setting match | verdict | "
+                                             "tested lines")

@@ -166,16 +166,34 @@ def test_the_frozen_pools_stand_for_the_registry_on_every_committed_record(commi
         assert _single_architecture(upgrade(raw)) == single_architecture(raw), path
 
 
-def test_the_leaderboard_of_upgraded_records_is_the_one_before_the_upgrade(older, golden):
+def test_the_leaderboard_of_upgraded_records_is_the_one_before_the_upgrade(older, golden, monkeypatch):
     """The whole board (``leaderboard show --format json``'s content) built from the upgraded
     records equals the one the code before the upgrade built from the raw records (its registry
-    fallbacks): groups, sections, predictors, headlines, finals, published matches."""
+    fallbacks): groups, sections, predictors, headlines, finals, published matches.
+
+    One rule changed on purpose since the golden file was made, and is put back here so that the
+    comparison still isolates the upgrade: which copy of a seed recorded twice counts (then the
+    newest, then the greatest path; now the earliest written, issue 62), and the line that names
+    the copies (``copies_note``, new), left out."""
+    from hfl_bench.results import grouping, robustness
     from hfl_bench.results.board import build_board
     from hfl_bench.results.loading import Loaded
     from hfl_bench.results.render import board_json
 
+    earliest_first = grouping.precedence
+
+    def newest_first(r):  # the rule at 38a633c, as a key whose smallest counts
+        instant, path = earliest_first(r)
+        instant = float("-inf") if instant == float("inf") else instant  # an unparsed date: the oldest then
+        return (-instant, tuple(-ord(ch) for ch in path) + (1,))
+
+    monkeypatch.setattr(grouping, "precedence", newest_first)
+    monkeypatch.setattr(robustness, "precedence", newest_first)
     up = [Loaded(p.relative_to(REPO), upgrade(r)) for p, r in older]
-    assert json.loads(json.dumps(board_json(build_board(up)), sort_keys=True)) == golden["board"]
+    board = json.loads(json.dumps(board_json(build_board(up)), sort_keys=True))
+    for group in board["groups"]:
+        assert group.pop("copies_note") == "" or group["n_duplicates"] > 0
+    assert board == golden["board"]
 
 
 # --------------------------------------------------------------------------- the frozen table

@@ -54,6 +54,7 @@ def test_a_claims_records_folder_in_a_link_loop_is_one_line_exit_2(tmp_path):
     path = tmp_path / "claims.yaml"
     side = {"records": "loop", "a": {"method": "crad"}, "b": {"method": "local"}}
     path.write_text(yaml.safe_dump({"claims": [{"id": "c1", "paper": "CRAD", "claim": "x", "figures": "y",
+                                                "setting": "proxy", "differs": "d", "paper_figure": "final",
                                                 "needs": "z", "test": "t", "comparisons": [side]}]}))
     result, out, err = invoke_cli("leaderboard", "claims", str(path))
     text = (err or out).strip()
