@@ -109,6 +109,10 @@ class TaskInfo:
     # (``input_shape`` (1, 1, D), D the sum of the sizes). Empty for a single-modality task.
     # A value a client does not observe is NaN in the data it is handed (hfl_bench.modalities).
     modalities: tuple[Modality, ...] = ()
+    # What a sample holds: "dense" (finite values, normalized per channel by ``Task.load``) or
+    # "tokens" (int64 token ids in 0..vocabulary size - 1, never normalized: a text task). Methods
+    # that make or perturb inputs cannot run on token ids (``MethodCard.why_not_tokens``).
+    input_kind: str = "dense"
 
     def as_record(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -118,6 +122,8 @@ class TaskInfo:
             d["modalities"] = [{"name": m.name, "shape": list(m.shape)} for m in self.modalities]
         else:  # single-modality records stay as they always were
             d.pop("modalities")
+        if self.input_kind == "dense":  # and so do those of the tasks of dense inputs
+            d.pop("input_kind")
         return d
 
 

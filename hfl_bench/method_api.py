@@ -209,7 +209,7 @@ def seeded_init(fed: RoundView, *seed_parts) -> Iterator[None]:
 # What a class declared before cards: each now lives in the card (refused on the class, where it
 # would be silently ignored).
 CARD_ATTRIBUTES = ("name", "version", "fidelity", "citation", "topology", "notes", "needs_public",
-                   "missing_modalities", "why_single_modality")
+                   "missing_modalities", "why_single_modality", "why_not_tokens")
 
 
 def check_method_class(name: str, cls: Any) -> None:
@@ -293,7 +293,8 @@ def make_method(cfg: RunConfig) -> Method:
 
 
 def check_method_for_task(cls: type[Method], task: str) -> None:
-    """A task whose clients miss modalities runs only methods written for it (one clear line)."""
+    """A task whose clients miss modalities runs only methods written for it, and a text task (token
+    ids) only methods whose card does not refuse token ids (one clear line each)."""
     try:
         info = get_task(task).info
     except RegistryError:
@@ -303,6 +304,9 @@ def check_method_for_task(cls: type[Method], task: str) -> None:
         able = sorted(n for n, c in METHODS.items() if c.card.missing_modalities)
         raise ConfigError(f"method {card.name} does not run task {info.name}, whose clients miss modalities: "
                           f"{card.why_single_modality}. Methods that do: {', '.join(able)}")
+    if info.input_kind == "tokens" and card.why_not_tokens.strip():
+        raise ConfigError(f"method {card.name} does not run task {info.name}, whose inputs are token ids: "
+                          f"{card.why_not_tokens}")
 
 
 def canonical_method(cfg: RunConfig) -> RunConfig:

@@ -121,6 +121,10 @@ class MethodCard:
     # or handles the modalities itself. The others refuse such a task with ``why_single_modality``.
     missing_modalities: bool = False
     why_single_modality: str = "it was written for inputs of one modality"
+    # Why the method cannot run on token ids (a text task, ``TaskInfo.input_kind == "tokens"``),
+    # in one line: it makes or transforms inputs itself (an input-space generator, a shared extractor
+    # of input values). Empty: it reads inputs only through the clients' own models, and runs.
+    why_not_tokens: str = ""
     # Fault kinds (``--faults``, hfl_bench.faults.KINDS) the method refuses, each with why.
     refuses_faults: Mapping[str, str] = FrozenMap()
     smoke: SmokeSettings = SmokeSettings()
@@ -168,6 +172,7 @@ class MethodCard:
             "peer_data": self.peer_data, "predictor": self.predictor, "needs_public": self.needs_public,
             "single_architecture": self.single_architecture,
             "missing_modalities": self.missing_modalities, "why_single_modality": self.why_single_modality,
+            "why_not_tokens": self.why_not_tokens,
             "refuses_faults": dict(self.refuses_faults), "smoke": self.smoke_config(),
             "presets": {name: dict(values) for name, values in self.presets.items()}, "notes": list(self.notes),
             "changelog": [{"version": v, "change": text} for v, text in self.changelog],
@@ -201,6 +206,8 @@ def card_problems(card: Any, name: str) -> list[str]:
             problems.append(f"{field} must be True or False, got {getattr(card, field)!r}")
     if not card.missing_modalities and not _one_line(card.why_single_modality):
         problems.append("why_single_modality must say in one line why it refuses a task whose clients miss modalities")
+    if not isinstance(card.why_not_tokens, str) or "\n" in card.why_not_tokens:
+        problems.append("why_not_tokens must be one line saying why it refuses token ids, or empty")
     if not isinstance(card.refuses_faults, Mapping):
         problems.append(f"refuses_faults must map fault kinds to why, got {card.refuses_faults!r}")
     else:

@@ -262,8 +262,121 @@ def late_fusion(pretrained=False, num_classes=10, in_chans=1, img_size=None, enc
     return LateFusionNet(built, layout, dim, num_classes)
 
 
+# --------------------------------------------------------------------------- text (token ids)
+# The text pool's models read int64 token ids (a text task, ``TaskInfo.input_kind == "tokens"``):
+# a sample [1, 1, L] of ids, 0 padding. Their embeddings have ``TEXT_VOCAB`` rows, the id bound a
+# text task's vocabulary keeps (hfl_bench.text_corpus.VOCAB_SIZE).
+TEXT_VOCAB = 10_002
+
+
+class TextNet(TimmHead, nn.Module):
+    """Base of the text models: token ids [B, ...] -> embeddings, an encoder of ``encode``, a
+    linear head. Float inputs are refused: an id is not a value, and a float here means a method
+    made inputs no vocabulary has (an input-space generator, noise)."""
+
+    def __init__(self, vocab_size: int, dim: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim, padding_idx=0)
+
+    def ids(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_floating_point():
+            raise TypeError("text models read int64 token ids, not float inputs")
+        return x.reshape(len(x), -1).long()
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        ids = self.ids(x)
+        return self.encode(self.embed(ids), ids != 0)
+
+
+def _masked_mean(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.unsqueeze(-1).to(h.dtype)
+    return (h * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+
+class BagOfEmbeddings(TextNet):
+    """fastText-like: the mean of the words' embeddings, a linear head."""
+
+    def __init__(self, num_classes, vocab_size=TEXT_VOCAB, dim=64):
+        super().__init__(vocab_size, dim)
+        self.num_features = dim
+        self.fc = nn.Linear(dim, num_classes)
+
+    def encode(self, e, mask):
+        return _masked_mean(e, mask)
+
+
+class TextCNN(TextNet):
+    """Kim's TextCNN: 1-D convolutions of widths 3, 4, 5 over the embeddings, max over time."""
+
+    def __init__(self, num_classes, vocab_size=TEXT_VOCAB, dim=64, filters=32, widths=(3, 4, 5)):
+        super().__init__(vocab_size, dim)
+        self.convs = nn.ModuleList(nn.Conv1d(dim, filters, w, padding=w // 2) for w in widths)
+        self.num_features = filters * len(widths)
+        self.fc = nn.Linear(self.num_features, num_classes)
+
+    def encode(self, e, mask):
+        h = e.transpose(1, 2)
+        return torch.cat([torch.relu(conv(h)).amax(dim=2) for conv in self.convs], dim=1)
+
+
+class BiGRU(TextNet):
+    """A bidirectional GRU; the mean of its outputs over the words."""
+
+    def __init__(self, num_classes, vocab_size=TEXT_VOCAB, dim=64, hidden=48):
+        super().__init__(vocab_size, dim)
+        self.gru = nn.GRU(dim, hidden, batch_first=True, bidirectional=True)
+        self.num_features = 2 * hidden
+        self.fc = nn.Linear(self.num_features, num_classes)
+
+    def encode(self, e, mask):
+        h, _ = self.gru(e)
+        return _masked_mean(h, mask)
+
+
+class TextTransformer(TextNet):
+    """A small Transformer encoder (learned positions, pre-norm), the mean of its outputs."""
+
+    def __init__(self, num_classes, vocab_size=TEXT_VOCAB, dim=64, layers=2, heads=4, max_len=512):
+        super().__init__(vocab_size, dim)
+        self.pos = nn.Parameter(torch.zeros(1, max_len, dim))
+        nn.init.normal_(self.pos, std=0.02)
+        layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.num_features = dim
+        self.fc = nn.Linear(dim, num_classes)
+
+    def encode(self, e, mask):
+        mask = mask.clone()
+        mask[:, 0] = True  # a row of padding only would attend to nothing (NaN): its first position counts
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.MATH):  # twice differentiable (fedl2g differentiates a gradient)
+            h = self.encoder(e + self.pos[:, : e.shape[1]], src_key_padding_mask=~mask)
+        return _masked_mean(h, mask)
+
+
+def text_bag(pretrained=False, num_classes=2, in_chans=1, img_size=None, **kwargs):
+    return BagOfEmbeddings(num_classes, **_clean(kwargs))
+
+
+def text_cnn(pretrained=False, num_classes=2, in_chans=1, img_size=None, **kwargs):
+    return TextCNN(num_classes, **_clean(kwargs))
+
+
+def text_bigru(pretrained=False, num_classes=2, in_chans=1, img_size=None, **kwargs):
+    return BiGRU(num_classes, **_clean(kwargs))
+
+
+def text_transformer(pretrained=False, num_classes=2, in_chans=1, img_size=None, **kwargs):
+    return TextTransformer(num_classes, **_clean(kwargs))
+
+
+TEXT_MODELS = ("text_bag", "text_cnn", "text_bigru", "text_transformer")  # pool members that read token ids
+
+
 # Registered into timm's model registry (by function name) when timm is imported.
-_TIMM_MODELS = (resnet18_cifar, resnet18_half_cifar, cnn6, mlp_small, cnn_small, resnet_tiny, late_fusion)
+_TIMM_MODELS = (resnet18_cifar, resnet18_half_cifar, cnn6, mlp_small, cnn_small, resnet_tiny, late_fusion,
+                text_bag, text_cnn, text_bigru, text_transformer)
 MULTIMODAL_MODELS = ("late_fusion",)  # pool members that build a model for a multimodal task
 _registered = False
 _register_lock = threading.RLock()
@@ -349,6 +462,11 @@ class PoolMember:
     def multimodal(self) -> bool:
         return self.model in MULTIMODAL_MODELS
 
+    @property
+    def text(self) -> bool:
+        """Whether the member reads token ids (a text task's inputs)."""
+        return self.model in TEXT_MODELS
+
     def observing(self, observed: tuple[str, ...], all_modalities: tuple[str, ...]) -> "PoolMember":
         """This member built with encoders for ``observed`` only; named ``label[image]`` when that is
         not every modality (a recipient's architecture, reported apart from the donors')."""
@@ -393,8 +511,18 @@ def build_model(member: PoolMember, info: TaskInfo) -> nn.Module:
 
 def check_pool_for_task(pool: "ArchPool", info: TaskInfo) -> None:
     """A multimodal task needs a pool of multimodal members, and a single-modality task one of
-    single-modality members (ConfigError naming a pool that fits)."""
+    single-modality members; a text task (token ids) a pool of text members, and any other task
+    one without them (ConfigError naming a pool that fits)."""
     from hfl_bench.config import ConfigError
+
+    tokens = info.input_kind == "tokens"
+    text = [m.text for m in pool.members]
+    if tokens and not all(text):
+        raise ConfigError(f"pool {pool.name} does not build models that read token ids (task {info.name} is text); "
+                          f"use a text pool such as text")
+    if not tokens and any(text):
+        raise ConfigError(f"pool {pool.name} builds text models (they read token ids); task {info.name} is not "
+                          f"text: use a pool such as cpu")
 
     multimodal = [m.multimodal for m in pool.members]
     if info.modalities and not all(multimodal):
@@ -463,4 +591,15 @@ register_pool(ArchPool(
     "paper-resnet18", (PoolMember("resnet18_cifar", label="resnet18"),),
     "Homogeneous paper-scale pool (every client a CIFAR-stem ResNet-18), e.g. for fedavg.",
     gpu_sized=True,
+))
+register_pool(ArchPool(
+    "text",
+    (PoolMember("text_bag", label="fasttext"), PoolMember("text_cnn", label="textcnn"),
+     PoolMember("text_bigru", label="bigru"), PoolMember("text_transformer", label="transformer")),
+    "CPU-sized heterogeneous text pool (token ids, 64-d embeddings), HtFLlib-style: bag of embeddings "
+    "(fastText), TextCNN (widths 3-5), bidirectional GRU, 2-layer Transformer encoder.",
+))
+register_pool(ArchPool(
+    "text-cnn", (PoolMember("text_cnn", label="textcnn"),),
+    "Homogeneous text pool (every client a TextCNN), e.g. for fedavg on a text task.",
 ))

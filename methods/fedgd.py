@@ -225,6 +225,7 @@ class FedGD(Method):
         summary="A coordinator's generator synthesizes a transfer set from the snapshots; then the FedMD exchange.",
         transfer="synthetic",
         why_single_modality="its generator synthesizes inputs of one modality",
+        why_not_tokens="its generator synthesizes continuous inputs, which are no token ids",
         smoke=SmokeSettings(method_params={"g_steps": "2", "synthetic_size": "128"}),
         notes=(
             "reconstructed: FedMD exchange on a synthetic set (synthetic_size samples) from a coordinator's generator "

@@ -241,6 +241,8 @@ class FedSocket(SharedPredictorClients, Method):
                  "Federated Learning, arXiv 2609.37582"),
         summary="Shared predictor Q on fixed features, Private <-> Q teaching, ownership-aware server averaging.",
         missing_modalities=True,
+        why_not_tokens="its shared frozen extractor (a conv encoder or a random projection) maps input values, "
+                       "not token ids",
         presets={"paper": PAPER_BUDGET},
         smoke=SmokeSettings(method_params={"pretrain_steps": "50"}, pretrain_size=SMOKE_PRETRAIN_SIZE),
         notes=(

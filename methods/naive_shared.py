@@ -107,6 +107,8 @@ class NaiveShared(SharedPredictorClients, Method):
                  "Federated Learning, arXiv 2609.37582 (Naive Shared control, Sec. 5.3, 6.2, App. O)"),
         summary="FedSocket's Q, features and endpoints with plain CE training and plain FedAvg (the paper's control).",
         missing_modalities=True,
+        why_not_tokens="its shared frozen extractor (a conv encoder or a random projection) maps input values, "
+                       "not token ids",
         presets={"paper": PAPER_BUDGET},
         smoke=SmokeSettings(method_params={"pretrain_steps": "50"}, pretrain_size=SMOKE_PRETRAIN_SIZE),
         notes=(

@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from hfl_bench.cli import app
-from hfl_bench.cli.catalog import quick_start_text
+from hfl_bench.cli.catalog import quick_start_text, text_task_text
 from hfl_bench.method_api import get_method_class
 from hfl_bench.record.io import load_schema
 from hfl_bench.testing import builtin_methods, smoke_config
@@ -200,7 +200,7 @@ def test_list(runner, kind, expected):
                                      "peer_data": card.peer_data, "predictor": card.predictor,
                                      "refuses_faults": sorted(card.refuses_faults), "version": card.version,
                                      "presets": {n: dict(v) for n, v in card.presets.items()},
-                                     "on_digits": quick_start_text(card),
+                                     "on_digits": quick_start_text(card), "on_text": text_task_text(card),
                                      "origin": get_method_class(name).__module__}
         assert by_name["fedavg"]["single_architecture"] and by_name["fedmd"]["transfer"] == "public-labelled"
         assert by_name["dfml"]["peer_data"] and by_name["dfml"]["predictor"] == "stored snapshot"

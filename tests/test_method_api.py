@@ -83,6 +83,7 @@ def test_register_method_takes_the_name_from_the_card():
     ({"summary": "two\nlines"}, "summary must be one line of text"),
     ({"missing_modalities": 1}, "missing_modalities must be True or False"),
     ({"why_single_modality": ""}, "why_single_modality must say in one line why"),
+    ({"why_not_tokens": "two\nlines"}, "why_not_tokens must be one line"),
     ({"refuses_faults": {"meteor": "why"}}, "refuses_faults: unknown fault kind 'meteor'"),
     ({"refuses_faults": {"byzantine": ""}}, "refuses_faults: say in one line why it refuses byzantine"),
     ({"notes": "one note"}, "notes must be a tuple of strings"),
@@ -144,7 +145,7 @@ def test_a_card_is_frozen_hashable_and_its_dict_is_json():
         "summary": "A demo method.", "transfer": "public-unlabelled", "peer_data": False,
         "predictor": "live model", "needs_public": True,
         "single_architecture": False, "missing_modalities": False,
-        "why_single_modality": "it was written for inputs of one modality",
+        "why_single_modality": "it was written for inputs of one modality", "why_not_tokens": "",
         "refuses_faults": {"straggler": "it needs every client each round"},
         "smoke": {"method_params": {"epochs": "1"}, "pool": None, "public_size": 100}, "presets": {},
         "notes": ["a choice"], "changelog": []}

