@@ -329,7 +329,9 @@ class BiGRU(TextNet):
         self.fc = nn.Linear(self.num_features, num_classes)
 
     def encode(self, e, mask):
-        h, _ = self.gru(e)
+        # Not cuDNN's fused GRU on a GPU: it has no double backward, which fedl2g takes (the native one does).
+        with torch.backends.cudnn.flags(enabled=False):
+            h, _ = self.gru(e)
         return _masked_mean(h, mask)
 
 
