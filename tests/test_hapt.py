@@ -6,6 +6,7 @@ of crad on the sensor pool offline."""
 
 from __future__ import annotations
 
+import codecs
 import copyreg
 import gzip
 import hashlib
@@ -213,6 +214,27 @@ def test_a_hostile_pickle_is_refused_before_anything_runs(tmp_path):
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
     assert "refused: the pickle asks for posix.system" in text and "pwned" not in result.output
     assert not (tmp_path / "data" / "hapt").exists()
+
+
+class _Encoded:
+    def __reduce__(self):
+        return (codecs.encode, ("x" * 100, "zlib_codec"))
+
+
+class _Rebuilt:
+    def __reduce__(self):  # copy_reg._reconstructor, admitted, of a class it is never used for there
+        return (copyreg._reconstructor, (np.ndarray, object, None))
+
+
+@pytest.mark.parametrize("payload, refused", [
+    (_Encoded(), "_codecs.encode to 'zlib_codec'"),
+    (_Rebuilt(), "refused: copy_reg._reconstructor of something other than a pandas frame"),
+])
+def test_an_admitted_global_is_admitted_only_for_what_the_published_file_does_with_it(payload, refused, tmp_path):
+    path = tmp_path / "HAPT.pkl.gz"
+    path.write_bytes(gzip.compress(pickle.dumps({1: [payload]}, protocol=2)))
+    result, text = _prepare("--from", str(path), "--sha256", _sha(path), "--data-dir", str(tmp_path / "data"))
+    assert result.exit_code == 2 and refused in text and len(result.output.strip().splitlines()) == 1
 
 
 def test_an_oversize_file_and_a_decompression_bomb_are_refused(tmp_path, monkeypatch):
