@@ -107,10 +107,31 @@ class SensorTCN(TimmHead, nn.Module):
         return x.mean(dim=2)
 
 
+class _EncoderLayer(nn.Module):
+    """A pre-norm Transformer encoder layer with attention written out (softmax(QK^T / sqrt(d)) V):
+    torch's fused attention on a CPU has no second derivative, which methods that differentiate
+    through a step (FedL2G) need."""
+
+    def __init__(self, dim, heads, ff):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ff = nn.Sequential(nn.Linear(dim, ff), nn.GELU(), nn.Linear(ff, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        attn = torch.softmax(q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5, dim=-1)
+        x = x + self.proj((attn @ v).transpose(1, 2).reshape(b, n, d))
+        return x + self.ff(self.norm2(x))
+
+
 class SensorTransformer(TimmHead, nn.Module):
     """A small Transformer encoder: the series cut into patches of 8 samples, each embedded
     linearly (a strided Conv1d) to 64 values, plus a learned position embedding; two pre-norm
-    encoder layers (4 heads, feed-forward 128); mean over the tokens."""
+    encoder layers (4 heads, feed-forward 128, GELU); mean over the tokens."""
 
     def __init__(self, num_classes, in_chans, img_size, dim=64, patch=8, depth=2, heads=4):
         super().__init__()
@@ -120,9 +141,7 @@ class SensorTransformer(TimmHead, nn.Module):
         self.embed = nn.Conv1d(in_chans, dim, self.patch, stride=self.patch)
         self.pos = nn.Parameter(torch.zeros(1, tokens, dim))
         nn.init.trunc_normal_(self.pos, std=0.02)
-        layer = nn.TransformerEncoderLayer(dim, heads, dim_feedforward=2 * dim, dropout=0.0, batch_first=True,
-                                           norm_first=True)
-        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.encoder = nn.Sequential(*(_EncoderLayer(dim, heads, 2 * dim) for _ in range(depth)))
         self.norm = nn.LayerNorm(dim)
         self.num_features = dim
         self.fc = nn.Linear(dim, num_classes)

@@ -279,3 +279,16 @@ def test_crad_runs_on_the_sensor_pool_offline(tmp_path):
     assert record["arch_pool"]["assignment"] == ["cnn1d", "gru", "tcn", "transformer"]
     assert record["config"]["partition"] == "given" and record["federation"]["n_clients"] == 4
     assert record["task"]["name"] == "hapt"
+
+
+def test_every_sensor_member_has_second_derivatives():
+    """FedL2G differentiates through a training step: torch's fused CPU attention could not."""
+    from hfl_bench.pools import build_model, get_pool
+
+    info = get_task("hapt").info
+    for member in get_pool("sensor").members:
+        torch.manual_seed(0)
+        model = build_model(member, info)
+        grads = torch.autograd.grad(model(torch.randn(3, *info.input_shape)).sum(), list(model.parameters()),
+                                    create_graph=True)
+        sum(g.pow(2).sum() for g in grads).backward()  # raises where a double backward is not implemented
