@@ -11,18 +11,18 @@ from torch import nn
 from hfl_bench.config import ConfigError
 from hfl_bench.families.feature_head import FeatureHeadModel, NearestPrototype, check_split, fit_width
 from hfl_bench.pools import build_model
-from tests.test_pools import MULTIMODAL_TASKS, TASK_NAMES, _task_info, _unique_members
+from tests.test_pools import MULTIMODAL_TASKS, TASK_NAMES, TEXT_TASKS, _task_info, _unique_members
 
 
 @pytest.mark.parametrize("member", _unique_members(), ids=lambda m: m.model)
 def test_member_splits_into_features_and_head(member):
     """forward == classifier(forward_head(forward_features(x), pre_logits=True)) exactly, and the
     pre-logit features have ``num_features`` values (first task of the member's kind)."""
-    info = _task_info(MULTIMODAL_TASKS[0] if member.multimodal else TASK_NAMES[0])
+    info = _task_info(MULTIMODAL_TASKS[0] if member.multimodal else TEXT_TASKS[0] if member.text else TASK_NAMES[0])
     torch.manual_seed(0)
     model = build_model(member, info).eval()
     check_split(model, member.name)
-    x = torch.randn(3, *info.input_shape)
+    x = torch.randint(0, 100, (3, *info.input_shape)) if member.text else torch.randn(3, *info.input_shape)
     with torch.no_grad():
         features = model.forward_head(model.forward_features(x), pre_logits=True)
         assert features.shape == (3, model.num_features)
