@@ -94,7 +94,8 @@ BUILTIN_CARDS: dict[str, dict[Optional[str], dict[str, Any]]] = {
 # Whether each built-in pool is one architecture (``ArchPool.homogeneous``): the same frozen
 # source; no pool's members changed since it was added (hfl_bench/pools.py history).
 BUILTIN_POOLS: dict[str, bool] = {"paper": False, "cpu": False, "cpu-mm": False, "cpu-cnn": True,
-                                  "paper-resnet18": True}
+                                  "paper-resnet18": True, "sensor": False, "sensor-cnn": True, "text": False,
+                                  "text-cnn": True}
 
 
 def card_for(method: Any, version: Any) -> Optional[dict[str, Any]]:
