@@ -175,6 +175,12 @@ def test_a_trend_says_where_its_levels_ran_on_mixed_hosts(real, tmp_path):  # no
      "trend 2: 'values' must be a list of two or more numbers"),
 ])
 def test_a_bad_claims_file_is_one_line_exit_2(tmp_path, change, message):
+    assert_one_line_exit_2(tmp_path, change, message)
+
+
+def assert_one_line_exit_2(tmp_path, change: dict, message: str) -> None:
+    """A claim with ``change`` over ``claim()`` (a None value drops the field) is refused by
+    ``leaderboard claims`` in one line with ``message``, exit 2."""
     c = claim() | change
     path = claims_file(tmp_path, {k: v for k, v in c.items() if v is not None})
     result, out, err = invoke_cli("leaderboard", "claims", str(path))

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_claims import BASE, UP, claim, claims_file, clients_runs, one, run_json
+from test_claims import BASE, UP, assert_one_line_exit_2, claim, claims_file, clients_runs, one, run_json
 from test_paired_stats import real, runs, variant, write  # noqa: F401 - real is a fixture used by name
 
 from helpers import invoke_cli
@@ -60,12 +60,7 @@ def test_a_verdict_off_the_papers_setting_says_where_it_was_reached(folder, tmp_
                 "statistic": "factor"}}, "'statistic' must be one of difference, ratio"),
 ])
 def test_a_bad_setting_match_is_one_line_exit_2(tmp_path, change, message):
-    c = claim() | change
-    path = claims_file(tmp_path, {k: v for k, v in c.items() if v is not None})
-    result, out, err = invoke_cli("leaderboard", "claims", str(path))
-    text = (err or out).strip()
-    assert result.exit_code == 2, text
-    assert message in text and len(text.splitlines()) == 1, text
+    assert_one_line_exit_2(tmp_path, change, message)
 
 
 def test_the_papers_selected_round_beside_the_headline(real, tmp_path):  # noqa: F811
