@@ -136,8 +136,8 @@ class TaskData:
     test_x: torch.Tensor
     test_y: torch.Tensor
     class_names: list[str] | None = None
-    # A task that ships its own client partition (pfl-npz) sets one train index array per client;
-    # the engine then keeps it (partition "given") instead of drawing one.
+    # A task with natural clients (users, movies, pfl-npz's files) sets one train index array per
+    # client; partition "given" keeps them (or packs them into --clients of whole ones).
     client_indices: list[np.ndarray] | None = None
     # What was loaded (module docstring); set by Task.load, None for data built by hand.
     fingerprint: str | None = None

@@ -153,9 +153,15 @@ def check_modality_setting(cfg: RunConfig, plan: ModalityPlan) -> None:
 
 
 def partition_for(cfg: RunConfig, info: TaskInfo, data: TaskData) -> Partition:
-    """The run's client partition: drawn by the configured partitioner, or the one the task ships."""
+    """The run's client partition: drawn by the configured partitioner, or made of the groups the
+    task ships (partition ``given``: its users, movies or files, one client each or ``--clients``
+    of them packed into whole-group clients)."""
     labels = data.train_y.numpy()
-    if data.client_indices is None:
+    if data.client_indices is None or cfg.partition != "given":
+        if data.client_indices is None and cfg.partition == "given":
+            raise ConfigError(f"task {info.name} ships no client partition: --partition given needs one "
+                              f"(use dirichlet, classes or iid)")
+
         def draw(n_clients: int) -> Partition:
             return make_partition(labels, n_clients, cfg.partition, seed=cfg.seed,
                                   heldout_fraction=cfg.heldout_fraction, public_size=cfg.public_size,
@@ -167,17 +173,14 @@ def partition_for(cfg: RunConfig, info: TaskInfo, data: TaskData) -> Partition:
             raise ConfigError(heldout_message(info, cfg, partition, draw))
         return partition
     n = len(data.client_indices)
-    if cfg.public_size or cfg.pretrain_size:
-        what, flag = ("public set", "--public-size") if cfg.public_size else ("pretraining split", "--pretrain-size")
-        raise ConfigError(f"task {info.name} ships its own client partition, so no {what} can be held out "
-                          f"of it: drop {flag}")
-    if cfg.partition != "given":
-        raise ConfigError(f"task {info.name} ships its own client partition: use --partition given "
-                          f"(its default), not --partition {cfg.partition}")
-    if cfg.clients != n:
-        raise ConfigError(f"task {info.name}: --clients {cfg.clients}, but its data holds {n} clients: "
-                          f"drop --clients or pass --clients {n}")
-    partition = given_partition(data.client_indices, labels, seed=cfg.seed, heldout_fraction=cfg.heldout_fraction)
+    if cfg.pretrain_size:
+        raise ConfigError(f"task {info.name}: a pretraining split is not held out of a given partition: drop "
+                          f"--pretrain-size, or draw the clients (--partition dirichlet)")
+    if cfg.clients > n:
+        raise ConfigError(f"task {info.name}: --clients {cfg.clients}, but its data holds {n} natural clients: "
+                          f"pass --clients {n} or fewer (fewer: clients made of whole ones)")
+    partition = given_partition(data.client_indices, labels, seed=cfg.seed, heldout_fraction=cfg.heldout_fraction,
+                                n_clients=cfg.clients, public_size=cfg.public_size)
     if clients_without_heldout(partition):
         raise ConfigError(heldout_message(info, cfg, partition, None))
     return partition

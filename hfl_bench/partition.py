@@ -255,11 +255,31 @@ def make_partition(labels: np.ndarray, n_clients: int, scheme: str = "dirichlet"
                      pretrain)
 
 
+def pack_groups(groups: list[np.ndarray], n_clients: int) -> list[np.ndarray]:
+    """``n_clients`` index arrays, each made of whole groups (a task's natural units: users, movies):
+    groups by decreasing size (ties: the lower group first), each to the client with the fewest
+    samples so far (ties: the lower client), so the clients' sizes are about equal; each client's
+    indices sorted. Deterministic: no seed, so every seed runs the same clients."""
+    if not 1 <= n_clients <= len(groups):
+        raise PartitionError(f"cannot make {n_clients} clients of {len(groups)} whole groups")
+    sizes = [0] * n_clients
+    members: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
+    for g in sorted(range(len(groups)), key=lambda g: (-len(groups[g]), g)):
+        c = min(range(n_clients), key=lambda c: (sizes[c], c))
+        members[c].append(groups[g])
+        sizes[c] += len(groups[g])
+    return [np.sort(np.concatenate(m)).astype(np.int64) if m else np.zeros(0, np.int64) for m in members]
+
+
 def given_partition(indices: list[np.ndarray], labels: np.ndarray, seed: int = 0,
-                    heldout_fraction: float = 0.2) -> Partition:
-    """A partition whose client shards are exactly ``indices`` (a task's own partition), each
-    split into train / val / test by the usual seeded per-class ``split_client``. The hash also
-    covers the labels: shards are given, not drawn, so their sizes alone do not identify the data."""
+                    heldout_fraction: float = 0.2, n_clients: int | None = None,
+                    public_size: int = 0) -> Partition:
+    """A partition whose clients are a task's own groups ``indices`` (one client each, or, with
+    ``n_clients`` below their number, ``pack_groups`` of them), each split into train / val / test
+    by the usual seeded per-class ``split_client``. With ``public_size`` > 0 a stratified public set
+    is held out of all groups' samples first (``hold_out_public``, as for a drawn partition) and the
+    groups keep the rest. The hash also covers the labels: shards are given, not drawn, so their
+    sizes alone do not identify the data."""
     labels = np.asarray(labels)
     if not indices:
         raise PartitionError("the given partition has no clients")
@@ -271,11 +291,21 @@ def given_partition(indices: list[np.ndarray], labels: np.ndarray, seed: int = 0
         raise PartitionError("the given client index arrays point outside the training set")
     if len(np.unique(joined)) < len(joined):
         raise PartitionError("the given client index arrays overlap")
+    public = np.zeros(0, np.int64)
+    if public_size:
+        public, _ = hold_out_public(labels, public_size, seed, among=np.sort(joined))
+        shards = [s[~np.isin(s, public)] for s in shards]
+    if n_clients is not None and n_clients != len(shards):
+        shards = pack_groups(shards, n_clients)
     rng = np.random.default_rng(seed)
     clients = tuple(split_client(s, labels, heldout_fraction, rng) for s in shards)
     empty = [cid for cid, s in enumerate(clients) if len(s.train) == 0]
     if empty:
         raise PartitionError(f"clients {empty} of the given partition have no training samples")
     digest = hashlib.sha256(np.ascontiguousarray(labels, dtype=np.int64).tobytes()).hexdigest()[:16]
-    key = {"heldout_fraction": heldout_fraction, "seed": seed, "labels": digest}
-    return Partition("given", {}, seed, heldout_fraction, clients, partition_hash("given", key, clients))
+    key: dict[str, Any] = {"heldout_fraction": heldout_fraction, "seed": seed, "labels": digest}
+    hashed = clients
+    if public_size:  # without a public set the key (and so the hash) is what it always was
+        key["public_size"] = public_size
+        hashed = hashed + (ClientSplit(public, np.zeros(0, np.int64), np.zeros(0, np.int64)),)
+    return Partition("given", {}, seed, heldout_fraction, clients, partition_hash("given", key, hashed), public)

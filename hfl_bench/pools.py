@@ -567,7 +567,7 @@ register_pool(ArchPool(
     (PoolMember("sensor_cnn1d", label="cnn1d"), PoolMember("sensor_gru", label="gru"),
      PoolMember("sensor_tcn", label="tcn"), PoolMember("sensor_transformer", label="transformer")),
     "CPU-sized heterogeneous pool for multichannel time series (hapt), after HtFLlib's HAR pools: a 1-D CNN, "
-    "a GRU, a dilated causal TCN and a small Transformer encoder.",
+    "a GRU over a strided convolution, a dilated causal TCN and a small Transformer encoder.",
 ))
 register_pool(ArchPool(
     "sensor-cnn", (PoolMember("sensor_cnn1d", label="cnn1d"),),

@@ -7,8 +7,9 @@ where the file comes from, how it is read safely, how the windows are cut and sp
 task standardizes each channel with the training windows' mean and sd, like every task.
 
 The client partition is the users' (``TaskData.client_indices``; partition ``given``, the task's
-default and the only one it accepts): client i holds every training window of the i-th user in
-increasing id order, split by the usual seeded per-class rule into train / validation / local test.
+default; ``--clients`` below the users makes clients of whole users, another partitioner draws over
+all windows): client i holds every training window of the i-th user in increasing id order,
+split by the usual seeded per-class rule into train / validation / local test.
 Those windows overlap their neighbours by half (UCI HAR's 50 %), so a client's local test windows
 share samples with its training windows, as in PFLlib's and HtFLlib's HAR splits. The global test
 set does not: it is the last fifth of every activity run of every user, cut off with a one-window

@@ -23,8 +23,9 @@ Choices where the layout or the protocol leaves a gap:
 
 - The client partition is exactly the files' membership: the training set is the concatenation of
   the clients' train files in cid order and client i's shard is the whole of train/i.npz
-  (``TaskData.client_indices``; the engine builds partition ``given`` from it, the only partition
-  this task accepts). Its hash covers the indices, the seed, the held-out fraction and the labels.
+  (``TaskData.client_indices``; the engine builds partition ``given`` from it, the default; another
+  partitioner draws over the pooled training files). Its hash covers the indices, the seed, the
+  held-out fraction and the labels.
 - Within a shard, the protocol's usual seeded per-class split applies: 80% train, 20% held out and
   halved into validation and local test (``--seed`` changes only this split, not the membership).
   So clients train on 80% of their PFLlib train file, not all of it.

@@ -38,19 +38,14 @@ CACHE_SPECS = {
 }
 
 
-def movie_clients(movies: np.ndarray, n_clients: int = CLIENTS) -> list[np.ndarray]:
-    """``n_clients`` index arrays over the training reviews, each made of whole movies: movies by
-    decreasing review count (ties: lower movie number first), each to the client with the fewest
-    reviews so far (ties: lower client), so the clients' sizes are about equal."""
-    numbers, counts = np.unique(movies, return_counts=True)
-    sizes = [0] * n_clients
-    owner = {}
-    for i in sorted(range(len(numbers)), key=lambda i: (-counts[i], numbers[i])):
-        c = min(range(n_clients), key=lambda c: (sizes[c], c))
-        owner[int(numbers[i])] = c
-        sizes[c] += int(counts[i])
-    client_of = np.array([owner[int(m)] for m in movies], dtype=np.int64)
-    return [np.flatnonzero(client_of == c) for c in range(n_clients)]
+def movie_groups(movies: np.ndarray) -> list[np.ndarray]:
+    """One index array over the training reviews per movie, in increasing movie number: the task's
+    natural clients. The run packs them into ``--clients`` clients of whole movies
+    (``hfl_bench.partition.pack_groups``: movies by decreasing review count, each to the smallest
+    client), or runs each movie as a client (``--clients`` = the number of movies)."""
+    numbers, inverse = np.unique(movies, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    return np.split(order.astype(np.int64), np.cumsum(np.bincount(inverse, minlength=len(numbers)))[:-1])
 
 
 class TokenTask(Task):
@@ -141,8 +136,9 @@ class RottenTomatoes(TokenTask):
             f"vocabulary of the {tc.VOCAB_WORDS:,} most frequent training words (0 pad, 1 unknown; its SHA-256 is "
             f"in the data fingerprint); each review is {tc.SEQ_LEN} int64 token ids, never normalized. Test: a "
             f"stratified {tc.TEST_FRACTION:.0%} of the reviews (seed {tc.SPLIT_SEED}). Clients: {CLIENTS}, each "
-            f"made of whole movies (partition given: natural feature skew, mild label skew); no public set can be "
-            f"held out of a given partition. Protocol not yet calibrated. Cached as "
+            f"made of whole movies (partition given: natural feature skew, mild label skew; --clients up to the "
+            f"508 movies), or drawn by another partitioner (--partition dirichlet). Protocol not yet calibrated. "
+            f"Cached as "
             f"<data-dir>/rotten-tomatoes/rotten-tomatoes.npz."
         ),
         augmentation="none",
@@ -160,7 +156,7 @@ class RottenTomatoes(TokenTask):
         return list(tc.LABELS)
 
     def clients(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray] | None:
-        return movie_clients(arrays["train_movie"])
+        return movie_groups(arrays["train_movie"])
 
 
 AG_MAX_ROWS = tc.AG_MAX_ROWS

@@ -292,3 +292,31 @@ def test_every_sensor_member_has_second_derivatives():
         grads = torch.autograd.grad(model(torch.randn(3, *info.input_shape)).sum(), list(model.parameters()),
                                     create_graph=True)
         sum(g.pow(2).sum() for g in grads).backward()  # raises where a double backward is not implemented
+
+
+def test_users_make_fewer_clients_whole_or_are_drawn_over(source, tmp_path):
+    """--clients below the users packs whole users; another partitioner draws over all windows;
+    more clients than users, one line; a public set is held out of the users' windows."""
+    from hfl_bench import engine
+    from hfl_bench.config import ConfigError, RunConfig
+
+    data_dir = tmp_path / "data"
+    assert _prepare("--from", str(source), "--data-dir", str(data_dir), "--sha256", _sha(source))[0].exit_code == 0
+    task = get_task("hapt")
+    data = task.load(data_dir)
+
+    def partition(**kw):
+        cfg = engine.load_task(RunConfig(method="local", task="hapt", data_dir=str(data_dir), **kw))[1]
+        return engine.partition_for(cfg, task.info, data)
+
+    users = [set(c.tolist()) for c in data.client_indices]
+    packed = partition(clients=2)
+    for client in packed.clients:
+        mine = set(np.concatenate([client.train, client.val, client.test]).tolist())
+        assert sum(u <= mine for u in users) == 2  # two whole users each
+    drawn = partition(partition="iid", clients=3)
+    assert drawn.scheme == "iid" and drawn.n_clients == 3
+    public = partition(public_size=4, heldout_fraction=0.5)  # the tiny users need a larger share
+    assert len(public.public) == 4 and public.n_clients == 4
+    with pytest.raises(ConfigError, match="holds 4 natural clients: pass --clients 4 or fewer"):
+        partition(clients=5)

@@ -8,6 +8,7 @@ import pytest
 from hfl_bench.partition import (
     PartitionError,
     dirichlet,
+    given_partition,
     make_partition,
     partition_hash,
     split_client,
@@ -225,3 +226,39 @@ def test_split_client_direct():
     assert len(s.val) == 1 + 1 + 0 and len(s.test) == 1 + 0 + 0
     assert len(s.train) == 16 - 3
     assert np.array_equal(np.sort(np.concatenate([s.train, s.val, s.test])), idx)
+
+
+# --------------------------------------------------------------------------- a task's own groups
+
+def test_pack_groups_makes_clients_of_whole_groups_of_about_equal_size():
+    from hfl_bench.partition import pack_groups
+
+    groups = [np.arange(0, 5), np.arange(5, 14), np.arange(14, 16), np.arange(16, 20), np.arange(20, 23)]
+    # by decreasing size, each to the smaller client: 9 -> c0; 5 -> c1; 4 -> c1 (5 < 9); 3 -> c0 (9 = 9: the
+    # lower client); 2 -> c1 (9 < 12)
+    packed = pack_groups(groups, 2)
+    assert [sorted(p.tolist()) for p in packed] == [list(range(5, 14)) + [20, 21, 22],
+                                                    list(range(0, 5)) + [14, 15] + list(range(16, 20))]
+    assert [len(p) for p in pack_groups(groups, 5)] == [9, 5, 4, 3, 2]  # one group each, largest first
+    with pytest.raises(PartitionError, match="cannot make 6 clients of 5 whole groups"):
+        pack_groups(groups, 6)
+
+
+def test_given_partition_holds_a_stratified_public_set_out_of_the_groups_first():
+    labels = np.repeat(np.arange(4), 50)[np.random.default_rng(0).permutation(200)]
+    groups = [np.arange(i, i + 40) for i in range(0, 200, 40)]
+    base = given_partition(groups, labels, seed=3)
+    part = given_partition(groups, labels, seed=3, public_size=20)
+    assert len(part.public) == 20 and np.bincount(labels[part.public]).tolist() == [5, 5, 5, 5]
+    owned = np.concatenate([np.concatenate([c.train, c.val, c.test]) for c in part.clients])
+    assert not np.isin(part.public, owned).any() and len(owned) == 180
+    assert part.hash != base.hash and base.public_size == 0
+    # each client keeps its own group's other samples
+    for group, client in zip(groups, part.clients):
+        mine = np.concatenate([client.train, client.val, client.test])
+        assert set(mine.tolist()) == set(group.tolist()) - set(part.public.tolist())
+    # packed: three clients of whole groups; the same packing every seed
+    packed = [given_partition(groups, labels, seed=s, n_clients=3) for s in (0, 1)]
+    sizes = [[len(c.train) + len(c.val) + len(c.test) for c in p.clients] for p in packed]
+    assert sizes[0] == sizes[1] == [80, 80, 40]
+    assert given_partition(groups, labels, seed=3, n_clients=5).hash == base.hash  # one group each: as before

@@ -153,11 +153,12 @@ def test_given_partition_rejects_bad_indices():
         given_partition([np.arange(0, 10), np.zeros(0, dtype=np.int64)], labels)
 
 
-def test_other_partitions_and_client_counts_are_refused(folder):
+def test_other_partitions_draw_and_more_clients_than_files_are_refused(folder):
     root, _ = folder
-    with pytest.raises(ConfigError, match=r"pfl-npz.*--partition given"):
-        build(root, partition="dirichlet")
-    with pytest.raises(ConfigError, match=r"--clients 5, but its data holds 3 clients"):
+    # another partitioner draws over the files' pooled samples; --clients past the files: one line
+    _, _, fed = build(root, partition="iid", clients=2, heldout_fraction=0.5)
+    assert fed.partition.scheme == "iid" and fed.partition.n_clients == 2
+    with pytest.raises(ConfigError, match=r"--clients 5, but its data holds 3 natural clients"):
         build(root, clients=5)
 
 

@@ -73,12 +73,18 @@ def test_no_public_set_keeps_committed_hashes(digits):
     assert config_hash(recorded_config({**record["config"], "public_size": 100}).__dict__) != record["config_hash"]
 
 
-def test_given_partition_rejects_public_size(digits):
+def test_given_partition_holds_the_public_set_out_of_its_clients_and_no_pretraining_split(digits):
     task, cfg, data = digits
     shipped = TaskData(data.train_x, data.train_y, data.test_x, data.test_y,
                        client_indices=[np.arange(0, 500), np.arange(500, 1000)])
     cfg = RunConfig(**{**cfg.__dict__, "partition": "given", "clients": 2, "public_size": 50})
-    with pytest.raises(ConfigError, match="--public-size"):
+    part = partition_for(cfg, task.info, shipped)
+    assert len(part.public) == 50 and part.public.max() < 1000  # out of the clients' samples only
+    kept = np.concatenate([np.concatenate([c.train, c.val, c.test]) for c in part.clients])
+    assert len(kept) == 950 and not np.isin(part.public, kept).any()
+    assert np.array_equal(part.public, partition_for(cfg, task.info, shipped).public)  # seeded
+    cfg = RunConfig(**{**cfg.__dict__, "public_size": 0, "pretrain_size": 50})
+    with pytest.raises(ConfigError, match="--pretrain-size"):
         partition_for(cfg, task.info, shipped)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bz2
 import csv
+import dataclasses
 import hashlib
 import io
 import json
@@ -92,14 +93,22 @@ def test_prepare_builds_the_cache_the_task_loads(prepared):
     assert abs(len(data.test_y) - 0.2 * n) <= 2
     assert set(data.train_y.tolist()) == {0, 1} and data.class_names == ["rotten", "fresh"]
     assert int(data.train_x.max()) < TEXT_VOCAB and int(data.train_x.min()) >= 0  # ids, not normalized values
-    # the given partition: 10 clients, each of whole movies, covering the training set once
+    # the natural clients: one per movie, covering the training set once; a run packs them into
+    # --clients (10 by default) of whole movies
+    from hfl_bench import engine
+    from hfl_bench.config import RunConfig
+
     arrays = np.load(tc.cache_path(prepared))
     movies = arrays["train_movie"]
-    assert len(data.client_indices) == 10
+    assert len(data.client_indices) == len(set(movies.tolist()))
     assert sorted(np.concatenate(data.client_indices).tolist()) == list(range(len(data.train_y)))
+    assert all(len(set(movies[idx].tolist())) == 1 for idx in data.client_indices)
+    cfg = engine.load_task(RunConfig(method="local", task="rotten-tomatoes", data_dir=str(prepared)))[1]
+    part = engine.partition_for(cfg, task.info, data)
+    assert part.n_clients == 10
     owners = {}
-    for cid, idx in enumerate(data.client_indices):
-        for m in set(movies[idx].tolist()):
+    for cid, c in enumerate(part.clients):
+        for m in set(movies[np.concatenate([c.train, c.val, c.test])].tolist()):
             assert owners.setdefault(m, cid) == cid
     assert task.fingerprint(prepared) == data.fingerprint
 
@@ -196,15 +205,32 @@ def test_methods_that_make_inputs_refuse_token_ids_before_any_work(tmp_path, met
     listed = {row["name"]: row["on_text"] for row in json.loads(
         CliRunner().invoke(app, ["list", "methods", "--format", "json"]).output)}
     assert listed[method] == "refuses" and listed["crad"] == "runs" and listed["fedavg"] == "needs --pool text-cnn"
-    assert listed["fedmd"] == "needs a public set"
+    assert listed["fedmd"].startswith("needs --public-size ")
 
 
-def test_a_public_set_method_is_refused_on_the_movie_partition(prepared):
-    # the column says so: a task that ships its client partition holds no public set out
-    result = CliRunner().invoke(app, ["run", "--method", "fedmd", "--task", "rotten-tomatoes", "--rounds", "1",
-                                      "--public-size", "20", "--data-dir", str(prepared)])
-    assert result.exit_code == 2 and "ships its own client partition, so no public set" in " ".join(
-        result.output.split())
+def test_a_public_set_method_runs_on_the_movie_partition_with_a_public_set(prepared, tmp_path):
+    # the public set is held out of the movies' reviews before the movies make the clients
+    from hfl_bench import engine
+    from hfl_bench.config import RunConfig
+
+    flags = ["--task", "rotten-tomatoes", "--rounds", "1", "--data-dir", str(prepared)]
+    result = CliRunner().invoke(app, ["run", "--method", "fedmd", "--public-size", "20", *flags,
+                                      "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    record = json.loads(next((tmp_path / "o").glob("rotten-tomatoes__fedmd__*.json")).read_text())
+    assert record["status"] == "ok"
+    task, cfg = engine.load_task(RunConfig(method="fedmd", task="rotten-tomatoes", public_size=20,
+                                           data_dir=str(prepared)))
+    data = task.load(cfg.data_dir)
+    part = engine.partition_for(cfg, task.info, data)
+    assert len(part.public) == 20 and part.n_clients == cfg.clients
+    owned = np.concatenate([np.concatenate([c.train, c.val, c.test]) for c in part.clients])
+    assert not np.isin(part.public, owned).any()
+    assert len(owned) + 20 == len(data.train_y)
+    # without the public set the clients are the movies' packing as before (its own hash)
+    plain = engine.partition_for(dataclasses.replace(cfg, public_size=0), task.info, data)
+    assert plain.hash != part.hash and len(np.concatenate([c.train for c in plain.clients])) > len(
+        np.concatenate([c.train for c in part.clients]))
 
 
 def test_text_pools_and_image_tasks_do_not_mix(prepared, tmp_path):
@@ -260,9 +286,10 @@ def test_every_builtin_method_runs_on_text_or_is_refused_as_the_table_says(prepa
             continue
         assert says == "runs", f"{name}: runs on text with no flag, but the table says {says!r}"
         assert record.status == "ok", (name, record.error)
-    assert refused == {"ds-fl": "needs a public set", "fedcc": "needs a public set", "fedmd": "needs a public set",
-                       "msfkd": "needs a public set", "fedavg": "needs --pool text-cnn", "fedgd": "refuses",
-                       "fedsocket": "refuses", "naive-shared": "refuses"}
+    public = {name for name, says in refused.items() if says.startswith("needs --public-size ")}
+    assert public == {"ds-fl", "fedcc", "fedmd", "msfkd"}
+    assert {k: v for k, v in refused.items() if k not in public} == {
+        "fedavg": "needs --pool text-cnn", "fedgd": "refuses", "fedsocket": "refuses", "naive-shared": "refuses"}
 
 
 # --------------------------------------------------------------------------- AG News

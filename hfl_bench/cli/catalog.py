@@ -118,15 +118,16 @@ def quick_start_text(card: Any) -> str:
 
 
 def text_task_text(card: Any) -> str:
-    """What the method needs to run on the text task (``rotten-tomatoes``: token ids, its own
-    movie partition), from the card: "refuses" where it cannot read token ids (``why_not_tokens``),
-    "needs a public set" for a method that reads one (a task that ships its partition holds none
-    out), the text pool of one architecture for a single-architecture method, else "runs"."""
+    """What the method needs to run on the text task (``rotten-tomatoes``: token ids, clients of
+    whole movies), from the card: "refuses" where it cannot read token ids (``why_not_tokens``), the
+    public set its smoke run holds out for a method that reads one (held out of the movies' reviews),
+    the text pool of one architecture for a single-architecture method, else "runs"."""
     if card.why_not_tokens:
         return "refuses"
-    if card.needs_public:
-        return "needs a public set"
-    return "needs --pool text-cnn" if card.single_architecture else "runs"
+    smoke = card.smoke_config()
+    needs = [f"--public-size {smoke['public_size']}"] if card.needs_public and smoke["public_size"] else []
+    needs += ["--pool text-cnn"] if card.single_architecture else []
+    return "needs " + " ".join(needs) if needs else "runs"
 
 
 def _type_name(f: dataclasses.Field) -> str:
