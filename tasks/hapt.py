@@ -1,4 +1,4 @@
-"""UCI HAPT: smartphone accelerometer and gyroscope windows of 30 users, each user a client.
+"""UCI HAPT: smartphone accelerometer and gyroscope windows of 30 users, clients of whole users.
 
 The data is the cache ``hfl-bench prepare hapt --from HAPT.pkl.gz`` writes (``hfl_bench/hapt.py``:
 where the file comes from, how it is read safely, how the windows are cut and split). A window is
@@ -31,6 +31,10 @@ from hfl_bench.npzfile import ArraySpec, read_arrays
 from hfl_bench.regularfile import read_regular
 
 NAME = "hapt"
+# The default federation: 10 clients of three whole users each (``pack_groups``), not one per user:
+# a CPU protocol's cost (10 models to test, not 30; CRAD's teachers are every peer) at rule 2's
+# steps per round; `--clients 30` runs each user as a client.
+CLIENTS = 10
 INPUT_SHAPE = (len(CHANNELS), 1, WINDOW)
 CACHE_SPECS = {
     f"{split}_{key}": spec
@@ -65,12 +69,13 @@ class HAPT(Task):
         description=(
             "Offline after `hfl-bench prepare hapt`: 2.56 s windows (128 samples at 50 Hz, 50% overlap) of acc "
             "xyz + gyro xyz inside each run of one of the 6 activities (transitions and unlabelled samples "
-            "dropped), stored as 6x1x128; each user a client (partition given); global test set: the last "
+            "dropped), stored as 6x1x128; clients of whole users (partition given: 10 of three users each by "
+            "default, --clients 30 one per user); global test set: the last "
             "fifth of every activity run, after a one-window gap. Defaults not calibrated yet."
         ),
         augmentation="none",
         # Not calibrated (issue 64): a CPU-sized starting point on the sensor pool.
-        defaults={"partition": "given", "pool": "sensor", "clients": 30, "rounds": 50, "batch_size": 32,
+        defaults={"partition": "given", "pool": "sensor", "clients": CLIENTS, "rounds": 50, "batch_size": 32,
                   "lr": 0.05, "local_epochs": 1, "heldout_fraction": 0.2},
     )
 
@@ -81,14 +86,15 @@ class HAPT(Task):
         return [Path(data_dir) / FOLDER / CACHE]
 
     def folder_defaults(self, data_dir: Path | str | None) -> dict[str, Any]:
-        """The number of users SOURCE.json records as the default --clients (a file written for a
-        test holds fewer than 30); nothing when it is unreadable (``load`` then says what is wrong)."""
+        """The default --clients: ``CLIENTS``, or the number of users SOURCE.json records where it
+        holds fewer (a file written for a test); nothing when it is unreadable (``load`` then says
+        what is wrong)."""
         from hfl_bench.data import resolve_data_dir
 
         try:
             info = json.loads(read_regular(resolve_data_dir(data_dir) / FOLDER / SOURCE_FILE, 1 << 20))
             users = info["users"]
-            return {"clients": len(users)} if isinstance(users, list) and users else {}
+            return {"clients": min(CLIENTS, len(users))} if isinstance(users, list) and users else {}
         except Exception:  # noqa: BLE001 - whatever is wrong, load reports it
             return {}
 
