@@ -190,7 +190,8 @@ class Transfer:
     def as_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "figure": "headline", "definitions": DEFINITIONS,
                 "tasks": [t.as_dict() for t in self.tasks], "methods": self.methods,
-                "cells": [self.cells[(m, t.task)].as_dict() for m in self.methods for t in self.tasks],
+                "cells": [self.cells[(m, t.task)].as_dict() for m in sorted(self.methods + self.not_compared)
+                          for t in self.tasks],
                 "pairs": [a.as_dict() for a in self.agreements], "not_compared": self.not_compared,
                 "summary": self.summary}
 
