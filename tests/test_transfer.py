@@ -115,6 +115,11 @@ def test_noisy_gains_give_no_evidence_and_the_same_output_twice(real, tmp_path):
     assert low < 0 < high and high - low > 0.5, pair
     assert pair["verdict"] == "no evidence"
     assert pair["sentence"].startswith("no evidence of agreement (interval covers 0: tau = ")
+    # a third task read first (its name sorts first) leaves the pair's interval as it was: each
+    # pair's generator is seeded by its own two names
+    write_task(tmp_path / "r", real, "adult", dict(zip(METHODS, [0.3, 0.1, 0.5, 0.2, 0.4])), noise)
+    pairs = {tuple(p["tasks"]): p for p in transfer_json(str(tmp_path / "r"))["pairs"]}
+    assert len(pairs) == 3 and pairs[("digits", "mnist1d")] == pair
 
 
 def test_the_batched_tau_is_scipys_row_by_row():
