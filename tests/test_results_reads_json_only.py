@@ -1,4 +1,4 @@
-"""The results layer reads JSON: `leaderboard show`, `compare`, `claims` and `html` import neither
+"""The results layer reads JSON: `leaderboard show`, `compare`, `claims`, `html` and `transfer` import neither
 torch nor any method, pool or engine module, and print the same whatever plugins are installed
 (an older record's missing fields come from the frozen table of built-in cards, never the registry)."""
 
@@ -20,6 +20,7 @@ COMMANDS = {
     "compare": ["compare", "leaderboards/reproduced/digits", "--against", "local", "--json"],
     "claims": ["claims", "leaderboards/claims.yaml", "--paper", "CRAD", "--json"],
     "html": ["html", "--out", "{tmp}/site", "leaderboards/reproduced/mini"],
+    "transfer": ["transfer", "leaderboards/reproduced/mini", "--json"],
 }
 # Run in a fresh interpreter; with ``hide``, the entry points of every hfl_bench group are hidden,
 # as if no plugin (nor the built-ins) were installed: a registry lookup would find nothing.

@@ -467,6 +467,101 @@ def claims(
         sys.stdout.write((header + "\n" + lines) if lines else lines)
 
 
+TRANSFER_FORMATS = ("table", "markdown", "json")
+
+
+@app.command(cls=BenchCommand)
+def transfer(
+    paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
+    task: list[str] = typer.Option([], "--task", "-t", help="Only this task (repeatable; at least two to compare)."),
+    reference: str = typer.Option(DEFAULT_REFERENCE, "--reference", "-b", help="The method every gain is measured "
+                                  "from: each method's paired difference - REFERENCE."),
+    digits: int = typer.Option(2, "--digits", min=0, max=4, help="Decimals of the gains and intervals printed "
+                               "(JSON: 4)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (plain lines when piped), markdown or json."),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
+):
+    """Do methods' gains transfer across tasks? Per task (read in one protocol: of those the
+    reference ran, the first setting section, then the most methods, the most reference seeds;
+    the output names it), each method's paired gain over the reference on the same seeds (mean
+    [95% t-interval], n; `leaderboard compare`'s pairing), or "not run" / "other protocol only".
+    Per pair of tasks, Kendall's tau-b between the methods' mean gains over the methods compared on
+    both (at least 4), with a 95% seed-bootstrap interval (each method's paired differences on
+    each task resampled, 2,000 times, fixed seed: the same records give the same output), read by
+    the interval alone: rankings agree (above 0), disagree (below 0), or no evidence of agreement
+    (it covers 0). Tasks of different modalities use different pools: the methods are the same,
+    the models are not."""
+    from hfl_bench.registry import unknown_message
+    from hfl_bench.results.board import board_records, build_groups
+    from hfl_bench.results.loading import ResultsError, load_records
+    from hfl_bench.results.transfer import transfer as read_transfer
+
+    fmt = output_format(fmt, as_json, TRANSFER_FORMATS)
+    try:
+        loaded, not_records = load_records(_paths(paths))
+    except ResultsError as e:
+        fail(str(e))
+    if not loaded and not not_records:
+        fail("no record files found in " + ", ".join(map(str, _paths(paths))))
+    records, excluded = board_records(loaded)
+    for s in not_records + excluded:
+        note("skipped:", s.line())
+    groups = build_groups(records)
+    tasks = sorted({g.task for g in groups})
+    for name in task:
+        if name not in tasks:
+            fail(f"--task: {unknown_message('task', name, tasks)}")
+    groups = [g for g in groups if not task or g.task in task]
+    names = sorted({g.method for g in groups})
+    if reference not in names:
+        fail(f"--reference: {unknown_message('method', reference, names)}")
+    _print_transfer(read_transfer(groups, reference), digits, fmt)
+
+
+def _print_transfer(t: Any, digits: int, fmt: str) -> None:
+    """``transfer``'s three tables (the tasks' protocols, the gains, the pairs of tasks) and its
+    notes, as json, markdown, rich tables on a terminal or plain lines when piped."""
+    from hfl_bench.results.render import to_markdown, to_rich
+    from hfl_bench.results.transfer import (
+        PAIR_COLUMNS,
+        TASK_COLUMNS,
+        gain_columns,
+        gain_rows,
+        notes,
+        pair_rows,
+        task_rows,
+    )
+
+    if fmt == "json":
+        sys.stdout.write(json.dumps(t.as_dict(), indent=1) + "\n")
+        return
+    gains_title = f"gain over {t.reference} (paired by seed, mean [95% CI] n)"
+    tables = [(f"tasks, each read in one protocol (where {t.reference} ran)", task_rows(t), TASK_COLUMNS),
+              (gains_title, gain_rows(t, digits), gain_columns(t))]
+    if t.summary is None:
+        tables.append(("do the rankings agree? (Kendall's tau-b, 95% seed bootstrap)", pair_rows(t), PAIR_COLUMNS))
+    lines = ([t.summary] if t.summary else []) + notes(t)
+    if fmt == "markdown":
+        sys.stdout.write("\n".join(f"**{markdown_cell(title)}**\n\n" + to_markdown(rows, columns)
+                                   for title, rows, columns in tables if rows)
+                         + "".join(f"\n{markdown_cell(line)}\n" for line in lines))
+        return
+    console = wide_out()
+    for title, rows, columns in tables:
+        if not rows:
+            continue
+        if console.is_terminal:
+            print_titled(console, to_rich(spelled_for(console, rows), columns, title))
+        else:
+            sys.stdout.write(f"{terminal(title)}\n" + " | ".join(columns) + "\n"
+                             + "".join(" | ".join(terminal(r[c]) for c in columns) + "\n" for r in rows) + "\n")
+    for line in lines:
+        if console.is_terminal:
+            console.print(plain(line), highlight=False)
+        else:
+            sys.stdout.write(terminal(line) + "\n")
+
+
 @app.command(cls=BenchCommand)
 def provenance(
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
