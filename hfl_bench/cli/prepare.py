@@ -130,3 +130,34 @@ def hapt(
                     f"{w['test']:,} test windows; what it was built from: {target / 'hapt' / 'SOURCE.json'})"),
               highlight=False, soft_wrap=True)
 
+
+@app.command("uci-har", cls=BenchCommand)
+def uci_har(
+    source: Path = typer.Option(..., "--from", help="UCI HAR Dataset.zip (https://archive.ics.uci.edu/dataset/240; "
+                                "UCI's current download wraps it in another zip: unzip that one first), or the "
+                                "'UCI HAR Dataset' folder it unpacks to, or the folder that holds that."),
+    data_dir: Optional[Path] = _data_dir_option("uci-har"),
+    sha256: Optional[str] = typer.Option(None, "--sha256", help="Check this SHA-256 (the zip's; for a folder, the "
+                                         "content SHA-256 prepare prints) \\[default: none is pinned: the digest "
+                                         "is printed and recorded]. Other data carries another data fingerprint."),
+):
+    """Write DATA_DIR/uci-har/uci-har.npz, the windows the uci-har task reads, and SOURCE.json beside
+    it, offline, from UCI HAR's Inertial Signals (9 channels x 128 samples; labels, subjects and
+    activity_labels.txt). Every number is parsed and every file checked (128 finite numbers a line,
+    labels 1-6, subjects 1-30, the files of a split agreeing on their rows) before anything is
+    written; the zip's members are checked (names, declared sizes, compression ratio) before any is
+    inflated. No SHA-256 of the published zip is pinned: prepare prints the zip's SHA-256 (a folder's
+    content SHA-256) and records it in SOURCE.json with each file's; --sha256 checks it instead. Both
+    files are written atomically (an existing cache is replaced), and a second prepare into the same
+    folder while one builds is refused."""
+    from hfl_bench.uci_har import BuildError, build
+
+    target, info = _build(data_dir, lambda target: build(source, target, sha256), BuildError, sha256)
+    w = info["windows"]
+    digest = (f"the zip's SHA-256 {info['zip_sha256']}" if info["zip_sha256"]
+              else f"the folder's content SHA-256 {info['content_sha256']}")
+    checked = "checked against --sha256" if info["sha256_checked"] else "not checked: compare it with your source's"
+    out.print(plain(f"wrote {target / 'uci-har' / 'uci-har.npz'} ({len(info['users'])} training subjects as clients, "
+                    f"{w['train']:,} training and {w['test']:,} test windows of {len(info['test_subjects'])} other "
+                    f"subjects; {digest}, {checked}; what it was built from: {target / 'uci-har' / 'SOURCE.json'})"),
+              highlight=False, soft_wrap=True)
