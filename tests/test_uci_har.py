@@ -263,3 +263,15 @@ def test_a_run_on_the_prepared_cache(method, dataset, tmp_path):
     assert record["task"]["name"] == "uci-har" and record["config"]["partition"] == "given"
     assert record["federation"]["n_clients"] == 3
     assert record["arch_pool"]["assignment"] == ["cnn1d", "gru", "tcn"]
+
+
+def test_a_second_prepare_while_one_builds_is_refused(dataset, tmp_path):
+    from hfl_bench import locks
+
+    data = tmp_path / "data"
+    with locks.hold(data / "uci-har", "the folder", lambda holder: f"busy: {holder}"):  # as a running build holds it
+        result, text = _prepare("--from", str(dataset), "--data-dir", str(data))
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+        assert f"{data / 'uci-har'} is being built by another hfl-bench prepare (pid" in text
+        assert not (data / "uci-har" / "uci-har.npz").exists()
+    assert _prepare("--from", str(dataset), "--data-dir", str(data))[0].exit_code == 0  # released: it builds
