@@ -119,8 +119,8 @@ def open_zip(path: Path, sha256: str | None) -> tuple[Callable[[str], bytes], st
     names = {info.filename: info for info in infos}
     prefix = next((p for p in (f"{ROOT}/", "") if f"{p}{READ[1]}" in names), None)
     if prefix is None:
-        raise BuildError(f"{path}: no '{ROOT}/{READ[1]}' in the zip: not UCI HAR Dataset.zip (UCI's current download "
-                         f"wraps it in another zip: unzip that one first)")
+        raise BuildError(f"{path}: no '{ROOT}/{READ[1]}' in the zip: not UCI HAR Dataset.zip (UCI's download may "
+                         f"wrap it in another zip: unzip that one first)")
 
     def read(name: str) -> bytes:
         info = names.get(prefix + name)

@@ -134,7 +134,7 @@ def hapt(
 @app.command("uci-har", cls=BenchCommand)
 def uci_har(
     source: Path = typer.Option(..., "--from", help="UCI HAR Dataset.zip (https://archive.ics.uci.edu/dataset/240; "
-                                "UCI's current download wraps it in another zip: unzip that one first), or the "
+                                "UCI's download may wrap it in another zip: unzip that one first), or the "
                                 "'UCI HAR Dataset' folder it unpacks to, or the folder that holds that."),
     data_dir: Optional[Path] = _data_dir_option("uci-har"),
     sha256: Optional[str] = typer.Option(None, "--sha256", help="Check this SHA-256 (the zip's; for a folder, the "
