@@ -264,8 +264,8 @@ def check_card_setting(card: MethodCard, fed: Federation) -> None:
     if card.single_architecture and not fed.pool.homogeneous:
         members = ", ".join(m.name for m in fed.pool.members)
         raise ConfigError(f"{card.name} needs one architecture for every client; pool {fed.pool.name!r} mixes "
-                          f"{members}. Use a homogeneous pool such as --pool cpu-cnn, --pool sensor-cnn (hapt) or "
-                          "--pool paper-resnet18.")
+                          f"{members}. Use a homogeneous pool such as --pool cpu-cnn, --pool sensor-cnn (hapt, "
+                          "uci-har) or --pool paper-resnet18.")
     faults = fed.faults.kind if fed.faults is not None else None
     if faults in card.refuses_faults:
         raise ConfigError(f"method {card.name} does not run under --faults {faults}: {card.refuses_faults[faults]}")

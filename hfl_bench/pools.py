@@ -566,12 +566,12 @@ register_pool(ArchPool(
     "sensor",
     (PoolMember("sensor_cnn1d", label="cnn1d"), PoolMember("sensor_gru", label="gru"),
      PoolMember("sensor_tcn", label="tcn"), PoolMember("sensor_transformer", label="transformer")),
-    "CPU-sized heterogeneous pool for multichannel time series (hapt), after HtFLlib's HAR pools: a 1-D CNN, "
-    "a GRU over a strided convolution, a dilated causal TCN and a small Transformer encoder.",
+    "CPU-sized heterogeneous pool for multichannel time series (hapt, uci-har), after HtFLlib's HAR pools: a 1-D "
+    "CNN, a GRU over a strided convolution, a dilated causal TCN and a small Transformer encoder.",
 ))
 register_pool(ArchPool(
     "sensor-cnn", (PoolMember("sensor_cnn1d", label="cnn1d"),),
-    "Homogeneous sensor pool (every client the 1-D CNN of pool sensor), e.g. for fedavg on hapt.",
+    "Homogeneous sensor pool (every client the 1-D CNN of pool sensor), e.g. for fedavg on hapt or uci-har.",
 ))
 register_pool(ArchPool(
     "paper-resnet18", (PoolMember("resnet18_cifar", label="resnet18"),),

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -47,14 +47,81 @@ PREPARE = ("build it offline with `hfl-bench prepare hapt --from HAPT.pkl.gz` (t
            "then `tar -xzf` it; see the install guide)")
 
 
-def _missing(path: Path) -> None:
-    if not path.exists():
-        raise DatasetError(f"{NAME} data not found at {path}: {PREPARE}")
+class SensorWindowsTask(Task):
+    """A task read from a cache ``hfl-bench prepare`` writes: windows, labels and the client of each
+    training window, clients in increasing order (``TaskData.client_indices``), and SOURCE.json's
+    ``users`` (the clients) as the default --clients. A subclass names its folder, cache, arrays
+    and how to build it."""
+
+    folder: ClassVar[str]
+    cache: ClassVar[str]
+    specs: ClassVar[dict[str, ArraySpec]]
+    prepare: ClassVar[str]  # how to build the cache, for the message a missing one gets
+
+    def __init__(self) -> None:
+        self._client_indices: list[np.ndarray] | None = None
+
+    def _missing(self, path: Path) -> None:
+        if not path.exists():
+            raise DatasetError(f"{self.info.name} data not found at {path}: {self.prepare}")
+
+    def data_files(self, data_dir: Path) -> list[Path]:
+        return [Path(data_dir) / self.folder / self.cache]
+
+    def folder_defaults(self, data_dir: Path | str | None) -> dict[str, Any]:
+        """The default --clients: the task's, or the number of users SOURCE.json records where it
+        holds fewer (a file written for a test); nothing when it is unreadable (``load`` then says
+        what is wrong)."""
+        from hfl_bench.data import resolve_data_dir
+
+        try:
+            info = json.loads(read_regular(resolve_data_dir(data_dir) / self.folder / SOURCE_FILE, 1 << 20))
+            users = info["users"]
+            return {"clients": min(self.info.defaults["clients"], len(users))} if isinstance(users, list) and users \
+                else {}
+        except Exception:  # noqa: BLE001 - whatever is wrong, load reports it
+            return {}
+
+    def fingerprint(self, data_dir: Path | str | None = None) -> str:
+        """As every task's, but a missing cache says how to build it (there is no --download)."""
+        from hfl_bench.data import resolve_data_dir
+
+        self._missing(resolve_data_dir(data_dir) / self.folder / self.cache)
+        return super().fingerprint(data_dir)
+
+    def load_arrays(self, data_dir: Path, download: bool):
+        name, path = self.info.name, Path(data_dir) / self.folder / self.cache
+        self._missing(path)
+        try:
+            a = read_arrays(path, self.specs, name)
+        except DatasetError:
+            raise
+        except Exception as e:  # noqa: BLE001 - truncated or foreign: one line
+            raise DatasetError(f"{name}: {path} is not a cache prepare wrote ({type(e).__name__}: {e}); "
+                               f"{self.prepare}") from None
+        clients = a["train_client"].astype(np.int64)
+        if len(clients) != len(a["train_y"]) or len(clients) == 0 or clients.min() < 0 or \
+                (np.diff(clients) < 0).any():
+            raise DatasetError(f"{name}: {path} does not give each training window its client in order; "
+                               f"{self.prepare}")
+        bounds = np.r_[0, np.flatnonzero(np.diff(clients)) + 1, len(clients)]
+        self._client_indices = [np.arange(lo, hi, dtype=np.int64) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        return a["train_x"], a["train_y"], a["test_x"], a["test_y"]
+
+    def load(self, data_dir: Path | str | None = None, download: bool = False) -> TaskData:
+        self._client_indices = None
+        data = super().load(data_dir, download)
+        return dataclasses.replace(data, client_indices=self._client_indices)
+
+    def class_names(self) -> list[str]:
+        return list(ACTIVITIES)
 
 
 @register_task(NAME)
-class HAPT(Task):
-    """Windows of UCI HAPT's raw signals, 6 activities, the 30 users as clients."""
+class HAPT(SensorWindowsTask):
+    """Windows of UCI HAPT's raw signals, 6 activities, clients of whole users of the 30."""
+
+    folder, cache, specs, prepare = FOLDER, CACHE, CACHE_SPECS, PREPARE
 
     info = TaskInfo(
         name=NAME,
@@ -79,54 +146,3 @@ class HAPT(Task):
                   "lr": 0.05, "local_epochs": 1, "heldout_fraction": 0.2},
     )
 
-    def __init__(self) -> None:
-        self._client_indices: list[np.ndarray] | None = None
-
-    def data_files(self, data_dir: Path) -> list[Path]:
-        return [Path(data_dir) / FOLDER / CACHE]
-
-    def folder_defaults(self, data_dir: Path | str | None) -> dict[str, Any]:
-        """The default --clients: ``CLIENTS``, or the number of users SOURCE.json records where it
-        holds fewer (a file written for a test); nothing when it is unreadable (``load`` then says
-        what is wrong)."""
-        from hfl_bench.data import resolve_data_dir
-
-        try:
-            info = json.loads(read_regular(resolve_data_dir(data_dir) / FOLDER / SOURCE_FILE, 1 << 20))
-            users = info["users"]
-            return {"clients": min(CLIENTS, len(users))} if isinstance(users, list) and users else {}
-        except Exception:  # noqa: BLE001 - whatever is wrong, load reports it
-            return {}
-
-    def fingerprint(self, data_dir: Path | str | None = None) -> str:
-        """As every task's, but a missing cache says how to build it (there is no --download)."""
-        from hfl_bench.data import resolve_data_dir
-
-        _missing(resolve_data_dir(data_dir) / FOLDER / CACHE)
-        return super().fingerprint(data_dir)
-
-    def load_arrays(self, data_dir: Path, download: bool):
-        path = Path(data_dir) / FOLDER / CACHE
-        _missing(path)
-        try:
-            a = read_arrays(path, CACHE_SPECS, NAME)
-        except DatasetError:
-            raise
-        except Exception as e:  # noqa: BLE001 - truncated or foreign: one line
-            raise DatasetError(f"{NAME}: {path} is not a cache prepare wrote ({type(e).__name__}: {e}); "
-                               f"{PREPARE}") from None
-        clients = a["train_client"].astype(np.int64)
-        if len(clients) != len(a["train_y"]) or len(clients) == 0 or clients.min() < 0 or \
-                (np.diff(clients) < 0).any():
-            raise DatasetError(f"{NAME}: {path} does not give each training window its client in order; {PREPARE}")
-        bounds = np.r_[0, np.flatnonzero(np.diff(clients)) + 1, len(clients)]
-        self._client_indices = [np.arange(lo, hi, dtype=np.int64) for lo, hi in zip(bounds[:-1], bounds[1:])]
-        return a["train_x"], a["train_y"], a["test_x"], a["test_y"]
-
-    def load(self, data_dir: Path | str | None = None, download: bool = False) -> TaskData:
-        self._client_indices = None
-        data = super().load(data_dir, download)
-        return dataclasses.replace(data, client_indices=self._client_indices)
-
-    def class_names(self) -> list[str]:
-        return list(ACTIVITIES)
