@@ -140,3 +140,45 @@ def hapt(
     out.print(plain(f"wrote {target / 'hapt' / 'hapt.npz'} ({len(info['users'])} users, {w['train']:,} training and "
                     f"{w['test']:,} test windows; what it was built from: {target / 'hapt' / 'SOURCE.json'})"),
               highlight=False, soft_wrap=True)
+
+
+@app.command("fashion-mnist", cls=BenchCommand)
+def fashion_mnist(
+    source: Path = typer.Option(..., "--from", help="The folder of Fashion-MNIST's four "
+                                "{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz files (/usr/share/datasets/"
+                                "fashion-mnist after `apt-get install dataset-fashion-mnist`, or Zalando's download), "
+                                "or the .deb itself (`apt-get download dataset-fashion-mnist`)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Where to write fashion-mnist/ \\[default: "
+                                            "$HFL_BENCH_DATA or ~/.cache/hfl-bench/data]"),
+    sha256: Optional[list[str]] = typer.Option(None, "--sha256", help="NAME=HEX, repeatable: the SHA-256 the "
+                                               "decompressed file NAME (e.g. train-images-idx3-ubyte) must have "
+                                               "\\[default: the published file's]; for files you wrote in the same "
+                                               "format (the tests' small ones). Its records carry another data "
+                                               "fingerprint."),
+):
+    """Write DATA_DIR/fashion-mnist/fashion-mnist.npz, the images the fashion-mnist task reads, and
+    SOURCE.json beside it, offline, from Fashion-MNIST's four gzipped IDX files in a folder or in
+    Debian's dataset-fashion-mnist .deb (read with the standard library, bounded: its ar members,
+    its data.tar.xz's members and sizes; a member that leads outside the archive is refused). Each
+    file's decompressed bytes must have the published SHA-256 (measured on the Debian package's
+    files, or --sha256) and are parsed strictly as IDX (magic, dimensions, exact byte count, labels
+    0-9) before anything is written. Both files are written atomically (an existing cache is
+    replaced), and a second prepare into the same folder while one builds is refused."""
+    from hfl_bench.data import resolve_data_dir
+    from hfl_bench.fashion_mnist import BuildError, build, parse_sha256_overrides
+
+    try:
+        overrides = parse_sha256_overrides(sha256 or [])
+    except BuildError as e:
+        fail(str(e))
+    target = resolve_data_dir(data_dir)
+    try:
+        info = build(source, target, overrides)
+    except BuildError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"cannot write {target}: {e.strerror or e}")
+    n = info["images"]
+    out.print(plain(f"wrote {target / 'fashion-mnist' / 'fashion-mnist.npz'} ({n['train']:,} training and "
+                    f"{n['test']:,} test images; what it was built from: {target / 'fashion-mnist' / 'SOURCE.json'})"),
+              highlight=False, soft_wrap=True)
