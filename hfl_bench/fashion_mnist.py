@@ -102,7 +102,8 @@ def _bounded_read(path: Path, limit: int, what: str) -> bytes:
 def _ar_members(raw: bytes, where: str) -> dict[str, bytes]:
     """The members of an ``ar`` archive (a .deb) by name, each header and size checked."""
     if not raw.startswith(b"!<arch>\n"):
-        raise BuildError(f"{where}: not a .deb (no ar archive header)")
+        raise BuildError(f"{where}: not a .deb (no ar archive header); --from takes the .deb or the folder of the "
+                         "four .gz files")
     members: dict[str, bytes] = {}
     pos = 8
     while pos < len(raw):

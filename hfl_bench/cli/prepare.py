@@ -150,11 +150,11 @@ def fashion_mnist(
                                 "or the .deb itself (`apt-get download dataset-fashion-mnist`)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Where to write fashion-mnist/ \\[default: "
                                             "$HFL_BENCH_DATA or ~/.cache/hfl-bench/data]"),
-    sha256: Optional[list[str]] = typer.Option(None, "--sha256", help="NAME=HEX, repeatable: the SHA-256 the "
-                                               "decompressed file NAME (e.g. train-images-idx3-ubyte) must have "
-                                               "\\[default: the published file's]; for files you wrote in the same "
-                                               "format (the tests' small ones). Its records carry another data "
-                                               "fingerprint."),
+    sha256: list[str] = typer.Option([], "--sha256", metavar="<NAME=HEX>", help="The SHA-256 the decompressed "
+                                     "file NAME (e.g. train-images-idx3-ubyte) must have, repeatable \\[default: "
+                                     "the published files', measured on Debian's package]; for files you wrote in "
+                                     "the same format (the tests' small ones). Their records carry another data "
+                                     "fingerprint."),
 ):
     """Write DATA_DIR/fashion-mnist/fashion-mnist.npz, the images the fashion-mnist task reads, and
     SOURCE.json beside it, offline, from Fashion-MNIST's four gzipped IDX files in a folder or in
@@ -168,7 +168,7 @@ def fashion_mnist(
     from hfl_bench.fashion_mnist import BuildError, build, parse_sha256_overrides
 
     try:
-        overrides = parse_sha256_overrides(sha256 or [])
+        overrides = parse_sha256_overrides(sha256)
     except BuildError as e:
         fail(str(e))
     target = resolve_data_dir(data_dir)
