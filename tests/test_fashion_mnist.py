@@ -271,3 +271,17 @@ def test_a_method_runs_on_the_prepared_task(method, tmp_path):
     record = json.loads(record_path.read_text())
     assert record["task"]["name"] == "fashion-mnist" and record["config"]["partition"] == "dirichlet"
     assert record["arch_pool"]["assignment"] == ["mlp_small", "cnn_small", "resnet_tiny", "mlp_small"]
+
+
+def test_a_prepare_while_another_holds_the_folder_is_refused_and_writes_nothing(tmp_path):
+    from hfl_bench import locks
+
+    idx = make_idx()
+    data_dir = tmp_path / "data"
+    target = data_dir / "fashion-mnist"
+    with locks.hold(target, "the folder", lambda holder: "busy"):  # another build's lock (flock: per open file)
+        result, text = _prepare("--from", str(write_folder(tmp_path / "src", idx)), "--data-dir", str(data_dir),
+                                *sha_args(idx))
+    assert _refused(result), result.output
+    assert f"{target} is being built by another hfl-bench prepare (pid " in text
+    assert not target.exists()
