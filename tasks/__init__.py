@@ -8,4 +8,5 @@ from hfl_bench.tasks import cifar, imagefolder, mnist1d, pathmnist, pfl_npz, syn
 from hfl_bench.tasks import hapt  # noqa: E402,F401
 from hfl_bench.tasks import uci_har  # noqa: E402,F401
 from hfl_bench.tasks import rotten_tomatoes  # noqa: E402,F401
+from hfl_bench.tasks import fashion_mnist  # noqa: E402,F401
 from hfl_bench.tasks import digits_mnist1d  # noqa: E402,F401  (after digits and mnist1d: it pairs them)

@@ -161,3 +161,37 @@ def uci_har(
                     f"{w['train']:,} training and {w['test']:,} test windows of {len(info['test_subjects'])} other "
                     f"subjects; {digest}, {checked}; what it was built from: {target / 'uci-har' / 'SOURCE.json'})"),
               highlight=False, soft_wrap=True)
+
+
+@app.command("fashion-mnist", cls=BenchCommand)
+def fashion_mnist(
+    source: Path = typer.Option(..., "--from", help="The folder of Fashion-MNIST's four "
+                                "{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz files (/usr/share/datasets/"
+                                "fashion-mnist after `apt-get install dataset-fashion-mnist`, or Zalando's download), "
+                                "or the .deb itself (`apt-get download dataset-fashion-mnist`)."),
+    data_dir: Optional[Path] = _data_dir_option("fashion-mnist"),
+    sha256: list[str] = typer.Option([], "--sha256", metavar="<NAME=HEX>", help="The SHA-256 the decompressed "
+                                     "file NAME (e.g. train-images-idx3-ubyte) must have, repeatable \\[default: "
+                                     "the published files', measured on Debian's package]; for files you wrote in "
+                                     "the same format (the tests' small ones). Their records carry another data "
+                                     "fingerprint."),
+):
+    """Write DATA_DIR/fashion-mnist/fashion-mnist.npz, the images the fashion-mnist task reads, and
+    SOURCE.json beside it, offline, from Fashion-MNIST's four gzipped IDX files in a folder or in
+    Debian's dataset-fashion-mnist .deb (read with the standard library, bounded: its ar members,
+    its data.tar.xz's members and sizes; a member that leads outside the archive is refused). Each
+    file's decompressed bytes must have the published SHA-256 (measured on the Debian package's
+    files, or --sha256) and are parsed strictly as IDX (magic, dimensions, exact byte count, labels
+    0-9) before anything is written. Both files are written atomically (an existing cache is
+    replaced), and a second prepare into the same folder while one builds is refused."""
+    from hfl_bench.fashion_mnist import BuildError, build, parse_sha256_overrides
+
+    try:
+        overrides = parse_sha256_overrides(sha256)
+    except BuildError as e:
+        fail(str(e))
+    target, info = _build(data_dir, lambda target: build(source, target, overrides), BuildError)
+    n = info["images"]
+    out.print(plain(f"wrote {target / 'fashion-mnist' / 'fashion-mnist.npz'} ({n['train']:,} training and "
+                    f"{n['test']:,} test images; what it was built from: {target / 'fashion-mnist' / 'SOURCE.json'})"),
+              highlight=False, soft_wrap=True)
