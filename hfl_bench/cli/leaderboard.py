@@ -54,7 +54,14 @@ def show(
                                           "separated (e.g. method,global acc,local acc), or 'all'. Default: the "
                                           "columns that differ within a section (one value in every row goes into "
                                           "the section's title, empty ones are left out), as many as fit the "
-                                          "terminal. csv and json keep every field."),
+                                          "terminal. csv and json keep every field. The fairness columns (client "
+                                          "sd, worst 10%, below local) may be named too."),
+    fairness: bool = typer.Option(False, "--fairness", help="Add the fairness columns, per group over its seeds: "
+                                  "client sd (population sd of the clients' final local-test accuracy), worst 10% "
+                                  "(mean of the worst max(1, ceil(n/10)) clients), below local (% of clients below "
+                                  "their own accuracy under local on the same seed and protocol; 'not available' "
+                                  "without that record); 'not recorded' for records before schema 1.6. Table, "
+                                  "markdown, csv and json; the HTML site always has them."),
 ):
     """Group reproduced records by setting (mean, sample sd, seeds; failed runs counted apart) and
     put the matching published figures beside each group with the delta reproduced - published.
@@ -77,6 +84,8 @@ def show(
     fmt = output_format(fmt, as_json, FORMATS)
     if columns is not None and fmt in ("csv", "json"):
         fail(f"--columns chooses the table's and markdown's columns; {fmt} keeps every field")
+    if rank and fairness:
+        fail("--fairness adds columns to the groups, not to --rank")
     if rank and against:
         fail("--against adds a column to the groups, not to --rank (whose rank intervals come from the same "
              "paired comparisons); use one or the other")
@@ -98,13 +107,19 @@ def show(
         chosen = _chosen(columns, RANK_COLUMNS)
         _print_rank(ranked, unranked_methods(board.groups, ranked), fmt, chosen)
     else:
+        from hfl_bench.results.columns import FAIRNESS, opt_in_sets
         from hfl_bench.results.render import text_columns
 
         vs = _vs(records, against)
-        known = text_columns() + ((paired_view_column(vs[0]),) if vs else ())
-        _print_board(board, fmt, vs, _chosen(columns, known))
+        opt_in = (FAIRNESS,) if fairness else ()
+        known = text_columns(opt_in_sets()) + ((paired_view_column(vs[0]),) if vs else ())
+        _print_board(board, fmt, vs, _chosen(columns, known), opt_in)
 
 
+# The table's title with --fairness: what the fairness columns are (docs: Leaderboards, Fairness).
+FAIRNESS_TITLE = ("client sd / worst 10% / below local: over each seed's clients' final local-test accuracy, then mean "
+                  "± sample sd over seeds; below local: % of clients below their own under local, same seed and "
+                  "protocol")
 RANK_COLUMNS = ("#", "method", "mean rank", "rank interval", "protocols", "ranks")
 
 
@@ -149,7 +164,7 @@ def _vs(records: list, reference: Optional[str]) -> Optional[tuple[str, dict]]:
 
 
 def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
-                 chosen: Optional[tuple[str, ...]] = None) -> None:
+                 chosen: Optional[tuple[str, ...]] = None, opt_in: tuple[str, ...] = ()) -> None:
     from hfl_bench.results import paired_view
     from hfl_bench.results.render import (
         KIND,
@@ -168,7 +183,7 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
     )
 
     if fmt == "json":
-        data = board_json(board)
+        data = board_json(board, opt_in)
         if vs:
             data["vs"] = {"against": vs[0], "definitions": paired_view.DEFINITIONS}
             for g in data["groups"]:
@@ -176,8 +191,8 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
         sys.stdout.write(json.dumps(data, indent=1) + "\n")
         return
     if fmt == "csv":
-        rows = csv_rows(board)
-        columns = csv_columns() + (paired_view.VS_CSV if vs else ())
+        rows = csv_rows(board, opt_in)
+        columns = csv_columns(opt_in) + (paired_view.VS_CSV if vs else ())
         for r in rows if vs else ():
             r.update(paired_view.vs_csv(r["group_id"], *vs) if r["row_type"] == "reproduced" else {})
         sys.stdout.write(to_csv(rows, columns))
@@ -189,7 +204,8 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
         vs_columns = (paired_view.vs_column(vs[0]),)
     title = "published figures with no reproduced group"
     if fmt == "markdown":
-        sys.stdout.write(sections_markdown(rows, chosen or text_columns() + vs_columns, chosen=chosen is not None))
+        sys.stdout.write(sections_markdown(rows, chosen or text_columns(opt_in) + vs_columns,
+                                           chosen=chosen is not None))
         if unmatched:
             sys.stdout.write(f"\n{title}:\n\n" + to_markdown(unmatched, UNMATCHED_COLUMNS))
         return
@@ -200,10 +216,11 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
                         + ("; faults: accuracy (and selected figures) over the honest clients, "
                            "drop = with faults - the same seeds and clients without"
                            if any(g.has_faults for g in board.groups) else "")
-                        + (f"; {paired_view.vs_title(vs[0])}" if vs else ""))
+                        + (f"; {paired_view.vs_title(vs[0])}" if vs else "")
+                        + (f"; {FAIRNESS_TITLE}" if opt_in else ""))
         wide_out().print(plain(title_groups), highlight=False)
         for label, part in by_section(rows):  # one table per setting section: the rows that compete
-            _print_table(part, chosen or table_columns() + vs_columns, f"setting: {section_title(label)}",
+            _print_table(part, chosen or table_columns(opt_in) + vs_columns, f"setting: {section_title(label)}",
                          chosen=chosen is not None)
         for g in board.groups:  # which copy of a seed recorded twice counted, as markdown and the site say
             if g.copies_note:
