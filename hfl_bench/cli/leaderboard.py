@@ -325,6 +325,10 @@ def compare(
                                "printed (JSON: 4)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table (plain lines when piped), markdown or json."),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
+    fairness: bool = typer.Option(False, "--fairness", help="Compare the fairness figures instead (client_sd, "
+                                  "worst10, below_local: `leaderboard show --fairness`), each taken per seed and "
+                                  "paired by seed against B: one table per figure and protocol, Holm within it, "
+                                  "each side's own figure (mean ± sd over its seeds) beside."),
 ):
     """Paired comparisons A - B within each protocol both ran (B: --against, local by default):
     records paired by seed (a pair must
@@ -347,6 +351,12 @@ def compare(
     from hfl_bench.results.paired import why_not_comparable
 
     fmt = output_format(fmt, as_json, COMPARE_FORMATS)
+    if fairness:
+        for value, flag in ((variants, "--variants"), (figure, "--figure"), (endpoint, "--endpoint"),
+                            (against_endpoint, "--against-endpoint")):
+            if value is not None:
+                fail(f"--fairness compares the fairness figures of the groups' models (the clients' final local-test "
+                     f"accuracy), so {flag} does not apply")
     default_reference = against is None and variants is None
     if default_reference:
         against = DEFAULT_REFERENCE
@@ -381,13 +391,21 @@ def compare(
         return
     _check_endpoint(groups, set(method) or set(names) - {against}, endpoint, "--endpoint")
     _check_endpoint(groups, {against}, against_endpoint, "--against-endpoint")
-    tables = compare_against(groups, against, method, figure, endpoint, against_endpoint)
+    if fairness:
+        from hfl_bench.results.fairness import compare as compare_fairness
+
+        tables = compare_fairness(groups, against, method)
+    else:
+        tables = compare_against(groups, against, method, figure, endpoint, against_endpoint)
     compared = {c.a.group.method for t in tables for c in t.comparisons}
     for m in method:
         if m not in compared:
             fail(why_not_comparable(groups, m, against))
     if not tables:
         fail(f"no other method ran a protocol {against} ran, so nothing can be paired")
+    if fairness:
+        _print_fairness(tables, digits, fmt)
+        return
     _print_tables(tables, figure, digits, fmt)
 
 
@@ -405,6 +423,28 @@ def _print_tables(tables: list, figure: str, digits: int, fmt: str) -> None:
     else:
         lines = plain_lines(tables, digits)
         sys.stdout.write((COMPARE_HEADER + "\n" + lines) if lines else lines)
+
+
+def _print_fairness(tables: list, digits: int, fmt: str) -> None:
+    """``compare --fairness``'s tables as json, markdown, rich tables on a terminal or plain lines when piped."""
+    from hfl_bench.results.paired_view import (
+        FAIRNESS_HEADER,
+        fairness_json,
+        fairness_lines,
+        fairness_markdown,
+        fairness_rich,
+    )
+
+    if fmt == "json":
+        sys.stdout.write(json.dumps(fairness_json(tables), indent=1) + "\n")
+    elif fmt == "markdown":
+        sys.stdout.write(fairness_markdown(tables, digits))
+    elif wide_out().is_terminal:
+        for table in fairness_rich(tables, digits):
+            print_titled(wide_out(), table)
+    else:
+        lines = fairness_lines(tables, digits)
+        sys.stdout.write((FAIRNESS_HEADER + "\n" + lines) if lines else lines)
 
 
 # The header row of the plain lines (piped output): the name of each " | " field, in order (a
