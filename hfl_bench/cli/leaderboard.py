@@ -341,7 +341,11 @@ def compare(
     With --variants METHOD instead of --against: the variants of one method, each of its groups run
     with method parameters (an ablation, another aggregation rule) against its group run with none,
     in each protocol where that one ran, labelled like `crad [aggregator=crad-stage1]`; Holm over
-    each table, as above."""
+    each table, as above.
+
+    With --fairness: the fairness figures instead of the headline (`leaderboard show --fairness`:
+    client_sd, worst10, below_local, each taken per seed from the clients' final local-test
+    accuracy), paired by seed against B in the same protocols, one table per figure and protocol."""
     from hfl_bench.registry import unknown_message
     from hfl_bench.results.board import board_records, build_groups
     from hfl_bench.results.figures import FigureError, check_figure
