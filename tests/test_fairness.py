@@ -189,3 +189,6 @@ def test_the_site_has_the_fairness_columns(board, tmp_path):
     for header in ("client sd", "worst 10%", "below local"):
         assert f">{header}</th>" in index
     assert "7.50 ± 3.54" in index and 'data-v="72.5"' in index and "not available" in index
+    pages = {p.name: p.read_text() for p in (tmp_path / "site" / "groups").glob("*.html")}
+    [crad] = [text for name, text in pages.items() if "crad" in name]
+    assert "Whom it serves" in crad and '<td class="num">50.00</td>' in crad and '<td class="num">30.00</td>' in crad
