@@ -130,6 +130,8 @@ def test_show_fairness_table_markdown_csv_and_columns(board):
     assert rows["fedmkd"]["below_local_mean"] == "" and rows["fedmkd"]["below_local_n"] == "0"
     chosen = cli("show", str(board), "--format", "markdown", "--columns", "method,below local")
     assert "| method | below local |" in chosen and "| crad | 40.00 ± 14.14 |" in chosen
+    assert "below local" not in cli("show", str(board), "--format", "markdown", "--columns", "all")
+    assert "| below local |" in cli("show", str(board), "--format", "markdown", "--columns", "all", "--fairness")
 
 
 def test_an_old_record_reads_not_recorded(base, tmp_path):

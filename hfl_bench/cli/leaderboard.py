@@ -55,7 +55,8 @@ def show(
                                           "columns that differ within a section (one value in every row goes into "
                                           "the section's title, empty ones are left out), as many as fit the "
                                           "terminal. csv and json keep every field. The fairness columns (client "
-                                          "sd, worst 10%, below local) may be named too."),
+                                          "sd, worst 10%, below local) may be named too; 'all' has them with "
+                                          "--fairness."),
     fairness: bool = typer.Option(False, "--fairness", help="Add the fairness columns, per group over its seeds: "
                                   "client sd (population sd of the clients' final local-test accuracy), worst 10% "
                                   "(mean of the worst max(1, ceil(n/10)) clients), below local (% of clients below "
@@ -112,8 +113,10 @@ def show(
 
         vs = _vs(records, against)
         opt_in = (FAIRNESS,) if fairness else ()
-        known = text_columns(opt_in_sets()) + ((paired_view_column(vs[0]),) if vs else ())
-        _print_board(board, fmt, vs, _chosen(columns, known), opt_in)
+        vs_column = (paired_view_column(vs[0]),) if vs else ()
+        # --columns may name an opt-in column; 'all' is every column the view shows (--fairness adds its set)
+        known = text_columns(opt_in_sets()) + vs_column
+        _print_board(board, fmt, vs, _chosen(columns, known, text_columns(opt_in) + vs_column), opt_in)
 
 
 # The table's title with --fairness: what the fairness columns are (docs: Leaderboards, Fairness).
@@ -129,15 +132,16 @@ def paired_view_column(reference: str) -> str:
     return vs_column(reference)
 
 
-def _chosen(spec: Optional[str], known: tuple[str, ...]) -> Optional[tuple[str, ...]]:
-    """``--columns``: the named columns in the order given (``all``: every one), or one line and
-    exit 2 naming the closest known column; None without --columns."""
+def _chosen(spec: Optional[str], known: tuple[str, ...],
+            every: Optional[tuple[str, ...]] = None) -> Optional[tuple[str, ...]]:
+    """``--columns``: the named columns in the order given (``all``: ``every`` one, default all
+    ``known``), or one line and exit 2 naming the closest known column; None without --columns."""
     if spec is None:
         return None
     from hfl_bench.registry import unknown_message
 
     if spec.strip() == "all":
-        return known
+        return known if every is None else every
     names = [c.strip() for c in spec.split(",") if c.strip()]
     if not names:
         fail("--columns: give column names separated by commas, or 'all'; known: " + ", ".join(known))
