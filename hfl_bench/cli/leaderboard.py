@@ -54,7 +54,15 @@ def show(
                                           "separated (e.g. method,global acc,local acc), or 'all'. Default: the "
                                           "columns that differ within a section (one value in every row goes into "
                                           "the section's title, empty ones are left out), as many as fit the "
-                                          "terminal. csv and json keep every field."),
+                                          "terminal. csv and json keep every field. The fairness columns (client "
+                                          "sd, worst 10%, below local) may be named too; 'all' has them with "
+                                          "--fairness."),
+    fairness: bool = typer.Option(False, "--fairness", help="Add the fairness columns, per group over its seeds: "
+                                  "client sd (population sd of the clients' final local-test accuracy), worst 10% "
+                                  "(mean of the worst max(1, ceil(n/10)) clients), below local (% of clients below "
+                                  "their own accuracy under local on the same seed and protocol; 'not available' "
+                                  "without that record); 'not recorded' for records before schema 1.6. Table, "
+                                  "markdown, csv and json; the HTML site always has them."),
 ):
     """Group reproduced records by setting (mean, sample sd, seeds; failed runs counted apart) and
     put the matching published figures beside each group with the delta reproduced - published.
@@ -77,6 +85,8 @@ def show(
     fmt = output_format(fmt, as_json, FORMATS)
     if columns is not None and fmt in ("csv", "json"):
         fail(f"--columns chooses the table's and markdown's columns; {fmt} keeps every field")
+    if rank and fairness:
+        fail("--fairness adds columns to the groups, not to --rank")
     if rank and against:
         fail("--against adds a column to the groups, not to --rank (whose rank intervals come from the same "
              "paired comparisons); use one or the other")
@@ -98,13 +108,21 @@ def show(
         chosen = _chosen(columns, RANK_COLUMNS)
         _print_rank(ranked, unranked_methods(board.groups, ranked), fmt, chosen)
     else:
+        from hfl_bench.results.columns import FAIRNESS, opt_in_sets
         from hfl_bench.results.render import text_columns
 
         vs = _vs(records, against)
-        known = text_columns() + ((paired_view_column(vs[0]),) if vs else ())
-        _print_board(board, fmt, vs, _chosen(columns, known))
+        opt_in = (FAIRNESS,) if fairness else ()
+        vs_column = (paired_view_column(vs[0]),) if vs else ()
+        # --columns may name an opt-in column; 'all' is every column the view shows (--fairness adds its set)
+        known = text_columns(opt_in_sets()) + vs_column
+        _print_board(board, fmt, vs, _chosen(columns, known, text_columns(opt_in) + vs_column), opt_in)
 
 
+# The table's title with --fairness: what the fairness columns are (docs: Leaderboards, Fairness).
+FAIRNESS_TITLE = ("client sd / worst 10% / below local: over each seed's clients' final local-test accuracy, then mean "
+                  "± sample sd over seeds; below local: % of clients below their own under local, same seed and "
+                  "protocol")
 RANK_COLUMNS = ("#", "method", "mean rank", "rank interval", "protocols", "ranks")
 
 
@@ -114,15 +132,16 @@ def paired_view_column(reference: str) -> str:
     return vs_column(reference)
 
 
-def _chosen(spec: Optional[str], known: tuple[str, ...]) -> Optional[tuple[str, ...]]:
-    """``--columns``: the named columns in the order given (``all``: every one), or one line and
-    exit 2 naming the closest known column; None without --columns."""
+def _chosen(spec: Optional[str], known: tuple[str, ...],
+            every: Optional[tuple[str, ...]] = None) -> Optional[tuple[str, ...]]:
+    """``--columns``: the named columns in the order given (``all``: ``every`` one, default all
+    ``known``), or one line and exit 2 naming the closest known column; None without --columns."""
     if spec is None:
         return None
     from hfl_bench.registry import unknown_message
 
     if spec.strip() == "all":
-        return known
+        return known if every is None else every
     names = [c.strip() for c in spec.split(",") if c.strip()]
     if not names:
         fail("--columns: give column names separated by commas, or 'all'; known: " + ", ".join(known))
@@ -149,7 +168,7 @@ def _vs(records: list, reference: Optional[str]) -> Optional[tuple[str, dict]]:
 
 
 def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
-                 chosen: Optional[tuple[str, ...]] = None) -> None:
+                 chosen: Optional[tuple[str, ...]] = None, opt_in: tuple[str, ...] = ()) -> None:
     from hfl_bench.results import paired_view
     from hfl_bench.results.render import (
         KIND,
@@ -168,7 +187,7 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
     )
 
     if fmt == "json":
-        data = board_json(board)
+        data = board_json(board, opt_in)
         if vs:
             data["vs"] = {"against": vs[0], "definitions": paired_view.DEFINITIONS}
             for g in data["groups"]:
@@ -176,8 +195,8 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
         sys.stdout.write(json.dumps(data, indent=1) + "\n")
         return
     if fmt == "csv":
-        rows = csv_rows(board)
-        columns = csv_columns() + (paired_view.VS_CSV if vs else ())
+        rows = csv_rows(board, opt_in)
+        columns = csv_columns(opt_in) + (paired_view.VS_CSV if vs else ())
         for r in rows if vs else ():
             r.update(paired_view.vs_csv(r["group_id"], *vs) if r["row_type"] == "reproduced" else {})
         sys.stdout.write(to_csv(rows, columns))
@@ -189,7 +208,8 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
         vs_columns = (paired_view.vs_column(vs[0]),)
     title = "published figures with no reproduced group"
     if fmt == "markdown":
-        sys.stdout.write(sections_markdown(rows, chosen or text_columns() + vs_columns, chosen=chosen is not None))
+        sys.stdout.write(sections_markdown(rows, chosen or text_columns(opt_in) + vs_columns,
+                                           chosen=chosen is not None))
         if unmatched:
             sys.stdout.write(f"\n{title}:\n\n" + to_markdown(unmatched, UNMATCHED_COLUMNS))
         return
@@ -200,10 +220,11 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
                         + ("; faults: accuracy (and selected figures) over the honest clients, "
                            "drop = with faults - the same seeds and clients without"
                            if any(g.has_faults for g in board.groups) else "")
-                        + (f"; {paired_view.vs_title(vs[0])}" if vs else ""))
+                        + (f"; {paired_view.vs_title(vs[0])}" if vs else "")
+                        + (f"; {FAIRNESS_TITLE}" if opt_in else ""))
         wide_out().print(plain(title_groups), highlight=False)
         for label, part in by_section(rows):  # one table per setting section: the rows that compete
-            _print_table(part, chosen or table_columns() + vs_columns, f"setting: {section_title(label)}",
+            _print_table(part, chosen or table_columns(opt_in) + vs_columns, f"setting: {section_title(label)}",
                          chosen=chosen is not None)
         for g in board.groups:  # which copy of a seed recorded twice counted, as markdown and the site say
             if g.copies_note:
@@ -308,6 +329,10 @@ def compare(
                                "printed (JSON: 4)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table (plain lines when piped), markdown or json."),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
+    fairness: bool = typer.Option(False, "--fairness", help="Compare the fairness figures instead (client_sd, "
+                                  "worst10, below_local: `leaderboard show --fairness`), each taken per seed and "
+                                  "paired by seed against B: one table per figure and protocol, Holm within it, "
+                                  "each side's own figure (mean ± sd over its seeds) beside."),
 ):
     """Paired comparisons A - B within each protocol both ran (B: --against, local by default):
     records paired by seed (a pair must
@@ -320,7 +345,11 @@ def compare(
     With --variants METHOD instead of --against: the variants of one method, each of its groups run
     with method parameters (an ablation, another aggregation rule) against its group run with none,
     in each protocol where that one ran, labelled like `crad [aggregator=crad-stage1]`; Holm over
-    each table, as above."""
+    each table, as above.
+
+    With --fairness: the fairness figures instead of the headline (`leaderboard show --fairness`:
+    client_sd, worst10, below_local, each taken per seed from the clients' final local-test
+    accuracy), paired by seed against B in the same protocols, one table per figure and protocol."""
     from hfl_bench.registry import unknown_message
     from hfl_bench.results.board import board_records, build_groups
     from hfl_bench.results.figures import FigureError, check_figure
@@ -330,6 +359,12 @@ def compare(
     from hfl_bench.results.paired import why_not_comparable
 
     fmt = output_format(fmt, as_json, COMPARE_FORMATS)
+    if fairness:
+        for value, flag in ((variants, "--variants"), (figure, "--figure"), (endpoint, "--endpoint"),
+                            (against_endpoint, "--against-endpoint")):
+            if value is not None:
+                fail(f"--fairness compares the fairness figures of the groups' models (the clients' final local-test "
+                     f"accuracy), so {flag} does not apply")
     default_reference = against is None and variants is None
     if default_reference:
         against = DEFAULT_REFERENCE
@@ -364,13 +399,21 @@ def compare(
         return
     _check_endpoint(groups, set(method) or set(names) - {against}, endpoint, "--endpoint")
     _check_endpoint(groups, {against}, against_endpoint, "--against-endpoint")
-    tables = compare_against(groups, against, method, figure, endpoint, against_endpoint)
+    if fairness:
+        from hfl_bench.results.fairness import compare as compare_fairness
+
+        tables = compare_fairness(groups, against, method)
+    else:
+        tables = compare_against(groups, against, method, figure, endpoint, against_endpoint)
     compared = {c.a.group.method for t in tables for c in t.comparisons}
     for m in method:
         if m not in compared:
             fail(why_not_comparable(groups, m, against))
     if not tables:
         fail(f"no other method ran a protocol {against} ran, so nothing can be paired")
+    if fairness:
+        _print_fairness(tables, digits, fmt)
+        return
     _print_tables(tables, figure, digits, fmt)
 
 
@@ -388,6 +431,28 @@ def _print_tables(tables: list, figure: str, digits: int, fmt: str) -> None:
     else:
         lines = plain_lines(tables, digits)
         sys.stdout.write((COMPARE_HEADER + "\n" + lines) if lines else lines)
+
+
+def _print_fairness(tables: list, digits: int, fmt: str) -> None:
+    """``compare --fairness``'s tables as json, markdown, rich tables on a terminal or plain lines when piped."""
+    from hfl_bench.results.paired_view import (
+        FAIRNESS_HEADER,
+        fairness_json,
+        fairness_lines,
+        fairness_markdown,
+        fairness_rich,
+    )
+
+    if fmt == "json":
+        sys.stdout.write(json.dumps(fairness_json(tables), indent=1) + "\n")
+    elif fmt == "markdown":
+        sys.stdout.write(fairness_markdown(tables, digits))
+    elif wide_out().is_terminal:
+        for table in fairness_rich(tables, digits):
+            print_titled(wide_out(), table)
+    else:
+        lines = fairness_lines(tables, digits)
+        sys.stdout.write((FAIRNESS_HEADER + "\n" + lines) if lines else lines)
 
 
 # The header row of the plain lines (piped output): the name of each " | " field, in order (a

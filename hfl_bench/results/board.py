@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from hfl_bench.results.fairness import attach_fairness
 from hfl_bench.results.grouping import group_seeds
 from hfl_bench.results.headline import headline_stat
 from hfl_bench.results.loading import Loaded, Skipped
@@ -47,10 +48,12 @@ def board_records(loaded: Iterable[Loaded]) -> tuple[list[Loaded], list[Skipped]
 
 
 def build_groups(records: Iterable[Loaded]) -> list[SettingGroup]:
-    """Every reproduced group, described; a group run with faults with its drop (paired before
-    any filter, so a filter never hides a baseline)."""
+    """Every reproduced group, described; a group run with faults with its drop, every group with
+    its fairness figures (paired before any filter, so a filter never hides a baseline or a
+    ``local`` twin)."""
     groups = [describe(g) for g in group_seeds(records)]
     attach_drops(groups)
+    attach_fairness(groups)
     return groups
 
 

@@ -27,11 +27,14 @@ import dataclasses
 import types
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from hfl_bench.registry import RegistryError, unknown_message
 from hfl_bench.results import seen_unseen
 from hfl_bench.results.budget import CLIENT_KINDS, budget_of, group_steps, mean_steps, steps_label
+from hfl_bench.results.fairness import DEFINITIONS as FAIRNESS_DEFINITIONS
+from hfl_bench.results.fairness import FIGURES as FAIRNESS_FIGURES
+from hfl_bench.results.fairness import group_fairness
 from hfl_bench.results.headline import group_basis, headline_stat, marked
 from hfl_bench.results.loading import selection_mark
 from hfl_bench.results.ranking import protocol_label, protocol_labels
@@ -173,6 +176,11 @@ class Column:
     (by row kind; a column without one is merged into a blank span), ``faults_only`` shows it on
     the site only where a group ran with faults, ``link`` makes its cell the group page's link, and
     ``th_joins`` / ``td_joins`` put its header / cell on the line of the one before.
+
+    ``opt_in`` names the column set it belongs to (``FAIRNESS``): the terminal, markdown, csv and
+    json show it only when asked for that set (``columns(view, opt_in=...)``: ``leaderboard show
+    --fairness``, or ``--columns`` naming it), so their default views stay as they were; the
+    site, whose table a reader sorts and filters, shows it always.
     """
 
     name: str
@@ -196,6 +204,7 @@ class Column:
     link: bool = False
     th_joins: bool = False
     td_joins: bool = False
+    opt_in: str = ""
 
     def __post_init__(self):
         unknown = set(self.views) - ALL
@@ -303,21 +312,29 @@ def get_column(name: str) -> Column:
         raise RegistryError(unknown_message("leaderboard column", name, sorted(_COLUMNS))) from None
 
 
-def columns(view: Optional[str] = None) -> list[Column]:
-    """The columns a view shows (every one for None), in the list's order."""
+def columns(view: Optional[str] = None, opt_in: Iterable[str] = ()) -> list[Column]:
+    """The columns a view shows (every one for None), in the list's order: an opt-in column
+    (``Column.opt_in``) only where its set is in ``opt_in`` (the site and None: always)."""
     if view is not None and view not in ALL:
         raise RegistryError(unknown_message("leaderboard view", view, list(VIEWS)))
     _discover()
-    return [c for c in _COLUMNS.values() if view is None or view in c.views]
+    asked = set(opt_in)
+    return [c for c in _COLUMNS.values() if (view is None or view in c.views)
+            and (not c.opt_in or view in (None, "html") or c.opt_in in asked)]
 
 
-def names(view: str) -> tuple[str, ...]:
-    return tuple(c.name for c in columns(view))
+def opt_in_sets() -> tuple[str, ...]:
+    """Every opt-in column set a registered column names."""
+    return tuple(dict.fromkeys(c.opt_in for c in columns() if c.opt_in))
 
 
-def csv_fields() -> tuple[str, ...]:
-    """The csv header: every csv column's fields, in order."""
-    return tuple(f for c in columns("csv") for f in c.fields())
+def names(view: str, opt_in: Iterable[str] = ()) -> tuple[str, ...]:
+    return tuple(c.name for c in columns(view, opt_in))
+
+
+def csv_fields(opt_in: Iterable[str] = ()) -> tuple[str, ...]:
+    """The csv header: every csv column's fields, in order (the opt-in sets' columns where asked)."""
+    return tuple(f for c in columns("csv", opt_in) for f in c.fields())
 
 
 # ----------------------------------------------------------------------------- the figures of the
@@ -462,6 +479,33 @@ def _stat_pm(st: Stat) -> str:
     return _pm(st.mean, st.sd)
 
 
+FAIRNESS = "fairness"  # the opt-in column set of the fairness figures
+FAIRNESS_COLUMNS = (
+    ("client sd", "client_sd", "client\nsd",
+     "population sd over the clients of their final local-test accuracy, per seed; mean ± sample sd over seeds"),
+    ("worst 10%", "worst10", "worst\n10%",
+     "mean final local-test accuracy of the worst max(1, ceil(n/10)) of the n clients, per seed; mean ± sample sd "
+     "over seeds"),
+    ("below local", "below_local", "below\nlocal",
+     "% of clients below their own final local-test accuracy under local (same seed, protocol, pool, partition), "
+     "per seed; mean ± sample sd over seeds; not available without such a local record"),
+)
+
+
+def _fairness(name: str, key: str, stacked: str, title: str) -> Column:
+    """One fairness figure's column: its text (``Fairness.label``: mean ± sd, or not recorded / not
+    available), csv fields KEY_mean, KEY_sd, KEY_n, json KEY: mean, sd, n and the state."""
+    def stat(row: GroupRow) -> Stat:
+        return group_fairness(row.group).stat(key)
+
+    return Column(name, lambda row: row.group, text=lambda g: group_fairness(g).label(key, len(g.ok)),
+                  numeric=True, figure=True, stacked=stacked, title=title, field=key, opt_in=FAIRNESS,
+                  sort=lambda g: group_fairness(g).stat(key).mean,
+                  csv=lambda row: {f"{key}_mean": stat(row).mean, f"{key}_sd": stat(row).sd, f"{key}_n": stat(row).n},
+                  csv_fields=(f"{key}_mean", f"{key}_sd", f"{key}_n"),
+                  json=lambda row: {key: group_fairness(row.group).as_dict()[key]})
+
+
 def NONE(row: GroupRow) -> Any:
     """A column the group's own row leaves empty (the rows beside it fill it)."""
     return None
@@ -581,6 +625,11 @@ BUILTIN = (
     Column(BYTES, lambda row: row.group, text=bytes_label, views=TEXT | {"html"}, numeric=True, figure=True,
            stacked="bytes /\nclient /\nround", html=lambda g: human_bytes(_bytes_stat(g).mean),
            sort=lambda g: _bytes_stat(g).mean),
+    # whom a method serves (``fairness``): opt-in in the tables, csv and json (show --fairness)
+    *(_fairness(name, key, stacked, title) for name, key, stacked, title in FAIRNESS_COLUMNS),
+    Column("fairness seeds", lambda row: row.group, views=frozenset({"json"}), opt_in=FAIRNESS,
+           json=lambda row: {"fairness": {k: v for k, v in group_fairness(row.group).as_dict().items()
+                                          if k not in FAIRNESS_FIGURES} | {"definitions": FAIRNESS_DEFINITIONS}}),
     Column("failed/diverged", lambda row: row.group, text=lambda g: f"{g.n_failed}/{g.n_diverged}",
            stacked="failed/\ndiverged", views=TEXT | DATA,
            csv=lambda row: {"n_failed": row.group.n_failed, "n_diverged": row.group.n_diverged},

@@ -45,6 +45,7 @@ from hfl_bench.config import FINAL_ROUNDS, POOLED_SELECTION_RULE, SELECTION_RULE
 from hfl_bench.results import seen_unseen
 from hfl_bench.results.board import Board, board_records, build_board
 from hfl_bench.results.columns import Column, GroupRow, _num, _pm, columns, drop_label, get_column
+from hfl_bench.results.fairness import NOT_AVAILABLE, group_fairness
 from hfl_bench.results.figures import FINAL
 from hfl_bench.results.grouping import SeedGroup, group_seeds
 from hfl_bench.results.headline import FALLBACK_MARK, FALLBACK_NOTE, group_basis, headline_stat, marked
@@ -463,6 +464,18 @@ def _paired(g: SettingGroup, table: Optional[Any]) -> Optional[dict[str, Any]]:
             "this_is_reference": table.reference.group is g}
 
 
+def _fairness_rows(g: SettingGroup) -> list[dict[str, str]]:
+    """Each seed's fairness figures (``fairness``), its local twin's record by its shown path; []
+    where no seed has per-client figures."""
+    def num(x: Optional[float]) -> str:
+        return NOT_AVAILABLE if x is None else f"{x:.2f}"
+
+    return [{"seed": _text(s.seed), "n_clients": str(s.n_clients), "client_sd": num(s.client_sd),
+             "worst10": num(s.worst10), "below_local": num(s.below_local),
+             "local_record": str(shown_path(s.local_record)) if s.local_record else "-"}
+            for s in group_fairness(g).seeds]
+
+
 def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], hrefs: dict[int, str],
                 table: Optional[Any] = None) -> dict[str, Any]:
     first = (sg.describing() if sg else g.ok[0]).record
@@ -494,6 +507,7 @@ def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], h
         "per_class": _per_class(g), "per_arch": _per_arch(g), "seen_unseen": _seen_unseen(g),
         "endpoints": _endpoints(g),
         "paired": _paired(g, table),
+        "fairness": _fairness_rows(g),
         "multimodal": g.is_multimodal,
         "members": _members(sg, g, hrefs),
         "citation": _values(g.ok, "method", "citation"),

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from hfl_bench.results.figures import check_figure, statistic_value
+from hfl_bench.results.loading import Loaded
 from hfl_bench.results.ranking import protocol_labels
 from hfl_bench.results.setting import SettingGroup, canonical, processor, section_reasons
 
@@ -86,6 +87,14 @@ class Side:
 
     def value(self, record: dict[str, Any], figure: str) -> Optional[float]:
         return statistic_value(record, figure, self.endpoint)
+
+    def seed_value(self, r: Loaded, figure: str) -> Optional[float]:
+        """The figure of one of the group's seeds (``fairness.FairnessSide`` reads a per-seed figure of the group)."""
+        return self.value(r.record, figure)
+
+    def checked(self, figure: Optional[str], other_endpoint: Optional[str] = None) -> str:
+        """The figure's name as this side reads it (``figures.check_figure``)."""
+        return check_figure(figure, self.endpoint or other_endpoint)
 
 
 @dataclass
@@ -134,7 +143,7 @@ def pair(a: Side, b: Side, figure: str) -> Pairing:
         if ra.partition_hash is None or ra.partition_hash != rb.partition_hash:
             out.partition_differs.append(ra.seed)
             continue
-        va, vb = a.value(ra.record, figure), b.value(rb.record, figure)
+        va, vb = a.seed_value(ra, figure), b.seed_value(rb, figure)
         if va is None or vb is None:
             out.no_figure.append(ra.seed)
             continue
@@ -258,7 +267,7 @@ def sign_flip_p(d: list[float]) -> tuple[Optional[float], bool]:
 
 def compare(a: Side, b: Side, figure: Optional[str] = None) -> Comparison:
     """A - B paired by seed (module doc)."""
-    figure = check_figure(figure, a.endpoint or b.endpoint)
+    figure = a.checked(figure, b.endpoint)
     pairing = pair(a, b, figure)
     d = [x - y for x, y in zip(pairing.a, pairing.b)]
     c = Comparison(a, b, figure, pairing)

@@ -173,3 +173,84 @@ def page_tables(groups: list[SettingGroup]) -> dict[str, Table]:
             if refs[t.key] == reference:
                 out |= {g.group_id: t for g in protocols[t.key]}
     return out
+
+
+# ----------------------------------------------------------------------------- compare --fairness
+
+FAIRNESS_COLUMNS = ("A", "A figure", "B", "B figure", "n", "A - B [95% CI]", "p sign-flip", "p Holm", "verdict",
+                    "notes")
+FAIRNESS_NUMERIC = (*NUMERIC, "A figure", "B figure")
+# The header row of compare --fairness's plain lines (piped output): each " | " field, in order.
+FAIRNESS_HEADER = ("figure | section | protocol | A - B | A figure | B figure | A - B [95% CI] | n | p sign-flip | "
+                   "p Holm | verdict | notes")
+
+
+def _figure_of(t: Table, figure: str) -> str:
+    """A table's figure: its comparisons' (a fairness table is one figure's), else ``figure``."""
+    return t.comparisons[0].figure if t.comparisons else figure
+
+
+def fairness_row(c: Comparison, nd: int = 2) -> dict[str, str]:
+    """A comparison's row with each side's own figure over its seeds (``Fairness.label``: mean ± sd,
+    n where fewer seeds have it, or not recorded / not available)."""
+    from hfl_bench.results.fairness import group_fairness
+
+    def own(side: Any) -> str:
+        return group_fairness(side.group).label(c.figure, len(side.group.ok))
+
+    return {**comparison_row(c, nd), "A figure": own(c.a), "B figure": own(c.b)}
+
+
+def fairness_lines(tables: Iterable[Table], nd: int = 2) -> str:
+    """compare --fairness's plain lines: one per comparison, its figure first (``FAIRNESS_HEADER``)."""
+    lines = []
+    for t in tables:
+        for c in t.comparisons:
+            r = fairness_row(c, nd)
+            parts = [c.figure, t.section, t.protocol, f"{r['A']} - {r['B']}", r["A figure"], r["B figure"],
+                     r["A - B [95% CI]"], f"n={r['n']}", f"p={r['p sign-flip']}", f"p_holm={r['p Holm']}",
+                     r["verdict"]]
+            parts += [r["notes"]] if r["notes"] else []
+            lines.append(terminal(" | ".join(parts)))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def fairness_markdown(tables: Iterable[Table], nd: int = 2) -> str:
+    return "\n".join(f"**Setting: {markdown_cell(t.section)}**; {markdown_cell(table_title(t, _figure_of(t, '')))}\n\n"
+                     + reasons_markdown(t.section)
+                     + to_markdown([fairness_row(c, nd) for c in t.comparisons], FAIRNESS_COLUMNS) for t in tables)
+
+
+def fairness_rich(tables: Iterable[Table], nd: int = 2) -> list[RichTable]:
+    out = []
+    for t in tables:
+        table = RichTable(title=Text(terminal(f"setting: {section_title(t.section)}; "
+                                              f"{table_title(t, _figure_of(t, ''))}")))
+        for col in FAIRNESS_COLUMNS:
+            table.add_column(col, justify="right" if col in FAIRNESS_NUMERIC else "left", overflow="fold")
+        for c in t.comparisons:
+            row = fairness_row(c, nd)
+            table.add_row(*[Text(terminal(row[col])) for col in FAIRNESS_COLUMNS], style="bold" if c.resolved else None)
+        out.append(table)
+    return out
+
+
+def fairness_json(tables: list[Table]) -> dict[str, Any]:
+    """compare --fairness as json: each table one figure's; each comparison with both sides' own
+    figures over their seeds (``a_figure`` / ``b_figure``: mean, sd, n, state)."""
+    from hfl_bench.results.fairness import DEFINITIONS as FAIRNESS_DEFINITIONS
+    from hfl_bench.results.fairness import FIGURES, group_fairness
+
+    out = []
+    for t in tables:
+        d = t.as_dict()
+        d["figure"] = _figure_of(t, "")
+        for c, cd in zip(t.comparisons, d["comparisons"]):
+            cd["a_figure"] = group_fairness(c.a.group).as_dict()[c.figure]
+            cd["b_figure"] = group_fairness(c.b.group).as_dict()[c.figure]
+        out.append(d)
+    return {"figures": list(FIGURES), "definitions": {**DEFINITIONS, **FAIRNESS_DEFINITIONS,
+                                                      "difference": "mean of the paired differences A - B of the "
+                                                                    "figure, per seed (points; below_local: "
+                                                                    "percentage points)"},
+            "tables": out}

@@ -147,19 +147,20 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
     }
 
 
-def text_columns() -> tuple[str, ...]:
-    """The markdown's columns (``columns.names("markdown")``): what ``--columns`` may name."""
-    return names("markdown")
+def text_columns(opt_in: Iterable[str] = ()) -> tuple[str, ...]:
+    """The markdown's columns (``columns.names("markdown")``), with the ``opt_in`` sets' (``--columns``
+    may name every one of them)."""
+    return names("markdown", opt_in)
 
 
-def table_columns() -> tuple[str, ...]:
+def table_columns(opt_in: Iterable[str] = ()) -> tuple[str, ...]:
     """The terminal table's columns (it leaves out the locator, long, and the selected local
-    accuracy, for width; markdown, csv and json keep them)."""
-    return names("terminal")
+    accuracy, for width; markdown, csv and json keep them), with the ``opt_in`` sets'."""
+    return names("terminal", opt_in)
 
 
-def csv_columns() -> tuple[str, ...]:
-    return csv_fields()
+def csv_columns(opt_in: Iterable[str] = ()) -> tuple[str, ...]:
+    return csv_fields(opt_in)
 
 
 # The published figures that match no group: a table of their own.
@@ -167,7 +168,7 @@ UNMATCHED_COLUMNS = ("method", "published as", "task", "pool", "setting", "seeds
                      "source", "locator", "match")
 
 
-def csv_rows(board: Board) -> list[dict[str, Any]]:
+def csv_rows(board: Board, opt_in: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Flat rows: one per group (row_type reproduced), for a multimodal group one per extra
     endpoint (row_type endpoint, same group_id), one per published figure beside it (row_type
     published, same group_id), one per unmatched published figure (empty group_id).
@@ -176,9 +177,10 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
     a multimodal group's donors'; global_* / local_* / all_* / donors_* are the headline statistic
     (``headline``; ``headline_statistic``: final, or selected / mixed where records fell back; an
     endpoint row's are at the selected round), selected_* at the selected round, final_* the final
-    figures where the records have them."""
+    figures where the records have them. ``opt_in``: the opt-in column sets to add (``fairness``)."""
     rows = []
-    data = columns("csv")
+    opt_in = tuple(opt_in)
+    data = columns("csv", opt_in)
     for row in GroupRow.of(board.groups):
         g = row.group
         rows.append({k: v for c in data for k, v in c.csv_values(row).items()})
@@ -190,7 +192,7 @@ def csv_rows(board: Board) -> list[dict[str, Any]]:
                       "seeds": " ".join(map(str, g.seeds)), **csv_figures(g, e)} for e in g.endpoints()]
         rows += [{**_published_csv(m.published, m, g.group_id), "section": g.section} for m in g.published]
     rows += [_published_csv(p, None, "") for p in board.unmatched]
-    return [{c: ("" if r.get(c) is None else r.get(c)) for c in csv_fields()} for r in rows]
+    return [{c: ("" if r.get(c) is None else r.get(c)) for c in csv_fields(opt_in)} for r in rows]
 
 
 def _published_csv(p: Published, m: Optional[Match], group_id: str) -> dict[str, Any]:
@@ -209,9 +211,9 @@ def _published_csv(p: Published, m: Optional[Match], group_id: str) -> dict[str,
     }
 
 
-def board_json(board: Board) -> dict[str, Any]:
-    """The board as json: each group the json ``columns``' keys, in order."""
-    data = columns("json")
+def board_json(board: Board, opt_in: Iterable[str] = ()) -> dict[str, Any]:
+    """The board as json: each group the json ``columns``' keys (with the ``opt_in`` sets'), in order."""
+    data = columns("json", opt_in)
     groups = [{k: v for c in data for k, v in c.json_values(row).items()} for row in GroupRow.of(board.groups)]
     multimodal = ("over the recipients (the clients that miss a modality: metrics.recipients; also each "
                   "endpoint's) for a multimodal group (modalities), "
@@ -399,8 +401,8 @@ def _text_column(name: str) -> Any:
 # figures: a row whose method repeats is read by them (a column with one value in every row is in
 # the title already).
 FIT_ORDER = ("locator", "source", "match", "selected local", "failed/diverged", "ranks", "version", "selected global",
-             "published as", "predictor", "seeds", "protocols", "local acc", "delta", BYTES, STEPS, "setting", "pool",
-             "faults", "task", "drop", "rank interval", "mean rank", "#")
+             "published as", "predictor", "seeds", "protocols", "local acc", "delta", BYTES, STEPS, "below local",
+             "worst 10%", "client sd", "setting", "pool", "faults", "task", "drop", "rank interval", "mean rank", "#")
 KEPT = ("method", "global acc")
 
 
