@@ -1,0 +1,133 @@
+"""FLOPs per sample, measured with torch's own counter, and the record's FLOPs from the work meter.
+
+``count(model, x)`` runs ``model`` on a few samples ``x`` under ``torch.utils.flop_counter.
+FlopCounterMode`` twice: once forward (eval mode, no gradients) and once as a training step would
+(train mode, forward, a cross-entropy loss, backward), and divides each total by the batch size.
+The counter counts the matrix products and convolutions (``mm``, ``addmm``, ``bmm``, ``baddbmm``,
+the convolutions and their backward, scaled dot-product attention), 2 FLOPs per multiply-add;
+elementwise work (activations, batch norm, pooling, the loss, the optimizer's update) is not
+counted. The training figure is forward + backward as autograd runs it: each counted layer's weight
+gradient and the input gradient of every layer but the first (the inputs need no gradient), so
+a model of one ``nn.Linear(d, k)`` counts 2dk forward and 4dk training.
+
+``per_sample(member, info, x)`` is ``count`` on a fresh model of a pool member (built under a
+forked RNG, on the CPU: the run's models, its RNG streams and its numerics are never touched),
+cached in memory for the process by (architecture name, its constructor and arguments, input
+shape, classes). ``record(budget, forward, training)`` turns the work meter's sample counts into
+the record's ``cost.flops``.
+
+A building block: imports torch and the metering types only.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from hfl_bench.metering import CLIENT_DATA, DATA, Budget
+
+if TYPE_CHECKING:
+    from hfl_bench.data import TaskInfo
+    from hfl_bench.pools import PoolMember
+
+# Samples per counted pass. Every op the counter counts is linear in the batch (a batch of B costs
+# B times one sample), so the per-sample figure does not depend on it; more than one sample keeps
+# batch norm's training statistics defined (one sample has no variance).
+COUNT_BATCH = 4
+COUNTER = "torch.utils.flop_counter.FlopCounterMode"  # what the record's ``cost.flops.counter`` names
+
+
+class PerSample(NamedTuple):
+    """FLOPs per sample of one architecture at one input shape."""
+
+    forward: int  # inference: one forward pass in eval mode
+    training: int  # one training pass: forward + backward (the optimizer's step is elementwise: not counted)
+
+
+def _total(run) -> int:
+    counter = FlopCounterMode(display=False)
+    with counter:
+        run()
+    return int(counter.get_total_flops())
+
+
+def count(model: nn.Module, x: torch.Tensor) -> PerSample:
+    """FLOPs per sample of ``model`` on the batch ``x`` (forward in eval mode; forward + backward of
+    a cross-entropy loss in train mode), each the counter's total divided by ``len(x)``. Runs on a
+    copy under a forked RNG: ``model``, its gradients and buffers and the RNG streams are left as
+    they were (dropout draws, batch norm updates its statistics)."""
+    n = len(x)
+    if n < 1:
+        raise ValueError("count FLOPs on at least one sample")
+    model = copy.deepcopy(model)
+    # nn.MultiheadAttention's eval-mode fast path is one fused kernel the counter does not see: off
+    # while counting, the same products run as the counted matrix products of a training pass
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        return _count(model, x, n)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+def _count(model: nn.Module, x: torch.Tensor, n: int) -> PerSample:
+    with torch.random.fork_rng(devices=[x.device.index or 0] if x.is_cuda else []):
+        model.eval()
+        with torch.no_grad():
+            forward = _total(lambda: model(x))
+        model.train()
+
+        def step():
+            logits = model(x)
+            loss = nn.functional.cross_entropy(logits.float(), torch.zeros(n, dtype=torch.long, device=logits.device))
+            loss.backward()
+
+        training = _total(step)
+    return PerSample(forward // n, training // n)
+
+
+_CACHE: dict[tuple, PerSample] = {}
+
+
+def per_sample(member: "PoolMember", info: "TaskInfo", x: torch.Tensor) -> PerSample:
+    """FLOPs per sample of pool ``member`` built for ``info`` (a fresh model, on the CPU, under a
+    forked RNG), counted on the first ``COUNT_BATCH`` rows of ``x`` (the task's inputs: their dtype
+    and layout, token ids for a text task); cached for the process."""
+    from hfl_bench.pools import seeded_model
+
+    shape = tuple(int(d) for d in x.shape[1:])
+    key = (member.name, member.model, repr(sorted(member.kwargs.items())), shape, info.num_classes)
+    if key not in _CACHE:
+        model = seeded_model(member, info, 0, torch.device("cpu"), keep_global_rng=True)
+        # NaN stands for an unobserved modality in a multimodal task's rows: the count reads shapes only
+        _CACHE[key] = count(model, x[:COUNT_BATCH].detach().cpu())
+    return _CACHE[key]
+
+
+def record(budget: Budget, forward: Sequence[int], training: Sequence[int]) -> dict[str, Any]:
+    """The record's ``cost.flops``: each client's FLOPs per sample (``forward``, ``training``, in
+    client order) and its training FLOPs by kind of data: samples trained (``budget``, setup
+    included) x training FLOPs per sample of its architecture, as totals per client, totals over
+    clients and means per client per round (the budget's divisor: clients x rounds begun). The
+    server's own training is not counted (its models are no pool member's)."""
+    n = budget.n
+    if len(forward) != n or len(training) != n:
+        raise ValueError(f"FLOPs per sample of {len(forward)} / {len(training)} clients for a budget of {n}")
+    per_sample_training = np.asarray(training, dtype=np.int64)
+    rounds = max(budget.round, 1)
+    per_client, totals, per_round = {}, {}, {}
+    for kind in CLIENT_DATA:
+        flops = [int(s) * int(f) for s, f in zip(budget.samples[:n, DATA.index(kind)], per_sample_training)]
+        per_client[kind.value] = flops
+        totals[kind.value] = sum(flops)
+        per_round[kind.value] = round(sum(flops) / n / rounds, 1) if n else 0.0
+    return {
+        "counter": COUNTER,
+        "per_sample": {"forward": [int(f) for f in forward], "training": [int(t) for t in training]},
+        "training": {"per_client_round": per_round, "totals": totals, "per_client": per_client},
+    }
