@@ -4,7 +4,8 @@
 FlopCounterMode`` twice: once forward (eval mode, no gradients) and once as a training step would
 (train mode, forward, a cross-entropy loss, backward), and divides each total by the batch size.
 The counter counts the matrix products and convolutions (``mm``, ``addmm``, ``bmm``, ``baddbmm``,
-the convolutions and their backward, scaled dot-product attention), 2 FLOPs per multiply-add;
+the convolutions and their backward; attention through its matrix products: the fused kernels it
+does not see are off while counting), 2 FLOPs per multiply-add;
 elementwise work (activations, batch norm, pooling, the loss, the optimizer's update) is not
 counted. The training figure is forward + backward as autograd runs it: each counted layer's weight
 gradient and the input gradient of every layer but the first (the inputs need no gradient), so
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from hfl_bench.metering import CLIENT_DATA, DATA, Budget
@@ -65,12 +67,14 @@ def count(model: nn.Module, x: torch.Tensor) -> PerSample:
     if n < 1:
         raise ValueError("count FLOPs on at least one sample")
     model = copy.deepcopy(model)
-    # nn.MultiheadAttention's eval-mode fast path is one fused kernel the counter does not see: off
-    # while counting, the same products run as the counted matrix products of a training pass
+    # nn.MultiheadAttention's eval-mode fast path is one fused kernel the counter does not see, and
+    # so is the CPU's fused attention kernel: both off while counting, the same products run as
+    # counted matrix products (the math backend of scaled dot-product attention)
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        return _count(model, x, n)
+        with sdpa_kernel(SDPBackend.MATH):
+            return _count(model, x, n)
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
 

@@ -98,10 +98,10 @@ def show(
         chosen = _chosen(columns, RANK_COLUMNS)
         _print_rank(ranked, unranked_methods(board.groups, ranked), fmt, chosen)
     else:
-        from hfl_bench.results.render import text_columns
+        from hfl_bench.results.render import chosen_columns, text_columns
 
         vs = _vs(records, against)
-        known = text_columns() + ((paired_view_column(vs[0]),) if vs else ())
+        known = text_columns() + chosen_columns() + ((paired_view_column(vs[0]),) if vs else ())
         _print_board(board, fmt, vs, _chosen(columns, known))
 
 

@@ -31,7 +31,15 @@ from typing import Any, Callable, Optional
 
 from hfl_bench.registry import RegistryError, unknown_message
 from hfl_bench.results import seen_unseen
-from hfl_bench.results.budget import CLIENT_KINDS, budget_of, group_steps, mean_steps, steps_label
+from hfl_bench.results.budget import (
+    CLIENT_KINDS,
+    budget_of,
+    flops_label,
+    group_steps,
+    mean_steps,
+    mean_training_flops,
+    steps_label,
+)
 from hfl_bench.results.headline import group_basis, headline_stat, marked
 from hfl_bench.results.loading import selection_mark
 from hfl_bench.results.ranking import protocol_label, protocol_labels
@@ -173,6 +181,8 @@ class Column:
     (by row kind; a column without one is merged into a blank span), ``faults_only`` shows it on
     the site only where a group ran with faults, ``link`` makes its cell the group page's link, and
     ``th_joins`` / ``td_joins`` put its header / cell on the line of the one before.
+    ``chosen_only``: the table and markdown show it only where ``--columns`` names it (a default
+    view stays as it was).
     """
 
     name: str
@@ -196,6 +206,7 @@ class Column:
     link: bool = False
     th_joins: bool = False
     td_joins: bool = False
+    chosen_only: bool = False
 
     def __post_init__(self):
         unknown = set(self.views) - ALL
@@ -474,6 +485,7 @@ SELECTED_TITLE = ("global accuracy at the selected round (best mean validation a
 STEPS_TITLE = ("optimizer steps per client per round on private data; (all T): with public or synthetic data; "
                "server S: the server's own steps per round")
 STEPS = "steps / client / round"
+FLOPS = "train FLOPs / client / round"
 BYTES = "bytes / client / round"
 
 # The built-in columns, in the order every view shows them. "global acc" and "local acc" are the
@@ -577,6 +589,9 @@ BUILTIN = (
     Column(STEPS, lambda row: row.records, text=steps_label, sort=lambda records: mean_steps(records, "private"),
            numeric=True, figure=True, stacked="steps /\nclient /\nround", title=STEPS_TITLE,
            csv=_csv_steps, csv_fields=STEPS_CSV, json=lambda row: {"steps_per_client_round": _json_steps(row)}),
+    # schema 1.9's FLOPs (hfl_bench.flops): shown where --columns names it
+    Column(FLOPS, lambda row: row.records, text=flops_label, sort=mean_training_flops, numeric=True, figure=True,
+           stacked="train FLOPs /\nclient /\nround", views=TEXT, chosen_only=True),
     # the site's figure is Stat's (rounded) mean of every number, the tables' the plain mean of the ints and floats
     Column(BYTES, lambda row: row.group, text=bytes_label, views=TEXT | {"html"}, numeric=True, figure=True,
            stacked="bytes /\nclient /\nround", html=lambda g: human_bytes(_bytes_stat(g).mean),

@@ -40,7 +40,6 @@ from hfl_bench.results.columns import (
     columns,
     csv_fields,
     csv_figures,
-    names,
     section_fields,
 )
 from hfl_bench.results.figures import HEADLINE_STATISTIC
@@ -148,14 +147,19 @@ def _published_row(p: Published, m: Optional[Match]) -> dict[str, str]:
 
 
 def text_columns() -> tuple[str, ...]:
-    """The markdown's columns (``columns.names("markdown")``): what ``--columns`` may name."""
-    return names("markdown")
+    """The markdown's default columns (``columns.names("markdown")`` but those shown only when chosen)."""
+    return tuple(c.name for c in columns("markdown") if not c.chosen_only)
+
+
+def chosen_columns() -> tuple[str, ...]:
+    """The text columns shown only where ``--columns`` names them (beside ``text_columns``, what it may name)."""
+    return tuple(c.name for c in columns("markdown") if c.chosen_only)
 
 
 def table_columns() -> tuple[str, ...]:
     """The terminal table's columns (it leaves out the locator, long, and the selected local
     accuracy, for width; markdown, csv and json keep them)."""
-    return names("terminal")
+    return tuple(c.name for c in columns("terminal") if not c.chosen_only)
 
 
 def csv_columns() -> tuple[str, ...]:
