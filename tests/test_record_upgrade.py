@@ -254,7 +254,7 @@ def _step(version: str, record: dict) -> dict:
 
 
 def test_the_steps_are_one_per_version_in_order():
-    assert list(STEPS) == ["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7"]
+    assert list(STEPS) == ["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8"]
     from hfl_bench.record.io import CURRENT_VERSION, SCHEMA_VERSIONS
 
     assert (*STEPS, CURRENT_VERSION) == SCHEMA_VERSIONS
