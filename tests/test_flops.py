@@ -18,7 +18,8 @@ from hfl_bench.pools import get_pool
 from hfl_bench.record.model import record_problems
 from hfl_bench.results.budget import flops_label, training_flops_per_client_round
 from hfl_bench.results.loading import load_record
-from tests.helpers import invoke_cli
+
+from helpers import invoke_cli
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,7 @@ import yaml
 from hfl_bench.cli.output import command_line, shell_quote
 from hfl_bench.results.board import board_records, build_board
 from hfl_bench.results.loading import load_records
-from hfl_bench.results.render import UNMATCHED_COLUMNS, csv_columns, display_rows, text_columns
+from hfl_bench.results.render import UNMATCHED_COLUMNS, chosen_columns, csv_columns, display_rows, text_columns
 from hfl_bench.results.text import csv_cell, markdown_cell, mpl_text, terminal
 
 from helpers import REAL_RECORD, invoke_cli
@@ -146,7 +146,8 @@ def test_markdown_rows_stay_rows(folder, columns):
     assert all("Note: " not in t.split("\n\nNote: ")[0] for t in sections)
     sections = [t.split("\n\nNote: ")[0] for t in sections]
     assert sum(len(t.strip("\n").split("\n")) - 2 for t in sections) == len(rows)
-    checks = [*((t, text_columns(), None) for t in sections), (tables[-1], UNMATCHED_COLUMNS, len(unmatched))]
+    every = text_columns() + chosen_columns()  # "all": the defaults and those shown only when chosen
+    checks = [*((t, every, None) for t in sections), (tables[-1], UNMATCHED_COLUMNS, len(unmatched))]
     for text, columns, n_rows in checks:
         lines = text.strip("\n").split("\n")
         assert n_rows is None or len(lines) == 2 + n_rows  # no value added a row

@@ -6,8 +6,8 @@ next version's. A step fills what its version added, where the older record lack
 value the results layer's readers gave its absence (``hfl_bench.results.setting``, ``loading``,
 ``headline``), so that a view of an upgraded record prints what the view of the raw record printed.
 What an old record cannot say (its seen / unseen-class accuracy, its budget, its FLOPs, its
-plugins, its endpoints' curves, a final window it never computed) stays absent, as the readers already read the absence: "-", or the
-selected round marked as the fallback.
+plugins, its endpoints' curves, a final window it never computed) stays absent, as the readers
+already read the absence: "-", or the selected round marked as the fallback.
 
 What a built-in method's card said, and whether a built-in pool is one architecture, comes from a
 frozen table (``BUILTIN_CARDS``, ``BUILTIN_POOLS``), never from the registry: upgrading a record
