@@ -11,10 +11,10 @@ counted. The training figure is forward + backward as autograd runs it: each cou
 gradient and the input gradient of every layer but the first (the inputs need no gradient), so
 a model of one ``nn.Linear(d, k)`` counts 2dk forward and 4dk training.
 
-``per_sample(member, info, x)`` is ``count`` on a fresh model of a pool member (built under a
-forked RNG, on the CPU: the run's models, its RNG streams and its numerics are never touched),
-cached in memory for the process by (architecture name, its constructor and arguments, input
-shape, classes). ``record(budget, forward, training)`` turns the work meter's sample counts into
+``per_sample(arch, model, x)`` is ``count`` on a CPU copy of a client's model (under a forked RNG:
+the run's models, its RNG streams and its numerics are never touched), cached in memory for the
+process by (architecture name, input shape, the model's class and parameter shapes, which hold
+the classes). ``record(budget, forward, training)`` turns the work meter's sample counts into
 the record's ``cost.flops``.
 
 A building block: imports torch and the metering types only.
@@ -23,7 +23,7 @@ A building block: imports torch and the metering types only.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -32,10 +32,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from hfl_bench.metering import CLIENT_DATA, DATA, Budget
-
-if TYPE_CHECKING:
-    from hfl_bench.data import TaskInfo
-    from hfl_bench.pools import PoolMember
 
 # Samples per counted pass. Every op the counter counts is linear in the batch (a batch of B costs
 # B times one sample), so the per-sample figure does not depend on it; more than one sample keeps
@@ -60,13 +56,16 @@ def _total(run) -> int:
 
 def count(model: nn.Module, x: torch.Tensor) -> PerSample:
     """FLOPs per sample of ``model`` on the batch ``x`` (forward in eval mode; forward + backward of
-    a cross-entropy loss in train mode), each the counter's total divided by ``len(x)``. Runs on a
-    copy under a forked RNG: ``model``, its gradients and buffers and the RNG streams are left as
-    they were (dropout draws, batch norm updates its statistics)."""
-    n = len(x)
-    if n < 1:
+    a cross-entropy loss in train mode, every parameter trainable), each the counter's total divided
+    by ``len(x)``. Runs on a copy under a forked RNG: ``model``, its gradients and buffers and the
+    RNG streams are left as they were (dropout draws, batch norm updates its statistics)."""
+    if len(x) < 1:
         raise ValueError("count FLOPs on at least one sample")
-    model = copy.deepcopy(model)
+    return _count_copy(copy.deepcopy(model), x)
+
+
+def _count_copy(model: nn.Module, x: torch.Tensor) -> PerSample:
+    model.requires_grad_(True)  # the whole model's backward, whatever a method froze
     # nn.MultiheadAttention's eval-mode fast path is one fused kernel the counter does not see, and
     # so is the CPU's fused attention kernel: both off while counting, the same products run as
     # counted matrix products (the math backend of scaled dot-product attention)
@@ -74,7 +73,7 @@ def count(model: nn.Module, x: torch.Tensor) -> PerSample:
     torch.backends.mha.set_fastpath_enabled(False)
     try:
         with sdpa_kernel(SDPBackend.MATH):
-            return _count(model, x, n)
+            return _count(model, x, len(x))
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
 
@@ -98,18 +97,22 @@ def _count(model: nn.Module, x: torch.Tensor, n: int) -> PerSample:
 _CACHE: dict[tuple, PerSample] = {}
 
 
-def per_sample(member: "PoolMember", info: "TaskInfo", x: torch.Tensor) -> PerSample:
-    """FLOPs per sample of pool ``member`` built for ``info`` (a fresh model, on the CPU, under a
-    forked RNG), counted on the first ``COUNT_BATCH`` rows of ``x`` (the task's inputs: their dtype
-    and layout, token ids for a text task); cached for the process."""
-    from hfl_bench.pools import seeded_model
+def signature(model: nn.Module) -> tuple:
+    """What the counted FLOPs depend on besides the input: the model's class and every parameter's
+    name and shape (a method that changes a pool member's head or adds a module counts apart)."""
+    return (type(model).__module__, type(model).__qualname__,
+            tuple((name, tuple(p.shape)) for name, p in model.named_parameters()))
 
-    shape = tuple(int(d) for d in x.shape[1:])
-    key = (member.name, member.model, repr(sorted(member.kwargs.items())), shape, info.num_classes)
+
+def per_sample(arch: str, model: nn.Module, x: torch.Tensor) -> PerSample:
+    """FLOPs per sample of a client's ``model`` (architecture ``arch``), counted on a copy on the CPU
+    on the first ``COUNT_BATCH`` rows of ``x`` (the task's inputs: their dtype and layout, token ids
+    for a text task); cached for the process by (architecture, input shape, the model's
+    ``signature``, which holds the classes)."""
+    key = (arch, tuple(int(d) for d in x.shape[1:]), signature(model))
     if key not in _CACHE:
-        model = seeded_model(member, info, 0, torch.device("cpu"), keep_global_rng=True)
         # NaN stands for an unobserved modality in a multimodal task's rows: the count reads shapes only
-        _CACHE[key] = count(model, x[:COUNT_BATCH].detach().cpu())
+        _CACHE[key] = _count_copy(copy.deepcopy(model).cpu(), x[:COUNT_BATCH].detach().cpu())
     return _CACHE[key]
 
 

@@ -242,11 +242,11 @@ def faults_section(cfg_dict: dict[str, Any], faults: dict[str, Any]) -> dict[str
 
 
 def flops_section(fed) -> dict[str, Any]:
-    """The record's ``cost.flops``: each client's architecture counted on the task's inputs (cached
-    per architecture and input shape for the process), times the samples the budget counted."""
+    """The record's ``cost.flops``: each client's model counted on the task's inputs (cached per
+    architecture, input shape and model shape for the process), times the samples the budget counted."""
     from hfl_bench import flops  # torch: only where a run is recorded, never where records are read
 
-    per = [flops.per_sample(c.arch, fed.info, fed.data.train_x) for c in fed.clients]
+    per = [flops.per_sample(c.arch.name, c.model, fed.data.train_x) for c in fed.clients]
     return flops.record(fed.budget, [p.forward for p in per], [p.training for p in per])
 
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from hfl_bench import flops
 from hfl_bench.data import get_task
-from hfl_bench.pools import get_pool
+from hfl_bench.pools import get_pool, seeded_model
 from hfl_bench.record.model import record_problems
 from hfl_bench.results.budget import flops_label, training_flops_per_client_round
 from hfl_bench.results.loading import load_record
@@ -52,7 +52,8 @@ def test_the_digits_pools_small_cnn_against_a_hand_count():
     # training: forward, every layer's weight gradient (as many FLOPs as its forward) and every
     # layer's input gradient but the first's (the images need none)
     training = forward + sum(layers) + sum(layers[1:])
-    got = flops.per_sample(member, info, torch.randn(4, *info.input_shape))
+    model = seeded_model(member, info, 0, torch.device("cpu"), keep_global_rng=True)
+    got = flops.per_sample(member.name, model, torch.randn(4, *info.input_shape))
     assert got == flops.PerSample(forward, training) == flops.PerSample(314_624, 925_440)
 
 
@@ -81,6 +82,14 @@ def test_the_transformers_eval_fast_path_is_counted():
     assert torch.backends.mha.get_fastpath_enabled()  # put back
 
 
+def test_the_cache_tells_a_changed_head_apart():
+    x = torch.randn(4, 8)
+    ten, three = nn.Linear(8, 10), nn.Linear(8, 3)
+    three.requires_grad_(False)  # a frozen model is counted as trained whole
+    assert flops.per_sample("head", ten, x).forward == 2 * 8 * 10
+    assert flops.per_sample("head", three, x) == flops.PerSample(2 * 8 * 3, 4 * 8 * 3)
+
+
 @pytest.fixture(scope="module")
 def run_record(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("flops")
@@ -99,7 +108,8 @@ def test_a_run_records_flops_per_client_from_its_budget(run_record):
     info = get_task("digits").info
     members = {m.name: m for m in get_pool(record["arch_pool"]["name"]).members}
     x = torch.randn(4, *info.input_shape)
-    expected = [flops.per_sample(members[a], info, x) for a in record["arch_pool"]["assignment"]]
+    expected = [flops.count(seeded_model(members[a], info, 0, torch.device("cpu"), keep_global_rng=True), x)
+                for a in record["arch_pool"]["assignment"]]
     assert section["per_sample"] == {"forward": [e.forward for e in expected],
                                      "training": [e.training for e in expected]}
     assert section["per_sample"]["training"][1] == 925_440  # client 1 is the hand-counted cnn_small

@@ -194,7 +194,8 @@ def fake_result(modalities: dict | None = None, faults: dict | None = None) -> t
     info = {"name": "digits", "version": "1.0", "num_classes": 3, "input_shape": [1, 1, 104],
             **({"modalities": SHAPES} if modalities else {})}
     fed = SimpleNamespace(
-        data=SimpleNamespace(train_y=torch.tensor([0, 1, 2, 0, 1, 2]), test_y=torch.tensor([0, 1]),
+        data=SimpleNamespace(train_x=torch.zeros(6, 2), train_y=torch.tensor([0, 1, 2, 0, 1, 2]),
+                             test_y=torch.tensor([0, 1]),
                              fingerprint="00112233445566aa"),
         clients=[SimpleNamespace(cid=c, arch=SimpleNamespace(name="cnn"), model=torch.nn.Linear(2, 3))
                  for c in range(4)],
