@@ -241,6 +241,15 @@ def faults_section(cfg_dict: dict[str, Any], faults: dict[str, Any]) -> dict[str
     return {**faults, "selection": "all", "baseline_config_hash": config_hash(baseline)}
 
 
+def flops_section(fed) -> dict[str, Any]:
+    """The record's ``cost.flops``: each client's model counted on the task's inputs (cached per
+    architecture, input shape and model shape for the process), times the samples the budget counted."""
+    from hfl_bench import flops  # torch: only where a run is recorded, never where records are read
+
+    per = [flops.per_sample(c.arch.name, c.model, fed.data.train_x) for c in fed.clients]
+    return flops.record(fed.budget, [p.forward for p in per], [p.training for p in per])
+
+
 def build_record(cfg: RunConfig, result: RunResult, chash: str | None = None,
                  portable: dict[str, Any] | None = None) -> dict[str, Any]:
     """The record of a finished run; ``chash`` and ``portable``: the config's hash and the config
@@ -357,6 +366,7 @@ def build_record(cfg: RunConfig, result: RunResult, chash: str | None = None,
             "wall_time_total_s": round(result.wall_time_s, 3),
             "peak_memory": result.peak_memory,
             "budget": fed.budget.record(),  # steps and samples by kind of data (metering.Budget)
+            "flops": flops_section(fed),  # schema 1.9: FLOPs per sample and trained (hfl_bench.flops)
         },
         "history": result.history,
         "plugins": plugins_used(_used(cfg.method, method.hparams(), fed.info.name, fed.pool.name,

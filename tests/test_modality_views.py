@@ -194,7 +194,8 @@ def fake_result(modalities: dict | None = None, faults: dict | None = None) -> t
     info = {"name": "digits", "version": "1.0", "num_classes": 3, "input_shape": [1, 1, 104],
             **({"modalities": SHAPES} if modalities else {})}
     fed = SimpleNamespace(
-        data=SimpleNamespace(train_y=torch.tensor([0, 1, 2, 0, 1, 2]), test_y=torch.tensor([0, 1]),
+        data=SimpleNamespace(train_x=torch.zeros(6, 2), train_y=torch.tensor([0, 1, 2, 0, 1, 2]),
+                             test_y=torch.tensor([0, 1]),
                              fingerprint="00112233445566aa"),
         clients=[SimpleNamespace(cid=c, arch=SimpleNamespace(name="cnn"), model=torch.nn.Linear(2, 3))
                  for c in range(4)],
@@ -237,7 +238,7 @@ def test_build_record_writes_the_recipients_and_donors_figures():
 def test_build_record_without_modalities_has_no_client_groups():
     cfg, result = fake_result()
     record = build_record(cfg, result)
-    assert record["schema_version"] == SCHEMA_VERSION == "1.8"
+    assert record["schema_version"] == SCHEMA_VERSION == "1.9"
     assert "modalities" not in record and "modalities" not in record["task"]
     assert not {"recipients", "donors", "honest", "faulty"} & set(record["metrics"])
     assert record_problems(strict_record(record)) == []

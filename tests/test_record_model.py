@@ -1,5 +1,6 @@
-"""The typed record model (hfl_bench/record/model/, schema 1.8): every committed 1.7 record (and
-every published one) validates at 1.8 and dumps back exactly, as do records the CLI writes now; it
+"""The typed record model (hfl_bench/record/model/, schema 1.9: the 1.7 shape and cost.flops): every
+committed 1.7 record (and every published one) validates at 1.9 and dumps back exactly, as do records
+the CLI writes now; it
 agrees with the results layer's validator on sampled records and on mutations of them, refuses what
 it is stricter about (unknown fields, open sections it types); its JSON Schema is valid 2020-12 and
 accepts the records; and it imports neither torch nor numpy."""
@@ -56,14 +57,14 @@ def published():
     return found
 
 
-def at_18(record: dict) -> dict:
+def at_current(record: dict) -> dict:
     return {**record, "schema_version": rm.CURRENT_VERSION}
 
 
-def test_every_committed_17_record_validates_at_18_and_dumps_back_exactly(records_17, published):
+def test_every_committed_17_record_validates_at_the_current_version_and_dumps_back_exactly(records_17, published):
     problems, changed = {}, []
     for path, text, record in [*records_17, *published]:
-        raw = at_18(record)
+        raw = at_current(record)
         try:
             out = rm.Record.model_validate(raw).model_dump(mode="json", exclude_unset=True)
         except ValueError:
@@ -81,14 +82,14 @@ def test_every_committed_17_record_validates_at_18_and_dumps_back_exactly(record
 
 
 def test_parse_returns_the_typed_record_and_refuses_with_every_problem():
-    raw = at_18(json.loads(BASE_MODALITIES.read_text()))
+    raw = at_current(json.loads(BASE_MODALITIES.read_text()))
     record = rm.parse(raw)
     assert json.dumps(rm.dump(record)) == json.dumps(raw)
     assert isinstance(record.metrics, rm.Metrics) and isinstance(record.metrics.recipients, rm.ClientGroup)
     assert type(record.metrics.donors) is type(record.metrics.recipients) is rm.ClientGroup  # one group type
     assert record.metrics.recipients.n_clients == len(record.modalities.recipients)
     assert record.history[3].round == 3 and record.history[3].phases["evaluation"] >= 0
-    bad = at_18(json.loads(BASE_OK.read_text()))
+    bad = at_current(json.loads(BASE_OK.read_text()))
     bad["metrics"]["per_client"][3]["global_acc"] = 101.0
     bad["federation"]["n_clients"] = "10"
     bad["config"]["seed"] = "0"
@@ -264,11 +265,11 @@ def test_the_model_gives_the_verdicts_of_the_validator_it_replaced(records_17, b
     one is refused, and so is every case the 1.7 schema itself refuses."""
     sample = [(str(p), r) for p, _, r in records_17[::25]]
     assert not [name for name, r in [*[(f"unchanged {i}", b) for i, b in enumerate(bases)], *sample]
-                if rm.record_problems(at_18(r))]
+                if rm.record_problems(at_current(r))]
     for name, record in _cases(*bases):
         if _old_problems(record):
-            assert rm.record_problems(at_18(record)), name
-    valid = {name for name, record in _cases(*bases) if not rm.record_problems(at_18(record))}
+            assert rm.record_problems(at_current(record)), name
+    valid = {name for name, record in _cases(*bases) if not rm.record_problems(at_current(record))}
     assert valid == {"num_classes 2.0", "fingerprint good", "published n_seeds",
                      "seed 2^63 - 1", "failed seed null", "method_params null", "headline value 100"}
 
@@ -277,8 +278,8 @@ def test_the_model_is_stricter_where_meant(bases):
     ok, _, _, pub = bases
     for name, record in _tighter(ok, pub):
         assert _old_problems(record) == [], name
-        assert rm.record_problems(at_18(record)), name
-    problems = {name: rm.record_problems(at_18(r)) for name, r in _tighter(ok, pub)}
+        assert rm.record_problems(at_current(record)), name
+    problems = {name: rm.record_problems(at_current(r)) for name, r in _tighter(ok, pub)}
     assert problems["extra in per_client"] == ["metrics/per_client/0/rank: not a field of this section"]
     assert problems["extra in budget totals"] == ["cost/budget/totals/private/epochs: not a field of this section"]
 
@@ -287,7 +288,7 @@ def test_problems_name_their_json_path(bases):
     cases = dict(_cases(*bases))
 
     def first(name):
-        return rm.record_problems(at_18(cases[name]))
+        return rm.record_problems(at_current(cases[name]))
 
     assert first("global_acc missing") == ["metrics/global_acc: required, but missing",
                                            "metrics/global_acc: status ok, but it is null or missing"]
@@ -311,20 +312,20 @@ def test_json_schema_is_draft_2020_12_and_accepts_the_committed_records(records_
     schema = rm.json_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
     assert json.dumps(schema) == json.dumps(rm.json_schema())  # deterministic, key order included
-    assert schema["$id"] == "hfl-bench/record-1.8" and "1.8" in schema["title"]
-    assert schema["properties"]["schema_version"]["const"] == rm.CURRENT_VERSION == "1.8"
+    assert schema["$id"] == "hfl-bench/record-1.9" and "1.9" in schema["title"]
+    assert schema["properties"]["schema_version"]["const"] == rm.CURRENT_VERSION == "1.9"
     assert list(schema)[:4] == ["$schema", "$id", "title", "description"]
     validator = jsonschema.Draft202012Validator(schema)
     rejected = {}
     for path, _, record in [*records_17, *published]:
-        if error := next(validator.iter_errors(at_18(record)), None):
+        if error := next(validator.iter_errors(at_current(record)), None):
             rejected[str(path.relative_to(REPO))] = error.message
     assert rejected == {}
     ok, modal, failed, pub = bases
     for name, record in _tighter(ok, pub)[:6]:  # what the schema can say, it says: unknown fields
-        assert not validator.is_valid(at_18(record)), name
+        assert not validator.is_valid(at_current(record)), name
     for name in ("global_acc 150", "fidelity other", "published two figures", "recipients missing", "n_clients string"):
-        assert not validator.is_valid(at_18(dict(_cases(*bases))[name])), name
+        assert not validator.is_valid(at_current(dict(_cases(*bases))[name])), name
 
 
 def test_importing_the_model_imports_neither_torch_nor_numpy():
@@ -348,7 +349,7 @@ def test_a_record_the_code_writes_today_is_parsed_and_dumped_byte_for_byte(tmp_p
     text = path.read_text()
     record = json.loads(text)
     assert record["status"] == "ok" and ("faults" in record or "modalities" in record)
-    raw = at_18(record)
+    raw = at_current(record)
     assert rm.record_problems(raw) == []
     written = {**rm.dump(rm.parse(raw)), "schema_version": record["schema_version"]}
     assert json.dumps(written, indent=1, allow_nan=False) + "\n" == text

@@ -1,13 +1,13 @@
 """Record upgrades: a record of any schema version, brought once, at load, to the current shape.
 
-One step per schema version (``STEPS``: 1.0 -> 1.1 -> ... -> 1.7 -> 1.8, where 1.8 is exactly
-the 1.7 shape), each a pure function from one version's record to the next version's. A step fills
-what its version added, where the older record lacks it, with the value the results layer's
-readers gave its absence (``hfl_bench.results.setting``, ``loading``, ``headline``), so that a view
-of an upgraded record prints what the view of the raw record printed. What an old record cannot
-say (its seen / unseen-class accuracy, its budget, its plugins, its endpoints' curves, a final
-window it never computed) stays absent, as the readers already read the absence: "-", or the
-selected round marked as the fallback.
+One step per schema version (``STEPS``: 1.0 -> 1.1 -> ... -> 1.8 -> 1.9, where 1.8 is exactly
+the 1.7 shape and 1.9 adds ``cost.flops``), each a pure function from one version's record to the
+next version's. A step fills what its version added, where the older record lacks it, with the
+value the results layer's readers gave its absence (``hfl_bench.results.setting``, ``loading``,
+``headline``), so that a view of an upgraded record prints what the view of the raw record printed.
+What an old record cannot say (its seen / unseen-class accuracy, its budget, its FLOPs, its
+plugins, its endpoints' curves, a final window it never computed) stays absent, as the readers
+already read the absence: "-", or the selected round marked as the fallback.
 
 What a built-in method's card said, and whether a built-in pool is one architecture, comes from a
 frozen table (``BUILTIN_CARDS``, ``BUILTIN_POOLS``), never from the registry: upgrading a record
@@ -28,7 +28,7 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
-CURRENT = "1.8"  # what ``upgrade`` returns: the 1.7 shape, upgraded from any version
+CURRENT = "1.9"  # what ``upgrade`` returns: the 1.7 shape and cost.flops, upgraded from any version
 UNKNOWN = "unknown"  # the readers' unknown transfer and predictor (``results.setting.UNKNOWN``)
 PUBLISHED = "published"  # ``source.kind`` of a paper's figure: it describes no run of this code
 
@@ -269,6 +269,13 @@ def step_1_7_to_1_8(record: dict[str, Any]) -> dict[str, Any]:
     return _with(record, "1.8", **sections)
 
 
+def step_1_8_to_1_9(record: dict[str, Any]) -> dict[str, Any]:
+    """1.9 added ``cost.flops`` (FLOPs per sample and training FLOPs per client, ``hfl_bench.flops``):
+    what an older run computed was never counted, and zero would say it computed nothing, so it
+    stays absent, which every view reads as not recorded. Nothing to fill."""
+    return _with(record, "1.9")
+
+
 # The steps in order: ``STEPS[v]`` takes a record of version ``v`` to the next version.
 STEPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "1.0": step_1_0_to_1_1,
@@ -279,6 +286,7 @@ STEPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "1.5": step_1_5_to_1_6,
     "1.6": step_1_6_to_1_7,
     "1.7": step_1_7_to_1_8,
+    "1.8": step_1_8_to_1_9,
 }
 VERSIONS = (*STEPS, CURRENT)  # every version ``upgrade`` reads
 

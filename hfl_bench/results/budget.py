@@ -6,6 +6,10 @@ the group's ok seeds of each record's per-client-per-round optimizer steps on pr
 a method also trains on public or synthetic data the total follows, and the server's own steps per
 round where it trains a model (``hfl_bench.metering.Budget``). The readers read records that passed
 the record check (``record.check``): a budget has every part, each a finite count.
+
+FLOPs (``cost.flops``, schema 1.9; ``hfl_bench.flops``): the training FLOPs per client per round,
+all the clients' kinds of data together, as a figure with its unit (``flops_label``); a record
+without them (older than 1.9) reads as not recorded, "-", never 0.
 """
 
 from __future__ import annotations
@@ -63,3 +67,42 @@ def steps_label(records: list[dict[str, Any]]) -> str:
     if server:
         extra.append(f"server {_fmt(server)}")
     return _fmt(private) + (f" ({', '.join(extra)})" if extra else "")
+
+
+def flops_of(record: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The record's ``cost.flops`` when it has one (schema 1.9), else None: not recorded."""
+    return (record.get("cost") or {}).get("flops")
+
+
+def training_flops_per_client_round(record: dict[str, Any]) -> Optional[float]:
+    """A record's training FLOPs per client per round, its clients' kinds of data summed; None for a
+    record without FLOPs."""
+    section = flops_of(record)
+    if section is None:
+        return None
+    return float(sum(section["training"]["per_client_round"][k] for k in CLIENT_KINDS))
+
+
+def mean_training_flops(records: Iterable[dict[str, Any]]) -> Optional[float]:
+    """The mean over ``records`` that have FLOPs of their training FLOPs per client per round."""
+    values = [v for v in (training_flops_per_client_round(r) for r in records) if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+FLOP_UNITS = ((1e15, "PFLOPs"), (1e12, "TFLOPs"), (1e9, "GFLOPs"), (1e6, "MFLOPs"), (1e3, "kFLOPs"))
+
+
+def human_flops(x: float) -> str:
+    """``x`` FLOPs with a unit, three significant digits: the largest unit of which it is at least a
+    tenth (0.656 GFLOPs, 12.3 GFLOPs, 1.2 TFLOPs)."""
+    for scale, unit in FLOP_UNITS:
+        if x >= scale / 10:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.3g} FLOPs"
+
+
+def flops_label(records: list[dict[str, Any]]) -> str:
+    """The "train FLOPs / client / round" cell: the seeds' mean training FLOPs per client per round
+    with its unit; "-" where no seed recorded FLOPs."""
+    value = mean_training_flops(records)
+    return "-" if value is None else human_flops(value)

@@ -31,7 +31,15 @@ from typing import Any, Callable, Iterable, Optional
 
 from hfl_bench.registry import RegistryError, unknown_message
 from hfl_bench.results import seen_unseen
-from hfl_bench.results.budget import CLIENT_KINDS, budget_of, group_steps, mean_steps, steps_label
+from hfl_bench.results.budget import (
+    CLIENT_KINDS,
+    budget_of,
+    flops_label,
+    group_steps,
+    mean_steps,
+    mean_training_flops,
+    steps_label,
+)
 from hfl_bench.results.fairness import DEFINITIONS as FAIRNESS_DEFINITIONS
 from hfl_bench.results.fairness import FIGURES as FAIRNESS_FIGURES
 from hfl_bench.results.fairness import group_fairness
@@ -480,6 +488,7 @@ def _stat_pm(st: Stat) -> str:
 
 
 FAIRNESS = "fairness"  # the opt-in column set of the fairness figures
+COST = "cost"  # the opt-in column set of measured compute (FLOPs): shown where --columns names it
 FAIRNESS_COLUMNS = (
     ("client sd", "client_sd", "client\nsd",
      "population sd over the clients of their final local-test accuracy, per seed; mean ± sample sd over seeds"),
@@ -518,6 +527,7 @@ SELECTED_TITLE = ("global accuracy at the selected round (best mean validation a
 STEPS_TITLE = ("optimizer steps per client per round on private data; (all T): with public or synthetic data; "
                "server S: the server's own steps per round")
 STEPS = "steps / client / round"
+FLOPS = "train FLOPs / client / round"
 BYTES = "bytes / client / round"
 
 # The built-in columns, in the order every view shows them. "global acc" and "local acc" are the
@@ -621,6 +631,9 @@ BUILTIN = (
     Column(STEPS, lambda row: row.records, text=steps_label, sort=lambda records: mean_steps(records, "private"),
            numeric=True, figure=True, stacked="steps /\nclient /\nround", title=STEPS_TITLE,
            csv=_csv_steps, csv_fields=STEPS_CSV, json=lambda row: {"steps_per_client_round": _json_steps(row)}),
+    # schema 1.9's FLOPs (hfl_bench.flops): shown where --columns names it
+    Column(FLOPS, lambda row: row.records, text=flops_label, sort=mean_training_flops, numeric=True, figure=True,
+           stacked="train FLOPs /\nclient /\nround", views=TEXT, opt_in=COST),
     # the site's figure is Stat's (rounded) mean of every number, the tables' the plain mean of the ints and floats
     Column(BYTES, lambda row: row.group, text=bytes_label, views=TEXT | {"html"}, numeric=True, figure=True,
            stacked="bytes /\nclient /\nround", html=lambda g: human_bytes(_bytes_stat(g).mean),

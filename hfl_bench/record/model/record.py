@@ -28,9 +28,9 @@ from hfl_bench.record.model.values import SEED_LIMIT, OpenObject, _Found, _is_nu
 
 
 class Record(_Model):
-    """One run (reproduced) or one published figure, schema 1.8."""
+    """One run (reproduced) or one published figure, schema 1.9."""
 
-    schema_version: Literal["1.8"]  # CURRENT_VERSION
+    schema_version: Literal["1.9"]  # CURRENT_VERSION
     record_id: StrictStr
     source: Source
     status: Literal["ok", "diverged", "failed"]

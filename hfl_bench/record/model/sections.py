@@ -234,6 +234,50 @@ class Budget(_Model):
     per_client: PerClientBudget
 
 
+class FlopsPerSample(_Model):
+    """Each client's FLOPs per sample of its architecture, in client order (``hfl_bench.flops``)."""
+
+    forward: list[Count]
+    training: list[Count]
+
+
+class FlopsMean(_Model):
+    private: NonNegative
+    public: NonNegative
+    synthetic: NonNegative
+
+
+class FlopsTotals(_Model):
+    private: Count
+    public: Count
+    synthetic: Count
+
+
+class FlopsPerClient(_Model):
+    private: list[Count]
+    public: list[Count]
+    synthetic: list[Count]
+
+
+class FlopsTraining(_Model):
+    """Training FLOPs by kind of data: samples trained (the budget's) x training FLOPs per sample of
+    the client's whole model (a method that trains part of it, or passes synthetic features
+    through its head only, is approximated by the whole model)."""
+
+    per_client_round: FlopsMean
+    totals: FlopsTotals
+    per_client: FlopsPerClient
+
+
+class Flops(_Model):
+    """The run's FLOPs (schema 1.9), counted with torch's FLOP counter (matrix products and
+    convolutions, 2 per multiply-add; elementwise work not counted); absent: not recorded."""
+
+    counter: StrictStr
+    per_sample: FlopsPerSample
+    training: FlopsTraining
+
+
 class PeakMemory(_Model):
     cpu_rss_bytes: Count = None
     cuda_bytes: Count | None = None
@@ -246,6 +290,7 @@ class Cost(_Model):
     wall_time_total_s: NonNegative = None
     peak_memory: PeakMemory = None
     budget: Budget = None
+    flops: Flops = None
 
 
 # ----------------------------------------------------------------------------- the rest

@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-CURRENT_VERSION = "1.8"
+CURRENT_VERSION = "1.9"
 SEED_LIMIT = 2**63
 
 
