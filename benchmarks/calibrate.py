@@ -69,6 +69,8 @@ STUDIES = {
     # rotten-tomatoes client): one and two epochs, two learning rates; 60 study rounds.
     "hapt": ([(32, 0.01, 1), (32, 0.05, 1), (32, 0.01, 2), (32, 0.05, 2)], 60),
     "rotten-tomatoes": ([(32, 0.01, 1), (32, 0.05, 1), (32, 0.01, 2), (32, 0.05, 2)], 60),
+    # The same grid as cifar10-jpg's (the same 10,000-image subsample and pool).
+    "fashion-mnist": ([(32, 0.01, 1), (32, 0.05, 1)], 60),
 }
 TASKS = ("digits", "mnist1d")  # the default of run and report; cifar10-jpg needs its data folder
 HELDOUT_CHOICES = (0.2, 0.3, 0.4)
