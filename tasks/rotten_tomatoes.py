@@ -137,14 +137,16 @@ class RottenTomatoes(TokenTask):
             f"in the data fingerprint); each review is {tc.SEQ_LEN} int64 token ids, never normalized. Test: a "
             f"stratified {tc.TEST_FRACTION:.0%} of the reviews (seed {tc.SPLIT_SEED}). Clients: {CLIENTS}, each "
             f"made of whole movies (partition given: natural feature skew, mild label skew; --clients up to the "
-            f"508 movies), or drawn by another partitioner (--partition dirichlet). Protocol not yet calibrated. "
+            f"508 movies), or drawn by another partitioner (--partition dirichlet). Defaults calibrated on "
+            f"`local` alone (docs: Protocol). "
             f"Cached as "
             f"<data-dir>/rotten-tomatoes/rotten-tomatoes.npz."
         ),
         augmentation="none",
-        # Not calibrated (issue 64): starting values a run overrides with flags.
-        defaults={"pool": "text", "rounds": 30, "clients": CLIENTS, "partition": "given", "batch_size": 32,
-                  "lr": 0.05, "local_epochs": 1, "heldout_fraction": 0.2},
+        # Calibrated by benchmarks/calibrate.py on `local` alone (docs/studies/calibration.md): 52
+        # steps a round (two epochs of a median client's 26 batches), converged by round 23 of 60.
+        defaults={"pool": "text", "rounds": 40, "clients": CLIENTS, "partition": "given", "batch_size": 32,
+                  "lr": 0.05, "local_epochs": 2, "heldout_fraction": 0.2},
         input_kind="tokens",
     )
 
