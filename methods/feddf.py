@@ -125,7 +125,8 @@ class FedDF(Method):
         summary="FedAvg per architecture, then server distillation of all clients' logit ensemble on the public set.",
         transfer="public-unlabelled",
         why_single_modality="it needs a public set, and a public sample would hand recipients the modality they miss",
-        smoke=SmokeSettings(method_params={"distill_steps": "20", "eval_every": "5", "patience": "10"}),
+        # a patience as long as the steps: a smoke run's server work is the same whatever the early stop sees
+        smoke=SmokeSettings(method_params={"distill_steps": "20", "eval_every": "5", "patience": "20"}),
         notes=(
             "public set used unlabelled (its labels are never read)",
             "each round: the active clients' private CE (the config's local epochs, their own optimizer), upload of "
@@ -144,8 +145,9 @@ class FedDF(Method):
             "(the authors' code: 128; the paper distils on a large unlabelled set, here the held-out public set)",
             "early stopping: the paper stops when a labelled validation set's accuracy plateaus for 10^3 of 10^4 "
             "steps; with the public set unlabelled, the criterion is the KL to the teacher on a seeded held-out "
-            "val_fraction of the public set, evaluated every eval_every steps and at the last step; the "
-            "distillation stops patience steps after the best evaluation, and the best evaluated model is kept",
+            "val_fraction of the public set (the same every round), evaluated every eval_every steps and at the "
+            "last step; the distillation stops patience steps after the best evaluation, and the best evaluated "
+            "model is kept",
             "a public set too small to hold out (one sample) distils on all of it without early stopping",
             "server steps are counted as server work (kind server); teacher inference is not",
         ),
