@@ -43,7 +43,8 @@ ROUNDS, CLIENTS = 2, 4
 # Smoke settings that cut only public or synthetic work (or the server's): kept, so the runs stay
 # quick. Every other smoke setting (fedsocket's warm-up and stage epochs, fedmd's private
 # initialization) would change the private budget under test, and is dropped.
-NON_PRIVATE_SMOKE = {"transfer_epochs", "g_steps", "synthetic_size", "pretrain_steps"}
+NON_PRIVATE_SMOKE = {"transfer_epochs", "g_steps", "synthetic_size", "pretrain_steps",
+                     "distill_steps", "eval_every", "patience"}  # feddf's server distillation
 
 
 def defaults_config(method: str, out: Path, **overrides) -> RunConfig:
@@ -207,11 +208,25 @@ def fedgen(plan: Plan) -> Plan:
     return plain(plan)
 
 
+def feddf(plan: Plan) -> Plan:
+    """The protocol's local epochs, then per round and architecture prototype (every client active)
+    the server's distill_steps steps over the public set less its held-out part, in endless epochs
+    of distill_batch_size. The smoke settings' patience is the steps': no early stop."""
+    p = plan.p
+    assert p.patience >= p.distill_steps  # else the steps would depend on what the early stop sees
+    held_out = min(plan.public - 1, max(1, round(plan.public * p.val_fraction)))
+    sizes = [e - s for s, e in batch_bounds(plan.public - held_out, p.distill_batch_size)]
+    samples = sum(sizes[i % len(sizes)] for i in range(p.distill_steps))
+    prototypes = len({(c.arch.model, repr(sorted(c.arch.kwargs.items()))) for c in plan.fed.clients})
+    plan.server = [ROUNDS * prototypes * p.distill_steps, ROUNDS * prototypes * samples]
+    return plain(plan)
+
+
 # The methods whose budget is not the protocol's (``plain``), each by design; every other
 # registered method is held to ``plain``. FML steps its private model and its meme on the same
 # batch: one step per batch (a step is one batch a client trains on), so it is plain.
 BY_DESIGN = {
-    "dfml": dfml, "fedcc": fedcc, "fedmd": fedmd, "fedgd": fedgd, "msfkd": msfkd, "ds-fl": ds_fl,
+    "dfml": dfml, "fedcc": fedcc, "feddf": feddf, "fedmd": fedmd, "fedgd": fedgd, "msfkd": msfkd, "ds-fl": ds_fl,
     "fedsocket": shared_predictor, "naive-shared": shared_predictor, "fedl2g": fedl2g,
     "fedtgp": fedtgp, "fedgh": fedgh, "fedgen": fedgen,
 }

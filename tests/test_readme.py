@@ -131,7 +131,8 @@ def test_every_builtin_method_runs_on_digits_or_is_refused_as_the_table_says(tmp
         assert record.status == "ok", (name, record.error)
     # the refusals today: the public-set methods, fedavg's one architecture, FedSocket's pretrained bank
     assert refused == {"ds-fl": "needs --public-size 100", "fedcc": "needs --public-size 100",
-                       "fedmd": "needs --public-size 100", "msfkd": "needs --public-size 100",
+                       "feddf": "needs --public-size 100", "fedmd": "needs --public-size 100",
+                       "msfkd": "needs --public-size 100",
                        "fedavg": "needs --pool cpu-cnn", "fedsocket": "needs --pretrain-size 100",
                        "naive-shared": "needs --pretrain-size 100"}
     for name in refused:  # the command line: one line, exit 2

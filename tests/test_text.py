@@ -287,7 +287,7 @@ def test_every_builtin_method_runs_on_text_or_is_refused_as_the_table_says(prepa
         assert says == "runs", f"{name}: runs on text with no flag, but the table says {says!r}"
         assert record.status == "ok", (name, record.error)
     public = {name for name, says in refused.items() if says.startswith("needs --public-size ")}
-    assert public == {"ds-fl", "fedcc", "fedmd", "msfkd"}
+    assert public == {"ds-fl", "fedcc", "feddf", "fedmd", "msfkd"}
     assert {k: v for k, v in refused.items() if k not in public} == {
         "fedavg": "needs --pool text-cnn", "fedgd": "refuses", "fedsocket": "refuses", "naive-shared": "refuses"}
 
