@@ -110,7 +110,8 @@ def check_trace(trace: Any, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: a trace's active and inactive are non-empty lists of the same length")
     finish = _number(trace["finish_time"], where, "finish_time")
     times = [_number(t, where, "a trace time", positive=False) for pair in zip(active, inactive) for t in pair]
-    if any(b < a for a, b in zip(times, times[1:])) or any(times[2 * i + 1] <= times[2 * i] for i in range(len(active))):
+    pairs = range(len(active))
+    if any(b < a for a, b in zip(times, times[1:])) or any(times[2 * i + 1] <= times[2 * i] for i in pairs):
         raise ConfigError(f"{where}: a trace's times must alternate active < inactive <= next active")
     if times[-1] > finish:
         raise ConfigError(f"{where}: a trace's times must be within finish_time ({finish})")

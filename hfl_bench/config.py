@@ -117,9 +117,9 @@ class RunConfig:
     faults: str = setting("", "One fault per run, KIND:WHO[@STRENGTH][/MODE]: KIND label-noise, byzantine, free-rider "
                               "or straggler; WHO a fraction of the clients (a seeded draw) or a list [1,3]; e.g. "
                               "byzantine:0.2, label-noise:0.3@0.5/pair. Empty or none: no faults (README, Faults).")
-    devices: str = setting("", "Device profile for the simulated clock: a preset (uniform, mixed-phones) or a YAML/JSON "
-                               "file (docs: Devices and the simulated clock). Each round gets a simulated time; "
-                               "training is unchanged unless --deadline is set. Empty or none: no clock.")
+    devices: str = setting("", "Device profile for the simulated clock: a preset (uniform, mixed-phones) or a "
+                               "YAML/JSON file (docs: Devices and the simulated clock). Each round gets a simulated "
+                               "time; training is unchanged unless --deadline is set. Empty or none: no clock.")
     device_assignment: str = setting("random", "Which client gets which device: random (seeded) or by-size (larger "
                                                "architectures, by training FLOPs per sample, to faster devices).")
     deadline: float | None = setting(None, "Round deadline in simulated seconds (needs --devices): a client expected "

@@ -46,5 +46,6 @@ def config_hash(cfg_dict: dict[str, Any]) -> str:
     recorded config's legacy settings too, as they always were)."""
     timed = cfg_dict.get("deadline") is not None
     semantic = {k: v for k, v in without_legacy(cfg_dict).items()
-                if k not in NON_SEMANTIC and (timed or k not in CLOCK_ONLY) and not (k in HASH_NEUTRAL_DEFAULTS and v in (None, HASH_NEUTRAL_DEFAULTS[k]))}
+                if k not in NON_SEMANTIC and (timed or k not in CLOCK_ONLY)
+                and not (k in HASH_NEUTRAL_DEFAULTS and v in (None, HASH_NEUTRAL_DEFAULTS[k]))}
     return hashlib.sha256(canonical_json(semantic).encode()).hexdigest()[:16]

@@ -1,13 +1,14 @@
 """Record upgrades: a record of any schema version, brought once, at load, to the current shape.
 
-One step per schema version (``STEPS``: 1.0 -> 1.1 -> ... -> 1.9 -> 1.10, where 1.8 is exactly
-the 1.7 shape, 1.9 adds ``cost.flops`` and 1.10 the simulated ``clock``), each a pure function
-from one version's record to the next version's. A step fills what its version added, where the older record lacks it, with the
-value the results layer's readers gave its absence (``hfl_bench.results.setting``, ``loading``,
-``headline``), so that a view of an upgraded record prints what the view of the raw record printed.
-What an old record cannot say (its seen / unseen-class accuracy, its budget, its FLOPs, its clock,
-its plugins, its endpoints' curves, a final window it never computed) stays absent, as the readers
-already read the absence: "-", or the selected round marked as the fallback.
+One step per schema version (``STEPS``: 1.0 -> 1.1 -> ... -> 1.9 -> 1.10, where 1.8 is exactly the
+1.7 shape, 1.9 adds ``cost.flops`` and 1.10 the simulated ``clock``), each a pure function from one
+version's record to the next version's. A step fills what its version added, where the older record
+lacks it, with the value the results layer's readers gave its absence
+(``hfl_bench.results.setting``, ``loading``, ``headline``), so that a view of an upgraded record
+prints what the view of the raw record printed. What an old record cannot say (its seen / unseen-
+class accuracy, its budget, its FLOPs, its clock, its plugins, its endpoints' curves, a final window
+it never computed) stays absent, as the readers already read the absence: "-", or the selected
+round marked as the fallback.
 
 What a built-in method's card said, and whether a built-in pool is one architecture, comes from a
 frozen table (``BUILTIN_CARDS``, ``BUILTIN_POOLS``), never from the registry: upgrading a record

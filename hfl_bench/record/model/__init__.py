@@ -36,11 +36,11 @@ from hfl_bench.record.model.metrics import (
     ClientFigures,
     ClientGroup,
     ClientSeenUnseen,
+    ClockRound,
     EndpointFigures,
     Figures,
     Final,
     FinalClient,
-    ClockRound,
     GroupRound,
     Headline,
     HistoryEntry,
@@ -99,7 +99,8 @@ __all__ = [
     "Figures", "EndpointFigures", "Final", "FinalClient", "SeenUnseen", "SeenUnseenFinal", "AllSeenUnseen",
     "ArchSeenUnseen", "ClientSeenUnseen", "Cost", "PeakMemory", "Budget", "BudgetMean", "BudgetCount",
     "BudgetTotals", "PerClientRound", "PerClientBudget", "ClientCounts", "Flops", "FlopsPerSample",
-    "FlopsTraining", "FlopsMean", "FlopsTotals", "FlopsPerClient", "Clock", "ClockDevice", "ClockRound", "HistoryEntry", "GroupRound", "Setting",
+    "FlopsTraining", "FlopsMean", "FlopsTotals", "FlopsPerClient", "Clock", "ClockDevice", "ClockRound",
+    "HistoryEntry", "GroupRound", "Setting",
     "SettingPartition", "SettingPool", "Plugin", "Code", "Environment",
 ]
 
