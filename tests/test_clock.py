@@ -297,3 +297,25 @@ def test_the_python_api_and_a_suite_take_the_same_keys(tmp_path):
     assert result.exit_code == 0, stdout
     (path,) = (tmp_path / "suite").rglob("*.json")
     assert json.loads(path.read_text())["clock"]["deadline_s"] == 100
+
+
+def test_a_resumed_run_keeps_its_clock(tmp_path):
+    # the clock is rebuilt from the history a checkpoint holds: a run resumed after round 1 times
+    # rounds 2 and 3 as the run that never stopped
+    from hfl_bench.engine import Simulation
+    from hfl_bench.resolved import resolve_run
+
+    cfg = resolve_run({"method": "crad", "task": "digits", "clients": 2, "rounds": 3, "devices": "mixed-phones",
+                       "deadline": 2.0, "out": str(tmp_path)}).cfg
+    straight = Simulation(cfg)
+    for rnd in (1, 2, 3):
+        straight.step(rnd)
+    first = Simulation(cfg)
+    first.step(1)
+    first.save_checkpoint(tmp_path / "ckpt.pt")
+    resumed = Simulation(cfg)
+    assert resumed.load_checkpoint(tmp_path / "ckpt.pt") == 1
+    for rnd in (2, 3):
+        resumed.step(rnd)
+    assert [h["clock"] for h in resumed.history[1:]] == [h["clock"] for h in straight.history[1:]]
+    assert resumed.clock.record(resumed.history) == straight.clock.record(straight.history)
