@@ -117,6 +117,14 @@ class RunConfig:
     faults: str = setting("", "One fault per run, KIND:WHO[@STRENGTH][/MODE]: KIND label-noise, byzantine, free-rider "
                               "or straggler; WHO a fraction of the clients (a seeded draw) or a list [1,3]; e.g. "
                               "byzantine:0.2, label-noise:0.3@0.5/pair. Empty or none: no faults (README, Faults).")
+    devices: str = setting("", "Device profile for the simulated clock: a preset (uniform, mixed-phones) or a "
+                               "YAML/JSON file (docs: Devices and the simulated clock). Each round gets a simulated "
+                               "time; training is unchanged unless --deadline is set. Empty or none: no clock.")
+    device_assignment: str = setting("random", "Which client gets which device: random (seeded) or by-size (larger "
+                                               "architectures, by training FLOPs per sample, to faster devices).")
+    deadline: float | None = setting(None, "Round deadline in simulated seconds (needs --devices): a client expected "
+                                           "to finish later, or unavailable at the round's start, is dropped from "
+                                           "the round (it trains and sends nothing). Default: none.")
     recipient_fraction: float | None = setting(None, "Multimodal tasks: the fraction of clients (a seeded draw) that "
                                                      "are recipients, missing --missing-modality; default: the task's "
                                                      "(0.5).")
@@ -193,8 +201,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def empty_faults_as_none(settings: dict[str, Any]) -> dict[str, Any]:
     """``faults:`` with an empty value means no faults, as ``--faults ''`` does (YAML reads it as null)."""
-    if "faults" in settings and settings["faults"] is None:
-        settings["faults"] = ""
+    for name in ("faults", "devices"):
+        if name in settings and settings[name] is None:
+            settings[name] = ""
     return settings
 
 
@@ -274,6 +283,11 @@ def validate(cfg: RunConfig) -> None:
         (cfg.exec in ("auto", "reference", "fast"), f"--exec must be auto, reference or fast, got {cfg.exec!r}"),
         (cfg.cuda_graphs in ("auto", "on", "off"), f"--cuda-graphs must be auto, on or off, got {cfg.cuda_graphs!r}"),
         (DEVICE_NAME.fullmatch(cfg.device) is not None, f"unknown device {cfg.device!r}: --device must be {DEVICES}"),
+        (cfg.device_assignment in ("random", "by-size"),
+         f"--device-assignment must be random or by-size, got {cfg.device_assignment!r}"),
+        (cfg.deadline is None or cfg.deadline > 0, f"--deadline must be > 0 seconds, got {cfg.deadline}"),
+        (cfg.deadline is None or cfg.devices.strip().lower() not in ("", "none"),
+         "--deadline needs --devices (a preset or a profile file): the clock it applies to"),
         (cfg.clients_per_round is None or cfg.clients_per_round >= 1,
          f"--clients-per-round must be >= 1, got {cfg.clients_per_round}"),
         (bool(cfg.method.strip()) and bool(cfg.task.strip()), "--method and --task must not be empty"),

@@ -17,7 +17,11 @@ NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_e
 # whose default is the task's, ``pretrain_size``), so a config that does not use them keeps the hash
 # it always had (older records stay comparable).
 HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "pretrain_size": 0, "faults": "", "recipient_fraction": None,
-                         "missing_modality": None, "optimizer": "sgd"}
+                         "missing_modality": None, "optimizer": "sgd", "deadline": None}
+# The simulated clock's settings (``hfl_bench.clock``): they change what a run computes only through a
+# deadline, which drops late clients. Without one the clock only observes, so they are left out of the
+# hash and a run with ``--devices`` is the same run (same hash, same figures) as one without.
+CLOCK_ONLY = ("devices", "device_assignment")
 # Settings that no longer exist: ``vmap`` (stacked teacher inference) and ``lockstep`` (same-
 # architecture students trained together), batching options removed because they were slower
 # than the default wherever they were measured. Records and checkpoints written before carry them
@@ -40,6 +44,8 @@ def canonical_json(obj: Any) -> str:
 def config_hash(cfg_dict: dict[str, Any]) -> str:
     """Hash of everything that changes what a run computes (seed, paths and device excluded; a
     recorded config's legacy settings too, as they always were)."""
+    timed = cfg_dict.get("deadline") is not None
     semantic = {k: v for k, v in without_legacy(cfg_dict).items()
-                if k not in NON_SEMANTIC and not (k in HASH_NEUTRAL_DEFAULTS and v in (None, HASH_NEUTRAL_DEFAULTS[k]))}
+                if k not in NON_SEMANTIC and (timed or k not in CLOCK_ONLY)
+                and not (k in HASH_NEUTRAL_DEFAULTS and v in (None, HASH_NEUTRAL_DEFAULTS[k]))}
     return hashlib.sha256(canonical_json(semantic).encode()).hexdigest()[:16]

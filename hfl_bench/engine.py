@@ -41,7 +41,7 @@ from hfl_bench.evaluation import (  # noqa: F401 (re-exported)
 from hfl_bench.families.ensemble import with_mean_ensemble
 from hfl_bench.faults import FaultPlan, canonical_config, plan_for
 from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
-from hfl_bench.metering import Budget, Channel, PhaseTimer
+from hfl_bench.metering import CLIENT_DATA, DATA, Budget, Channel, PhaseTimer
 from hfl_bench.method_api import (  # noqa: F401 (re-exported: the run's method is resolved there)
     Method,
     canonical_method,
@@ -274,6 +274,7 @@ class Simulation:
             torch.cuda.reset_peak_memory_stats(device)
         self.t0 = time.perf_counter()
         self.method.setup(fed)
+        self.clock = build_clock(cfg, fed)  # after setup: a method may change a member's head there
         self.evaluator = Evaluator(fed, fed.timer, cfg.eval_every)
         self.all_clients = list(range(fed.n_clients))
         models = self.method.eval_models(fed)
@@ -307,15 +308,19 @@ class Simulation:
         """Run round ``rnd`` and evaluate; raises ``Diverged`` (a loss, or a model's logits at
         evaluation, ``evaluation.NonFiniteOutputs``, not finite: the round is not recorded)."""
         fed, method = self.fed, self.method
-        active = self.active_clients(rnd)
+        active, dropped = self.active_clients(rnd), []
+        if self.clock is not None:  # a deadline drops late clients as a straggler is dropped; else none
+            active, dropped = self.clock.admit(active, self.history)
         fed.channel.start_round(rnd)
         fed.budget.start_round(rnd)
+        samples_before = fed.budget.samples.copy()
         t_round = time.perf_counter()
         if active:
             scalars = method.run_round(fed, rnd, active) or {}
             changed = sorted(set(method.changed_clients(fed, active)))
-        else:  # every drawn client is a straggler that misses this round: nothing runs
+        else:  # every drawn client missed this round (a straggler, the deadline): nothing runs
             scalars, changed = {}, []
+        clock_entry = None if self.clock is None else self.clock_entry(active, dropped, samples_before)
         models = method.eval_models(fed)
         metrics = self.evaluator(rnd, models, changed, last=rnd == self.cfg.rounds, endpoints=self.endpoints(models))
         seconds = time.perf_counter() - t_round
@@ -324,6 +329,8 @@ class Simulation:
         entry = _history_entry(metrics, nbytes, seconds, scalars, fed.timer.pop(), self.groups)
         if rnd > self.cfg.rounds - FINAL_ROUNDS:
             entry.update(_client_entry(metrics))
+        if clock_entry is not None:
+            entry["clock"] = clock_entry
         self.history.append(entry)
         # the selected round: ``evaluation.select_round`` round by round, on every client's validation
         # (own or pooled, the evaluator's ``rule``)
@@ -331,6 +338,16 @@ class Simulation:
         if np.isfinite(score) and (self.best is None or score > selection_score(self.best.selection_acc)):
             self.best = metrics
         return entry
+
+    def clock_entry(self, ran: list[int], dropped: list[int], samples_before: np.ndarray) -> dict[str, Any]:
+        """The round's simulated time (``clock.Clock.round_entry``): each client's training FLOPs
+        this round (the samples it trained, every kind of client data, x its training FLOPs per
+        sample) and its bytes sent and received, as the channel metered them."""
+        fed = self.fed
+        trained = (fed.budget.samples - samples_before)[: fed.n_clients, [DATA.index(k) for k in CLIENT_DATA]].sum(1)
+        flops = [float(t) * f for t, f in zip(trained, self.clock.training_flops)]
+        return self.clock.round_entry(ran, dropped, flops, fed.channel.sent.astype(float),
+                                      fed.channel.received.astype(float), self.history)
 
     def run(self, progress: ProgressFn | None = None, checkpoint: str | Path | None = None) -> RunResult:
         """Run the remaining rounds; with ``checkpoint``, save there every ``checkpoint_every`` rounds."""
@@ -399,7 +416,21 @@ class Simulation:
         return RunResult(status, error, best, self.history, fed, self.method, time.perf_counter() - self.t0,
                          peak_memory(fed.device), sent, self.code, list(self.resumed_from), faults,
                          None if modal is None else modal.record(), self.evaluator.rule,
-                         selection_score(best.pooled_val_acc) if pooled and best is not None else None)
+                         selection_score(best.pooled_val_acc) if pooled and best is not None else None,
+                         None if self.clock is None else self.clock.record(self.history))
+
+
+def build_clock(cfg: RunConfig, fed: Federation):
+    """The run's simulated clock (``hfl_bench.clock``; None without ``--devices``), its devices
+    assigned by each client's training FLOPs per sample (counted on a copy: ``flops.per_sample``
+    leaves the run's models and random streams as they were, so training does not change)."""
+    if cfg.devices.strip().lower() in ("", "none"):
+        return None
+    from hfl_bench import clock, flops
+
+    per = [flops.per_sample(c.arch.name, c.model, fed.data.train_x).training for c in fed.clients]
+    first = [p * cfg.local_epochs * c.n_train for p, c in zip(per, fed.clients)]
+    return clock.build(cfg.devices, cfg.device_assignment, cfg.deadline, cfg.seed, per, first)
 
 
 def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False,

@@ -328,3 +328,4 @@ class RunResult:
     # and, under the pooled rule, the selected round's score (mean pooled validation accuracy).
     selection_rule: str | None = None
     selection_score: float | None = None
+    clock: dict[str, Any] | None = None  # clock.Clock.record(): the record's ``clock`` section (--devices)

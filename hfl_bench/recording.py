@@ -358,6 +358,8 @@ def build_record(cfg: RunConfig, result: RunResult, chash: str | None = None,
         "selection": selection_block(result),
         **({"faults": faults_section(cfg_dict, result.faults)} if result.faults is not None else {}),
         **({"modalities": dict(result.modalities)} if result.modalities is not None else {}),
+        # schema 1.10: the simulated clock's devices and times (hfl_bench.clock), only with --devices
+        **({"clock": dict(result.clock)} if result.clock is not None else {}),
         "metrics": metrics,
         "cost": {
             "bytes_sent_per_client_per_round": float(sent.mean()) if sent.size else 0.0,

@@ -98,18 +98,20 @@ def resolve_run(cfg: RunConfig | dict[str, Any]) -> ResolvedRun:
     """The ``ResolvedRun`` of a config or a mapping of settings (``RunConfig``'s fields), each
     value through each module once, downward: the settings checked, filled from the task's
     defaults and put in their hashed form (``config.resolve_settings``), the modality plan
-    (``modalities.plan_for``), the fault spec and plan (``faults.resolve``), the method, its preset
+    (``modalities.plan_for``), the fault spec and plan (``faults.resolve``), the device profile
+    (``clock.canonical_config``), the method, its preset
     and hyperparameters (``method_api.resolve_method``), the record's file name
     (``paths.run_files``). Raises the project's own errors, each one line: ConfigError for a bad
     value, an unknown setting, method or hyperparameter (before any data loads), RegistryError for
     an unknown task or pool, UnsafePathError for a name that cannot name a file."""
     cfg = config_mod.resolve_settings(cfg, _task_defaults)  # checked before torch is imported
-    from hfl_bench import data, faults, modalities
+    from hfl_bench import clock, data, faults, modalities
     from hfl_bench.aggregation import run_version
     from hfl_bench.method_api import resolve_method
 
     modality_plan = modalities.plan_for(cfg, data.get_task(cfg.task).info)  # a setting that does not fit the task
     cfg, fault_plan = faults.resolve(cfg)
+    cfg = clock.canonical_config(cfg)  # a bad profile: one line before any data loads
     cfg, method = resolve_method(cfg)
     files = paths.run_files(cfg)
     return ResolvedRun(cfg, files.config_hash, files.record, files.checkpoint,

@@ -37,6 +37,7 @@ LAYERS = {
     "hfl_bench.resolved": 4.5, "hfl_bench.engine": 5,
     "hfl_bench.method_api": 6, "methods": 6,
     "hfl_bench.federation": 8, "hfl_bench.modalities": 7, "hfl_bench.faults": 7, "hfl_bench.partition": 7,
+    "hfl_bench.clock": 7,
     "hfl_bench.data": 7, "tasks": 7, "hfl_bench.evaluation": 7, "hfl_bench.families": 7,
     "hfl_bench.paths": 8, "hfl_bench.locks": 8, "hfl_bench.registry": 8,
     "hfl_bench.config": 9, "hfl_bench.confighash": 10,

@@ -6,6 +6,7 @@ published figures beside them, and the schema check of record files. The leaderb
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -63,6 +64,15 @@ def show(
                                   "their own accuracy under local on the same seed and protocol; 'not available' "
                                   "without that record); 'not recorded' for records before schema 1.6. Table, "
                                   "markdown, csv and json; the HTML site always has them."),
+    clock: bool = typer.Option(False, "--clock", help="Add the simulated-time columns of runs with --devices, per "
+                               "group over its seeds: sim time (s) (the run's total simulated time), time to local "
+                               "(s) (simulated time at which the global test accuracy first reaches local's final "
+                               "global accuracy on the same seed and protocol), acc @ time budget (with "
+                               "--time-budget); 'not recorded' for records without a clock. Table, markdown, csv "
+                               "and json."),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", min=0.0, help="Seconds of simulated time: "
+                                                "the acc @ time budget column is each seed's global test accuracy "
+                                                "of the last tested round that ended by then (implies --clock)."),
 ):
     """Group reproduced records by setting (mean, sample sd, seeds; failed runs counted apart) and
     put the matching published figures beside each group with the delta reproduced - published.
@@ -85,8 +95,10 @@ def show(
     fmt = output_format(fmt, as_json, FORMATS)
     if columns is not None and fmt in ("csv", "json"):
         fail(f"--columns chooses the table's and markdown's columns; {fmt} keeps every field")
-    if rank and fairness:
-        fail("--fairness adds columns to the groups, not to --rank")
+    if rank and (fairness or clock or time_budget is not None):
+        fail(f"{'--fairness' if fairness else '--clock'} adds columns to the groups, not to --rank")
+    if time_budget is not None and not math.isfinite(time_budget):
+        fail(f"--time-budget must be a finite number of seconds, got {time_budget}")
     if rank and against:
         fail("--against adds a column to the groups, not to --rank (whose rank intervals come from the same "
              "paired comparisons); use one or the other")
@@ -108,11 +120,13 @@ def show(
         chosen = _chosen(columns, RANK_COLUMNS)
         _print_rank(ranked, unranked_methods(board.groups, ranked), fmt, chosen)
     else:
-        from hfl_bench.results.columns import FAIRNESS, opt_in_sets
+        from hfl_bench.results.columns import CLOCK, FAIRNESS, opt_in_sets
         from hfl_bench.results.render import text_columns
+        from hfl_bench.results.timing import set_time_budget
 
         vs = _vs(records, against)
-        opt_in = (FAIRNESS,) if fairness else ()
+        set_time_budget(board.groups, time_budget)
+        opt_in = (FAIRNESS,) * fairness + (CLOCK,) * (clock or time_budget is not None)
         vs_column = (paired_view_column(vs[0]),) if vs else ()
         # --columns may name an opt-in column; 'all' is every column the view shows (--fairness adds its set)
         known = text_columns(opt_in_sets()) + vs_column
@@ -123,6 +137,10 @@ def show(
 FAIRNESS_TITLE = ("client sd / worst 10% / below local: over each seed's clients' final local-test accuracy, then mean "
                   "± sample sd over seeds; below local: % of clients below their own under local, same seed and "
                   "protocol")
+# The table's title with --clock: what the time columns are (docs: Devices and the simulated clock).
+CLOCK_TITLE = ("sim time / time to local / acc @ time budget: simulated seconds on the run's devices (--devices; "
+               "server time not modelled), per seed, then mean ± sample sd over seeds; time to local: until the "
+               "global accuracy first reaches local's final one, same seed and protocol")
 RANK_COLUMNS = ("#", "method", "mean rank", "rank interval", "protocols", "ranks")
 
 
@@ -170,6 +188,7 @@ def _vs(records: list, reference: Optional[str]) -> Optional[tuple[str, dict]]:
 def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
                  chosen: Optional[tuple[str, ...]] = None, opt_in: tuple[str, ...] = ()) -> None:
     from hfl_bench.results import paired_view
+    from hfl_bench.results.columns import CLOCK, FAIRNESS
     from hfl_bench.results.render import (
         KIND,
         UNMATCHED_COLUMNS,
@@ -221,7 +240,8 @@ def _print_board(board: Board, fmt: str, vs: Optional[tuple[str, dict]] = None,
                            "drop = with faults - the same seeds and clients without"
                            if any(g.has_faults for g in board.groups) else "")
                         + (f"; {paired_view.vs_title(vs[0])}" if vs else "")
-                        + (f"; {FAIRNESS_TITLE}" if opt_in else ""))
+                        + (f"; {FAIRNESS_TITLE}" if FAIRNESS in opt_in else "")
+                        + (f"; {CLOCK_TITLE}" if CLOCK in opt_in else ""))
         wide_out().print(plain(title_groups), highlight=False)
         for label, part in by_section(rows):  # one table per setting section: the rows that compete
             _print_table(part, chosen or table_columns(opt_in) + vs_columns, f"setting: {section_title(label)}",

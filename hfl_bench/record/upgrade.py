@@ -1,13 +1,14 @@
 """Record upgrades: a record of any schema version, brought once, at load, to the current shape.
 
-One step per schema version (``STEPS``: 1.0 -> 1.1 -> ... -> 1.8 -> 1.9, where 1.8 is exactly
-the 1.7 shape and 1.9 adds ``cost.flops``), each a pure function from one version's record to the
-next version's. A step fills what its version added, where the older record lacks it, with the
-value the results layer's readers gave its absence (``hfl_bench.results.setting``, ``loading``,
-``headline``), so that a view of an upgraded record prints what the view of the raw record printed.
-What an old record cannot say (its seen / unseen-class accuracy, its budget, its FLOPs, its
-plugins, its endpoints' curves, a final window it never computed) stays absent, as the readers
-already read the absence: "-", or the selected round marked as the fallback.
+One step per schema version (``STEPS``: 1.0 -> 1.1 -> ... -> 1.9 -> 1.10, where 1.8 is exactly the
+1.7 shape, 1.9 adds ``cost.flops`` and 1.10 the simulated ``clock``), each a pure function from one
+version's record to the next version's. A step fills what its version added, where the older record
+lacks it, with the value the results layer's readers gave its absence
+(``hfl_bench.results.setting``, ``loading``, ``headline``), so that a view of an upgraded record
+prints what the view of the raw record printed. What an old record cannot say (its seen / unseen-
+class accuracy, its budget, its FLOPs, its clock, its plugins, its endpoints' curves, a final window
+it never computed) stays absent, as the readers already read the absence: "-", or the selected
+round marked as the fallback.
 
 What a built-in method's card said, and whether a built-in pool is one architecture, comes from a
 frozen table (``BUILTIN_CARDS``, ``BUILTIN_POOLS``), never from the registry: upgrading a record
@@ -28,7 +29,7 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
-CURRENT = "1.9"  # what ``upgrade`` returns: the 1.7 shape and cost.flops, upgraded from any version
+CURRENT = "1.10"  # what ``upgrade`` returns: the 1.7 shape, cost.flops and clock, upgraded from any version
 UNKNOWN = "unknown"  # the readers' unknown transfer and predictor (``results.setting.UNKNOWN``)
 PUBLISHED = "published"  # ``source.kind`` of a paper's figure: it describes no run of this code
 
@@ -276,6 +277,13 @@ def step_1_8_to_1_9(record: dict[str, Any]) -> dict[str, Any]:
     return _with(record, "1.9")
 
 
+def step_1_9_to_1_10(record: dict[str, Any]) -> dict[str, Any]:
+    """1.10 added the simulated clock (``clock`` and each round's ``history[].clock``, ``--devices``;
+    ``hfl_bench.clock``): an older run had no devices, so it stays absent, which every view reads
+    as not recorded. Nothing to fill."""
+    return _with(record, "1.10")
+
+
 # The steps in order: ``STEPS[v]`` takes a record of version ``v`` to the next version.
 STEPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "1.0": step_1_0_to_1_1,
@@ -287,6 +295,7 @@ STEPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "1.6": step_1_6_to_1_7,
     "1.7": step_1_7_to_1_8,
     "1.8": step_1_8_to_1_9,
+    "1.9": step_1_9_to_1_10,
 }
 VERSIONS = (*STEPS, CURRENT)  # every version ``upgrade`` reads
 

@@ -16,6 +16,7 @@ from hfl_bench.results.loading import Loaded, Skipped
 from hfl_bench.results.published import Published, match
 from hfl_bench.results.robustness import attach_drops
 from hfl_bench.results.setting import SettingGroup, describe
+from hfl_bench.results.timing import attach_timing
 from hfl_bench.results.validation import valid_records
 
 
@@ -49,11 +50,12 @@ def board_records(loaded: Iterable[Loaded]) -> tuple[list[Loaded], list[Skipped]
 
 def build_groups(records: Iterable[Loaded]) -> list[SettingGroup]:
     """Every reproduced group, described; a group run with faults with its drop, every group with
-    its fairness figures (paired before any filter, so a filter never hides a baseline or a
-    ``local`` twin)."""
+    its fairness figures and its simulated time (paired before any filter, so a filter never hides
+    a baseline or a ``local`` twin)."""
     groups = [describe(g) for g in group_seeds(records)]
     attach_drops(groups)
     attach_fairness(groups)
+    attach_timing(groups)  # time-to-accuracy reads the same local twins
     return groups
 
 

@@ -47,6 +47,7 @@ from hfl_bench.results.headline import group_basis, headline_stat, marked
 from hfl_bench.results.loading import selection_mark
 from hfl_bench.results.ranking import protocol_label, protocol_labels
 from hfl_bench.results.setting import METRICS, SettingGroup, Stat, canonical, modalities_section, partition_label
+from hfl_bench.results.timing import group_timing
 
 VIEWS = ("terminal", "markdown", "csv", "json", "html")
 ALL = frozenset(VIEWS)
@@ -515,6 +516,31 @@ def _fairness(name: str, key: str, stacked: str, title: str) -> Column:
                   json=lambda row: {key: group_fairness(row.group).as_dict()[key]})
 
 
+CLOCK = "clock"  # the opt-in column set of the simulated clock (--devices; show --clock)
+CLOCK_COLUMNS = (
+    ("sim time (s)", "sim_time", "sim\ntime (s)",
+     "total simulated time of the run on its devices (--devices), per seed; mean ± sample sd over seeds"),
+    ("time to local (s)", "time_to_local", "time to\nlocal (s)",
+     "simulated time at which the global test accuracy first reaches local's final global accuracy on the same "
+     "seed and protocol, per seed; not reached: never; not available: no such local record"),
+    ("acc @ time budget", "acc_at_budget", "acc @\ntime budget",
+     "global test accuracy of the last tested round that ended within the time budget (show --time-budget S)"),
+)
+
+
+def _timing(name: str, key: str, stacked: str, title: str) -> Column:
+    """One time figure's column (``timing``): text ``Timing.label``, csv KEY_mean, KEY_sd, KEY_n, json KEY."""
+    def stat(row: GroupRow) -> Stat:
+        return group_timing(row.group).stat(key)
+
+    return Column(name, lambda row: row.group, text=lambda g: group_timing(g).label(key, len(g.ok)),
+                  numeric=True, figure=True, stacked=stacked, title=title, field=key, opt_in=CLOCK,
+                  views=TEXT | DATA, sort=lambda g: group_timing(g).stat(key).mean,
+                  csv=lambda row: {f"{key}_mean": stat(row).mean, f"{key}_sd": stat(row).sd, f"{key}_n": stat(row).n},
+                  csv_fields=(f"{key}_mean", f"{key}_sd", f"{key}_n"),
+                  json=lambda row: {key: group_timing(row.group).as_dict()[key]})
+
+
 def NONE(row: GroupRow) -> Any:
     """A column the group's own row leaves empty (the rows beside it fill it)."""
     return None
@@ -643,6 +669,11 @@ BUILTIN = (
     Column("fairness seeds", lambda row: row.group, views=frozenset({"json"}), opt_in=FAIRNESS,
            json=lambda row: {"fairness": {k: v for k, v in group_fairness(row.group).as_dict().items()
                                           if k not in FAIRNESS_FIGURES} | {"definitions": FAIRNESS_DEFINITIONS}}),
+    # time on devices (``timing``, schema 1.10's clock): opt-in in the tables, csv and json (show --clock)
+    *(_timing(name, key, stacked, title) for name, key, stacked, title in CLOCK_COLUMNS),
+    Column("clock seeds", lambda row: row.group, views=frozenset({"json"}), opt_in=CLOCK,
+           json=lambda row: {"clock": {k: v for k, v in group_timing(row.group).as_dict().items()
+                                       if k in ("time_budget_s", "per_seed", "not_recorded_seeds")}}),
     Column("failed/diverged", lambda row: row.group, text=lambda g: f"{g.n_failed}/{g.n_diverged}",
            stacked="failed/\ndiverged", views=TEXT | DATA,
            csv=lambda row: {"n_failed": row.group.n_failed, "n_diverged": row.group.n_diverged},

@@ -329,6 +329,7 @@ class SettingGroup:
     faults: str = NO_FAULTS  # the fault setting (canonical spec), part of the setting and protocol
     drop: Optional[Any] = None  # robustness.Drop: against the same seeds without faults (faulty groups)
     fairness: Optional[Any] = None  # fairness.Fairness: its figures per seed, against local's (``attach_fairness``)
+    timing: Optional[Any] = None  # timing.Timing: its simulated time per seed (``attach_timing``; --devices)
     modalities: str = NO_MODALITIES  # the modality setting (``modality_setting``), part of setting and protocol
     # what selected the reported round (``Loaded.selection_rule``): part of the protocol
     selection_rule: str = SELECTION_RULE

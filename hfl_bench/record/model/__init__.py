@@ -1,5 +1,5 @@
-"""The run record as typed models (pydantic v2): schema 1.9: the shape of schema 1.7 written from this model, and
-``cost.flops`` (1.9).
+"""The run record as typed models (pydantic v2): schema 1.10: the shape of schema 1.7 written from this model,
+``cost.flops`` (1.9) and ``clock`` with each round's ``history[].clock`` (1.10).
 
 One ``Record`` holds a reproduced run (ok, diverged or failed) or a published figure
 (``source.kind``): the sections a published record lacks are optional, as in the 1.7 schema, and a
@@ -14,7 +14,7 @@ seed and method_params, and a consistent ``modalities`` section.
 
 ``record_problems`` lists every problem as ``<json/path>: <message>``, ``parse`` returns the model
 (``RecordInvalid`` otherwise), ``dump`` gives back exactly the dict parsed (the same keys in the
-same order), and ``json_schema`` is the JSON Schema the schema file of version 1.9 is generated from.
+same order), and ``json_schema`` is the JSON Schema the current version's schema file is generated from.
 Shared types: imports only pydantic and the standard library (reading records needs no torch).
 
 Modules: ``values`` (numbers, accuracies, open mappings, the base model), ``sections`` (source to
@@ -36,6 +36,7 @@ from hfl_bench.record.model.metrics import (
     ClientFigures,
     ClientGroup,
     ClientSeenUnseen,
+    ClockRound,
     EndpointFigures,
     Figures,
     Final,
@@ -58,6 +59,8 @@ from hfl_bench.record.model.sections import (
     BudgetTotals,
     Citation,
     ClientCounts,
+    Clock,
+    ClockDevice,
     Code,
     Cost,
     Environment,
@@ -96,7 +99,8 @@ __all__ = [
     "Figures", "EndpointFigures", "Final", "FinalClient", "SeenUnseen", "SeenUnseenFinal", "AllSeenUnseen",
     "ArchSeenUnseen", "ClientSeenUnseen", "Cost", "PeakMemory", "Budget", "BudgetMean", "BudgetCount",
     "BudgetTotals", "PerClientRound", "PerClientBudget", "ClientCounts", "Flops", "FlopsPerSample",
-    "FlopsTraining", "FlopsMean", "FlopsTotals", "FlopsPerClient", "HistoryEntry", "GroupRound", "Setting",
+    "FlopsTraining", "FlopsMean", "FlopsTotals", "FlopsPerClient", "Clock", "ClockDevice", "ClockRound",
+    "HistoryEntry", "GroupRound", "Setting",
     "SettingPartition", "SettingPool", "Plugin", "Code", "Environment",
 ]
 
@@ -123,7 +127,7 @@ def _messages(error: ValidationError) -> list[str]:
 
 
 def record_problems(raw: dict) -> list[str]:
-    """Every problem of a schema-1.9 record as ``<json/path>: <message>`` ("(record)" for the top
+    """Every problem of a current-version record as ``<json/path>: <message>`` ("(record)" for the top
     level); [] for a valid record."""
     if not isinstance(raw, dict):
         return [f"(record): must be an object, got {_short(raw)}"]
@@ -185,7 +189,7 @@ _CONDITIONS = [{
 
 
 def json_schema() -> dict:
-    """The record's JSON Schema (draft 2020-12) of version 1.9, generated from the models; the same
+    """The record's JSON Schema (draft 2020-12) of the current version, generated from the models; the same
     mapping, in the same key order, on every call."""
     body = Record.model_json_schema(schema_generator=_Schema)
     defs = body.pop("$defs", {})
@@ -194,7 +198,7 @@ def json_schema() -> dict:
         "$id": f"hfl-bench/record-{CURRENT_VERSION}",
         "title": f"hfl-bench leaderboard record, schema {CURRENT_VERSION}",
         "description": (f"One run (reproduced) or one published figure, schema {CURRENT_VERSION}: the shape of 1.7 "
-                        "and cost.flops (1.9), generated from hfl_bench.record.model. Accuracies are "
+                        "and cost.flops (1.9), clock (1.10), generated from hfl_bench.record.model. Accuracies are "
                         "percentages (0-100)."),
         "type": body["type"],
         "required": body["required"],

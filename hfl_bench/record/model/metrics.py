@@ -11,6 +11,7 @@ from hfl_bench.record.model.values import (
     Count,
     Int,
     NonNegative,
+    NonNegativeOrNull,
     Number,
     Pct,
     Positive,
@@ -191,6 +192,16 @@ class GroupRound(_Model):
     endpoints: dict[str, Figures] = None
 
 
+class ClockRound(_Model):
+    """A round's simulated time (schema 1.10, ``hfl_bench.clock``): when it started, how long it
+    took, each client's time (null: it did not run) and the clients the deadline dropped."""
+
+    start_s: NonNegative
+    seconds: NonNegative
+    clients: list[NonNegativeOrNull]
+    dropped: list[Count]
+
+
 class HistoryEntry(_Model):
     """One round: its figures over all clients and each group, its cost, and the method's own numbers
     (extra fields, each a number or null; one named ``*_acc`` an accuracy)."""
@@ -215,6 +226,7 @@ class HistoryEntry(_Model):
     bytes: Count = None
     seconds: Number = None
     phases: dict[str, Number] = None
+    clock: ClockRound = None
 
     @model_validator(mode="after")
     def _method_accuracies(self):

@@ -9,6 +9,7 @@ from pydantic import StrictStr, ValidationInfo, model_validator
 from hfl_bench.record.model.metrics import HistoryEntry, Metrics
 from hfl_bench.record.model.sections import (
     ArchPool,
+    Clock,
     Code,
     Cost,
     Environment,
@@ -28,9 +29,9 @@ from hfl_bench.record.model.values import SEED_LIMIT, OpenObject, _Found, _is_nu
 
 
 class Record(_Model):
-    """One run (reproduced) or one published figure, schema 1.9."""
+    """One run (reproduced) or one published figure, schema 1.10."""
 
-    schema_version: Literal["1.9"]  # CURRENT_VERSION
+    schema_version: Literal["1.10"]  # CURRENT_VERSION
     record_id: StrictStr
     source: Source
     status: Literal["ok", "diverged", "failed"]
@@ -44,6 +45,7 @@ class Record(_Model):
     selection: Selection = None
     faults: Faults = None
     modalities: Modalities = None
+    clock: Clock = None
     metrics: Metrics | None
     cost: Cost = None
     history: list[HistoryEntry] = None

@@ -13,6 +13,7 @@ from hfl_bench.record.model.values import (
     Hash16,
     Int,
     NonNegative,
+    NonNegativeOrNull,
     Number,
     OpenObject,
     Pct,
@@ -276,6 +277,35 @@ class Flops(_Model):
     counter: StrictStr
     per_sample: FlopsPerSample
     training: FlopsTraining
+
+
+class ClockDevice(_Model):
+    """One client's device (``hfl_bench.clock.Device``); ``availability``: whether it has a trace."""
+
+    name: StrictStr
+    flops_per_s: NonNegative  # > 0: the profile's loader checks it
+    up_bytes_per_s: NonNegative
+    down_bytes_per_s: NonNegative
+    latency_s: NonNegative
+    availability: StrictBool
+
+
+class Clock(_Model):
+    """The simulated clock (schema 1.10, ``--devices``; ``hfl_bench.clock``): the profile, how its
+    devices were assigned, each client's device, the deadline and its rule (null: none, the clock
+    only observed), each round's simulated time and their total; absent: not recorded."""
+
+    profile: StrictStr
+    preset: StrictBool
+    profile_sha256: StrictStr | None
+    seed: Count
+    assignment: Literal["random", "by-size"]
+    deadline_s: NonNegativeOrNull
+    rule: StrictStr | None
+    server: StrictStr
+    devices: list[ClockDevice]
+    per_round_s: list[NonNegative]
+    total_s: NonNegative
 
 
 class PeakMemory(_Model):

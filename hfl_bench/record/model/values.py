@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-CURRENT_VERSION = "1.9"
+CURRENT_VERSION = "1.10"
 SEED_LIMIT = 2**63
 
 
@@ -103,6 +103,7 @@ NonNegative = _number(ge=0)
 Int = _number(integer=True)
 Count = _number(ge=0, integer=True)  # an integer >= 0
 Positive = _number(ge=1, integer=True)  # an integer >= 1
+NonNegativeOrNull = _nullable(*_number_check(ge=0))  # a number >= 0, or null (not applicable)
 Pct = _nullable(*_number_check(pct=True))  # an accuracy in percent: null (no figure) or a number in [0, 100]
 Scalar = _nullable(*_number_check())  # a method's own per-round number (``Method.run_round``'s scalars)
 

@@ -1,0 +1,181 @@
+"""Time on devices: a group's simulated time (``--devices``, schema 1.10; ``hfl_bench.clock``), taken
+per seed, then summarized over the seeds like every other figure (mean, sample sd: ``setting.Stat``).
+
+Per seed, from the record's ``clock`` section and each round's ``history[].clock``:
+
+- ``sim_time``: the run's total simulated time (``clock.total_s``), in seconds;
+- ``time_to_local``: time-to-accuracy, the simulated time at which the global test accuracy curve
+  (``history[].global_acc``, the rounds that ran a test) first reaches a target: the end of that
+  round (``start_s + seconds``; 0 where the initial models already reach it). The target is the
+  final global accuracy (``metrics.final.global_acc``, else the selected round's) of the ``local``
+  record on the same seed and protocol, as the fairness view finds it (``fairness.local_twin``:
+  same protocol, pool and partition hash). A seed whose curve never reaches it is **not reached**
+  (no figure); one without a ``local`` twin is **not available**;
+- ``acc_at_budget``: with a time budget (``leaderboard show --time-budget S``), the global
+  accuracy of the last tested round that ended by S (the initial models' at time 0).
+
+A record without a clock (older than 1.10, or run without ``--devices``) has **not recorded**
+seeds: never 0. The server's time is not modelled (``clock.SERVER``). Reads JSON only: no torch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from hfl_bench.results.fairness import LOCAL, local_twin
+from hfl_bench.results.loading import Loaded
+from hfl_bench.results.setting import SettingGroup, Stat
+
+FIGURES = ("sim_time", "time_to_local", "acc_at_budget")
+NOT_RECORDED = "not recorded"
+NOT_AVAILABLE = "not available"
+NOT_REACHED = "not reached"
+NO_BUDGET = "no --time-budget"
+
+
+def clock_of(record: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The record's ``clock`` section (schema 1.10, ``--devices``), else None: not recorded."""
+    clock = record.get("clock")
+    return clock if isinstance(clock, dict) else None
+
+
+def total_time(record: dict[str, Any]) -> Optional[float]:
+    clock = clock_of(record)
+    return None if clock is None else float(clock["total_s"])
+
+
+def curve(record: dict[str, Any]) -> list[tuple[float, float]]:
+    """(simulated time at the round's end, global test accuracy) of every tested round, in order;
+    the initial models' at time 0. [] without a clock."""
+    if clock_of(record) is None:
+        return []
+    out = []
+    for h in record.get("history") or []:
+        acc = h.get("global_acc")
+        c = h.get("clock")
+        if h.get("round") == 0:
+            end = 0.0
+        elif isinstance(c, dict):
+            end = float(c["start_s"]) + float(c["seconds"])
+        else:
+            continue
+        if acc is not None:
+            out.append((end, float(acc)))
+    return out
+
+
+def time_to_accuracy(record: dict[str, Any], target: float) -> Optional[float]:
+    """The simulated time at which the global accuracy curve first reaches ``target`` (None: never)."""
+    return next((t for t, acc in curve(record) if acc >= target), None)
+
+
+def accuracy_at(record: dict[str, Any], budget: float) -> Optional[float]:
+    """The global accuracy of the last tested round that ended by ``budget`` seconds (None: none)."""
+    reached = [acc for t, acc in curve(record) if t <= budget]
+    return reached[-1] if reached else None
+
+
+def final_global(record: dict[str, Any]) -> Optional[float]:
+    """A record's final global accuracy (``metrics.final``), else its selected round's."""
+    metrics = record.get("metrics") or {}
+    final = metrics.get("final") or {}
+    value = final.get("global_acc")
+    return value if value is not None else metrics.get("global_acc")
+
+
+@dataclass
+class SeedTiming:
+    seed: Any
+    sim_time: float
+    target: Optional[float]  # the local twin's final global accuracy (None: no twin)
+    time_to_local: Optional[float]
+    record: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    def acc_at_budget(self, budget: Optional[float]) -> Optional[float]:
+        return None if budget is None else accuracy_at(self.record, budget)
+
+    def as_dict(self, budget: Optional[float]) -> dict[str, Any]:
+        return {"seed": self.seed, "sim_time": self.sim_time, "target": self.target,
+                "time_to_local": self.time_to_local, "acc_at_budget": self.acc_at_budget(budget)}
+
+
+@dataclass
+class Timing:
+    """A group's time figures: per seed (the ok seeds with a clock) and over the seeds."""
+
+    seeds: list[SeedTiming] = field(default_factory=list)
+    not_recorded: list[Any] = field(default_factory=list)
+    budget: Optional[float] = None  # leaderboard show --time-budget
+
+    def values(self, name: str) -> list[Optional[float]]:
+        if name == "acc_at_budget":
+            return [s.acc_at_budget(self.budget) for s in self.seeds]
+        return [getattr(s, name) for s in self.seeds]
+
+    def stat(self, name: str) -> Stat:
+        return Stat.of(self.values(name))
+
+    def state(self, name: str) -> str:
+        """Why a figure has no value ("" where it has one)."""
+        if not self.seeds:
+            return NOT_RECORDED
+        if self.stat(name).n:
+            return ""
+        if name == "acc_at_budget":
+            return NO_BUDGET if self.budget is None else NOT_REACHED
+        if name == "time_to_local" and all(s.target is None for s in self.seeds):
+            return NOT_AVAILABLE
+        return NOT_REACHED
+
+    def label(self, name: str, n_seeds: int) -> str:
+        """``mean ± sd`` with ``(n=k)`` where fewer seeds than the group's have it, or the state."""
+        st = self.stat(name)
+        if not st.n:
+            return self.state(name)
+        sd = "-" if st.sd is None else f"{st.sd:.2f}"
+        return f"{st.mean:.2f} ± {sd}" + (f" (n={st.n})" if st.n < n_seeds else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**{name: {**self.stat(name).as_dict(), "state": self.state(name) or None} for name in FIGURES},
+                "time_budget_s": self.budget, "per_seed": [s.as_dict(self.budget) for s in self.seeds],
+                "not_recorded_seeds": self.not_recorded}
+
+
+def timing_of(g: SettingGroup, twin: Optional[SettingGroup]) -> Timing:
+    out = Timing()
+    by_seed: dict[Any, Loaded] = {r.seed: r for r in twin.ok} if twin is not None else {}
+    for r in g.ok:
+        total = total_time(r.record)
+        if total is None:
+            out.not_recorded.append(r.seed)
+            continue
+        t = by_seed.get(r.seed)
+        paired = t is not None and r.partition_hash is not None and t.partition_hash == r.partition_hash
+        target = final_global(t.record) if paired else None
+        reached = None if target is None else time_to_accuracy(r.record, target)
+        out.seeds.append(SeedTiming(r.seed, total, target, reached, r.record))
+    return out
+
+
+def attach_timing(groups: list[SettingGroup]) -> None:
+    """Set ``timing`` on every group, its ``local`` twin found among all of ``groups``."""
+    locals_by: dict[tuple, list[SettingGroup]] = defaultdict(list)
+    for x in groups:
+        if x.method == LOCAL:
+            locals_by[(x.protocol(), x.pool)].append(x)
+    for g in groups:
+        g.timing = timing_of(g, local_twin(g, locals_by.get((g.protocol(), g.pool), [])))
+
+
+def group_timing(g: SettingGroup) -> Timing:
+    if g.timing is None:
+        g.timing = timing_of(g, local_twin(g, [g]))
+    return g.timing
+
+
+def set_time_budget(groups: Iterable[SettingGroup], budget: Optional[float]) -> None:
+    """``leaderboard show --time-budget S``: the budget every group's ``acc_at_budget`` reads."""
+    for g in groups:
+        group_timing(g).budget = budget
