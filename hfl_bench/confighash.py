@@ -12,12 +12,13 @@ from typing import Any
 # ``preset`` is hashed through the hyperparameters it sets (``method_params`` once resolved), so
 # ``--preset paper`` and the same values by ``--set`` are one run with one hash.
 NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "cuda_graphs",
-                "checkpoint_every", "preset", "ensemble")
+                "checkpoint_every", "preset", "ensemble", "client_state", "client_state_dir")
 # Fields added after the first records: left out of the hash at their default (or unset: a field
 # whose default is the task's, ``pretrain_size``), so a config that does not use them keeps the hash
 # it always had (older records stay comparable).
 HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "pretrain_size": 0, "faults": "", "recipient_fraction": None,
-                         "missing_modality": None, "optimizer": "sgd"}
+                         "missing_modality": None, "optimizer": "sgd",
+                         "eval_clients": None}
 # Settings that no longer exist: ``vmap`` (stacked teacher inference) and ``lockstep`` (same-
 # architecture students trained together), batching options removed because they were slower
 # than the default wherever they were measured. Records and checkpoints written before carry them

@@ -14,6 +14,7 @@ matrix's worker processes, ``--jobs``). A ``Simulation`` stepped by a driver of 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
@@ -29,6 +30,7 @@ from torch import nn
 
 from hfl_bench import checkpoint as ckpt
 from hfl_bench import config as config_mod
+from hfl_bench.clientstate import store_for
 from hfl_bench.config import FINAL_ROUNDS, ConfigError, RunConfig
 from hfl_bench.data import TaskData, TaskInfo, get_task, task_defaults
 from hfl_bench.evaluation import (  # noqa: F401 (re-exported)
@@ -274,15 +276,41 @@ class Simulation:
             torch.cuda.reset_peak_memory_stats(device)
         self.t0 = time.perf_counter()
         self.method.setup(fed)
+        self.store = store_for(cfg.client_state, cfg.out, cfg.client_state_dir,
+                               f"{config_mod.config_hash(dataclasses.asdict(cfg))}-seed{cfg.seed}")
+        if self.store is not None:  # after setup: a method may replace its clients' models there
+            try:
+                self.store.attach(fed, cfg.method)
+            except ConfigError:
+                self.store.close()
+                raise
         self.evaluator = Evaluator(fed, fed.timer, cfg.eval_every)
         self.all_clients = list(range(fed.n_clients))
-        models = self.method.eval_models(fed)
-        initial = self.evaluator(0, models, self.all_clients, endpoints=self.endpoints(models))
+        models, endpoints = self.eval_modules()
+        initial = self.evaluator(0, models, self.all_clients, endpoints=endpoints)
+        self.offload()
         self.groups = fed.client_groups
         self.history = [_history_entry(initial, 0, 0.0, {}, fed.timer.pop(), self.groups)]
         self.best: RoundMetrics | None = None
         self.sent: list[np.ndarray] = []
         self.resumed_from: list[int] = []  # rounds of the checkpoints this run was resumed from
+
+    def eval_modules(self) -> tuple[list[nn.Module], dict[str, list[nn.Module]]]:
+        """The models the evaluator measures and the extra endpoints' predictors, listed without
+        bringing an offloaded client back (the evaluator brings back those it measures)."""
+        with self.store.lazy() if self.store is not None else contextlib.nullcontext():
+            models = self.method.eval_models(self.fed)
+            return models, self.endpoints(models)
+
+    def offload(self) -> None:
+        """Every client's state off the device (``--client-state`` host or disk) until it is used."""
+        if self.store is not None:
+            self.store.offload_all()
+
+    def close(self) -> None:
+        """Every client back, and a disk store's folder removed (the run is over)."""
+        if self.store is not None:
+            self.store.close()
 
     def endpoints(self, models: list[nn.Module]) -> dict[str, list[nn.Module]]:
         """The method's extra endpoints, and with ``--ensemble`` the plain ensemble of ``models``
@@ -316,8 +344,9 @@ class Simulation:
             changed = sorted(set(method.changed_clients(fed, active)))
         else:  # every drawn client is a straggler that misses this round: nothing runs
             scalars, changed = {}, []
-        models = method.eval_models(fed)
-        metrics = self.evaluator(rnd, models, changed, last=rnd == self.cfg.rounds, endpoints=self.endpoints(models))
+        models, endpoints = self.eval_modules()
+        metrics = self.evaluator(rnd, models, changed, last=rnd == self.cfg.rounds, endpoints=endpoints)
+        self.offload()
         seconds = time.perf_counter() - t_round
         self.sent.append(fed.channel.sent.copy())
         nbytes = int(fed.channel.sent.sum() + fed.channel.server_sent)
@@ -341,6 +370,7 @@ class Simulation:
                 every = self.cfg.checkpoint_every
                 if checkpoint and every and rnd % every == 0 and rnd < self.cfg.rounds:
                     self.try_checkpoint(checkpoint, rnd)  # may test a deferred round: may diverge
+                    self.offload()  # the checkpoint read every client
             except Diverged as e:
                 status, error = "diverged", diverged_error(e, rnd)
                 break
@@ -379,6 +409,7 @@ class Simulation:
         """Continue from a checkpoint of this exact config; returns the round it was written at.
         Call it on a freshly built simulation, before any ``step``."""
         ckpt.restore_simulation(self, ckpt.read(path), f"checkpoint {path}")
+        self.offload()
         return len(self.history) - 1
 
     def result(self, status: str = "ok", error: str | None = None) -> RunResult:
@@ -396,8 +427,10 @@ class Simulation:
         faults = None if fed.faults is None else fed.faults.record(len(self.history) - 1, self.drawn_clients)
         modal = fed.modality_plan
         best, pooled = self.best, self.evaluator.pooled
+        peak = peak_memory(fed.device)  # before the store brings every client back for the record
+        self.close()
         return RunResult(status, error, best, self.history, fed, self.method, time.perf_counter() - self.t0,
-                         peak_memory(fed.device), sent, self.code, list(self.resumed_from), faults,
+                         peak, sent, self.code, list(self.resumed_from), faults,
                          None if modal is None else modal.record(), self.evaluator.rule,
                          selection_score(best.pooled_val_acc) if pooled and best is not None else None)
 
@@ -418,9 +451,12 @@ def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False
         # config (one at a time: the CLI and the matrix hold its claim) removes it, or each kill adds one
         for stale in remove_temporaries(path):
             log.info("removed %s, left by a checkpoint write that was interrupted", stale)
-        if resume and path.exists():
-            sim.load_checkpoint(path)
-        return sim.run(progress, checkpoint=path)
+        try:
+            if resume and path.exists():
+                sim.load_checkpoint(path)
+            return sim.run(progress, checkpoint=path)
+        finally:
+            sim.close()  # a disk store's folder goes with the run, however it ends
 
 
 def diverged_error(e: Diverged, rnd: int) -> str:
@@ -500,7 +536,9 @@ def _test_means(m: RoundMetrics, clients: list[int] | None) -> dict[str, float |
     local = None if m.local_acc is None else pick(m.local_acc)  # nan: a client without a test half
     glob = None if m.global_acc is None else pick(m.global_acc)
     return {"local_acc": _finite_mean(local),
-            "global_acc": _round(float(np.mean(glob))) if glob is not None and glob.size else None,
+            # nan: a client a sampled test round did not test (--eval-clients)
+            "global_acc": (_round(float(np.mean(glob))) if np.isfinite(glob).all() else _finite_mean(glob))
+            if glob is not None and glob.size else None,
             # seen / unseen-class accuracy: over the clients that have such test samples (nan: none)
             "seen_acc": _finite_mean(None if m.seen_acc is None else pick(m.seen_acc)),
             "unseen_acc": _finite_mean(None if m.unseen_acc is None else pick(m.unseen_acc))}
