@@ -55,7 +55,7 @@ from hfl_bench.method_api import (  # noqa: F401 (re-exported: the run's method 
 )
 from hfl_bench.modalities import ModalityPlan, mask_clients
 from hfl_bench.modalities import plan_for as modality_plan_for
-from hfl_bench.partition import Partition, given_partition, make_partition
+from hfl_bench.partition import TINY_MIN_SAMPLES, Partition, given_partition, make_partition
 from hfl_bench.paths import checkpoint_path, remove_temporaries
 from hfl_bench.pools import check_pool_for_task, get_pool, seeded_model
 from hfl_bench.provenance import git_info
@@ -205,10 +205,11 @@ def heldout_message(info: TaskInfo, cfg: RunConfig, partition: Partition,
         return why + "; set heldout_fraction above 0"
     if draw is None:
         return why + "; raise heldout_fraction or use a folder with larger client shards"
-    # A client needs two held-out samples, and shards hold n / N samples on average: no N above
-    # f n / 2 can work, so the search starts there (drawing hundreds of shards takes seconds).
+    # A client needs two held-out samples, which a shard of three or more always gets
+    # (``partition.split_client``), and shards hold n / N samples on average: no N above n / 3 can
+    # work, so the search starts there (drawing hundreds of shards takes seconds).
     n = sum(len(c.train) + len(c.val) + len(c.test) for c in partition.clients)
-    fits = largest_clients_with_heldout(draw, min(partition.n_clients, int(cfg.heldout_fraction * n / 2) + 1))
+    fits = largest_clients_with_heldout(draw, min(partition.n_clients, n // TINY_MIN_SAMPLES + 1))
     return why + (f"; --clients {fits} gives every client both" if fits else "")
 
 
