@@ -23,7 +23,10 @@ What is offloaded is what the client object holds: its model's parameters, gradi
 and its optimizer's state. State a method keeps outside the client object (FedProto's global
 prototypes, a method's per-client tables or second models) stays where the method keeps it: correct,
 only not offloaded. Clients whose models share a tensor (a shared head or predictor) cannot be
-offloaded one by one: ``attach`` refuses them in one line (use ``resident``).
+offloaded one by one: ``attach`` refuses them in one line (use ``resident``). An offloaded
+tensor is left empty (zero elements) on its device, so code that reads one without going through
+its client (a list of models a method kept) fails on the shape rather than compute on nothing;
+checkpoints are written and read with every client back (``restore_all``).
 """
 
 from __future__ import annotations
@@ -114,11 +117,15 @@ class ClientStore:
                 self.restore(client)
         return hook
 
-    def close(self) -> None:
-        """Bring every client back (the record reads them all) and remove the disk folder."""
+    def restore_all(self) -> None:
+        """Every client back (a checkpoint is written or read through whatever holds the models)."""
         for c in self._clients:
             if c.store is not None:
                 self.restore(c)
+
+    def close(self) -> None:
+        """Bring every client back (the record reads them all) and remove the disk folder."""
+        self.restore_all()
         for h in self._hooks:
             h.remove()
         self._hooks = []

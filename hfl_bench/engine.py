@@ -390,6 +390,8 @@ class Simulation:
     def save_checkpoint(self, path: str | Path) -> None:
         """Write everything needed to continue after the last completed round (atomically)."""
         self.resolve_pending()  # a checkpoint holds no deferred evaluation
+        if self.store is not None:  # whatever holds the models, the checkpoint reads them all
+            self.store.restore_all()
         ckpt.write(path, ckpt.simulation_state(self))
 
     def try_checkpoint(self, path: str | Path, rnd: int) -> None:
@@ -409,6 +411,8 @@ class Simulation:
     def load_checkpoint(self, path: str | Path) -> int:
         """Continue from a checkpoint of this exact config; returns the round it was written at.
         Call it on a freshly built simulation, before any ``step``."""
+        if self.store is not None:  # loaded into every model, through whatever holds it
+            self.store.restore_all()
         ckpt.restore_simulation(self, ckpt.read(path), f"checkpoint {path}")
         self.offload()
         return len(self.history) - 1

@@ -150,3 +150,26 @@ def test_a_large_federation_runs_with_disk_state_and_sampled_evaluation(run_reco
     assert record["status"] == "ok" and record["federation"]["client_state"] == "disk"
     assert len(record["history"][-1]["client_global_acc"]) == 200
     assert not any(Path(tmp_path, ".client-state").iterdir())
+
+
+def test_checkpoint_and_resume_with_disk_state_give_the_resident_figures(tmp_path):
+    from hfl_bench import engine
+    from hfl_bench.recording import build_record
+
+    def config(mode: str) -> RunConfig:
+        return engine.load_task(RunConfig(method="crad", task="digits", clients=6, clients_per_round=2, rounds=6,
+                                          seed=0, local_epochs=1, batch_size=64, lr=0.01, eval_every=2,
+                                          eval_clients=2, client_state=mode, out=str(tmp_path / mode)))[1]
+
+    resident = build_record(config("resident"), engine.run(config("resident"), checkpoint=tmp_path / "r.ckpt"))
+    first = engine.Simulation(config("disk"))
+    for rnd in range(1, 4):
+        first.step(rnd)
+    first.save_checkpoint(tmp_path / "d.ckpt")  # with every client offloaded after round 3
+    first.close()
+    resumed = engine.Simulation(config("disk"))
+    resumed.load_checkpoint(tmp_path / "d.ckpt")
+    record = build_record(config("disk"), resumed.run())
+    history = lambda r: [{k: v for k, v in e.items() if k not in ("seconds", "phases")} for e in r["history"]]  # noqa: E731
+    assert history(record) == history(resident) and record["metrics"] == resident["metrics"]
+    assert not any((tmp_path / "disk" / ".client-state").iterdir())
