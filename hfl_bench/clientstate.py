@@ -88,8 +88,7 @@ class ClientStore:
         self._lazy = 0
         self._held: dict[int, object] = {}  # cid -> host tensors, or (path, size, sha256) on disk
         self._clients: list["Client"] = []
-        self._owner: dict[int, "Client"] = {}  # id(model) -> its client
-        self._hooks: list = []
+        self._hooks: dict[int, tuple[int, object]] = {}  # cid -> (id of the model hooked, the hook's handle)
 
     # -- setup and teardown
 
@@ -106,9 +105,6 @@ class ClientStore:
                                       f"model tensors, which cannot be offloaded one client at a time: use "
                                       f"--client-state resident")
         self._clients = list(fed.clients)
-        self._owner = {id(c._model): c for c in fed.clients}
-        for c in fed.clients:
-            self._hooks.append(c._model.register_forward_pre_hook(self._forward_hook(c)))
         fed.client_store = self
 
     def _forward_hook(self, client: "Client"):
@@ -126,9 +122,9 @@ class ClientStore:
     def close(self) -> None:
         """Bring every client back (the record reads them all) and remove the disk folder."""
         self.restore_all()
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        for _, handle in self._hooks.values():
+            handle.remove()
+        self._hooks = {}
         if self.mode == "disk" and self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
 
@@ -152,9 +148,11 @@ class ClientStore:
     def ensure(self, modules: list[nn.Module]) -> None:
         """Bring back every offloaded client whose model is one of ``modules`` or inside one (a
         predictor wrapping it): before anything reads their parameters."""
+        # the models the clients hold now (a method may have replaced one since the last round)
+        owner = {id(c._model): c for c in self._clients if c.store is not None}
         for module in {id(m): m for m in modules}.values():
             for sub in module.modules():
-                client = self._owner.get(id(sub))
+                client = owner.get(id(sub))
                 if client is not None and client.store is not None:
                     self.restore(client)
 
@@ -167,6 +165,12 @@ class ClientStore:
                 self.offload(c)
 
     def offload(self, client: "Client") -> None:
+        hooked = self._hooks.get(client.cid)
+        if hooked is None or hooked[0] != id(client._model):  # calling the model brings it back
+            if hooked is not None:
+                hooked[1].remove()
+            self._hooks[client.cid] = (id(client._model),
+                                       client._model.register_forward_pre_hook(self._forward_hook(client)))
         slots, opt_slots = _slots(client), _optimizer_tensors(client._optimizer)
         values = [getattr(t, what) for t, what in slots] + [state[k] for state, k in opt_slots]
         host = [None if v is None else v.detach().to("cpu", copy=True) for v in values]

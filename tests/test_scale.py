@@ -50,6 +50,10 @@ def test_disk_state_is_written_atomically_and_checked_before_it_is_trusted(tmp_p
     client.model  # reading it brings it back, bit for bit
     assert all(torch.equal(a, b) for a, b in zip(before, client._model.state_dict().values()))
     store.offload(client)
+    with torch.no_grad():  # calling the model (a predictor that holds it) brings it back too
+        client._model.eval()(fed.data.train_x[:2])
+    assert client.store is None and all(p.numel() for p in client._model.parameters())
+    store.offload(client)
     path = tmp_path / "client-0.pt"
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF
