@@ -237,7 +237,7 @@ class ClientStore:
 
 def store_for(mode: str, out: str | Path, folder: str | Path | None, tag: str) -> ClientStore | None:
     """The store of ``--client-state`` (None for resident): for disk, a fresh temporary folder under
-    ``folder`` (default ``<out>/.client-state``) named after ``tag`` (the run's config hash and seed)."""
+    ``folder`` (default ``<out>/.client-state``) named after ``tag`` (task, method and seed) and unique."""
     if mode == "resident":
         return None
     if mode == "host":

@@ -278,7 +278,7 @@ class Simulation:
         self.t0 = time.perf_counter()
         self.method.setup(fed)
         self.store = store_for(cfg.client_state, cfg.out, cfg.client_state_dir,
-                               f"{config_mod.config_hash(dataclasses.asdict(cfg))}-seed{cfg.seed}")
+                               f"{cfg.task}-{cfg.method}-seed{cfg.seed}")
         if self.store is not None:  # after setup: a method may replace its clients' models there
             try:
                 self.store.attach(fed, cfg.method)
