@@ -38,8 +38,9 @@ TAG = "__ckpt__"
 # A checkpoint file's first line: this, then the SHA-256 (hex) of the rest of the file (``write``).
 MAGIC = b"hfl-bench checkpoint sha256="
 # Settings that may differ between the interrupted and the resuming process: where things are,
-# and how often checkpoints are written. Everything else must match.
-MAY_DIFFER = ("checkpoint_every", "data_dir", "download", "out")
+# how often checkpoints are written, and where clients' state waits (it changes no figure).
+# Everything else must match.
+MAY_DIFFER = ("checkpoint_every", "data_dir", "download", "out", "client_state", "client_state_dir")
 
 
 class CheckpointError(ConfigError):

@@ -134,6 +134,18 @@ class RunConfig:
     eval_every: int = setting(EVAL_EVERY, "Test rounds (global test set, local test halves, extra endpoints) every "
                                           "k rounds, plus each of the last 10 rounds and the selected round; "
                                           "validation runs every round. 1 tests every round.")
+    eval_clients: int | None = setting(None, "Sampled evaluation: test rounds outside the final window (the last "
+                                             "10 rounds, which test every client) test a seeded draw of K clients "
+                                             "(run seed and round; a stream of its own) and report their means; "
+                                             "validation (selection) still covers every client whose model changed. "
+                                             "Default: every client. Part of the config hash when set.")
+    client_state: str = setting("resident", "Where clients' models, optimizer state and gradients wait between their "
+                                            "rounds: resident (on the run's device), host (in host memory) or disk "
+                                            "(files under --client-state-dir); a drawn client's state is restored "
+                                            "before use, bit for bit, so figures and the config hash are unchanged.")
+    client_state_dir: str | None = setting(None, "Folder the disk client state is kept under (a temporary folder "
+                                                 "per run, removed when it ends); default: <out>/.client-state.",
+                                           path=True)
     ensemble: bool = setting(False, "Also evaluate the plain ensemble of every client's evaluated model (the mean of "
                                     "their softmaxes) as the extra endpoint 'ensemble', for every method alike (a "
                                     "method with an ensemble of its own, FedCC's, reports that one). Evaluation "
@@ -158,6 +170,8 @@ class RunConfig:
             self.method_params = {}
 
 
+# Where clients' state waits between their rounds (``--client-state``; ``hfl_bench.clientstate``).
+CLIENT_STATES = ("resident", "host", "disk")
 # The devices a run may name (hfl_bench.engine.pick_device checks what this machine has).
 DEVICES = "auto, cpu, cuda or cuda:N"
 DEVICE_NAME = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
@@ -230,6 +244,8 @@ def resolve(cfg: RunConfig, task_defaults: dict[str, Any]) -> RunConfig:
         if given is not None and given != default:
             raise ConfigError(f"{name} {given} is set, but --optimizer {cfg.optimizer} does not use it (Adam at "
                               f"--lr, no momentum or weight decay): drop {name}, or use --optimizer sgd")
+    if values.get("eval_clients") is not None and values["eval_clients"] >= values["clients"]:
+        values["eval_clients"] = None  # a sample of every client is every client: one run, one hash
     out = RunConfig(**values)
     validate(out)
     return out
@@ -288,6 +304,9 @@ def validate(cfg: RunConfig) -> None:
         (cfg.deadline is None or cfg.deadline > 0, f"--deadline must be > 0 seconds, got {cfg.deadline}"),
         (cfg.deadline is None or cfg.devices.strip().lower() not in ("", "none"),
          "--deadline needs --devices (a preset or a profile file): the clock it applies to"),
+        (cfg.eval_clients is None or cfg.eval_clients >= 1, f"--eval-clients must be >= 1, got {cfg.eval_clients}"),
+        (cfg.client_state in CLIENT_STATES,
+         f"--client-state must be {', '.join(CLIENT_STATES)}, got {cfg.client_state!r}"),
         (cfg.clients_per_round is None or cfg.clients_per_round >= 1,
          f"--clients-per-round must be >= 1, got {cfg.clients_per_round}"),
         (bool(cfg.method.strip()) and bool(cfg.task.strip()), "--method and --task must not be empty"),

@@ -12,12 +12,13 @@ from typing import Any
 # ``preset`` is hashed through the hyperparameters it sets (``method_params`` once resolved), so
 # ``--preset paper`` and the same values by ``--set`` are one run with one hash.
 NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_every", "cuda_graphs",
-                "checkpoint_every", "preset", "ensemble")
+                "checkpoint_every", "preset", "ensemble", "client_state", "client_state_dir")
 # Fields added after the first records: left out of the hash at their default (or unset: a field
 # whose default is the task's, ``pretrain_size``), so a config that does not use them keeps the hash
 # it always had (older records stay comparable).
 HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "pretrain_size": 0, "faults": "", "recipient_fraction": None,
-                         "missing_modality": None, "optimizer": "sgd", "deadline": None}
+                         "missing_modality": None, "optimizer": "sgd", "deadline": None,
+                         "eval_clients": None}
 # The simulated clock's settings (``hfl_bench.clock``): they change what a run computes only through a
 # deadline, which drops late clients. Without one the clock only observes, so they are left out of the
 # hash and a run with ``--devices`` is the same run (same hash, same figures) as one without.

@@ -14,6 +14,7 @@ matrix's worker processes, ``--jobs``). A ``Simulation`` stepped by a driver of 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
@@ -29,6 +30,7 @@ from torch import nn
 
 from hfl_bench import checkpoint as ckpt
 from hfl_bench import config as config_mod
+from hfl_bench.clientstate import store_for
 from hfl_bench.config import FINAL_ROUNDS, ConfigError, RunConfig
 from hfl_bench.data import TaskData, TaskInfo, get_task, task_defaults
 from hfl_bench.evaluation import (  # noqa: F401 (re-exported)
@@ -53,7 +55,7 @@ from hfl_bench.method_api import (  # noqa: F401 (re-exported: the run's method 
 )
 from hfl_bench.modalities import ModalityPlan, mask_clients
 from hfl_bench.modalities import plan_for as modality_plan_for
-from hfl_bench.partition import Partition, given_partition, make_partition
+from hfl_bench.partition import TINY_MIN_SAMPLES, Partition, given_partition, make_partition
 from hfl_bench.paths import checkpoint_path, remove_temporaries
 from hfl_bench.pools import check_pool_for_task, get_pool, seeded_model
 from hfl_bench.provenance import git_info
@@ -203,10 +205,11 @@ def heldout_message(info: TaskInfo, cfg: RunConfig, partition: Partition,
         return why + "; set heldout_fraction above 0"
     if draw is None:
         return why + "; raise heldout_fraction or use a folder with larger client shards"
-    # A client needs two held-out samples, and shards hold n / N samples on average: no N above
-    # f n / 2 can work, so the search starts there (drawing hundreds of shards takes seconds).
+    # A client needs two held-out samples, which a shard of three or more always gets
+    # (``partition.split_client``), and shards hold n / N samples on average: no N above n / 3 can
+    # work, so the search starts there (drawing hundreds of shards takes seconds).
     n = sum(len(c.train) + len(c.val) + len(c.test) for c in partition.clients)
-    fits = largest_clients_with_heldout(draw, min(partition.n_clients, int(cfg.heldout_fraction * n / 2) + 1))
+    fits = largest_clients_with_heldout(draw, min(partition.n_clients, n // TINY_MIN_SAMPLES + 1))
     return why + (f"; --clients {fits} gives every client both" if fits else "")
 
 
@@ -275,15 +278,41 @@ class Simulation:
         self.t0 = time.perf_counter()
         self.method.setup(fed)
         self.clock = build_clock(cfg, fed)  # after setup: a method may change a member's head there
+        self.store = store_for(cfg.client_state, cfg.out, cfg.client_state_dir,
+                               f"{cfg.task}-{cfg.method}-seed{cfg.seed}")
+        if self.store is not None:  # after setup: a method may replace its clients' models there
+            try:
+                self.store.attach(fed, cfg.method)
+            except ConfigError:
+                self.store.close()
+                raise
         self.evaluator = Evaluator(fed, fed.timer, cfg.eval_every)
         self.all_clients = list(range(fed.n_clients))
-        models = self.method.eval_models(fed)
-        initial = self.evaluator(0, models, self.all_clients, endpoints=self.endpoints(models))
+        models, endpoints = self.eval_modules()
+        initial = self.evaluator(0, models, self.all_clients, endpoints=endpoints)
+        self.offload()
         self.groups = fed.client_groups
         self.history = [_history_entry(initial, 0, 0.0, {}, fed.timer.pop(), self.groups)]
         self.best: RoundMetrics | None = None
         self.sent: list[np.ndarray] = []
         self.resumed_from: list[int] = []  # rounds of the checkpoints this run was resumed from
+
+    def eval_modules(self) -> tuple[list[nn.Module], dict[str, list[nn.Module]]]:
+        """The models the evaluator measures and the extra endpoints' predictors, listed without
+        bringing an offloaded client back (the evaluator brings back those it measures)."""
+        with self.store.lazy() if self.store is not None else contextlib.nullcontext():
+            models = self.method.eval_models(self.fed)
+            return models, self.endpoints(models)
+
+    def offload(self) -> None:
+        """Every client's state off the device (``--client-state`` host or disk) until it is used."""
+        if self.store is not None:
+            self.store.offload_all()
+
+    def close(self) -> None:
+        """Every client back, and a disk store's folder removed (the run is over)."""
+        if self.store is not None:
+            self.store.close()
 
     def endpoints(self, models: list[nn.Module]) -> dict[str, list[nn.Module]]:
         """The method's extra endpoints, and with ``--ensemble`` the plain ensemble of ``models``
@@ -321,8 +350,9 @@ class Simulation:
         else:  # every drawn client missed this round (a straggler, the deadline): nothing runs
             scalars, changed = {}, []
         clock_entry = None if self.clock is None else self.clock_entry(active, dropped, samples_before)
-        models = method.eval_models(fed)
-        metrics = self.evaluator(rnd, models, changed, last=rnd == self.cfg.rounds, endpoints=self.endpoints(models))
+        models, endpoints = self.eval_modules()
+        metrics = self.evaluator(rnd, models, changed, last=rnd == self.cfg.rounds, endpoints=endpoints)
+        self.offload()
         seconds = time.perf_counter() - t_round
         self.sent.append(fed.channel.sent.copy())
         nbytes = int(fed.channel.sent.sum() + fed.channel.server_sent)
@@ -358,6 +388,7 @@ class Simulation:
                 every = self.cfg.checkpoint_every
                 if checkpoint and every and rnd % every == 0 and rnd < self.cfg.rounds:
                     self.try_checkpoint(checkpoint, rnd)  # may test a deferred round: may diverge
+                    self.offload()  # the checkpoint read every client
             except Diverged as e:
                 status, error = "diverged", diverged_error(e, rnd)
                 break
@@ -376,6 +407,8 @@ class Simulation:
     def save_checkpoint(self, path: str | Path) -> None:
         """Write everything needed to continue after the last completed round (atomically)."""
         self.resolve_pending()  # a checkpoint holds no deferred evaluation
+        if self.store is not None:  # whatever holds the models, the checkpoint reads them all
+            self.store.restore_all()
         ckpt.write(path, ckpt.simulation_state(self))
 
     def try_checkpoint(self, path: str | Path, rnd: int) -> None:
@@ -395,7 +428,10 @@ class Simulation:
     def load_checkpoint(self, path: str | Path) -> int:
         """Continue from a checkpoint of this exact config; returns the round it was written at.
         Call it on a freshly built simulation, before any ``step``."""
+        if self.store is not None:  # loaded into every model, through whatever holds it
+            self.store.restore_all()
         ckpt.restore_simulation(self, ckpt.read(path), f"checkpoint {path}")
+        self.offload()
         return len(self.history) - 1
 
     def result(self, status: str = "ok", error: str | None = None) -> RunResult:
@@ -413,8 +449,10 @@ class Simulation:
         faults = None if fed.faults is None else fed.faults.record(len(self.history) - 1, self.drawn_clients)
         modal = fed.modality_plan
         best, pooled = self.best, self.evaluator.pooled
+        peak = peak_memory(fed.device)  # before the store brings every client back for the record
+        self.close()
         return RunResult(status, error, best, self.history, fed, self.method, time.perf_counter() - self.t0,
-                         peak_memory(fed.device), sent, self.code, list(self.resumed_from), faults,
+                         peak, sent, self.code, list(self.resumed_from), faults,
                          None if modal is None else modal.record(), self.evaluator.rule,
                          selection_score(best.pooled_val_acc) if pooled and best is not None else None,
                          None if self.clock is None else self.clock.record(self.history))
@@ -449,9 +487,12 @@ def run(cfg: RunConfig, progress: ProgressFn | None = None, resume: bool = False
         # config (one at a time: the CLI and the matrix hold its claim) removes it, or each kill adds one
         for stale in remove_temporaries(path):
             log.info("removed %s, left by a checkpoint write that was interrupted", stale)
-        if resume and path.exists():
-            sim.load_checkpoint(path)
-        return sim.run(progress, checkpoint=path)
+        try:
+            if resume and path.exists():
+                sim.load_checkpoint(path)
+            return sim.run(progress, checkpoint=path)
+        finally:
+            sim.close()  # a disk store's folder goes with the run, however it ends
 
 
 def diverged_error(e: Diverged, rnd: int) -> str:
@@ -531,7 +572,9 @@ def _test_means(m: RoundMetrics, clients: list[int] | None) -> dict[str, float |
     local = None if m.local_acc is None else pick(m.local_acc)  # nan: a client without a test half
     glob = None if m.global_acc is None else pick(m.global_acc)
     return {"local_acc": _finite_mean(local),
-            "global_acc": _round(float(np.mean(glob))) if glob is not None and glob.size else None,
+            # nan: a client a sampled test round did not test (--eval-clients)
+            "global_acc": (_round(float(np.mean(glob))) if np.isfinite(glob).all() else _finite_mean(glob))
+            if glob is not None and glob.size else None,
             # seen / unseen-class accuracy: over the clients that have such test samples (nan: none)
             "seen_acc": _finite_mean(None if m.seen_acc is None else pick(m.seen_acc)),
             "unseen_acc": _finite_mean(None if m.unseen_acc is None else pick(m.unseen_acc))}

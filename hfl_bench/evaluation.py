@@ -16,6 +16,11 @@ The policy (``Evaluator``):
 - The **test figures** (global test set, every client's local test half and the method's extra
   endpoints) are computed at the *test rounds*: round 0, every ``eval_every`` rounds, and each of
   the last ``FINAL_ROUNDS`` rounds (the window the record's final figures average over).
+- **Sampled evaluation** (``--eval-clients K``): a test round outside the final window tests a
+  seeded draw of K clients (``sample``: the run seed and the round, a generator of its own, so no
+  other random stream moves) and its history entry reports their means; the final window and the
+  last round test every client. Such a round that becomes the best so far is also snapshotted
+  (below), so the selected round's figures always cover every client.
 - A round that becomes the best so far by mean validation accuracy but is not a test round is
   **snapshotted** (the state of every model and predictor the evaluation would run and of every
   client's model, copied in memory), and its test figures are computed only if it is still the
@@ -55,7 +60,7 @@ from hfl_bench.config import FINAL_ROUNDS, HELD_MIN_TRAIN_COUNT, POOLED_SELECTIO
 from hfl_bench.federation import RoundMetrics
 from hfl_bench.metering import Phase, PhaseTimer
 from hfl_bench.modalities import mask
-from hfl_bench.training import Diverged, predict_logits
+from hfl_bench.training import Diverged, predict_logits, seeded_choice
 
 if TYPE_CHECKING:
     from hfl_bench.federation import Federation
@@ -336,6 +341,21 @@ class Evaluator:
     def is_test_round(self, rnd: int, last: bool = False) -> bool:
         return rnd % self.eval_every == 0 or last or rnd > self.fed.cfg.rounds - FINAL_ROUNDS
 
+    def sample(self, rnd: int, last: bool = False) -> list[int] | None:
+        """The clients test round ``rnd`` tests under ``--eval-clients K`` (a seeded draw of K, sorted),
+        or None for every client: without the option, in the final window and at the last round."""
+        cfg, n = self.fed.cfg, self.fed.n_clients
+        k = getattr(cfg, "eval_clients", None)
+        if k is None or k >= n or last or rnd > cfg.rounds - FINAL_ROUNDS:
+            return None
+        return seeded_choice(cfg.seed, n, k, "eval", rnd)
+
+    def _resident(self, modules: list[nn.Module]) -> None:
+        """Bring back offloaded clients whose models ``modules`` are or hold (``--client-state``)."""
+        store = self.fed.client_store
+        if store is not None:
+            store.ensure(modules)
+
     @staticmethod
     def selection_score(val_acc: np.ndarray) -> float:
         """``selection_score``: every client's mean validation accuracy (no fault plan is read)."""
@@ -435,6 +455,7 @@ class Evaluator:
                endpoints: dict[str, list[nn.Module]]) -> RoundMetrics:
         fed = self.fed
         with self.timer(Phase.EVALUATION):
+            self._resident([models[cid] for cid in changed])
             with channels_last([models[cid] for cid in changed], self.fast_layout):
                 for cid in changed:
                     fed.val_correct[cid] = self.val_correct(models[cid], cid)
@@ -450,20 +471,29 @@ class Evaluator:
             improves = rnd > 0 and score > self.best_val  # round 0 (initial models) is never selected
             if improves:
                 self.best_val = score
-            if self.is_test_round(rnd, last):
+            sample = self.sample(rnd, last) if self.is_test_round(rnd, last) else None
+            if self.is_test_round(rnd, last) and sample is None:
                 self._test_figures(models, self.global_stale, self.local_correct, self.global_correct)
                 self.global_stale.clear()
                 metrics = self._metrics(rnd, val, pooled, models, endpoints, self.local_correct, self.global_correct)
                 if improves:  # this round's figures are exact: an older snapshot is no longer the best
                     self.pending = None  # (only now: a round not scored leaves the snapshot to the record)
                 return metrics
+            metrics = RoundMetrics(rnd, val, None, None, None, {}, pooled_val_acc=pooled)
+            if sample is not None:  # the sample's figures for the curve; the selected round gets every client's
+                due = self.global_stale & set(sample)
+                self._test_figures(models, due, self.local_correct, self.global_correct)
+                self.global_stale -= due
+                metrics = self._metrics(rnd, val, pooled, models, endpoints, self.local_correct, self.global_correct,
+                                        sample)
             if improves:
                 # The clients' own models too: a predictor may hold them outside its own state (FedCC's
                 # wrappers keep theirs in a plain list), and its snapshot would then keep nothing.
                 kept = [*models, *(p for ps in endpoints.values() for p in ps), *(c.model for c in fed.clients)]
+                self._resident(kept)  # an offloaded client's state is copied like any other
                 self.pending = Snapshot(rnd, val, pooled, list(models), dict(endpoints), set(self.global_stale),
                                         self.local_correct.copy(), self.global_correct.copy(), _module_states(kept))
-        return RoundMetrics(rnd, val, None, None, None, {}, pooled_val_acc=pooled)
+        return metrics
 
     def resolve(self) -> RoundMetrics | None:
         """The pending best round's full figures, computed from its snapshot (None if none)."""
@@ -471,6 +501,7 @@ class Evaluator:
         if snap is None:
             return None
         self._checks = []
+        self._resident([m for m, _ in snap.states])
         try:
             with self.timer(Phase.EVALUATION), loaded(snap.states):
                 self._test_figures(snap.models, snap.stale, snap.local_correct, snap.global_correct)
@@ -491,6 +522,7 @@ class Evaluator:
                       global_correct: np.ndarray) -> None:
         """Fill the local and global correct counts of the ``stale`` clients (in place)."""
         cids = sorted(stale)
+        self._resident([models[c] for c in cids])
         with channels_last([models[c] for c in cids], self.fast_layout):
             hits = [self.local_test_hits(models[cid], cid) for cid in cids]
             counts = self.global_counts([models[c] for c in cids], cids)
@@ -501,31 +533,43 @@ class Evaluator:
 
     def _metrics(self, rnd: int, val: np.ndarray, pooled: np.ndarray | None, models: list[nn.Module],
                  endpoints: dict[str, list[nn.Module]], local_correct: np.ndarray,
-                 global_correct: np.ndarray) -> RoundMetrics:
+                 global_correct: np.ndarray, sample: list[int] | None = None) -> RoundMetrics:
+        """A test round's figures, every client's, or with ``sample`` the sampled clients' (nan for
+        the others, which the means skip)."""
         local = accuracy(local_correct, self.local_total)
         global_class = global_correct / np.maximum(self.test_class_counts, 1) * 100
         global_acc = global_correct.sum(1) / max(self.test_class_counts.sum(), 1) * 100
-        per_client = {name: self.endpoint(predictors, name) for name, predictors in endpoints.items()}
+        per_client = {name: self.endpoint(predictors, name, sample) for name, predictors in endpoints.items()}
         extra = {name: endpoint_means(figures) for name, figures in per_client.items()}
         seen, unseen = seen_unseen_acc(global_correct, self.test_class_counts, self.held)
+        if sample is not None:
+            out = np.setdiff1d(np.arange(self.fed.n_clients), sample)
+            local, global_acc, global_class, seen, unseen = (
+                _unmeasured(a, out) for a in (local, global_acc, global_class, seen, unseen))
         return RoundMetrics(rnd, val, local, global_acc, global_class, extra, per_client, seen, unseen, pooled)
 
-    def endpoint(self, predictors: list[nn.Module], name: str | None = None) -> dict[str, np.ndarray]:
+    def endpoint(self, predictors: list[nn.Module], name: str | None = None,
+                 sample: list[int] | None = None) -> dict[str, np.ndarray]:
         """Each client's global and local test accuracy (percent; nan without a local test half)
-        with an extra endpoint's predictor (``name``: the endpoint's, for a ``NonFiniteOutputs``)."""
+        with an extra endpoint's predictor (``name``: the endpoint's, for a ``NonFiniteOutputs``);
+        with ``sample``, the sampled clients' only (nan for the others)."""
         total = float(max(self.test_class_counts.sum(), 1))
-        cids = list(range(len(predictors)))
+        cids = list(range(len(predictors))) if sample is None else list(sample)
+        used = [predictors[cid] for cid in cids]
         self._endpoint = name if name is not None else "(unnamed)"
+        self._resident(used)
         try:
-            with channels_last(predictors, self.fast_layout):
-                counts = self.global_counts(predictors, cids)
-                hits = [self.local_test_hits(p, cid) for cid, p in enumerate(predictors)]
+            with channels_last(used, self.fast_layout):
+                counts = self.global_counts(used, cids)
+                hits = [self.local_test_hits(p, cid) for cid, p in zip(cids, used)]
         finally:
             self._endpoint = None
         hits = self._checked(self._stacked(hits)).tolist()
-        g = np.array([float(c.sum()) / total * 100 for c in counts])
-        local = np.array([hits[cid] / self.local_total[cid] * 100 if self.local_total[cid] else np.nan
-                          for cid in cids])
+        g = np.full(len(predictors), np.nan)
+        local = np.full(len(predictors), np.nan)
+        for cid, count, hit in zip(cids, counts, hits):
+            g[cid] = float(count.sum()) / total * 100
+            local[cid] = hit / self.local_total[cid] * 100 if self.local_total[cid] else np.nan
         return {"global_acc": g, "local_acc": local}
 
     def _stacked(self, values: list[torch.Tensor]) -> torch.Tensor:
@@ -533,6 +577,13 @@ class Evaluator:
         if not values:
             return torch.zeros(0, dtype=torch.long, device=self.fed.device)
         return torch.stack([v.to(values[0].device) for v in values])
+
+
+def _unmeasured(values: np.ndarray, clients: np.ndarray) -> np.ndarray:
+    """``values`` (one row per client) with the rows of ``clients`` nan: not measured this round."""
+    out = np.array(values, dtype=float, copy=True)
+    out[clients] = np.nan
+    return out
 
 
 def endpoint_means(figures: dict[str, np.ndarray], clients: Sequence[int] | None = None) -> dict[str, float | None]:

@@ -42,19 +42,48 @@ if TYPE_CHECKING:  # annotations only: the types below depend on nothing above c
     from hfl_bench.pools import ArchPool, PoolMember
 
 
-@dataclass
 class Client:
-    cid: int
-    arch: "PoolMember"
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    train_idx: torch.Tensor  # indices into data.train_x, on the device
-    val_idx: torch.Tensor
-    test_idx: torch.Tensor
-    train_counts: np.ndarray  # per-class training counts
-    # The modalities this client observes (a multimodal task); empty for a single-modality task.
-    # The others are NaN in every row it holds and in the test inputs it is evaluated on.
-    modalities: tuple[str, ...] = ()
+    """One client: its model and optimizer, its rows of the task's data (index tensors on the
+    device) and its per-class training counts. With ``--client-state host`` or ``disk`` the engine's
+    store (``hfl_bench.clientstate``) may hold its state elsewhere between its rounds: reading
+    ``model`` or ``optimizer`` (or calling the model) brings it back first, bit for bit."""
+
+    def __init__(self, cid: int, arch: "PoolMember", model: nn.Module, optimizer: torch.optim.Optimizer,
+                 train_idx: torch.Tensor, val_idx: torch.Tensor, test_idx: torch.Tensor, train_counts: np.ndarray,
+                 modalities: tuple[str, ...] = ()):
+        self.cid, self.arch = cid, arch
+        self._model, self._optimizer = model, optimizer
+        self.train_idx = train_idx  # indices into data.train_x, on the device
+        self.val_idx, self.test_idx = val_idx, test_idx
+        self.train_counts = train_counts  # per-class training counts
+        # The modalities this client observes (a multimodal task); empty for a single-modality task.
+        # The others are NaN in every row it holds and in the test inputs it is evaluated on.
+        self.modalities = modalities
+        self.store: Any = None  # the store holding this client's state while it is offloaded, else None
+
+    def _resident(self) -> None:
+        if self.store is not None:
+            self.store.on_access(self)
+
+    @property
+    def model(self) -> nn.Module:
+        self._resident()
+        return self._model
+
+    @model.setter
+    def model(self, value: nn.Module) -> None:
+        self._resident()
+        self._model = value
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        self._resident()
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, value: torch.optim.Optimizer) -> None:
+        self._resident()
+        self._optimizer = value
 
     @property
     def n_train(self) -> int:
@@ -199,6 +228,9 @@ class Federation:
     budget: "Budget" = None  # type: ignore[assignment]
     # The run's captured student steps (an hfl_bench.graphs.StepGraphs, made on first use on CUDA).
     step_graphs: Any = None
+    # Where inactive clients' state waits (``--client-state``): a ``clientstate.ClientStore``, or
+    # None when every client stays resident on the device.
+    client_store: Any = None
 
     @property
     def public_x(self) -> torch.Tensor:

@@ -155,10 +155,22 @@ class Partition:
         return out
 
 
+# A shard of at least this many samples always gets ``MIN_HELDOUT`` validation and local test
+# samples (``split_client``): one to train on, one to select with, one to test.
+TINY_MIN_SAMPLES, MIN_HELDOUT = 3, 1
+
+
 def split_client(idx: np.ndarray, labels: np.ndarray, heldout_fraction: float,
                  rng: np.random.Generator) -> ClientSplit:
     """Per class, hold out ``heldout_fraction`` of a shard and split it evenly into val and test
-    (val takes the odd sample). Stratifying keeps every class's validation count meaningful."""
+    (val takes the odd sample). Stratifying keeps every class's validation count meaningful.
+
+    A tiny shard (50 samples over ten classes: each class's share rounds to zero held out) would
+    get no validation or no local test sample, which selection and local accuracy need. Such a
+    shard of at least ``TINY_MIN_SAMPLES`` samples (with ``heldout_fraction`` > 0) gets one each
+    (``MIN_HELDOUT``): the last training sample of its largest class (fewest label first on ties)
+    moves to the empty part. No random draw is made for it, so only shards the rule above leaves
+    empty change, and every other partition (and its hash) is as it was."""
     train, val, test = [], [], []
     for c in np.unique(labels[idx]):
         members = rng.permutation(idx[labels[idx] == c])
@@ -167,6 +179,12 @@ def split_client(idx: np.ndarray, labels: np.ndarray, heldout_fraction: float,
         val.append(members[:n_val])
         test.append(members[n_val:n_held])
         train.append(members[n_held:])
+    if heldout_fraction > 0 and len(idx) >= TINY_MIN_SAMPLES:
+        for part in (val, test):
+            if sum(len(p) for p in part) < MIN_HELDOUT:
+                largest = int(np.argmax([len(t) for t in train]))  # first of the largest: fewest label
+                part[largest] = np.append(part[largest], train[largest][-1])
+                train[largest] = train[largest][:-1]
 
     def cat(parts):
         return np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64)

@@ -53,7 +53,7 @@ def check_name(value: Any, what: str) -> str:
 # machine's layout (they are not part of the config hash: config.NON_SEMANTIC): a path inside the
 # working folder relative to it, any other absolute path by its role (the data's identity is the
 # record's ``task.data_fingerprint``).
-PATH_ROLES = {"out": "<out folder>", "data_dir": "<data folder>"}
+PATH_ROLES = {"out": "<out folder>", "data_dir": "<data folder>", "client_state_dir": "<client state folder>"}
 
 
 def portable_path(value: Any, role: str, cwd: str | Path | None = None) -> Any:

@@ -350,6 +350,9 @@ def build_record(cfg: RunConfig, result: RunResult, chash: str | None = None,
             "topology": method.card.topology,
             "exec": fed.exec_path,
             "eval_every": cfg.eval_every,
+            # sampled evaluation (--eval-clients) and offloaded client state (--client-state), only where used
+            **({"eval_clients": cfg.eval_clients} if cfg.eval_clients is not None else {}),
+            **({"client_state": cfg.client_state} if cfg.client_state != "resident" else {}),
             "cuda_graphs": fed.use_cuda_graphs,
             # present only for a resumed run: the rounds of the checkpoints it continued from
             **({"resumed_from_rounds": resumed} if (resumed := result.resumed_from_rounds) else {}),

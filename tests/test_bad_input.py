@@ -66,7 +66,7 @@ CASES = [
     ("device-unknown", [*RUN, "--device", "tpu"], {}, "unknown device"),
     ("needs-public-set", [*RUN, "--method", "fedmd"], {}, "--public-size"),
     ("fedavg-mixed-pool", [*RUN, "--method", "fedavg"], {}, "homogeneous pool"),
-    ("too-many-clients", run_with("--clients", "200"), {}, "no validation or local test sample"),
+    ("too-many-clients", run_with("--clients", "400"), {}, "no validation or local test sample"),
     ("yaml-rounds-list", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "rounds: [1, 2]\n"}, "'rounds' must be"),
     ("yaml-rounds-float", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "rounds: 2.5\n"}, "'rounds' must be"),
     ("yaml-seed-float", ["run", "--config", "c.yaml", "-q"], {"c.yaml": "seed: 1.5\n"}, "'seed' must be"),

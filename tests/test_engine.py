@@ -231,11 +231,11 @@ def test_extra_endpoints_are_evaluated_and_recorded(tiny_cfg):
 def test_clients_without_heldout_samples_are_refused_with_a_count_that_works(tiny_cfg):
     from hfl_bench.config import ConfigError
 
-    task, cfg = engine.load_task(tiny_cfg(clients=120))
+    task, cfg = engine.load_task(tiny_cfg(clients=400))
     data = task.load()
     with pytest.raises(ConfigError, match=r"no validation or local test sample.*--clients (\d+) gives") as e:
         engine.partition_for(cfg, task.info, data)
     suggested = int(str(e.value).rsplit("--clients ", 1)[1].split()[0])
     _, fits = engine.load_task(tiny_cfg(clients=suggested))
     part = engine.partition_for(fits, task.info, data)  # the suggestion really works
-    assert not engine.clients_without_heldout(part) and suggested < 120
+    assert not engine.clients_without_heldout(part) and suggested < 400

@@ -207,6 +207,11 @@ def test_val_test_halves(labels, scheme, params, heldout):
     for c in part.clients:
         shard = np.concatenate([c.train, c.val, c.test])
         assert not set(c.val) & set(c.test) and not set(c.train) & (set(c.val) | set(c.test))
+        held = [int(round(int((labels[shard] == cls).sum()) * heldout)) for cls in np.unique(labels[shard])]
+        rule_val, rule_test = sum((h + 1) // 2 for h in held), sum(h // 2 for h in held)
+        if not (rule_val and rule_test):  # a tiny shard: one of each from its training part (split_client)
+            assert (len(c.val), len(c.test)) == (max(rule_val, 1), max(rule_test, 1)) and len(shard) >= 3
+            continue
         for cls in np.unique(labels[shard]):
             n_c = int((labels[shard] == cls).sum())
             n_val = int((labels[c.val] == cls).sum())

@@ -382,6 +382,10 @@ def _print_summary(record: dict[str, Any]) -> None:
             ("pool", _get(record, "arch_pool", "name")),
             ("partition", f"{_get(part, 'scheme')} {_get(part, 'params')} #{_get(part, 'hash')}"),
             ("clients / rounds", f"{_get(record, 'federation', 'n_clients')} / {_get(record, 'federation', 'rounds')}"),
+            # sampled evaluation (--eval-clients) and offloaded client state, only in a run that used them
+            *([("test rounds before the final window", f"a seeded {ev} clients each")]
+              if (ev := _get(record, "federation", "eval_clients")) is not None else []),
+            *([("client state", state)] if (state := _get(record, "federation", "client_state")) else []),
             ("seed", _number(_get(record, "config", "seed"))),
             ("bytes sent / client / round", f"{sent:,.0f}" if isinstance(sent, (int, float)) else _number(sent)),
             ("wall time (s)", _number(_get(cost, "wall_time_total_s"), 1)),

@@ -154,6 +154,8 @@ class GroupRow:
         g = self.group
         setting = _setting_label(partition_label(g.partition_scheme, g.partition_params), g.n_clients,
                                  g.clients_per_round, g.rounds)
+        if g.eval_clients is not None:  # sampled evaluation outside the final window (--eval-clients)
+            setting += f" eval={g.eval_clients}"
         if self.labels.get(g.protocol(), protocol_label(g)) != protocol_label(g):  # differ only in their data
             setting += " " + g.data_label
         if g.is_multimodal:

@@ -341,6 +341,9 @@ class SettingGroup:
     peer_data: bool = False  # client models trained on peers' data (``peer_data_setting``): part of the section
     optimizer: str = PROTOCOL_OPTIMIZER  # the clients' optimizer (``optimizer_setting``): part of the section
     predictor: str = UNKNOWN  # what the headline evaluated (``predictor_setting``): shown, not part of the section
+    # test rounds outside the final window tested a seeded draw of this many clients (--eval-clients):
+    # shown in the setting; not part of the protocol (the final window, which the headline reads, tests all)
+    eval_clients: Optional[int] = None
 
     @property
     def seeds(self) -> list[Any]:
@@ -468,7 +471,7 @@ def describe(seeds: SeedGroup) -> SettingGroup:
         faults=fault_setting(first), modalities=modality_setting(first), selection_rule=seeds.selection_rule,
         **_data_of(first), transfer=transfer_setting(first), single_architecture=single_architecture(first),
         budget=budget_class(first), peer_data=peer_data_setting(first), predictor=predictor_setting(first),
-        optimizer=optimizer_setting(first),
+        optimizer=optimizer_setting(first), eval_clients=fed.get("eval_clients"),
     )
 
 

@@ -198,7 +198,8 @@ def json_schema() -> dict:
         "$id": f"hfl-bench/record-{CURRENT_VERSION}",
         "title": f"hfl-bench leaderboard record, schema {CURRENT_VERSION}",
         "description": (f"One run (reproduced) or one published figure, schema {CURRENT_VERSION}: the shape of 1.7 "
-                        "and cost.flops (1.9), clock (1.10), generated from hfl_bench.record.model. Accuracies are "
+                        "and cost.flops (1.9), clock and federation.eval_clients / client_state (1.10), generated from "
+                        "hfl_bench.record.model. Accuracies are "
                         "percentages (0-100)."),
         "type": body["type"],
         "required": body["required"],

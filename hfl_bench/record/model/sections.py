@@ -114,6 +114,9 @@ class Federation(_Model):
     topology: Literal["p2p", "server", "none"]
     exec: Literal["reference", "fast"] = None
     eval_every: Positive = None
+    # test rounds outside the final window tested a seeded draw of this many clients (--eval-clients)
+    eval_clients: Positive = None
+    client_state: Literal["resident", "host", "disk"] = None  # where inactive clients' state waited
     vmap: StrictBool = None
     lockstep: StrictBool = None
     cuda_graphs: StrictBool = None

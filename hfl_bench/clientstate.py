@@ -1,0 +1,251 @@
+"""Client state that scales (``--client-state``): where a client's model, optimizer state and
+gradients wait between the rounds it is drawn for.
+
+- ``resident`` (the default): every client's state stays on the run's device for the whole run.
+- ``host``: after each round (and after its evaluation) every client's tensors are copied to host
+  memory and the device's copies freed; a GPU run's device memory then holds the clients a round
+  uses. On a CPU run this is a copy in the same memory (it saves nothing; it runs the same path).
+- ``disk``: the same, into one file per client under a temporary folder of ``--client-state-dir``
+  (default ``<out>/.client-state``), removed when the run ends. Each file is written whole to a
+  temporary name and renamed (atomic), and read back only if its size and SHA-256 are the ones
+  written (kept in memory): a file changed or cut meanwhile stops the run in one line.
+
+A client's state comes back on first use: reading ``client.model`` or ``client.optimizer`` (a
+method's hooks, the checkpoint, the record) or calling the model (a forward pre-hook: a predictor
+that holds the model itself), and the evaluator brings back the models it is about to measure
+(``ensure``). The tensors come back as they left (same values, dtype, strides and device, the same
+``Parameter`` objects, so optimizers keep their references): results are bit-identical to
+``resident`` (``tests/test_scale.py``). While the engine lists the models to evaluate
+(``lazy``), reading ``client.model`` does not bring a client back, so an evaluation of K sampled
+clients restores K.
+
+What is offloaded is what the client object holds: its model's parameters, gradients and buffers
+and its optimizer's state. State a method keeps outside the client object (FedProto's global
+prototypes, a method's per-client tables or second models) stays where the method keeps it: correct,
+only not offloaded. Clients whose models share a tensor (a shared head or predictor) cannot be
+offloaded one by one: ``attach`` refuses them in one line (use ``resident``). An offloaded
+tensor is left empty (zero elements) on its device, so code that reads one without going through
+its client (a list of models a method kept) fails on the shape rather than compute on nothing;
+checkpoints are written and read with every client back (``restore_all``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+from torch import nn
+
+from hfl_bench.config import ConfigError
+from hfl_bench.regularfile import read_regular
+
+if TYPE_CHECKING:
+    from hfl_bench.federation import Client, Federation
+
+
+class ClientStateError(RuntimeError):
+    """A client's offloaded state that cannot be trusted (a file changed, cut or gone)."""
+
+
+def _slots(client: "Client") -> list[tuple[torch.Tensor, str]]:
+    """Every tensor a client's state holds, in a fixed order: (owner, what) where ``what`` names
+    which of the owner's tensors is meant (its data, or its gradient)."""
+    model = client._model
+    out: list[tuple[torch.Tensor, str]] = []
+    for p in model.parameters():
+        out.append((p, "data"))
+        out.append((p, "grad"))
+    out.extend((b, "data") for b in model.buffers())
+    return out
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer) -> list[tuple[dict, str]]:
+    """(state dict, key) of every tensor of the optimizer's state, in parameter order."""
+    out = []
+    for group in opt.param_groups:
+        for p in group["params"]:
+            state = opt.state.get(p)
+            if state:
+                out.extend((state, k) for k in sorted(state) if isinstance(state[k], torch.Tensor))
+    return out
+
+
+class ClientStore:
+    """Holds the state of offloaded clients (``mode`` host or disk) and brings it back on use."""
+
+    def __init__(self, mode: str, folder: Path | None = None):
+        if mode not in ("host", "disk"):
+            raise ValueError(mode)
+        self.mode = mode
+        self.folder = folder
+        self._lazy = 0
+        self._held: dict[int, object] = {}  # cid -> host tensors, or (path, size, sha256) on disk
+        self._clients: list["Client"] = []
+        self._hooks: dict[int, tuple[int, object]] = {}  # cid -> (id of the model hooked, the hook's handle)
+
+    # -- setup and teardown
+
+    def attach(self, fed: "Federation", method_name: str) -> None:
+        """Take charge of ``fed``'s clients (after the method's setup, which may replace models).
+        Refuses clients that share a tensor: offloading one would take it from the others."""
+        seen: dict[int, int] = {}
+        for c in fed.clients:
+            tensors = [*c._model.parameters(), *c._model.buffers()]
+            for t in {id(t): t for t in tensors}.values():
+                other = seen.setdefault(id(t), c.cid)
+                if other != c.cid:
+                    raise ConfigError(f"--client-state {self.mode}: {method_name}'s clients {other} and {c.cid} share "
+                                      f"model tensors, which cannot be offloaded one client at a time: use "
+                                      f"--client-state resident")
+        self._clients = list(fed.clients)
+        fed.client_store = self
+
+    def _forward_hook(self, client: "Client"):
+        def hook(module: nn.Module, args):
+            if client.store is not None:
+                self.restore(client)
+        return hook
+
+    def restore_all(self) -> None:
+        """Every client back (a checkpoint is written or read through whatever holds the models)."""
+        for c in self._clients:
+            if c.store is not None:
+                self.restore(c)
+
+    def close(self) -> None:
+        """Bring every client back (the record reads them all) and remove the disk folder."""
+        self.restore_all()
+        for _, handle in self._hooks.values():
+            handle.remove()
+        self._hooks = {}
+        if self.mode == "disk" and self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    # -- when state comes back
+
+    def on_access(self, client: "Client") -> None:
+        """``client.model`` or ``client.optimizer`` read: bring the client back unless listing (``lazy``)."""
+        if not self._lazy:
+            self.restore(client)
+
+    @contextlib.contextmanager
+    def lazy(self) -> Iterator[None]:
+        """Reading ``client.model`` in the block does not bring a client back (the engine listing
+        the models to evaluate); using one does (its forward hook, ``ensure``)."""
+        self._lazy += 1
+        try:
+            yield
+        finally:
+            self._lazy -= 1
+
+    def ensure(self, modules: list[nn.Module]) -> None:
+        """Bring back every offloaded client whose model is one of ``modules`` or inside one (a
+        predictor wrapping it): before anything reads their parameters."""
+        # the models the clients hold now (a method may have replaced one since the last round)
+        owner = {id(c._model): c for c in self._clients if c.store is not None}
+        for module in {id(m): m for m in modules}.values():
+            for sub in module.modules():
+                client = owner.get(id(sub))
+                if client is not None and client.store is not None:
+                    self.restore(client)
+
+    # -- moving state
+
+    def offload_all(self) -> None:
+        """Every client's state off the device (after a round and its evaluation)."""
+        for c in self._clients:
+            if c.store is None:
+                self.offload(c)
+
+    def offload(self, client: "Client") -> None:
+        hooked = self._hooks.get(client.cid)
+        if hooked is None or hooked[0] != id(client._model):  # calling the model brings it back
+            if hooked is not None:
+                hooked[1].remove()
+            self._hooks[client.cid] = (id(client._model),
+                                       client._model.register_forward_pre_hook(self._forward_hook(client)))
+        slots, opt_slots = _slots(client), _optimizer_tensors(client._optimizer)
+        values = [getattr(t, what) for t, what in slots] + [state[k] for state, k in opt_slots]
+        host = [None if v is None else v.detach().to("cpu", copy=True) for v in values]
+        devices = [None if v is None else v.device for v in values]
+        if self.mode == "disk":
+            held: object = (self._write(client.cid, host), devices)
+        else:
+            held = (host, devices)
+        for t, what in slots:  # free the device's copies, keeping the tensor objects
+            if what == "grad":
+                t.grad = None
+            else:
+                t.data = t.data.new_empty(0)
+        for state, k in opt_slots:
+            state[k] = state[k].new_empty(0)
+        self._held[client.cid] = held
+        client.store = self
+
+    def restore(self, client: "Client") -> None:
+        held = self._held.pop(client.cid)
+        client.store = None
+        stored, devices = held
+        host = self._read(client.cid, stored) if self.mode == "disk" else stored
+        slots, opt_slots = _slots(client), _optimizer_tensors(client._optimizer)
+        if len(host) != len(slots) + len(opt_slots):
+            raise ClientStateError(f"client {client.cid}'s offloaded state holds {len(host)} tensors, its model "
+                                   f"and optimizer {len(slots) + len(opt_slots)}")
+        back = [None if v is None else v.to(d) for v, d in zip(host, devices)]
+        for (t, what), v in zip(slots, back):
+            if what == "grad":
+                t.grad = v
+            else:
+                t.data = v
+        for (state, k), v in zip(opt_slots, back[len(slots):]):
+            state[k] = v
+
+    def _write(self, cid: int, host: list[torch.Tensor | None]) -> tuple[Path, int, str]:
+        buffer = io.BytesIO()
+        torch.save(host, buffer)
+        data = buffer.getvalue()
+        path = self.folder / f"client-{cid}.pt"
+        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".client-{cid}-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)  # whole or not at all: a reader never sees half a file
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return path, len(data), hashlib.sha256(data).hexdigest()
+
+    def _read(self, cid: int, stored: tuple[Path, int, str]) -> list[torch.Tensor | None]:
+        path, size, digest = stored
+        try:
+            data = read_regular(path, size)
+        except OSError as e:
+            raise ClientStateError(f"client {cid}'s state file {path.name} cannot be read back ({e})") from None
+        if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+            raise ClientStateError(f"client {cid}'s state file {path.name} is not the one written (size or SHA-256 "
+                                   f"differs): the run stops rather than train on it")
+        return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def store_for(mode: str, out: str | Path, folder: str | Path | None, tag: str) -> ClientStore | None:
+    """The store of ``--client-state`` (None for resident): for disk, a fresh temporary folder under
+    ``folder`` (default ``<out>/.client-state``) named after ``tag`` (task, method and seed) and unique."""
+    if mode == "resident":
+        return None
+    if mode == "host":
+        return ClientStore("host")
+    parent = Path(folder) if folder is not None else Path(out) / ".client-state"
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        made = Path(tempfile.mkdtemp(dir=parent, prefix=f"{tag}-"))
+    except OSError as e:
+        raise ConfigError(f"--client-state disk: cannot make a folder under {parent} ({e.strerror or e})") from None
+    return ClientStore("disk", made)
