@@ -13,3 +13,4 @@ from hfl_bench.methods import fd, fedproto, fedtgp  # noqa: F401
 from hfl_bench.methods import lg_fedavg  # noqa: F401
 from hfl_bench.methods import fedgh  # noqa: F401
 from hfl_bench.methods import fedgen  # noqa: F401
+from hfl_bench.methods import heterofl, fedrolex  # noqa: F401
