@@ -9,12 +9,12 @@ global channel is trained by the small clients in turn. The family's code is
 
 from __future__ import annotations
 
-from hfl_bench.families.submodel import SUBMODEL_NOTES, SubmodelMethod, SubmodelParams
-from hfl_bench.method_api import MethodCard, SmokeSettings, register_method
+from hfl_bench.families.submodel import SUBMODEL_NOTES, SubmodelParams, SubmodelRounds
+from hfl_bench.method_api import Method, MethodCard, SmokeSettings, register_method
 
 
 @register_method
-class FedRolex(SubmodelMethod):
+class FedRolex(SubmodelRounds, Method):
     card = MethodCard(
         name="fedrolex", version="1.0", fidelity="reconstructed", topology="server",
         citation="Alam, Liu, Yan, Zhang, FedRolex: Model-Heterogeneous Federated Learning with Rolling Sub-Model "

@@ -9,12 +9,12 @@ and the server averages each parameter entry over the clients that hold it. The 
 
 from __future__ import annotations
 
-from hfl_bench.families.submodel import SUBMODEL_NOTES, SubmodelMethod, SubmodelParams
-from hfl_bench.method_api import MethodCard, SmokeSettings, register_method
+from hfl_bench.families.submodel import SUBMODEL_NOTES, SubmodelParams, SubmodelRounds
+from hfl_bench.method_api import Method, MethodCard, SmokeSettings, register_method
 
 
 @register_method
-class HeteroFL(SubmodelMethod):
+class HeteroFL(SubmodelRounds, Method):
     card = MethodCard(
         name="heterofl", version="1.0", fidelity="reconstructed", topology="server",
         citation="Diao, Ding, Tarokh, HeteroFL: Computation and Communication Efficient Federated Learning for "

@@ -18,25 +18,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from hfl_bench.method_api import (
-    SERVER,
-    ConfigError,
-    Method,
-    Payload,
-    RoundView,
-    derive_seed,
-    make_plan,
-    new_model,
-    param,
-    train_students,
-)
-from hfl_bench.pools import PoolMember
+from hfl_bench.config import ConfigError, param
+from hfl_bench.graphs import train_students
+from hfl_bench.metering import SERVER, Payload
+from hfl_bench.pools import PoolMember, seeded_model
+from hfl_bench.training import derive_seed, make_plan
 from hfl_bench.width_models import scaled_width
+
+if TYPE_CHECKING:
+    from hfl_bench.federation import RoundView
 
 # HeteroFL's capacity levels a-e: width rates 1, 1/2, 1/4, 1/8, 1/16 (ratio 0.5 apart).
 LEVELS = {"a": 1.0, "b": 0.5, "c": 0.25, "d": 0.125, "e": 0.0625}
@@ -180,9 +175,10 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module,
                 state[k] = whole[tuple(i.to(v.device) for i in dst)].contiguous()
 
 
-class SubmodelMethod(Method):
-    """The family's round (module docstring); a method says where each client's window starts
-    (``start``) and declares its card and ``Params`` (``profile``, ``weighting``)."""
+class SubmodelRounds:
+    """The family's round (module docstring), mixed into a method before ``Method``
+    (``class HeteroFL(SubmodelRounds, Method)``): the method says where each client's window starts
+    (``start``) and declares its card and ``Params`` (``SubmodelParams``)."""
 
     def start(self, rnd: int, full: int, size: int) -> int:
         """Where a client's window of ``size`` of a layer's ``full`` channels starts in round ``rnd``."""
@@ -195,13 +191,13 @@ class SubmodelMethod(Method):
             raise ConfigError(f"{self.card.name}: weighting must be {' or '.join(WEIGHTINGS)}, "
                               f"got {self.params.weighting!r}")
 
-    def check(self, fed: RoundView) -> None:
+    def check(self, fed: "RoundView") -> None:
         model = fed.clients[0].model
         if not fed.pool.homogeneous or not hasattr(model, "width_axes"):
             raise ConfigError(f"{self.card.name} slices the width of one global model; pool {fed.pool.name!r} is not "
                               "one width-scalable model. Use its default, --pool heterofl-cnn (or heterofl-cnn-paper)")
 
-    def indices(self, fed: RoundView, cid: int, rnd: int) -> Indices:
+    def indices(self, fed: "RoundView", cid: int, rnd: int) -> Indices:
         """The global channel indices client ``cid``'s sub-model holds in round ``rnd``, per hidden layer."""
         rate = self.rates[cid]
         out = {}
@@ -210,7 +206,7 @@ class SubmodelMethod(Method):
             out[layer] = window(full, size, self.start(rnd, full, size) if size < full else 0)
         return out
 
-    def setup(self, fed: RoundView) -> None:
+    def setup(self, fed: "RoundView") -> None:
         first = fed.clients[0].model
         self.hidden = tuple(first.full_hidden)
         self.axes = first.width_axes()
@@ -222,18 +218,19 @@ class SubmodelMethod(Method):
         for c in fed.clients:
             if self.rates[c.cid] < 1:  # a full-capacity client keeps the model and optimizer it was built with
                 member = PoolMember(c.arch.model, {**c.arch.kwargs, "rate": self.rates[c.cid]}, c.arch.label)
-                c.model = new_model(fed, member, "submodel", c.cid)
+                c.model = seeded_model(member, fed.info, derive_seed(fed.cfg.seed, "submodel", c.cid), fed.device,
+                                       keep_global_rng=True)
                 c.optimizer = fed.make_optimizer(c.model)
         self.broadcast(fed, 1, list(range(fed.n_clients)))
 
-    def broadcast(self, fed: RoundView, rnd: int, clients: list[int]) -> None:
+    def broadcast(self, fed: "RoundView", rnd: int, clients: list[int]) -> None:
         """Each client gets its slice of the global model for round ``rnd``."""
         for cid in clients:
             sub = slice_state(self.global_state, self.axes, self.indices(fed, cid, rnd))
             got = fed.channel.send(SERVER, [cid], sub, Payload.PARAMS)
             fed.clients[cid].model.load_state_dict(got)
 
-    def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
+    def run_round(self, fed: "RoundView", rnd: int, active: list[int]) -> dict[str, float]:
         losses = train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
         states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict(), Payload.PARAMS) for i in active]
         if self.params.weighting == "samples":
@@ -250,10 +247,10 @@ class SubmodelMethod(Method):
         self.broadcast(fed, rnd + 1, list(range(fed.n_clients)))
         return {"train_loss": sum(losses) / len(losses)}
 
-    def changed_clients(self, fed: RoundView, active: list[int]) -> list[int]:
+    def changed_clients(self, fed: "RoundView", active: list[int]) -> list[int]:
         return list(range(fed.n_clients))
 
-    def describe_run(self, fed: RoundView) -> dict[str, Any]:
+    def describe_run(self, fed: "RoundView") -> dict[str, Any]:
         """Each client's width rate (its capacity level) and its sub-model's parameter count."""
         return {"capacity_profile": self.params.profile,
                 "client_rates": list(self.rates),
