@@ -353,10 +353,10 @@ def section_fields(g: SettingGroup) -> dict[str, Any]:
     """A group's setting section and its parts (csv and json; ``single_architecture`` null where
     nothing says)."""
     return {"section": g.section, "transfer": g.transfer, "single_architecture": g.single_architecture,
-            "budget": g.budget, "peer_data": g.peer_data, "optimizer": g.optimizer, "submodels": g.submodels}
+            "budget": g.budget, "peer_data": g.peer_data, "optimizer": g.optimizer}
 
 
-SECTION_FIELDS = ("section", "transfer", "single_architecture", "budget", "peer_data", "optimizer", "submodels")
+SECTION_FIELDS = ("section", "transfer", "single_architecture", "budget", "peer_data", "optimizer")
 
 
 def csv_figures(g: SettingGroup, endpoint: Optional[str] = None) -> dict[str, Any]:
