@@ -252,12 +252,14 @@ def resolve(cfg: RunConfig, task_defaults: dict[str, Any]) -> RunConfig:
 
 
 def resolve_settings(settings: dict[str, Any] | RunConfig,
-                     task_defaults: Callable[[str, Any], dict[str, Any]]) -> RunConfig:
+                     task_defaults: Callable[[str, Any], dict[str, Any]],
+                     method_defaults: Callable[[str], dict[str, Any]] | None = None) -> RunConfig:
     """A run's settings through this module once: built into a ``RunConfig`` (an unknown setting
     is a ConfigError naming the known ones), checked (``validate``), filled from the task's
     defaults (``task_defaults(task, data_dir)``, asked only once the values passed: a bad value never reaches
     the task, nor imports torch) and the global ones, checked again, its floats in their one
-    hashed form (``canonical_settings``)."""
+    hashed form (``canonical_settings``). ``method_defaults(method)`` (a method that brings its own
+    model family names its pool) wins over the task's defaults; a value the settings give wins over both."""
     if isinstance(settings, RunConfig):
         cfg = settings
     else:
@@ -266,7 +268,8 @@ def resolve_settings(settings: dict[str, Any] | RunConfig,
             raise ConfigError(f"unknown setting(s): {', '.join(map(str, unknown))}. Known: {', '.join(FIELDS)}")
         cfg = RunConfig(**empty_faults_as_none(dict(settings)))
     validate(cfg)
-    return canonical_settings(resolve(cfg, task_defaults(cfg.task, cfg.data_dir)))
+    defaults = {**task_defaults(cfg.task, cfg.data_dir), **(method_defaults(cfg.method) if method_defaults else {})}
+    return canonical_settings(resolve(cfg, defaults))
 
 
 def validate(cfg: RunConfig) -> None:

@@ -51,6 +51,7 @@ from hfl_bench.method_api import (  # noqa: F401 (re-exported: the run's method 
     check_method_for_task,
     get_method_class,
     make_method,
+    method_defaults,
     resolve_method,
 )
 from hfl_bench.modalities import ModalityPlan, mask_clients
@@ -245,7 +246,7 @@ Built = tuple[Method, "ModalityPlan | None", "FaultPlan | None"]
 def load_task(cfg: RunConfig):
     """The config's task and the config resolved as a run resolves it (``resolved.resolve_run``)
     but without building its method: for drivers and tests that build a ``Simulation`` themselves."""
-    cfg = config_mod.resolve_settings(cfg, task_defaults)
+    cfg = config_mod.resolve_settings(cfg, task_defaults, method_defaults)
     task = get_task(cfg.task)
     modality_plan_for(cfg, task.info)  # a modality setting that does not fit the task: before any data loads
     return task, canonical_method(canonical_config(cfg))  # the fault spec checked and spelled one way

@@ -99,7 +99,7 @@ __all__ = [
     "check_card_setting",
     "SERVER", "Batch", "Client", "ClientView", "ConfigError", "Data", "Diverged", "EpochPlan", "Federation",
     "Method", "NoParams", "Payload", "Phase", "RoundView", "Targets", "Trainee", "TransferPlan", "batch_targets",
-    "derive_seed", "finite_mean", "fit", "get_method_class", "kd_loss", "make_plan",
+    "derive_seed", "finite_mean", "fit", "get_method_class", "kd_loss", "make_plan", "method_defaults",
     "new_model", "param", "predict_logits", "register_method", "require_at_least", "seeded_init", "soft_targets",
     "student_loss", "train_client", "train_students", "transfer_plan",
 ]
@@ -256,6 +256,16 @@ def get_method_class(name: str) -> type[Method]:
     cls = METHODS.get(name)
     check_method_class(name, cls)
     return cls
+
+
+def method_defaults(method: str) -> dict[str, Any]:
+    """The settings a method brings over the task's defaults: its own model family's pool
+    (``MethodCard.pool``), else none; {} for an unknown method (reported where it is made)."""
+    try:
+        card = get_method_class(method).card
+    except RegistryError:
+        return {}
+    return {"pool": card.pool} if card.pool else {}
 
 
 def check_card_setting(card: MethodCard, fed: Federation) -> None:

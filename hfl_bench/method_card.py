@@ -116,6 +116,12 @@ class MethodCard:
     predictor: str = LIVE_MODEL
     # True for a method that needs every client on one architecture (a homogeneous pool).
     single_architecture: bool = False
+    # True for a method whose clients train sub-models of one global model (width slices: HeteroFL,
+    # FedRolex): part of the leaderboard's setting section ("one global model, sub-models per client").
+    submodels: bool = False
+    # The method's own model family: the pool a run uses when --pool is not given (before the task's
+    # default); None: the task's default pool.
+    pool: str | None = None
     # True for a method that runs a task whose clients miss modalities (hfl_bench.modalities): it
     # reads inputs only through the clients' own models (they fuse whatever modalities a row has)
     # or handles the modalities itself. The others refuse such a task with ``why_single_modality``.
@@ -170,7 +176,7 @@ class MethodCard:
             "name": self.name, "version": self.version, "citation": self.citation, "fidelity": self.fidelity,
             "topology": self.topology, "summary": self.summary, "transfer": self.transfer,
             "peer_data": self.peer_data, "predictor": self.predictor, "needs_public": self.needs_public,
-            "single_architecture": self.single_architecture,
+            "single_architecture": self.single_architecture, "submodels": self.submodels, "pool": self.pool,
             "missing_modalities": self.missing_modalities, "why_single_modality": self.why_single_modality,
             "why_not_tokens": self.why_not_tokens,
             "refuses_faults": dict(self.refuses_faults), "smoke": self.smoke_config(),
@@ -201,9 +207,11 @@ def card_problems(card: Any, name: str) -> list[str]:
         problems.append(f"summary must be one line of text, got {card.summary!r}")
     if not isinstance(card.citation, str):
         problems.append(f"citation must be a string, got {card.citation!r}")
-    for field in ("single_architecture", "missing_modalities", "peer_data"):
+    for field in ("single_architecture", "submodels", "missing_modalities", "peer_data"):
         if not isinstance(getattr(card, field), bool):
             problems.append(f"{field} must be True or False, got {getattr(card, field)!r}")
+    if card.pool is not None and not _one_line(card.pool):
+        problems.append(f"pool must name a registered pool (hfl-bench list pools) or be None, got {card.pool!r}")
     if not card.missing_modalities and not _one_line(card.why_single_modality):
         problems.append("why_single_modality must say in one line why it refuses a task whose clients miss modalities")
     if not isinstance(card.why_not_tokens, str) or "\n" in card.why_not_tokens:

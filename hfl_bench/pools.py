@@ -364,8 +364,9 @@ def _register_timm_models() -> None:
         from timm.models import register_model
 
         from hfl_bench.sensor_models import SENSOR_MODELS  # here: that module imports this one
+        from hfl_bench.width_models import WIDTH_MODELS
 
-        for fn in _TIMM_MODELS + SENSOR_MODELS:
+        for fn in _TIMM_MODELS + SENSOR_MODELS + WIDTH_MODELS:
             register_model(fn)
         _registered = True
 
@@ -588,4 +589,13 @@ register_pool(ArchPool(
 register_pool(ArchPool(
     "text-cnn", (PoolMember("text_cnn", label="textcnn"),),
     "Homogeneous text pool (every client a TextCNN), e.g. for fedavg on a text task.",
+))
+register_pool(ArchPool(
+    "heterofl-cnn", (PoolMember("heterofl_cnn", label="heterofl-cnn"),),
+    "One width-scalable global model, HeteroFL's CNN at CPU size (4 conv layers of 16-128 channels, scaler, "
+    "static BN): the sub-model methods (heterofl, fedrolex) slice each client's width from it.",
+))
+register_pool(ArchPool(
+    "heterofl-cnn-paper", (PoolMember("heterofl_cnn", {"hidden": (64, 128, 256, 512)}, "heterofl-cnn-paper"),),
+    "HeteroFL's CNN at the paper's widths (64, 128, 256, 512 channels), for the sub-model methods.",
 ))

@@ -397,10 +397,13 @@ def selection_block(result: RunResult) -> dict[str, Any]:
 def card_setting(card: Any, predictor: str, transfer: str | None = None) -> dict[str, Any]:
     """What the leaderboard's setting section reads from a method's card: the transfer data it reads
     (``transfer``: the run's, ``Method.transfer``; default the card's) and whether it needs a single
-    architecture (schema 1.6), whether its client models are trained on peers' data, and
+    architecture (schema 1.6), whether its client models are trained on peers' data, whether they are
+    sub-models of one global model (``submodels``, written only where true), and
     ``predictor``, what the run's headline evaluated (``Method.predictor``, schema 1.7)."""
     return {"transfer": transfer or card.transfer, "single_architecture": bool(card.single_architecture),
-            "peer_data": bool(card.peer_data), "predictor": predictor}
+            "peer_data": bool(card.peer_data), "predictor": predictor,
+            # only where true: the records of every other method stay as they were
+            **({"submodels": True} if getattr(card, "submodels", False) else {})}
 
 
 def _used(method: str, hparams: Any, task: str, pool: Any, partitioner: Any) -> list[tuple[str, Any]]:

@@ -104,7 +104,7 @@ def resolve_run(cfg: RunConfig | dict[str, Any]) -> ResolvedRun:
     (``paths.run_files``). Raises the project's own errors, each one line: ConfigError for a bad
     value, an unknown setting, method or hyperparameter (before any data loads), RegistryError for
     an unknown task or pool, UnsafePathError for a name that cannot name a file."""
-    cfg = config_mod.resolve_settings(cfg, _task_defaults)  # checked before torch is imported
+    cfg = config_mod.resolve_settings(cfg, _task_defaults, _method_defaults)  # checked before torch is imported
     from hfl_bench import clock, data, faults, modalities
     from hfl_bench.aggregation import run_version
     from hfl_bench.method_api import resolve_method
@@ -123,6 +123,12 @@ def _task_defaults(task: str, data_dir: Any) -> dict[str, Any]:
     from hfl_bench.data import task_defaults  # imports torch: only once the settings are checked
 
     return task_defaults(task, data_dir)
+
+
+def _method_defaults(method: str) -> dict[str, Any]:
+    from hfl_bench.method_api import method_defaults
+
+    return method_defaults(method)
 
 
 ConfigError = config_mod.ConfigError

@@ -62,9 +62,10 @@ def cpu_federation(cfg: RunConfig) -> Federation:
     from hfl_bench.config import resolve
     from hfl_bench.data import get_task, task_defaults
     from hfl_bench.faults import canonical_config
+    from hfl_bench.method_api import method_defaults
 
     task = get_task(cfg.task)
-    cfg = canonical_config(resolve(cfg, task_defaults(cfg.task, cfg.data_dir)))
+    cfg = canonical_config(resolve(cfg, {**task_defaults(cfg.task, cfg.data_dir), **method_defaults(cfg.method)}))
     return engine.build_federation(cfg, task.info, task.load(cfg.data_dir), torch.device("cpu"))
 
 

@@ -14,3 +14,4 @@ from hfl_bench.methods import lg_fedavg  # noqa: F401
 from hfl_bench.methods import fedgh  # noqa: F401
 from hfl_bench.methods import fedgen  # noqa: F401
 from hfl_bench.methods import feddf  # noqa: F401
+from hfl_bench.methods import heterofl, fedrolex  # noqa: F401

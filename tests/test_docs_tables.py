@@ -130,7 +130,7 @@ def test_list_prints_a_markdown_table():
     # refuses_faults, empty in every built-in row, is left out (issue 63); what each method needs on
     # the quick-start task is a column of its own
     assert lines[0] == ("| name | description | fidelity | topology | transfer | single_architecture | peer_data "
-                        "| predictor | on_digits | on_text |")
+                        "| submodels | model_family | predictor | on_digits | on_text |")
     names = [line.split("|")[1].strip() for line in lines[2:]]
     assert set(builtin_names(METHODS)) <= set(names)
     assert CliRunner().invoke(app, ["list", "methods", "--format", "xml"]).exit_code == 2

@@ -225,7 +225,7 @@ LAYERS = [
                          "hfl_bench.text_corpus", "hfl_bench.hapt", "hfl_bench.uci_har", "hfl_bench.fashion_mnist",
                          "hfl_bench.modelhead",
                          "hfl_bench.sensor_models", "hfl_bench.flops", "hfl_bench.clock",
-                         "hfl_bench.clientstate")),
+                         "hfl_bench.clientstate", "hfl_bench.width_models")),
     ("method API", ("hfl_bench.method_api", "hfl_bench.method_card")),
     ("methods", ("hfl_bench.methods",)),
     ("engine and the resolved run", ("hfl_bench.engine", "hfl_bench.resolved")),

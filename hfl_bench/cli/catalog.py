@@ -86,7 +86,8 @@ def list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
             card = obj.card
             row.update(description=card.summary, fidelity=card.fidelity, topology=card.topology,
                        transfer=card.transfer, single_architecture=card.single_architecture,
-                       peer_data=card.peer_data, predictor=card.predictor, refuses_faults=sorted(card.refuses_faults),
+                       peer_data=card.peer_data, submodels=card.submodels, model_family=card.pool,
+                       predictor=card.predictor, refuses_faults=sorted(card.refuses_faults),
                        version=card.version, presets={n: dict(v) for n, v in card.presets.items()},
                        on_digits=quick_start_text(card), on_text=text_task_text(card))
         if kind == "tasks":
@@ -214,7 +215,7 @@ def _table(title: str, columns: list[dict], rows: list[list[str]], styled_title:
 # Columns of ``list`` that may wrap at a narrow terminal; the others keep their values on one line.
 WRAPPED = ("description", "members", "source", "declares", "on_digits", "on_text")
 # A method card's facts that ``list methods --json`` gives as fields and the table in one column.
-DECLARED = ("transfer", "single_architecture", "peer_data", "predictor", "refuses_faults")
+DECLARED = ("transfer", "single_architecture", "peer_data", "submodels", "model_family", "predictor", "refuses_faults")
 # method_card.LIVE_MODEL, spelled here: an answer from the metadata index imports no method (nor torch).
 LIVE_MODEL = "live model"
 
@@ -229,11 +230,14 @@ def _cell_text(v: Any) -> str:
 
 
 def _declares(row: dict[str, Any]) -> str:
-    """A method's transfer data, one-architecture need, peer data, evaluated predictor (where not
-    the live model) and refused fault kinds, as one cell."""
+    """A method's transfer data, one-architecture need, peer data, sub-models of one global model,
+    its own default pool, evaluated predictor (where not the live model) and refused fault kinds, as
+    one cell."""
     parts = [row["transfer"]] if row["transfer"] != "none" else []
     parts += ["one architecture"] if row["single_architecture"] else []
     parts += ["models trained on peers' data"] if row["peer_data"] else []
+    parts += ["sub-models of one global model"] if row.get("submodels") else []
+    parts += [f"default pool {row['model_family']}"] if row.get("model_family") else []
     parts += [f"evaluates the {row['predictor']}"] if row["predictor"] != LIVE_MODEL else []
     parts += [f"refuses {', '.join(row['refuses_faults'])}"] if row["refuses_faults"] else []
     return "; ".join(parts) or "-"
@@ -349,6 +353,8 @@ def _method_view(info: dict[str, Any]) -> list:
                      ("needs a public set", info["needs_public"]),
                      ("single architecture", info["single_architecture"]),
                      ("models trained on peers' data", info["peer_data"]),
+                     ("sub-models of one global model", info.get("submodels", False)),
+                     ("default pool", info.get("pool") or "the task's"),
                      ("evaluated predictor", f"{info['predictor']} (at the default hyperparameters)"),
                      ("missing modalities", "runs" if info["missing_modalities"]
                       else f"refuses: {info['why_single_modality']}"),

@@ -82,6 +82,9 @@ BUILTIN_CARDS: dict[str, dict[Optional[str], dict[str, Any]]] = {
     # took the card's, and so does this table
     "fedmd": {v: {**_PLAIN, "transfer": "public-labelled"} for v in (None, "1.0", "1.1")},
     "fedmkd": {None: _PLAIN, "1.0": _PLAIN},
+    # issue 66: every record of theirs states its card (schema 1.9, ``method.submodels`` true)
+    "fedrolex": {"1.0": _PLAIN},
+    "heterofl": {"1.0": _PLAIN},
     "fedmrl": {"1.0": {**_PLAIN, "predictor": {"default": "live + shared"}}},
     "fedproto": {"1.0": _PROTOTYPES},
     "fedsocket": {None: _SHARED, "1.0": _SHARED, "1.1": _SHARED, "1.2": _SHARED},
@@ -96,7 +99,7 @@ BUILTIN_CARDS: dict[str, dict[Optional[str], dict[str, Any]]] = {
 # source; no pool's members changed since it was added (hfl_bench/pools.py history).
 BUILTIN_POOLS: dict[str, bool] = {"paper": False, "cpu": False, "cpu-mm": False, "cpu-cnn": True,
                                   "paper-resnet18": True, "sensor": False, "sensor-cnn": True, "text": False,
-                                  "text-cnn": True}
+                                  "text-cnn": True, "heterofl-cnn": True, "heterofl-cnn-paper": True}
 
 
 def card_for(method: Any, version: Any) -> Optional[dict[str, Any]]:

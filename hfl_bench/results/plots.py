@@ -51,6 +51,7 @@ from hfl_bench.results.setting import (
     section_order,
     section_reasons,
     single_architecture,
+    submodels_setting,
     transfer_setting,
 )
 from hfl_bench.results.text import mpl_text, terminal
@@ -237,9 +238,9 @@ class PlotSection:
 
 def plot_section(record: dict[str, Any]) -> PlotSection:
     t, single, budget = transfer_setting(record), single_architecture(record), budget_class(record)
-    peers, optimizer = peer_data_setting(record), optimizer_setting(record)
-    return PlotSection(section_order(t, single, budget, peer_data=peers, optimizer=optimizer),
-                       section_label(t, single, budget, peer_data=peers, optimizer=optimizer))
+    peers, optimizer, sub = peer_data_setting(record), optimizer_setting(record), submodels_setting(record)
+    return PlotSection(section_order(t, single, budget, peer_data=peers, optimizer=optimizer, submodels=sub),
+                       section_label(t, single, budget, peer_data=peers, optimizer=optimizer, submodels=sub))
 
 
 def setting_title(label: str) -> str:

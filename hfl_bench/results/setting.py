@@ -21,7 +21,8 @@ clients'. A record with both sections (refused by the engine) keeps the honest c
 
 The **setting section** a group belongs to (``SettingGroup.section``) is part of the protocol
 too: the transfer data its method reads (``transfer_setting``), whether its pool is a single
-architecture (``single_architecture``), its budget class (``budget_class``), the clients'
+architecture (``single_architecture``) or sub-models of one global model (``submodels_setting``:
+HeteroFL, FedRolex, "one global model, sub-models per client"), its budget class (``budget_class``), the clients'
 optimizer (``optimizer_setting``: a comparison run under ``--optimizer adam`` is its own section), the
 fault and modality settings, and whether its client models are trained on other clients' data
 (``peer_data_setting``: models that travel to peers and train on their shards, DFML; such a
@@ -72,6 +73,11 @@ TRANSFER_LABELS = {"none": "data-free", "public-unlabelled": "unlabelled public 
 # The part of a section's label that says its client models are trained on other clients' data,
 # and the one line every view that shows such a section gives as the reason it stands apart.
 PEER_DATA_LABEL = "models trained on peers' data"
+# The pool part of the label of a section whose clients train sub-models of one global model
+# (``submodels_setting``: HeteroFL, FedRolex), and the line every view that shows it gives.
+SUBMODELS_LABEL = "one global model, sub-models per client"
+SUBMODELS_REASON = ("each client trains a slice of one global model's width and the server averages the slices "
+                    "(HeteroFL, FedRolex): neither one architecture per client nor a pool of different ones")
 PEER_DATA_REASON = ("each client's model travels to other clients and is trained there with their labels (DFML), "
                     "which the knowledge-only methods never do")
 
@@ -114,6 +120,12 @@ def peer_data_setting(record: dict[str, Any]) -> bool:
     return record["method"].get("peer_data") is True
 
 
+def submodels_setting(record: dict[str, Any]) -> bool:
+    """Whether a record's clients trained sub-models of one global model: its ``method.submodels``
+    (written only where true), else False."""
+    return record["method"].get("submodels") is True
+
+
 def predictor_setting(record: dict[str, Any]) -> str:
     """Which predictor a record's headline evaluated: its ``method.predictor`` (filled by the upgrade
     before 1.7; one of ``method_card.PREDICTORS``, shown as is), else ``unknown``."""
@@ -139,7 +151,9 @@ def budget_class(record: dict[str, Any]) -> str:
     return record["method"].get("preset") or PROTOCOL_BUDGET
 
 
-def pool_label(single: Optional[bool]) -> str:
+def pool_label(single: Optional[bool], submodels: bool = False) -> str:
+    if submodels:
+        return SUBMODELS_LABEL
     return {True: "single architecture", False: "heterogeneous pool"}.get(single, "unknown pool")
 
 
@@ -162,24 +176,28 @@ def optimizer_setting(record: dict[str, Any]) -> str:
 
 def section_order(transfer: str, single: Optional[bool], budget: str, faults: str = NO_FAULTS,
                   modalities: str = NO_MODALITIES, peer_data: bool = False,
-                  optimizer: str = PROTOCOL_OPTIMIZER) -> tuple:
+                  optimizer: str = PROTOCOL_OPTIMIZER, submodels: bool = False) -> tuple:
     """Where a setting section goes among the others: the data-free, heterogeneous, protocol-budget,
-    protocol-optimizer, fault-free, single-modality one first; then by transfer data, pool, budget,
+    protocol-optimizer, fault-free, single-modality one first; then by transfer data, pool (a
+    heterogeneous pool, a single architecture, unknown, sub-models of one global model), budget,
     optimizer, faults, modalities; a section of models trained on peers' data right after the same
     section without."""
     order = list(TRANSFER_LABELS)
-    return (order.index(transfer) if transfer in order else len(order), {False: 0, True: 1}.get(single, 2),
+    pool = 3 if submodels else {False: 0, True: 1}.get(single, 2)
+    return (order.index(transfer) if transfer in order else len(order), pool,
             budget != PROTOCOL_BUDGET, budget, optimizer != PROTOCOL_OPTIMIZER, optimizer, faults != NO_FAULTS,
             faults, modalities != NO_MODALITIES, modalities, peer_data)
 
 
 def section_label(transfer: str, single: Optional[bool], budget: str, faults: str = NO_FAULTS,
                   modalities: str = NO_MODALITIES, peer_data: bool = False,
-                  optimizer: str = PROTOCOL_OPTIMIZER) -> str:
-    """A setting section's label: ``data-free, heterogeneous pool, protocol budget``, with
+                  optimizer: str = PROTOCOL_OPTIMIZER, submodels: bool = False) -> str:
+    """A setting section's label: ``data-free, heterogeneous pool, protocol budget`` (the pool part
+    ``SUBMODELS_LABEL`` for sub-models of one global model), with
     ``optimizer <name> lr=<lr>`` (a run under ``--optimizer``), ``faults=<spec>``, the modality
     setting and ``PEER_DATA_LABEL`` appended where they apply (docs/guide/leaderboards.md)."""
-    parts = [TRANSFER_LABELS.get(transfer, TRANSFER_LABELS[UNKNOWN]), pool_label(single), budget_label(budget)]
+    parts = [TRANSFER_LABELS.get(transfer, TRANSFER_LABELS[UNKNOWN]), pool_label(single, submodels),
+             budget_label(budget)]
     parts += [f"optimizer {optimizer}"] if optimizer != PROTOCOL_OPTIMIZER else []
     parts += [f"faults={faults}"] if faults != NO_FAULTS else []
     parts += [modalities] if modalities != NO_MODALITIES else []
@@ -188,9 +206,11 @@ def section_label(transfer: str, single: Optional[bool], budget: str, faults: st
 
 
 def section_reasons(label: str) -> list[str]:
-    """Why a setting section stands apart, for the views to print under its label: the peer-data
-    reason (``PEER_DATA_REASON``) for a label that ends in ``PEER_DATA_LABEL``; none otherwise."""
-    return [PEER_DATA_REASON] if label.endswith(PEER_DATA_LABEL) else []
+    """Why a setting section stands apart, for the views to print under its label: the sub-model
+    reason (``SUBMODELS_REASON``) for a label with ``SUBMODELS_LABEL``, the peer-data reason
+    (``PEER_DATA_REASON``) for one that ends in ``PEER_DATA_LABEL``; none otherwise."""
+    return ([SUBMODELS_REASON] if SUBMODELS_LABEL in label else []) + \
+        ([PEER_DATA_REASON] if label.endswith(PEER_DATA_LABEL) else [])
 
 
 def processor(record: dict[str, Any]) -> Optional[str]:
@@ -340,6 +360,7 @@ class SettingGroup:
     budget: str = PROTOCOL_BUDGET  # the budget class (``budget_class``): part of the section
     peer_data: bool = False  # client models trained on peers' data (``peer_data_setting``): part of the section
     optimizer: str = PROTOCOL_OPTIMIZER  # the clients' optimizer (``optimizer_setting``): part of the section
+    submodels: bool = False  # sub-models of one global model (``submodels_setting``): part of the section
     predictor: str = UNKNOWN  # what the headline evaluated (``predictor_setting``): shown, not part of the section
     # test rounds outside the final window tested a seeded draw of this many clients (--eval-clients):
     # shown in the setting; not part of the protocol (the final window, which the headline reads, tests all)
@@ -418,13 +439,13 @@ class SettingGroup:
     def section_key(self) -> tuple:
         """The setting section's place among the sections (``section_order``)."""
         return section_order(self.transfer, self.single_architecture, self.budget, self.faults, self.modalities,
-                             self.peer_data, self.optimizer)
+                             self.peer_data, self.optimizer, self.submodels)
 
     @property
     def section(self) -> str:
         """The setting section's label (``section_label``)."""
         return section_label(self.transfer, self.single_architecture, self.budget, self.faults, self.modalities,
-                             self.peer_data, self.optimizer)
+                             self.peer_data, self.optimizer, self.submodels)
 
     def protocol(self) -> tuple:
         """What the rank compares methods within: task, partition, clients, rounds, epochs, the
@@ -438,7 +459,7 @@ class SettingGroup:
         return (self.task, self.partition_scheme, canonical(self.partition_params), self.n_clients,
                 self.clients_per_round, self.rounds, self.local_epochs, self.faults, self.modalities,
                 self.data_fingerprint, self.num_classes, self.selection_rule, self.transfer,
-                self.single_architecture, self.budget, self.peer_data, self.optimizer)
+                self.single_architecture, self.budget, self.peer_data, self.optimizer, self.submodels)
 
     @property
     def data_label(self) -> str:
@@ -472,6 +493,7 @@ def describe(seeds: SeedGroup) -> SettingGroup:
         **_data_of(first), transfer=transfer_setting(first), single_architecture=single_architecture(first),
         budget=budget_class(first), peer_data=peer_data_setting(first), predictor=predictor_setting(first),
         optimizer=optimizer_setting(first), eval_clients=fed.get("eval_clients"),
+        submodels=submodels_setting(first),
     )
 
 

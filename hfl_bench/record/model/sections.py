@@ -58,6 +58,7 @@ class Method(_Model):
     preset: StrictStr | None = None
     run_details: OpenObject = None
     peer_data: StrictBool = None
+    submodels: StrictBool = None  # sub-models of one global model (HeteroFL, FedRolex); absent: no
     predictor: Literal["live model", "stored snapshot", "prototype classifier", "live + shared", "joint",
                        "ensemble", "unknown"] = None
 

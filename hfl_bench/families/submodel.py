@@ -1,0 +1,257 @@
+"""The width-sliced sub-model family: one global model, each client trains a slice of its width.
+
+Shared by HeteroFL (static slices: the first ceil(r * C) channels of every hidden layer) and FedRolex
+(rolling slices: a window of ceil(r * C) channels whose start moves by one channel index each round,
+wrapping around). A client's capacity level is fixed for the run (a seeded draw from the capacity
+profile); the global model's architecture is the pool's one member, built at width rate 1, and each
+client's model is the same architecture built at its rate (``hfl_bench.width_models``), whose
+``width_axes`` say which hidden layer each parameter dimension slices.
+
+Aggregation: each global parameter entry becomes the weighted mean over the active clients whose
+sub-model holds it (weights: training sizes, or uniform as HeteroFL's code counts); an entry no
+active client holds keeps its value. Where every active client holds an entry, the weights are the
+active clients' normalized weights and the sum is formed as FedAvg forms it, so with every client
+at full capacity the family computes exactly what FedAvg computes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from hfl_bench.config import ConfigError, param
+from hfl_bench.graphs import train_students
+from hfl_bench.metering import SERVER, Payload
+from hfl_bench.pools import PoolMember, seeded_model
+from hfl_bench.training import derive_seed, make_plan
+from hfl_bench.width_models import scaled_width
+
+if TYPE_CHECKING:
+    from hfl_bench.federation import RoundView
+
+# HeteroFL's capacity levels a-e: width rates 1, 1/2, 1/4, 1/8, 1/16 (ratio 0.5 apart).
+LEVELS = {"a": 1.0, "b": 0.5, "c": 0.25, "d": 0.125, "e": 0.0625}
+PROFILE_PART = re.compile(r"([a-e])([0-9]+)")
+WEIGHTINGS = ("uniform", "samples")
+
+PROFILE_HELP = ("Capacity profile: levels a-e (width rates 1, 1/2, 1/4, 1/8, 1/16) with their shares of the clients, "
+                "joined by '-': a1-b1-c1-d1-e1 (equal shares), a1-e1, a1 (every client at full capacity = FedAvg). "
+                "Each client's level is a seeded draw, fixed for the run.")
+WEIGHTING_HELP = ("How the clients holding a parameter entry are averaged: uniform (HeteroFL's and FedRolex's code: "
+                  "a plain mean) or samples (weighted by training size, as fedavg is).")
+
+
+@dataclass
+class SubmodelParams:
+    profile: str = param("a1-b1-c1-d1-e1", PROFILE_HELP)
+    weighting: str = param("uniform", WEIGHTING_HELP)
+
+
+SUBMODEL_NOTES = (
+    "model: HeteroFL's CNN (conv 3x3 with bias, scaler, static BN without running statistics, ReLU, 2x2 max-pool "
+    "after all but the last layer, global average pooling, linear); pool heterofl-cnn at a quarter of the paper's "
+    "widths (16-128 channels) for the CPU, heterofl-cnn-paper at 64-512",
+    "static BN: no running statistics, so evaluation normalizes with each evaluation batch's own statistics (the "
+    "paper's post-training pass that gathers global statistics is not run)",
+    "a hidden layer at rate r keeps ceil(r * C) channels; the first layer's input channels and the classes are "
+    "never sliced",
+    "capacity levels fixed per client for the run (the paper's 'fixed' mode; its 'dynamic' mode is not built): "
+    "counts in proportion to the profile's shares by largest remainder, then a seeded shuffle",
+    "aggregation: each global entry is the mean over the active clients holding it (uniform by default, as the "
+    "authors' code; weighting=samples weights by training size); an entry no active client holds keeps its value",
+    "the classifier rows of classes a client does not hold are averaged like any other entry (the authors' "
+    "label-split masking of the output layer is not applied)",
+    "the server's initial global model is client 0's initialization; every client receives its slice of the new "
+    "global model at the end of each round and keeps its optimizer (momentum) across rounds, as fedavg does",
+    "headline: each client's own sub-model on its local test half and on the global test set, as for every method; "
+    "the paper reports the full global model on the global test set",
+)
+
+Indices = dict[int, torch.Tensor]  # hidden layer -> the global channel indices a sub-model holds
+
+
+def parse_profile(text: str) -> list[tuple[str, int]]:
+    """``a1-b1-c1-d1-e1`` -> [(level, share)]: each level a-e at most once, shares >= 1 (ConfigError, one
+    line, otherwise)."""
+    parts = [p.strip() for p in str(text).split("-")]
+    out: list[tuple[str, int]] = []
+    for part in parts:
+        m = PROFILE_PART.fullmatch(part)
+        if m is None or int(m.group(2)) < 1:
+            raise ConfigError(f"capacity profile {text!r}: each part is a level a-e and a share >= 1, joined by '-' "
+                              f"(e.g. a1-b1-c1-d1-e1 or a1-e1); got {part!r}")
+        if any(level == m.group(1) for level, _ in out):
+            raise ConfigError(f"capacity profile {text!r} names level {m.group(1)} twice")
+        out.append((m.group(1), int(m.group(2))))
+    return out
+
+
+def assign_rates(profile: list[tuple[str, int]], n_clients: int, seed: int) -> list[float]:
+    """Each client's width rate: the levels' counts in proportion to their shares (largest remainder,
+    ties to the earlier level), then a seeded shuffle of who gets which."""
+    total = sum(share for _, share in profile)
+    exact = [n_clients * share / total for _, share in profile]
+    counts = [int(x) for x in exact]
+    order = sorted(range(len(profile)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[:n_clients - sum(counts)]:
+        counts[i] += 1
+    rates = [LEVELS[level] for (level, _), k in zip(profile, counts) for _ in range(k)]
+    perm = torch.randperm(n_clients, generator=torch.Generator().manual_seed(seed)).tolist()
+    return [rates[p] for p in perm]
+
+
+def window(full: int, size: int, start: int) -> torch.Tensor:
+    """``size`` channel indices of ``full`` from ``start``, wrapping around."""
+    return (torch.arange(size) + start) % full
+
+
+def dim_indices(axes: tuple[int | None, ...], shape: torch.Size, idx: Indices) -> list[torch.Tensor]:
+    return [torch.arange(n) if a is None else idx[a] for a, n in zip(axes, shape)]
+
+
+def slice_state(state: dict[str, torch.Tensor], axes: dict[str, tuple[int | None, ...]],
+                idx: Indices) -> dict[str, torch.Tensor]:
+    """The sub-model's state: each tensor of the global ``state`` cut to the indices ``idx``."""
+    out = {}
+    for key, t in state.items():
+        if key in axes:
+            for d, ix in enumerate(dim_indices(axes[key], t.shape, idx)):
+                if len(ix) != t.shape[d]:
+                    t = t.index_select(d, ix.to(t.device))
+                elif not torch.equal(ix, torch.arange(len(ix))):
+                    t = t.index_select(d, ix.to(t.device))
+        out[key] = t.clone()
+    return out
+
+
+def aggregate(state: dict[str, torch.Tensor], axes: dict[str, tuple[int | None, ...]],
+              parts: list[tuple[dict[str, torch.Tensor], Indices, float]]) -> dict[str, torch.Tensor]:
+    """The new global state (module docstring): ``parts`` are (a client's sub-model state, its indices,
+    its weight normalized over the active clients), in the active clients' order."""
+    out = {}
+    for key, ref in state.items():
+        if not ref.is_floating_point() or key not in axes:
+            out[key] = ref.clone()
+            continue
+        acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        weight = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        holders = torch.zeros(ref.shape, dtype=torch.int64, device=ref.device)
+        for local, idx, w in parts:
+            mesh = torch.meshgrid(*[ix.to(ref.device) for ix in dim_indices(axes[key], ref.shape, idx)],
+                                  indexing="ij")
+            acc.index_put_(mesh, w * local[key].double(), accumulate=True)
+            weight.index_put_(mesh, torch.full(local[key].shape, w, dtype=torch.float64, device=ref.device),
+                              accumulate=True)
+            holders.index_put_(mesh, torch.ones(local[key].shape, dtype=torch.int64, device=ref.device),
+                               accumulate=True)
+        new = ref.clone()
+        every = holders == len(parts)  # weights already sum to one over these entries: FedAvg's sum
+        some = (holders > 0) & ~every  # held by some: renormalized over their holders
+        new[every] = acc[every].to(ref.dtype)
+        new[some] = (acc[some] / weight[some]).to(ref.dtype)
+        out[key] = new
+    return out
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module,
+                         axes: dict[str, tuple[int | None, ...]], full: dict[str, torch.Size],
+                         old: Indices, new: Indices) -> None:
+    """Carry a client's optimizer state (momentum) with its entries when its window moves: an entry
+    it held before and holds now keeps its state at its new place; an entry new to it starts at 0."""
+    for name, p in model.named_parameters():
+        state = optimizer.state.get(p)
+        if not state or name not in axes:
+            continue
+        src = torch.meshgrid(*dim_indices(axes[name], full[name], old), indexing="ij")
+        dst = torch.meshgrid(*dim_indices(axes[name], full[name], new), indexing="ij")
+        for k, v in list(state.items()):
+            if torch.is_tensor(v) and v.shape == p.shape:
+                whole = torch.zeros(full[name], dtype=v.dtype, device=v.device)
+                whole[tuple(i.to(v.device) for i in src)] = v
+                state[k] = whole[tuple(i.to(v.device) for i in dst)].contiguous()
+
+
+class SubmodelRounds:
+    """The family's round (module docstring), mixed into a method before ``Method``
+    (``class HeteroFL(SubmodelRounds, Method)``): the method says where each client's window starts
+    (``start``) and declares its card and ``Params`` (``SubmodelParams``)."""
+
+    def start(self, rnd: int, full: int, size: int) -> int:
+        """Where a client's window of ``size`` of a layer's ``full`` channels starts in round ``rnd``."""
+        raise NotImplementedError
+
+    def __init__(self, params: Any = None):
+        super().__init__(params)
+        parse_profile(self.params.profile)  # a bad profile is refused before any data loads
+        if self.params.weighting not in WEIGHTINGS:
+            raise ConfigError(f"{self.card.name}: weighting must be {' or '.join(WEIGHTINGS)}, "
+                              f"got {self.params.weighting!r}")
+
+    def check(self, fed: "RoundView") -> None:
+        model = fed.clients[0].model
+        if not fed.pool.homogeneous or not hasattr(model, "width_axes"):
+            raise ConfigError(f"{self.card.name} slices the width of one global model; pool {fed.pool.name!r} is not "
+                              "one width-scalable model. Use its default, --pool heterofl-cnn (or heterofl-cnn-paper)")
+
+    def indices(self, fed: "RoundView", cid: int, rnd: int) -> Indices:
+        """The global channel indices client ``cid``'s sub-model holds in round ``rnd``, per hidden layer."""
+        rate = self.rates[cid]
+        out = {}
+        for layer, full in enumerate(self.hidden):
+            size = scaled_width(full, rate)
+            out[layer] = window(full, size, self.start(rnd, full, size) if size < full else 0)
+        return out
+
+    def setup(self, fed: "RoundView") -> None:
+        first = fed.clients[0].model
+        self.hidden = tuple(first.full_hidden)
+        self.axes = first.width_axes()
+        self.rates = assign_rates(parse_profile(self.params.profile), fed.n_clients,
+                                  derive_seed(fed.cfg.seed, "capacity"))
+        # The server's global model is client 0's initialization, as FedAvg's is.
+        self.global_state = {k: v.detach().clone() for k, v in first.state_dict().items()}
+        self.shapes = {k: v.shape for k, v in self.global_state.items()}
+        for c in fed.clients:
+            if self.rates[c.cid] < 1:  # a full-capacity client keeps the model and optimizer it was built with
+                member = PoolMember(c.arch.model, {**c.arch.kwargs, "rate": self.rates[c.cid]}, c.arch.label)
+                c.model = seeded_model(member, fed.info, derive_seed(fed.cfg.seed, "submodel", c.cid), fed.device,
+                                       keep_global_rng=True)
+                c.optimizer = fed.make_optimizer(c.model)
+        self.broadcast(fed, 1, list(range(fed.n_clients)))
+
+    def broadcast(self, fed: "RoundView", rnd: int, clients: list[int]) -> None:
+        """Each client gets its slice of the global model for round ``rnd``."""
+        for cid in clients:
+            sub = slice_state(self.global_state, self.axes, self.indices(fed, cid, rnd))
+            got = fed.channel.send(SERVER, [cid], sub, Payload.PARAMS)
+            fed.clients[cid].model.load_state_dict(got)
+
+    def run_round(self, fed: "RoundView", rnd: int, active: list[int]) -> dict[str, float]:
+        losses = train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
+        states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict(), Payload.PARAMS) for i in active]
+        if self.params.weighting == "samples":
+            weights = torch.tensor([fed.clients[i].n_train for i in active], dtype=torch.float64)
+        else:
+            weights = torch.ones(len(active), dtype=torch.float64)
+        weights = (weights / weights.sum()).tolist()
+        parts = [(s, self.indices(fed, i, rnd), w) for i, s, w in zip(active, states, weights)]
+        self.global_state = aggregate(self.global_state, self.axes, parts)
+        for c in fed.clients:  # a moved window carries the client's momentum with its entries
+            old, new = self.indices(fed, c.cid, rnd), self.indices(fed, c.cid, rnd + 1)
+            if any(not torch.equal(old[k], new[k]) for k in old):
+                move_optimizer_state(c.optimizer, c.model, self.axes, self.shapes, old, new)
+        self.broadcast(fed, rnd + 1, list(range(fed.n_clients)))
+        return {"train_loss": sum(losses) / len(losses)}
+
+    def changed_clients(self, fed: "RoundView", active: list[int]) -> list[int]:
+        return list(range(fed.n_clients))
+
+    def describe_run(self, fed: "RoundView") -> dict[str, Any]:
+        """Each client's width rate (its capacity level) and its sub-model's parameter count."""
+        return {"capacity_profile": self.params.profile,
+                "client_rates": list(self.rates),
+                "client_params": [sum(p.numel() for p in c.model.parameters()) for c in fed.clients]}
