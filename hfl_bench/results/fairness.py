@@ -191,14 +191,20 @@ def fairness_of(g: SettingGroup, twin: Optional[SettingGroup]) -> Fairness:
     return out
 
 
-def attach_fairness(groups: list[SettingGroup]) -> None:
-    """Set ``fairness`` on every group, its ``local`` twin found among all of ``groups``."""
+def with_local_twins(groups: list[SettingGroup]) -> list[tuple[SettingGroup, Optional[SettingGroup]]]:
+    """Every group beside its ``local`` twin (``local_twin``) found among all of ``groups``: the
+    pairing the fairness and the clock views both read."""
     locals_by: dict[tuple, list[SettingGroup]] = defaultdict(list)
     for x in groups:
         if x.method == LOCAL:
             locals_by[(x.protocol(), x.pool)].append(x)
-    for g in groups:
-        g.fairness = fairness_of(g, local_twin(g, locals_by.get((g.protocol(), g.pool), [])))
+    return [(g, local_twin(g, locals_by.get((g.protocol(), g.pool), []))) for g in groups]
+
+
+def attach_fairness(groups: list[SettingGroup]) -> None:
+    """Set ``fairness`` on every group, its ``local`` twin found among all of ``groups``."""
+    for g, twin in with_local_twins(groups):
+        g.fairness = fairness_of(g, twin)
 
 
 def group_fairness(g: SettingGroup) -> Fairness:

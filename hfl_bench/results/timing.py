@@ -20,11 +20,10 @@ seeds: never 0. The server's time is not modelled (``clock.SERVER``). Reads JSON
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from hfl_bench.results.fairness import LOCAL, local_twin
+from hfl_bench.results.fairness import local_twin, with_local_twins
 from hfl_bench.results.loading import Loaded
 from hfl_bench.results.setting import SettingGroup, Stat
 
@@ -161,12 +160,8 @@ def timing_of(g: SettingGroup, twin: Optional[SettingGroup]) -> Timing:
 
 def attach_timing(groups: list[SettingGroup]) -> None:
     """Set ``timing`` on every group, its ``local`` twin found among all of ``groups``."""
-    locals_by: dict[tuple, list[SettingGroup]] = defaultdict(list)
-    for x in groups:
-        if x.method == LOCAL:
-            locals_by[(x.protocol(), x.pool)].append(x)
-    for g in groups:
-        g.timing = timing_of(g, local_twin(g, locals_by.get((g.protocol(), g.pool), [])))
+    for g, twin in with_local_twins(groups):
+        g.timing = timing_of(g, twin)
 
 
 def group_timing(g: SettingGroup) -> Timing:
