@@ -218,7 +218,11 @@ def test_a_public_set_method_runs_on_the_movie_partition_with_a_public_set(prepa
                                       "--out", str(tmp_path / "o")])
     assert result.exit_code == 0, result.output
     record = json.loads(next((tmp_path / "o").glob("rotten-tomatoes__fedmd__*.json")).read_text())
-    assert record["status"] == "ok"
+    assert record["status"] == "ok" and record["task"]["input_kind"] == "tokens"
+    from hfl_bench.results.loading import load_records
+
+    loaded, skipped = load_records([tmp_path / "o"])  # the results layer reads a text task's record
+    assert len(loaded) == 1 and skipped == []
     task, cfg = engine.load_task(RunConfig(method="fedmd", task="rotten-tomatoes", public_size=20,
                                            data_dir=str(prepared)))
     data = task.load(cfg.data_dir)

@@ -82,6 +82,9 @@ class Task(_Model):
     description: StrictStr = None
     augmentation: StrictStr = None
     modalities: list[TaskModality] = None
+    # What the inputs are where they are not dense numbers (``TaskInfo.input_kind``: "tokens" for a
+    # text task's token ids); a dense task's record leaves it out.
+    input_kind: Literal["tokens"] = None
     published_name: StrictStr = None
     n_train: Count = None
     n_test: Count = None
