@@ -144,7 +144,7 @@ def test_a_card_is_frozen_hashable_and_its_dict_is_json():
         "name": "demo", "version": "1.0", "citation": "", "fidelity": "original", "topology": "none",
         "summary": "A demo method.", "transfer": "public-unlabelled", "peer_data": False,
         "predictor": "live model", "needs_public": True,
-        "single_architecture": False, "missing_modalities": False,
+        "single_architecture": False, "submodels": False, "pool": None, "missing_modalities": False,
         "why_single_modality": "it was written for inputs of one modality", "why_not_tokens": "",
         "refuses_faults": {"straggler": "it needs every client each round"},
         "smoke": {"method_params": {"epochs": "1"}, "pool": None, "public_size": 100}, "presets": {},
