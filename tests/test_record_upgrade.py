@@ -43,8 +43,13 @@ def committed() -> list[tuple[Path, dict]]:
 
 @pytest.fixture(scope="module")
 def older(committed) -> list[tuple[Path, dict]]:
-    """The committed records written before 1.7: the ones the steps fill."""
-    return [(p, r) for p, r in committed if r["schema_version"] != "1.7"]
+    """The committed records written before 1.7: the ones the steps fill (records written since,
+    at 1.8 and later, carry what 1.7 asked for and are not in the golden file)."""
+    return [(p, r) for p, r in committed if _version(r) < (1, 7)]
+
+
+def _version(record: dict) -> tuple[int, ...]:
+    return tuple(int(part) for part in record["schema_version"].split("."))
 
 
 def _as_1_7(record: dict) -> dict:
