@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from hfl_bench import locks
+from hfl_bench.preparing import BuildError, claim
 from hfl_bench.regularfile import open_regular, read_regular
 
 BATCHES = "cifar-10-batches-py"
@@ -47,8 +47,6 @@ ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray",
            ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
 
 
-class BuildError(ValueError):
-    """Input the build cannot use: one line for the user."""
 
 
 class _Unpickler(pickle.Unpickler):
@@ -185,12 +183,8 @@ def build(source_path: Path, data_dir: Path, quality: int = QUALITY,
     classes = class_names(source)
     splits = {split: [_batch(source, n) for n in names] for split, names in (("train", TRAIN), ("test", TEST))}
     target = Path(data_dir) / FOLDER  # the whole input read and checked before anything is written
-    try:  # one build of a folder at a time: a second would remove the first's partial folder
-        claim = locks.hold(target, f"the folder {target}", lambda holder: (
-            f"{target} is being built by another hfl-bench prepare ({holder}): wait for it to finish"))
-    except locks.ClaimError as e:
-        raise BuildError(str(e)) from None
-    with claim:
+    # one build of a folder at a time: a second would remove the first's partial folder
+    with claim(target):
         return _write(source, classes, splits, target, quality, progress, pillow)
 
 

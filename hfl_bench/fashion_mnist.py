@@ -30,7 +30,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import json
 import lzma
 import struct
 import tarfile
@@ -40,8 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from hfl_bench import locks
-from hfl_bench.paths import write_atomic
+from hfl_bench.preparing import BuildError, write_cache
 from hfl_bench.regularfile import FileTooLarge, open_regular
 
 FOLDER = "fashion-mnist"
@@ -77,8 +75,6 @@ MAX_TAR_MEMBERS = 1_000  # the package's data.tar.xz holds 22
 MAX_TAR_BYTES = 256 * 2**20  # its members declare 31 MB together
 
 
-class BuildError(ValueError):
-    """Input the build cannot use: one line for the user."""
 
 
 def _bounded_read(path: Path, limit: int, what: str) -> bytes:
@@ -279,11 +275,6 @@ def build(source: Path, data_dir: Path, sha256: dict[str, str] | None = None) ->
         raise BuildError(f"no such file or folder: {source}")
     arrays = convert(gz_files, str(source), expected)
     target = Path(data_dir) / FOLDER
-    try:
-        claim = locks.hold(target, f"the folder {target}", lambda holder: (
-            f"{target} is being built by another hfl-bench prepare ({holder}): wait for it to finish"))
-    except locks.ClaimError as e:
-        raise BuildError(str(e)) from None
     info = {
         "built_by": "hfl-bench prepare fashion-mnist",
         "source": ("Fashion-MNIST (Zalando Research, MIT), the four gzipped IDX files"
@@ -293,8 +284,5 @@ def build(source: Path, data_dir: Path, sha256: dict[str, str] | None = None) ->
         "images": {split: len(arrays[f"{split}_y"]) for split in SPLITS},
         "per_class": {split: np.bincount(arrays[f"{split}_y"], minlength=len(CLASSES)).tolist() for split in SPLITS},
     }
-    with claim:
-        target.mkdir(parents=True, exist_ok=True)
-        write_atomic(target / CACHE, lambda f: np.savez(f, **arrays))
-        write_atomic(target / SOURCE_FILE, json.dumps(info, indent=1) + "\n")
+    write_cache(target, CACHE, arrays, SOURCE_FILE, info)
     return info

@@ -33,17 +33,13 @@ import codecs
 import gzip
 import hashlib
 import io
-import json
-import os
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hfl_bench import locks
-from hfl_bench.paths import shared_mode
+from hfl_bench.preparing import BuildError, write_cache
 from hfl_bench.regularfile import FileTooLarge, open_regular
 
 FOLDER = "hapt"
@@ -64,8 +60,6 @@ MAX_USERS = 1000
 MAX_WINDOWS = 50_000
 
 
-class BuildError(ValueError):
-    """Input the build cannot use: one line for the user."""
 
 
 class _Stub:
@@ -293,11 +287,6 @@ def build(source: Path, data_dir: Path, expected_sha256: str = SOURCE_SHA256) ->
     del data
     arrays = convert(users)
     target = Path(data_dir) / FOLDER
-    try:
-        claim = locks.hold(target, f"the folder {target}", lambda holder: (
-            f"{target} is being built by another hfl-bench prepare ({holder}): wait for it to finish"))
-    except locks.ClaimError as e:
-        raise BuildError(str(e)) from None
     per_user = np.bincount(arrays["train_client"]) + np.bincount(arrays["test_client"], minlength=len(users))
     info = {
         "built_by": "hfl-bench prepare hapt",
@@ -307,23 +296,5 @@ def build(source: Path, data_dir: Path, expected_sha256: str = SOURCE_SHA256) ->
         "windows": {"train": len(arrays["train_y"]), "test": len(arrays["test_y"]),
                     "per_user": [int(n) for n in per_user]},
     }
-    with claim:
-        target.mkdir(parents=True, exist_ok=True)
-        _write_atomic(target / CACHE, lambda f: np.savez(f, **arrays))
-        _write_atomic(target / SOURCE_FILE, lambda f: f.write((json.dumps(info, indent=1) + "\n").encode()))
+    write_cache(target, CACHE, arrays, SOURCE_FILE, info)
     return info
-
-
-def _write_atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.chmod(tmp, shared_mode())  # mkstemp creates 0600; the umask decides, as for open()
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from hfl_bench.errors import DatasetError
+from hfl_bench.preparing import BuildError, claim
 from hfl_bench.regularfile import open_regular
 
 TASK = "rotten-tomatoes"
@@ -75,8 +76,6 @@ SPLIT_SEED = 20260064
 CONVERSION = "1.0"  # of the rules above; the task's version follows it
 
 
-class BuildError(ValueError):
-    """Input ``build`` cannot use: one line for the user."""
 
 
 def tokenize(text: str) -> list[str]:
@@ -212,16 +211,10 @@ def build(source: Path, data_dir: Path, sha256: str | None = None) -> dict[str, 
 
 def write_cache(target: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     """Write a text task's checked arrays to ``target`` atomically, under the folder's build lock."""
-    from hfl_bench import locks
     from hfl_bench.paths import write_atomic
 
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        claim = locks.hold(target, f"the cache {target}", lambda holder: (
-            f"{target} is being built by another hfl-bench prepare ({holder}): wait for it to finish"))
-    except locks.ClaimError as e:
-        raise BuildError(str(e)) from None
-    with claim:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with claim(target, "the cache"):
         write_atomic(target, lambda f: np.savez(f, **arrays))
     words = bytes(arrays["vocabulary"]).decode().split("\n")
     return {"path": target, "train": len(arrays["train_y"]), "test": len(arrays["test_y"]),

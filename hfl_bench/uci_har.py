@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 import numpy as np
 
-from hfl_bench import locks
+from hfl_bench.preparing import BuildError, write_cache
 from hfl_bench.regularfile import FileTooLarge, open_regular, read_regular
 
 FOLDER = "uci-har"
@@ -65,8 +64,6 @@ _NUMBER_CHARS = b"0123456789.eE+-"
 _SPACE = b" \t\r\n"
 
 
-class BuildError(ValueError):
-    """Input the build cannot use: one line for the user."""
 
 
 def files(split: str) -> list[str]:
@@ -306,8 +303,6 @@ def build(source: Path, data_dir: Path, sha256: str | None = None) -> dict[str, 
     folder); return what SOURCE.json says. Everything is read and checked before the folder is
     claimed (``locks.hold``: a second build at the same time is refused); both files are written
     atomically."""
-    from hfl_bench.paths import write_atomic
-
     source = Path(source)
     if source.is_dir():
         read, zip_digest = open_folder(source), None
@@ -320,11 +315,6 @@ def build(source: Path, data_dir: Path, sha256: str | None = None) -> dict[str, 
     if zip_digest is None:
         _check_sha(source, content, sha256, "the folder's content")
     target = Path(data_dir) / FOLDER
-    try:
-        claim = locks.hold(target, f"the folder {target}", lambda holder: (
-            f"{target} is being built by another hfl-bench prepare ({holder}): wait for it to finish"))
-    except locks.ClaimError as e:
-        raise BuildError(str(e)) from None
     info = {
         "built_by": "hfl-bench prepare uci-har",
         "source": "UCI HAR Dataset (https://archive.ics.uci.edu/dataset/240, CC BY 4.0), the "
@@ -338,8 +328,5 @@ def build(source: Path, data_dir: Path, sha256: str | None = None) -> dict[str, 
         "windows": {"train": len(arrays["train_y"]), "test": len(arrays["test_y"]),
                     "per_client": [int(n) for n in np.bincount(arrays["train_client"])]},
     }
-    with claim:
-        target.mkdir(parents=True, exist_ok=True)
-        write_atomic(target / CACHE, lambda f: np.savez(f, **arrays))
-        write_atomic(target / SOURCE_FILE, json.dumps(info, indent=1) + "\n")
+    write_cache(target, CACHE, arrays, SOURCE_FILE, info)
     return info
