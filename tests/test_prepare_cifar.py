@@ -164,16 +164,21 @@ def test_a_bad_batch_names_its_file(tmp_path):
 
 # ----------------------------------------------------------------------------- one build at a time (row 11)
 
-# The first build saves each JPEG a little slowly, so that the second starts while it writes: the
-# build itself is the real command's (a release of a few images is otherwise written in a blink).
+# The first build holds before its first JPEG until the test lets it go (the file named by
+# HFL_TEST_GO appears), so the second always starts while it writes, however loaded the machine:
+# the build itself is the real command's (a release of a few images is otherwise written in a blink).
 SLOW_BUILD = """
-import sys, time
+import os, sys, time
+from pathlib import Path
 from PIL import Image
 save = Image.Image.save
-def slow(self, *args, **kwargs):
-    time.sleep(0.05)
+go = Path(os.environ["HFL_TEST_GO"])
+def held(self, *args, **kwargs):
+    deadline = time.monotonic() + 200
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     return save(self, *args, **kwargs)
-Image.Image.save = slow
+Image.Image.save = held
 from hfl_bench.cli import main
 sys.argv = ["hfl-bench", *sys.argv[1:]]
 main()
@@ -186,7 +191,8 @@ def test_a_second_prepare_into_the_same_folder_is_refused_while_the_first_builds
     folder, _ = _release(tmp_path / "src", per_batch=20)
     data = tmp_path / "data"
     args = ["prepare", "cifar10-jpg", "--from", str(folder), "--data-dir", str(data)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    go = tmp_path / "go"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HFL_TEST_GO": str(go)}
     first = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, *args], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -196,6 +202,7 @@ def test_a_second_prepare_into_the_same_folder_is_refused_while_the_first_builds
             time.sleep(0.05)
         second = subprocess.run([sys.executable, "-m", "hfl_bench.cli", *args], capture_output=True, text=True,
                                 env=env, timeout=120)
+        go.touch()  # the first goes on
         out, err = first.communicate(timeout=240)
     finally:
         first.kill()
