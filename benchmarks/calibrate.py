@@ -69,8 +69,10 @@ STUDIES = {
     # rotten-tomatoes client): one and two epochs, two learning rates; 60 study rounds.
     "hapt": ([(32, 0.01, 1), (32, 0.05, 1), (32, 0.01, 2), (32, 0.05, 2)], 60),
     "rotten-tomatoes": ([(32, 0.01, 1), (32, 0.05, 1), (32, 0.01, 2), (32, 0.05, 2)], 60),
-    # The same grid as cifar10-jpg's (the same 10,000-image subsample and pool).
-    "fashion-mnist": ([(32, 0.01, 1), (32, 0.05, 1)], 60),
+    # The same grid as cifar10-jpg's (the same 10,000-image subsample and pool). At 60 study rounds
+    # neither configuration converged by round 30 (46 and 51), so, as cifar10-jpg's study was, it
+    # is extended: 100 study rounds (the 60-round records stay in the results folder).
+    "fashion-mnist": ([(32, 0.01, 1), (32, 0.05, 1)], 100),
 }
 TASKS = ("digits", "mnist1d")  # the default of run and report; cifar10-jpg needs its data folder
 HELDOUT_CHOICES = (0.2, 0.3, 0.4)
