@@ -200,6 +200,8 @@ class FjORD(SubmodelRounds, Method):
             "their optimizer state (weight decay and momentum do not touch them; with Adam the step count still "
             "advances for the whole tensor); with kd the step also trains the p_max forward, so the whole "
             "sub-model steps",
+            "the record's FLOPs count each local step as a training step of the client's p_max sub-model: a "
+            "narrower step costs less, a self-distillation step (both forwards and backwards) more",
             "aggregation weighted by training size by default (weighting=samples: Flower's FjORD and FedAvg); "
             "every client receives its p_max slice of the new global model",
         ),
