@@ -593,7 +593,7 @@ register_pool(ArchPool(
 register_pool(ArchPool(
     "heterofl-cnn", (PoolMember("heterofl_cnn", label="heterofl-cnn"),),
     "One width-scalable global model, HeteroFL's CNN at CPU size (4 conv layers of 16-128 channels, scaler, "
-    "static BN): the sub-model methods (heterofl, fedrolex) slice each client's width from it.",
+    "static BN): the sub-model methods (heterofl, fedrolex, fjord) slice each client's width from it.",
 ))
 register_pool(ArchPool(
     "heterofl-cnn-paper", (PoolMember("heterofl_cnn", {"hidden": (64, 128, 256, 512)}, "heterofl-cnn-paper"),),

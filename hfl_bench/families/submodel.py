@@ -1,11 +1,12 @@
 """The width-sliced sub-model family: one global model, each client trains a slice of its width.
 
-Shared by HeteroFL (static slices: the first ceil(r * C) channels of every hidden layer) and FedRolex
+Shared by HeteroFL (static slices: the first ceil(r * C) channels of every hidden layer), FedRolex
 (rolling slices: a window of ceil(r * C) channels whose start moves by one channel index each round,
-wrapping around). A client's capacity level is fixed for the run (a seeded draw from the capacity
-profile); the global model's architecture is the pool's one member, built at width rate 1, and each
-client's model is the same architecture built at its rate (``hfl_bench.width_models``), whose
-``width_axes`` say which hidden layer each parameter dimension slices.
+wrapping around) and FjORD (HeteroFL's static slices, each trained at widths sampled below its own).
+A client's capacity level is fixed for the run (a seeded draw from the capacity profile); the global
+model's architecture is the pool's one member, built at width rate 1, and each client's model is the
+same architecture built at its rate (``hfl_bench.width_models``), whose ``width_axes`` say which
+hidden layer each parameter dimension slices.
 
 Aggregation: each global parameter entry becomes the weighted mean over the active clients whose
 sub-model holds it (weights: training sizes, or uniform as HeteroFL's code counts); an entry no
@@ -230,8 +231,13 @@ class SubmodelRounds:
             got = fed.channel.send(SERVER, [cid], sub, Payload.PARAMS)
             fed.clients[cid].model.load_state_dict(got)
 
+    def train_clients(self, fed: "RoundView", rnd: int, active: list[int]) -> list[float]:
+        """Train the active clients' sub-models for round ``rnd`` (their mean losses, in ``active``
+        order): plain CE over each client's plan; FjORD trains at sampled narrower widths instead."""
+        return train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
+
     def run_round(self, fed: "RoundView", rnd: int, active: list[int]) -> dict[str, float]:
-        losses = train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
+        losses = self.train_clients(fed, rnd, active)
         states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict(), Payload.PARAMS) for i in active]
         if self.params.weighting == "samples":
             weights = torch.tensor([fed.clients[i].n_train for i in active], dtype=torch.float64)

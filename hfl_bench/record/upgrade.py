@@ -85,6 +85,7 @@ BUILTIN_CARDS: dict[str, dict[Optional[str], dict[str, Any]]] = {
     # issue 66: every record of theirs states its card (schema 1.9, ``method.submodels`` true)
     "fedrolex": {"1.0": _PLAIN},
     "heterofl": {"1.0": _PLAIN},
+    "fjord": {"1.0": _PLAIN},
     "feddf": {"1.0": {**_PLAIN, "transfer": "public-unlabelled"}},
     "fedmrl": {"1.0": {**_PLAIN, "predictor": {"default": "live + shared"}}},
     "fedproto": {"1.0": _PROTOTYPES},
