@@ -295,7 +295,8 @@ def test_every_builtin_method_runs_on_text_or_is_refused_as_the_table_says(prepa
     assert {k: v for k, v in refused.items() if k not in public} == {
         "fedavg": "needs --pool text-cnn", "fedgd": "refuses", "fedsocket": "refuses", "naive-shared": "refuses",
         # one global model sliced by width: their families are image CNNs (issue 66)
-        "fedrolex": "refuses", "heterofl": "refuses"}
+        "fedrolex": "refuses", "heterofl": "refuses",
+        "depthfl": "refuses"}  # one global model sliced by depth: its family is an image CNN
 
 
 # --------------------------------------------------------------------------- AG News
