@@ -224,3 +224,26 @@ def test_describe_states_the_family_and_its_pool():
     result, _, _ = invoke_cli("describe", "depthfl")
     assert result.exit_code == 0 and "sub-models of one global model: True" in result.output
     assert "default pool: depthfl-cnn" in result.output
+
+
+def test_a_resumed_run_is_the_run_that_never_stopped(tmp_path):
+    # the clients' sub-models, the global tensors and the levels come back from a checkpoint
+    from hfl_bench.engine import Simulation
+    from hfl_bench.resolved import resolve_run
+
+    cfg = resolve_run({"method": "depthfl", "task": "digits", "clients": 4, "rounds": 3,
+                       "out": str(tmp_path)}).cfg
+    straight = Simulation(cfg)
+    for rnd in (1, 2, 3):
+        straight.step(rnd)
+    first = Simulation(cfg)
+    first.step(1)
+    first.save_checkpoint(tmp_path / "ckpt.pt")
+    resumed = Simulation(cfg)
+    assert resumed.load_checkpoint(tmp_path / "ckpt.pt") == 1
+    for rnd in (2, 3):
+        resumed.step(rnd)
+    keys = ("global_acc", "local_acc", "train_loss")
+    assert [{k: h.get(k) for k in keys} for h in resumed.history] == \
+        [{k: h.get(k) for k in keys} for h in straight.history]
+    assert resumed.method.depths == straight.method.depths
