@@ -5,11 +5,11 @@ that can be built at a depth d <= K (its first d blocks and their d exits): the 
 ``depthfl_cnn`` is DepthFL's design (Kim, Yu, Kim, Moon, ICLR 2023: a ResNet-18 split into its 4 stages,
 an exit after each) at CPU scale: block k is a 3x3 convolution without bias, batch norm and ReLU, with
 a 2x2 max-pool in front of every block but the first (the ResNet's stride-2 stage entrances). Exit k
-of a block that is not the last is a bottleneck (a depthwise-separable 3x3 convolution to the last
-block's channels, batch norm, ReLU: one of the paper's SepConv modules, without its stride) then global
-average pooling and a linear classifier; the last block's exit is global average pooling and a
-linear classifier, as the ResNet's own head. Batch norm keeps running statistics (DepthFL's code
-default, ``static_bn: false``).
+of a block that is not the last is a bottleneck (a depthwise-separable 3x3 convolution of stride 2 to
+the last block's channels, batch norm, ReLU: one of the paper's SepConv modules; stride 1 along a
+dimension already 1) then global average pooling and a linear classifier; the last block's exit is
+global average pooling and a linear classifier, as the ResNet's own head. Batch norm keeps running
+statistics (DepthFL's code default, ``static_bn: false``).
 
 A model at depth d holds exactly the parameters (and buffers) of the full model whose names start
 with ``blocks.k.`` or ``exits.k.`` for k < d, with the same shapes: a sub-model is a subset of the
@@ -29,11 +29,11 @@ from hfl_bench.width_models import _pool_kernel
 class Exit(nn.Module):
     """An exit classifier: an optional bottleneck, global average pooling, a linear layer."""
 
-    def __init__(self, cin: int, cout: int, num_classes: int, bottleneck: bool):
+    def __init__(self, cin: int, cout: int, num_classes: int, bottleneck: bool, stride: tuple[int, ...] = (2, 2)):
         super().__init__()
         self.bottleneck = nn.Sequential(
-            nn.Conv2d(cin, cin, 3, padding=1, groups=cin, bias=False), nn.Conv2d(cin, cout, 1, bias=False),
-            nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+            nn.Conv2d(cin, cin, 3, stride=stride, padding=1, groups=cin, bias=False),
+            nn.Conv2d(cin, cout, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
         ) if bottleneck else nn.Identity()
         self.fc = nn.Linear(cout if bottleneck else cin, num_classes)
 
@@ -65,7 +65,8 @@ class DepthCNN(nn.Module):
             layers += [nn.Conv2d(cin, hidden[k], 3, padding=1, bias=False), nn.BatchNorm2d(hidden[k]),
                        nn.ReLU(inplace=True)]
             self.blocks.append(nn.Sequential(*layers))
-            self.exits.append(Exit(hidden[k], hidden[-1], num_classes, bottleneck=k < self.full_depth - 1))
+            self.exits.append(Exit(hidden[k], hidden[-1], num_classes, bottleneck=k < self.full_depth - 1,
+                                   stride=_pool_kernel(size)))
             cin = hidden[k]
 
     def exit_logits(self, x: torch.Tensor) -> list[torch.Tensor]:

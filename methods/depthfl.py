@@ -29,12 +29,13 @@ class DepthFL(DepthRounds, Method):
         notes=(
             "model: DepthFL's ResNet-18 split into 4 stages with an exit after each, at CPU scale (pool depthfl-cnn): "
             "4 blocks of conv 3x3 (no bias), BN with running statistics (DepthFL's code default) and ReLU, 16-128 "
-            "channels, a 2x2 max-pool before blocks 2-4; exits 1-3: a depthwise-separable 3x3 conv to 128 channels, "
-            "BN, ReLU (one of the paper's SepConv bottlenecks, without its stride), global average pooling, linear; "
+            "channels, a 2x2 max-pool before blocks 2-4; exits 1-3: a depthwise-separable 3x3 conv of stride 2 to 128 "
+            "channels, BN, ReLU (one of the paper's SepConv bottlenecks), global average pooling, linear; "
             "exit 4: global average pooling and linear. The paper's ResNet-18 and its attention modules are not built",
             "capacity levels: DepthFL's four client groups, lettered as the width family's levels (a the largest "
             "model), the reverse of the paper's letters (its a is the shallowest): a holds all K blocks, b K-1, c K-2, "
-            "d K-3 (depths 4, 3, 2, 1; parameters on digits: 118,664, 43,390, 14,516, 3,914); the profile syntax "
+            "d K-3 (depths 4, 3, 2, 1; parameters on digits: 118,664, 43,390, 14,516, 3,914; forward FLOPs per "
+            "sample: 593,792, 443,776, 276,224, 91,136); the profile syntax "
             "and the seeded draw are the width family's, so a profile and seed give each client the same level as "
             "in heterofl; levels fixed per client for the run",
             "local loss: the sum over the client's d exits of CE, plus for each exit k kd / (d - 1) times the sum over "
