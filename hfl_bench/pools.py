@@ -368,6 +368,10 @@ def _register_timm_models() -> None:
 
         for fn in _TIMM_MODELS + SENSOR_MODELS + WIDTH_MODELS:
             register_model(fn)
+        from hfl_bench.depth_models import DEPTH_MODELS
+
+        for fn in DEPTH_MODELS:
+            register_model(fn)
         _registered = True
 
 
@@ -598,4 +602,9 @@ register_pool(ArchPool(
 register_pool(ArchPool(
     "heterofl-cnn-paper", (PoolMember("heterofl_cnn", {"hidden": (64, 128, 256, 512)}, "heterofl-cnn-paper"),),
     "HeteroFL's CNN at the paper's widths (64, 128, 256, 512 channels), for the sub-model methods.",
+))
+register_pool(ArchPool(
+    "depthfl-cnn", (PoolMember("depthfl_cnn", label="depthfl-cnn"),),
+    "One depth-scalable global model, DepthFL's CNN at CPU size (4 conv-BN-ReLU blocks of 16-128 channels, an "
+    "exit classifier after each): the depth sub-model method (depthfl) gives each client its first 1-4 blocks.",
 ))

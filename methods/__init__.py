@@ -15,4 +15,5 @@ from hfl_bench.methods import fedgh  # noqa: F401
 from hfl_bench.methods import fedgen  # noqa: F401
 from hfl_bench.methods import feddf  # noqa: F401
 from hfl_bench.methods import heterofl, fedrolex  # noqa: F401
+from hfl_bench.methods import depthfl  # noqa: F401
 from hfl_bench.methods import fjord  # noqa: F401

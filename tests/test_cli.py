@@ -116,6 +116,8 @@ def test_run_every_method(method, run_records, validator):
     if card.single_architecture:
         assert record["arch_pool"]["name"] == card.smoke.pool
         assert len(set(record["arch_pool"]["assignment"])) == 1
+    elif card.pool:  # a method with its own model family (depthfl, the server methods' first): its pool
+        assert record["arch_pool"]["name"] == card.pool
     else:
         assert record["arch_pool"]["assignment"] == ["mlp_small", "cnn_small", "resnet_tiny", "mlp_small"]
 

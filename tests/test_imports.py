@@ -224,7 +224,7 @@ LAYERS = [
                          "hfl_bench.faults", "hfl_bench.modalities", "hfl_bench.npzfile", "hfl_bench.cifar_jpg",
                          "hfl_bench.text_corpus", "hfl_bench.hapt", "hfl_bench.uci_har", "hfl_bench.fashion_mnist",
                          "hfl_bench.modelhead", "hfl_bench.preparing",
-                         "hfl_bench.sensor_models", "hfl_bench.flops", "hfl_bench.clock",
+                         "hfl_bench.sensor_models", "hfl_bench.flops", "hfl_bench.clock", "hfl_bench.depth_models",
                          "hfl_bench.clientstate", "hfl_bench.width_models")),
     ("method API", ("hfl_bench.method_api", "hfl_bench.method_card")),
     ("methods", ("hfl_bench.methods",)),

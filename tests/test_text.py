@@ -296,7 +296,8 @@ def test_every_builtin_method_runs_on_text_or_is_refused_as_the_table_says(prepa
         "fedavg": "needs --pool text-cnn", "fedgd": "refuses", "fedsocket": "refuses", "naive-shared": "refuses",
         # one global model sliced by width: their families are image CNNs (issue 66)
         "fedrolex": "refuses", "heterofl": "refuses",
-        "fjord": "refuses"}
+        "fjord": "refuses",
+        "depthfl": "refuses"}  # one global model sliced by depth: its family is an image CNN
 
 
 # --------------------------------------------------------------------------- AG News

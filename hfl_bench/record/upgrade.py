@@ -84,6 +84,7 @@ BUILTIN_CARDS: dict[str, dict[Optional[str], dict[str, Any]]] = {
     "fedmkd": {None: _PLAIN, "1.0": _PLAIN},
     # issue 66: every record of theirs states its card (schema 1.9, ``method.submodels`` true)
     "fedrolex": {"1.0": _PLAIN},
+    "depthfl": {"1.0": _PLAIN},
     "heterofl": {"1.0": _PLAIN},
     "fjord": {"1.0": _PLAIN},
     "feddf": {"1.0": {**_PLAIN, "transfer": "public-unlabelled"}},
@@ -101,7 +102,8 @@ BUILTIN_CARDS: dict[str, dict[Optional[str], dict[str, Any]]] = {
 # source; no pool's members changed since it was added (hfl_bench/pools.py history).
 BUILTIN_POOLS: dict[str, bool] = {"paper": False, "cpu": False, "cpu-mm": False, "cpu-cnn": True,
                                   "paper-resnet18": True, "sensor": False, "sensor-cnn": True, "text": False,
-                                  "text-cnn": True, "heterofl-cnn": True, "heterofl-cnn-paper": True}
+                                  "text-cnn": True, "heterofl-cnn": True, "heterofl-cnn-paper": True,
+                                  "depthfl-cnn": True}
 
 
 def card_for(method: Any, version: Any) -> Optional[dict[str, Any]]:

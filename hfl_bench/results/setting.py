@@ -22,7 +22,8 @@ clients'. A record with both sections (refused by the engine) keeps the honest c
 The **setting section** a group belongs to (``SettingGroup.section``) is part of the protocol
 too: the transfer data its method reads (``transfer_setting``), whether its pool is a single
 architecture (``single_architecture``) or sub-models of one global model (``submodels_setting``:
-HeteroFL, FedRolex, "one global model, sub-models per client"), its budget class (``budget_class``), the clients'
+HeteroFL, FedRolex, DepthFL, "one global model, sub-models per client"), its budget class
+(``budget_class``), the clients'
 optimizer (``optimizer_setting``: a comparison run under ``--optimizer adam`` is its own section), the
 fault and modality settings, and whether its client models are trained on other clients' data
 (``peer_data_setting``: models that travel to peers and train on their shards, DFML; such a
@@ -74,10 +75,11 @@ TRANSFER_LABELS = {"none": "data-free", "public-unlabelled": "unlabelled public 
 # and the one line every view that shows such a section gives as the reason it stands apart.
 PEER_DATA_LABEL = "models trained on peers' data"
 # The pool part of the label of a section whose clients train sub-models of one global model
-# (``submodels_setting``: HeteroFL, FedRolex), and the line every view that shows it gives.
+# (``submodels_setting``: HeteroFL, FedRolex, DepthFL), and the line every view that shows it gives.
 SUBMODELS_LABEL = "one global model, sub-models per client"
-SUBMODELS_REASON = ("each client trains a slice of one global model's width and the server averages the slices "
-                    "(HeteroFL, FedRolex): neither one architecture per client nor a pool of different ones")
+SUBMODELS_REASON = ("each client trains a slice of one global model (of its width: HeteroFL, FedRolex; of its depth: "
+                    "DepthFL) and the server averages the slices: neither one architecture per client nor a pool "
+                    "of different ones")
 PEER_DATA_REASON = ("each client's model travels to other clients and is trained there with their labels (DFML), "
                     "which the knowledge-only methods never do")
 
