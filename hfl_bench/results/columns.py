@@ -36,6 +36,8 @@ from hfl_bench.results.budget import (
     budget_of,
     flops_label,
     group_steps,
+    inference_label,
+    mean_inference_flops,
     mean_steps,
     mean_training_flops,
     steps_label,
@@ -560,6 +562,8 @@ STEPS_TITLE = ("optimizer steps per client per round on private data; (all T): w
                "server S: the server's own steps per round")
 STEPS = "steps / client / round"
 FLOPS = "train FLOPs / client / round"
+INFERENCE_FLOPS = "inference FLOPs / client / round"
+EVAL_FLOPS = "eval FLOPs / client / round"
 BYTES = "bytes / client / round"
 
 # The built-in columns, in the order every view shows them. "global acc" and "local acc" are the
@@ -666,6 +670,12 @@ BUILTIN = (
     # schema 1.9's FLOPs (hfl_bench.flops): shown where --columns names it
     Column(FLOPS, lambda row: row.records, text=flops_label, sort=mean_training_flops, numeric=True, figure=True,
            stacked="train FLOPs /\nclient /\nround", views=TEXT, opt_in=COST),
+    # 1.10's inference FLOPs (forward-only passes): a method's, and the engine's evaluation apart
+    Column(INFERENCE_FLOPS, lambda row: row.records, text=inference_label, sort=mean_inference_flops, numeric=True,
+           figure=True, stacked="inference FLOPs /\nclient /\nround", views=TEXT, opt_in=COST),
+    Column(EVAL_FLOPS, lambda row: row.records, text=lambda records: inference_label(records, evaluation=True),
+           sort=lambda records: mean_inference_flops(records, evaluation=True), numeric=True, figure=True,
+           stacked="eval FLOPs /\nclient /\nround", views=TEXT, opt_in=COST),
     # the site's figure is Stat's (rounded) mean of every number, the tables' the plain mean of the ints and floats
     Column(BYTES, lambda row: row.group, text=bytes_label, views=TEXT | {"html"}, numeric=True, figure=True,
            stacked="bytes /\nclient /\nround", html=lambda g: human_bytes(_bytes_stat(g).mean),
