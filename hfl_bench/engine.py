@@ -43,7 +43,7 @@ from hfl_bench.evaluation import (  # noqa: F401 (re-exported)
 from hfl_bench.families.ensemble import with_mean_ensemble
 from hfl_bench.faults import FaultPlan, canonical_config, plan_for
 from hfl_bench.federation import Client, Federation, RoundMetrics, RunResult
-from hfl_bench.metering import CLIENT_DATA, DATA, Budget, Channel, PhaseTimer
+from hfl_bench.metering import CLIENT_DATA, DATA, EVALUATION, Budget, Channel, PhaseTimer
 from hfl_bench.method_api import (  # noqa: F401 (re-exported: the run's method is resolved there)
     Method,
     canonical_method,
@@ -289,8 +289,10 @@ class Simulation:
                 raise
         self.evaluator = Evaluator(fed, fed.timer, cfg.eval_every)
         self.all_clients = list(range(fed.n_clients))
+        fed.budget.watch(fed.clients)  # after setup, which may replace models (setup's own passes: before)
         models, endpoints = self.eval_modules()
-        initial = self.evaluator(0, models, self.all_clients, endpoints=endpoints)
+        with fed.budget.inference(EVALUATION):
+            initial = self.evaluator(0, models, self.all_clients, endpoints=endpoints)
         self.offload()
         self.groups = fed.client_groups
         self.history = [_history_entry(initial, 0, 0.0, {}, fed.timer.pop(), self.groups)]
@@ -345,14 +347,17 @@ class Simulation:
         fed.budget.start_round(rnd)
         samples_before = fed.budget.samples.copy()
         t_round = time.perf_counter()
+        fed.budget.watch(fed.clients)  # the models the clients hold now (a method may have replaced one)
         if active:
             scalars = method.run_round(fed, rnd, active) or {}
             changed = sorted(set(method.changed_clients(fed, active)))
         else:  # every drawn client missed this round (a straggler, the deadline): nothing runs
             scalars, changed = {}, []
         clock_entry = None if self.clock is None else self.clock_entry(active, dropped, samples_before)
+        fed.budget.watch(fed.clients)
         models, endpoints = self.eval_modules()
-        metrics = self.evaluator(rnd, models, changed, last=rnd == self.cfg.rounds, endpoints=endpoints)
+        with fed.budget.inference(EVALUATION):
+            metrics = self.evaluator(rnd, models, changed, last=rnd == self.cfg.rounds, endpoints=endpoints)
         self.offload()
         seconds = time.perf_counter() - t_round
         self.sent.append(fed.channel.sent.copy())
@@ -400,7 +405,8 @@ class Simulation:
     def resolve_pending(self) -> None:
         """Compute the test figures of the best round if they were deferred (``Evaluator``) and
         put them in the history, so the selected round is complete."""
-        metrics = self.evaluator.resolve()
+        with self.fed.budget.inference(EVALUATION):
+            metrics = self.evaluator.resolve()
         if metrics is not None:
             self.best = metrics
             self.history[metrics.round].update(_test_entry(metrics, self.groups))

@@ -15,7 +15,10 @@ a model of one ``nn.Linear(d, k)`` counts 2dk forward and 4dk training.
 the run's models, its RNG streams and its numerics are never touched), cached in memory for the
 process by (architecture name, input shape, the model's class and parameter shapes, which hold
 the classes). ``record(budget, forward, training)`` turns the work meter's sample counts into
-the record's ``cost.flops``.
+the record's ``cost.flops``: training FLOPs from the samples trained, inference FLOPs from the
+samples each client's model processed in forward-only passes (``metering.Budget.watch``: a
+forward pre-hook on the model that adds the batch when gradients are off, by the kind of pass:
+private, public, synthetic, server, evaluation) times its forward FLOPs per sample.
 
 A building block: imports torch and the metering types only.
 """
@@ -31,7 +34,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from hfl_bench.metering import CLIENT_DATA, DATA, Budget
+from hfl_bench.metering import CLIENT_DATA, DATA, INFERENCE, Budget, uncounted
 
 # Samples per counted pass. Every op the counter counts is linear in the batch (a batch of B costs
 # B times one sample), so the per-sample figure does not depend on it; more than one sample keeps
@@ -72,7 +75,8 @@ def _count_copy(model: nn.Module, x: torch.Tensor) -> PerSample:
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with sdpa_kernel(SDPBackend.MATH):
+        # the copy carries the client model's inference hook (``metering.Budget.watch``): not the run's passes
+        with sdpa_kernel(SDPBackend.MATH), uncounted():
             return _count(model, x, len(x))
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
@@ -137,4 +141,19 @@ def record(budget: Budget, forward: Sequence[int], training: Sequence[int]) -> d
         "counter": COUNTER,
         "per_sample": {"forward": [int(f) for f in forward], "training": [int(t) for t in training]},
         "training": {"per_client_round": per_round, "totals": totals, "per_client": per_client},
+        "inference": inference(budget, forward),
     }
+
+
+def inference(budget: Budget, forward: Sequence[int]) -> dict[str, Any]:
+    """``cost.flops.inference``: each client's forward-only samples by kind (``metering.INFERENCE``)
+    x the forward FLOPs per sample of its model, in the training figure's shape (per client per
+    round over clients x rounds begun, totals, per client)."""
+    n, rounds = budget.n, max(budget.round, 1)
+    per_client, totals, per_round = {}, {}, {}
+    for i, kind in enumerate(INFERENCE):
+        flops = [int(s) * int(f) for s, f in zip(budget.inference_samples[:n, i], forward)]
+        per_client[kind] = flops
+        totals[kind] = sum(flops)
+        per_round[kind] = round(sum(flops) / n / rounds, 1) if n else 0.0
+    return {"per_client_round": per_round, "totals": totals, "per_client": per_client}

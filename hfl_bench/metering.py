@@ -130,6 +130,32 @@ class Data(str, Enum):
 
 DATA = tuple(Data)
 CLIENT_DATA = (Data.PRIVATE, Data.PUBLIC, Data.SYNTHETIC)
+# What a forward-only pass of a client's model ran for (``Budget.inference``): the kinds of data,
+# ``server`` (a client model teaching inside the server's own training) and ``evaluation`` (the
+# engine measuring the models), counted apart.
+EVALUATION = "evaluation"
+INFERENCE = (*(k.value for k in DATA), EVALUATION)
+_uncounted = [0]  # > 0: forward passes are not the run's own (``flops.count`` on a copy)
+
+
+@contextmanager
+def uncounted():
+    """Forward passes in the block are not counted as the run's inference (FLOP counting on a copy,
+    which carries the copied model's hook)."""
+    _uncounted[0] += 1
+    try:
+        yield
+    finally:
+        _uncounted[0] -= 1
+
+
+def _batch_len(x: Any) -> int:
+    """The samples of a forward's first argument: a tensor's first dimension, else a container's
+    first tensor's (a multimodal task's inputs); 0 where there is none."""
+    if isinstance(x, torch.Tensor):
+        return int(x.shape[0]) if x.dim() else 0
+    values = x.values() if isinstance(x, Mapping) else x if isinstance(x, (list, tuple)) else ()
+    return next((_batch_len(v) for v in values if isinstance(v, torch.Tensor)), 0)
 
 
 class Budget:
@@ -152,6 +178,44 @@ class Budget:
         self.setup_steps = np.zeros(shape, dtype=np.int64)
         self.setup_samples = np.zeros(shape, dtype=np.int64)
         self.round = 0
+        # samples each client's model processed in forward-only passes (gradients off), by
+        # ``INFERENCE`` kind: counted by a forward pre-hook on the model (``watch``)
+        self.inference_samples = np.zeros((n_clients, len(INFERENCE)), dtype=np.int64)
+        self._scope: int | None = None  # the ``INFERENCE`` kind forward-only passes count as now
+        self._hooks: dict[int, tuple[int, Any]] = {}  # cid -> (id of the model hooked, the handle)
+
+    @contextmanager
+    def inference(self, kind: "Data | str"):
+        """Forward-only passes of the clients' models in the block count as ``kind`` (a ``Data``
+        or ``EVALUATION``); outside any block they count as private (a client's own data)."""
+        before, self._scope = self._scope, INFERENCE.index(Data(kind).value if kind != EVALUATION else kind)
+        try:
+            yield
+        finally:
+            self._scope = before
+
+    def watch(self, clients: Any) -> None:
+        """Hook each client's current model (once per model object: a method may replace one): a
+        call with gradients off adds its batch to the client's forward-only samples. A copy of the
+        model (a snapshot a peer or the server runs) carries the hook and counts as its owner's."""
+        for c in clients:
+            model = c._model
+            hooked = self._hooks.get(c.cid)
+            if hooked is not None and hooked[0] == id(model):
+                continue
+            if hooked is not None:
+                hooked[1].remove()
+            self._hooks[c.cid] = (id(model), model.register_forward_pre_hook(self._forward_hook(c.cid)))
+
+    def _forward_hook(self, cid: int):
+        counts = self.inference_samples  # one array for the run (``load`` writes into it)
+
+        def hook(module: nn.Module, args: tuple) -> None:
+            # one check and one add per call: training forwards (gradients on) are the work meter's
+            if torch.is_grad_enabled() or _uncounted[0] or not args:
+                return
+            counts[cid, 0 if self._scope is None else self._scope] += _batch_len(args[0])
+        return hook
 
     def add(self, cid: int, kind: Data, steps: int, samples: int) -> None:
         """Count ``steps`` optimizer steps over ``samples`` samples of ``kind`` data by client
@@ -176,12 +240,15 @@ class Budget:
         """The meter as plain data, for a checkpoint (a resumed run counts on from it)."""
         return {"steps": torch.from_numpy(self.steps.copy()), "samples": torch.from_numpy(self.samples.copy()),
                 "setup_steps": torch.from_numpy(self.setup_steps.copy()),
-                "setup_samples": torch.from_numpy(self.setup_samples.copy()), "round": int(self.round)}
+                "setup_samples": torch.from_numpy(self.setup_samples.copy()), "round": int(self.round),
+                "inference_samples": torch.from_numpy(self.inference_samples.copy())}
 
     def load(self, state: dict[str, Any]) -> None:
         for name in ("steps", "samples", "setup_steps", "setup_samples"):
             getattr(self, name)[:] = state[name].numpy()
         self.round = int(state["round"])
+        if "inference_samples" in state:  # a checkpoint written before inference was counted: from 0
+            self.inference_samples[:] = state["inference_samples"].numpy()
 
     def record(self) -> dict[str, Any]:
         """The record's ``cost.budget``: per-client-per-round means over every client and every

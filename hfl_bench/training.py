@@ -338,18 +338,22 @@ def fit(fed: "RoundView", plan: Plan, trainees: Sequence[Trainee], loss_fn: Loss
     device = plan.indices.device if isinstance(plan, EpochPlan) else plan.x.device
     totals = torch.zeros(len(trainees), device=device)
     steps = 0
-    for batch in plan.batches(fed):
-        losses = list(loss_fn(batch))
-        for t in stepped:
-            t.optimizer.zero_grad(set_to_none=True)
-        (losses[0] if len(losses) == 1 else sum(losses)).backward()
-        for t in stepped:
-            if clip > 0:
-                nn.utils.clip_grad_norm_(t.model.parameters(), clip)
-            t.optimizer.step()
-        totals += torch.stack([loss.detach() for loss in losses])
-        steps += 1
-    count_work(fed, plan, [o for o, i in zip(owners(fed, trainees), idle) if not i], steps, len(plan))
+    owner_ids = owners(fed, trainees)
+    # a teacher's forward-only passes inside the loss run on the plan's data (the server's: server)
+    kind = Data.SERVER if all(o == SERVER for o in owner_ids) else plan_data(plan)
+    with engine_side(fed).budget.inference(kind):
+        for batch in plan.batches(fed):
+            losses = list(loss_fn(batch))
+            for t in stepped:
+                t.optimizer.zero_grad(set_to_none=True)
+            (losses[0] if len(losses) == 1 else sum(losses)).backward()
+            for t in stepped:
+                if clip > 0:
+                    nn.utils.clip_grad_norm_(t.model.parameters(), clip)
+                t.optimizer.step()
+            totals += torch.stack([loss.detach() for loss in losses])
+            steps += 1
+    count_work(fed, plan, [o for o, i in zip(owner_ids, idle) if not i], steps, len(plan))
     for t, buffers in zip(trainees, kept):
         if buffers is not None:
             with torch.no_grad():

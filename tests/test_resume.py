@@ -62,6 +62,8 @@ def assert_same_run(a: dict, b: dict) -> None:
     assert timeless(a["history"]) == timeless(b["history"])
     for key in ("bytes_total", "bytes_sent_per_client_per_round", "budget"):  # the work meter resumes too
         assert a["cost"][key] == b["cost"][key], key
+    # and so do its forward-only counts (a checkpoint holds them): the same inference FLOPs
+    assert (a["cost"].get("flops") or {}).get("inference") == (b["cost"].get("flops") or {}).get("inference")
     strip = lambda f: {k: v for k, v in f.items() if k != "resumed_from_rounds"}  # noqa: E731
     assert strip(a["federation"]) == strip(b["federation"])
 

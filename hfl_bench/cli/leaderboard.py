@@ -353,6 +353,14 @@ def compare(
                                   "worst10, below_local: `leaderboard show --fairness`), each taken per seed and "
                                   "paired by seed against B: one table per figure and protocol, Holm within it, "
                                   "each side's own figure (mean ± sd over its seeds) beside."),
+    clock: bool = typer.Option(False, "--clock", help="Compare the simulated-time figures of runs with --devices "
+                               "instead (sim_time, time_to_local: `leaderboard show --clock`), each taken per seed "
+                               "and paired by seed against B: one table per figure and protocol, Holm within it; a "
+                               "seed either side has no figure for (not recorded, not reached, not available) is "
+                               "left out and counted in the notes."),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", min=0.0, help="Seconds of simulated time: "
+                                                "also compare acc_at_budget, each seed's global test accuracy of "
+                                                "the last tested round that ended by then (implies --clock)."),
 ):
     """Paired comparisons A - B within each protocol both ran (B: --against, local by default):
     records paired by seed (a pair must
@@ -369,7 +377,12 @@ def compare(
 
     With --fairness: the fairness figures instead of the headline (`leaderboard show --fairness`:
     client_sd, worst10, below_local, each taken per seed from the clients' final local-test
-    accuracy), paired by seed against B in the same protocols, one table per figure and protocol."""
+    accuracy), paired by seed against B in the same protocols, one table per figure and protocol.
+
+    With --clock (or --time-budget S): the simulated-time figures instead (`leaderboard show
+    --clock`: sim_time, time_to_local, and acc_at_budget with --time-budget), paired by seed the
+    same way; seeds without the figure (not recorded, not reached, not available) are left out and
+    counted in each comparison's notes."""
     from hfl_bench.registry import unknown_message
     from hfl_bench.results.board import board_records, build_groups
     from hfl_bench.results.figures import FigureError, check_figure
@@ -379,12 +392,19 @@ def compare(
     from hfl_bench.results.paired import why_not_comparable
 
     fmt = output_format(fmt, as_json, COMPARE_FORMATS)
-    if fairness:
+    clock = clock or time_budget is not None
+    if time_budget is not None and not math.isfinite(time_budget):
+        fail(f"--time-budget must be a finite number of seconds, got {time_budget}")
+    if fairness and clock:
+        fail(f"--fairness and {'--clock' if time_budget is None else '--time-budget'} each choose the figures "
+             "compared: run one, then the other")
+    if fairness or clock:
+        what = ("the fairness figures of the groups' models (the clients' final local-test accuracy)" if fairness
+                else "the simulated-time figures of the groups' runs")
         for value, flag in ((variants, "--variants"), (figure, "--figure"), (endpoint, "--endpoint"),
                             (against_endpoint, "--against-endpoint")):
             if value is not None:
-                fail(f"--fairness compares the fairness figures of the groups' models (the clients' final local-test "
-                     f"accuracy), so {flag} does not apply")
+                fail(f"{'--fairness' if fairness else '--clock'} compares {what}, so {flag} does not apply")
     default_reference = against is None and variants is None
     if default_reference:
         against = DEFAULT_REFERENCE
@@ -423,6 +443,10 @@ def compare(
         from hfl_bench.results.fairness import compare as compare_fairness
 
         tables = compare_fairness(groups, against, method)
+    elif clock:
+        from hfl_bench.results.timing import compare as compare_clock
+
+        tables = compare_clock(groups, against, method, time_budget)
     else:
         tables = compare_against(groups, against, method, figure, endpoint, against_endpoint)
     compared = {c.a.group.method for t in tables for c in t.comparisons}
@@ -431,8 +455,10 @@ def compare(
             fail(why_not_comparable(groups, m, against))
     if not tables:
         fail(f"no other method ran a protocol {against} ran, so nothing can be paired")
-    if fairness:
-        _print_fairness(tables, digits, fmt)
+    if fairness or clock:
+        from hfl_bench.results.paired_view import clock_set, fairness_set
+
+        _print_fairness(tables, digits, fmt, clock_set(time_budget) if clock else fairness_set())
         return
     _print_tables(tables, figure, digits, fmt)
 
@@ -453,8 +479,9 @@ def _print_tables(tables: list, figure: str, digits: int, fmt: str) -> None:
         sys.stdout.write((COMPARE_HEADER + "\n" + lines) if lines else lines)
 
 
-def _print_fairness(tables: list, digits: int, fmt: str) -> None:
-    """``compare --fairness``'s tables as json, markdown, rich tables on a terminal or plain lines when piped."""
+def _print_fairness(tables: list, digits: int, fmt: str, figures: Any) -> None:
+    """``compare --fairness``'s (``--clock``'s: ``figures``, a ``paired_view.FigureSet``) tables as
+    json, markdown, rich tables on a terminal or plain lines when piped."""
     from hfl_bench.results.paired_view import (
         FAIRNESS_HEADER,
         fairness_json,
@@ -464,14 +491,14 @@ def _print_fairness(tables: list, digits: int, fmt: str) -> None:
     )
 
     if fmt == "json":
-        sys.stdout.write(json.dumps(fairness_json(tables), indent=1) + "\n")
+        sys.stdout.write(json.dumps(fairness_json(tables, figures), indent=1) + "\n")
     elif fmt == "markdown":
-        sys.stdout.write(fairness_markdown(tables, digits))
+        sys.stdout.write(fairness_markdown(tables, digits, figures))
     elif wide_out().is_terminal:
-        for table in fairness_rich(tables, digits):
+        for table in fairness_rich(tables, digits, figures):
             print_titled(wide_out(), table)
     else:
-        lines = fairness_lines(tables, digits)
+        lines = fairness_lines(tables, digits, figures)
         sys.stdout.write((FAIRNESS_HEADER + "\n" + lines) if lines else lines)
 
 

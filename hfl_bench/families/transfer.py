@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hfl_bench.metering import SERVER, Kind, Phase
-from hfl_bench.training import Trainee, fit, predict_logits, transfer_plan
+from hfl_bench.training import Trainee, engine_side, fit, predict_logits, transfer_data, transfer_plan
 
 if TYPE_CHECKING:
     from hfl_bench.federation import RoundView
@@ -28,7 +28,7 @@ def transfer_logits(fed: "RoundView", models: dict[int, nn.Module], x: torch.Ten
     """Each model's eval-mode logits on the transfer inputs ``x`` ([M, C'] per client), in
     large batches. On CUDA the forward runs in bf16 autocast like every teacher inference."""
     bf16 = fed.device.type == "cuda"
-    with fed.timer(Phase.TEACHER_INFERENCE):
+    with fed.timer(Phase.TEACHER_INFERENCE), engine_side(fed).budget.inference(transfer_data(fed)):
         return {cid: predict_logits(model, x, bf16=bf16) for cid, model in models.items()}
 
 

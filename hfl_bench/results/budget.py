@@ -9,7 +9,10 @@ the record check (``record.check``): a budget has every part, each a finite coun
 
 FLOPs (``cost.flops``, schema 1.9; ``hfl_bench.flops``): the training FLOPs per client per round,
 all the clients' kinds of data together, as a figure with its unit (``flops_label``); a record
-without them (older than 1.9) reads as not recorded, "-", never 0.
+without them (older than 1.9) reads as not recorded, "-", never 0. Inference FLOPs
+(``cost.flops.inference``, 1.10 on): forward-only passes per client per round, the kinds of data
+and the server's together, evaluation apart (``inference_label``); a record without them reads
+``not recorded``, never 0.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import statistics
 from typing import Any, Iterable, Optional
 
 CLIENT_KINDS = ("private", "public", "synthetic")
+INFERENCE_KINDS = (*CLIENT_KINDS, "server")  # a method's forward-only passes; "evaluation" is the engine's
+NOT_RECORDED = "not recorded"
 
 
 def budget_of(record: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -106,3 +111,26 @@ def flops_label(records: list[dict[str, Any]]) -> str:
     with its unit; "-" where no seed recorded FLOPs."""
     value = mean_training_flops(records)
     return "-" if value is None else human_flops(value)
+
+
+def inference_flops_per_client_round(record: dict[str, Any], evaluation: bool = False) -> Optional[float]:
+    """A record's inference FLOPs per client per round: a method's forward-only passes (its kinds of
+    data and the server's summed), or with ``evaluation`` the engine's evaluation; None for a record
+    without them (before 1.10's ``cost.flops.inference``)."""
+    section = (flops_of(record) or {}).get("inference")
+    if section is None:
+        return None
+    means = section["per_client_round"]
+    return float(means["evaluation"]) if evaluation else float(sum(means[k] for k in INFERENCE_KINDS))
+
+
+def mean_inference_flops(records: Iterable[dict[str, Any]], evaluation: bool = False) -> Optional[float]:
+    values = [v for v in (inference_flops_per_client_round(r, evaluation) for r in records) if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def inference_label(records: list[dict[str, Any]], evaluation: bool = False) -> str:
+    """The "inference FLOPs / client / round" cell (``evaluation``: the "eval FLOPs" one): the seeds'
+    mean with its unit; ``not recorded`` where no seed has inference FLOPs."""
+    value = mean_inference_flops(records, evaluation)
+    return NOT_RECORDED if value is None else human_flops(value)

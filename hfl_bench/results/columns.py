@@ -36,6 +36,8 @@ from hfl_bench.results.budget import (
     budget_of,
     flops_label,
     group_steps,
+    inference_label,
+    mean_inference_flops,
     mean_steps,
     mean_training_flops,
     steps_label,
@@ -185,7 +187,8 @@ class Column:
     (``csv_fields`` names them, in order), ``stacked`` is the terminal's header on several lines,
     ``title`` the site's header tooltip, ``sub`` the site's cell class in the rows beside a group
     (by row kind; a column without one is merged into a blank span), ``faults_only`` shows it on
-    the site only where a group ran with faults, ``link`` makes its cell the group page's link, and
+    the site only where a group ran with faults (``clock_only``: where a group has a simulated clock,
+    ``--devices``), ``link`` makes its cell the group page's link, and
     ``th_joins`` / ``td_joins`` put its header / cell on the line of the one before.
 
     ``opt_in`` names the column set it belongs to (``FAIRNESS``): the terminal, markdown, csv and
@@ -212,6 +215,7 @@ class Column:
     title: str = ""
     sub: dict[str, str] = dataclasses.field(default_factory=dict)
     faults_only: bool = False
+    clock_only: bool = False
     link: bool = False
     th_joins: bool = False
     td_joins: bool = False
@@ -531,13 +535,15 @@ CLOCK_COLUMNS = (
 
 
 def _timing(name: str, key: str, stacked: str, title: str) -> Column:
-    """One time figure's column (``timing``): text ``Timing.label``, csv KEY_mean, KEY_sd, KEY_n, json KEY."""
+    """One time figure's column (``timing``): text ``Timing.label``, csv KEY_mean, KEY_sd, KEY_n, json KEY;
+    on the site where a group has a clock (not acc @ time budget: the site has no budget)."""
     def stat(row: GroupRow) -> Stat:
         return group_timing(row.group).stat(key)
 
+    site = frozenset() if key == "acc_at_budget" else frozenset({"html"})
     return Column(name, lambda row: row.group, text=lambda g: group_timing(g).label(key, len(g.ok)),
                   numeric=True, figure=True, stacked=stacked, title=title, field=key, opt_in=CLOCK,
-                  views=TEXT | DATA, sort=lambda g: group_timing(g).stat(key).mean,
+                  views=TEXT | DATA | site, clock_only=True, sort=lambda g: group_timing(g).stat(key).mean,
                   csv=lambda row: {f"{key}_mean": stat(row).mean, f"{key}_sd": stat(row).sd, f"{key}_n": stat(row).n},
                   csv_fields=(f"{key}_mean", f"{key}_sd", f"{key}_n"),
                   json=lambda row: {key: group_timing(row.group).as_dict()[key]})
@@ -556,6 +562,8 @@ STEPS_TITLE = ("optimizer steps per client per round on private data; (all T): w
                "server S: the server's own steps per round")
 STEPS = "steps / client / round"
 FLOPS = "train FLOPs / client / round"
+INFERENCE_FLOPS = "inference FLOPs / client / round"
+EVAL_FLOPS = "eval FLOPs / client / round"
 BYTES = "bytes / client / round"
 
 # The built-in columns, in the order every view shows them. "global acc" and "local acc" are the
@@ -662,6 +670,12 @@ BUILTIN = (
     # schema 1.9's FLOPs (hfl_bench.flops): shown where --columns names it
     Column(FLOPS, lambda row: row.records, text=flops_label, sort=mean_training_flops, numeric=True, figure=True,
            stacked="train FLOPs /\nclient /\nround", views=TEXT, opt_in=COST),
+    # 1.10's inference FLOPs (forward-only passes): a method's, and the engine's evaluation apart
+    Column(INFERENCE_FLOPS, lambda row: row.records, text=inference_label, sort=mean_inference_flops, numeric=True,
+           figure=True, stacked="inference FLOPs /\nclient /\nround", views=TEXT, opt_in=COST),
+    Column(EVAL_FLOPS, lambda row: row.records, text=lambda records: inference_label(records, evaluation=True),
+           sort=lambda records: mean_inference_flops(records, evaluation=True), numeric=True, figure=True,
+           stacked="eval FLOPs /\nclient /\nround", views=TEXT, opt_in=COST),
     # the site's figure is Stat's (rounded) mean of every number, the tables' the plain mean of the ints and floats
     Column(BYTES, lambda row: row.group, text=bytes_label, views=TEXT | {"html"}, numeric=True, figure=True,
            stacked="bytes /\nclient /\nround", html=lambda g: human_bytes(_bytes_stat(g).mean),

@@ -62,6 +62,7 @@ from hfl_bench.results.setting import (
     partition_label,
     section_reasons,
 )
+from hfl_bench.results.timing import group_timing
 
 # Marks a folder this module wrote, so regenerating may clear its old pages, and nothing else.
 MARKER = ".hfl-bench-site"
@@ -197,9 +198,10 @@ def _row(g: SettingGroup) -> dict[str, Any]:
     }
 
 
-def _shown(has_faults: bool) -> list[Column]:
-    """The site's columns: those shown only under faults (``Column.faults_only``) where a group ran with any."""
-    return [c for c in columns("html") if has_faults or not c.faults_only]
+def _shown(has_faults: bool, has_clock: bool = False) -> list[Column]:
+    """The site's columns: those shown only under faults (``Column.faults_only``) where a group ran
+    with any, the simulated time (``Column.clock_only``) where a group has a clock."""
+    return [c for c in columns("html") if (has_faults or not c.faults_only) and (has_clock or not c.clock_only)]
 
 
 def _lines(cells: list[tuple[Markup, bool, bool]]) -> Markup:
@@ -222,10 +224,10 @@ def _attribute(text: str) -> Markup:
     return Markup(str(escape(text)).replace("&#39;", "'"))
 
 
-def header_cells(has_faults: bool) -> Markup:
+def header_cells(has_faults: bool, has_clock: bool = False) -> Markup:
     """The leaderboard tables' header: one ``th`` per site column (``columns``), escaped."""
     cells = []
-    for c in _shown(has_faults):
+    for c in _shown(has_faults, has_clock):
         title = Markup(' title="{}"').format(_attribute(c.title)) if c.title else ""
         cells.append((Markup('<th{} data-type="{}"{}>{}</th>').format(
             Markup(' class="num"') if c.numeric else "", "num" if c.numeric else "text", title, c.shown_header),
@@ -238,10 +240,10 @@ def header_cells(has_faults: bool) -> Markup:
 BESIDE = (("clients", "besides the recipients' headline"), ("published", "published figure"))
 
 
-def group_cells(row: dict[str, Any], root: str, has_faults: bool, link: bool = True) -> Markup:
+def group_cells(row: dict[str, Any], root: str, has_faults: bool, link: bool = True, has_clock: bool = False) -> Markup:
     """A group's ``tr`` (each site column's cell: its text escaped, a number's sort value in
     ``data-v``; the method linking to the group's page) and the rows beside it."""
-    shown = _shown(has_faults)
+    shown = _shown(has_faults, has_clock)
     cells = []
     for c in shown:
         text, sort = row["site"][c.name]
@@ -476,6 +478,20 @@ def _fairness_rows(g: SettingGroup) -> list[dict[str, str]]:
             for s in group_fairness(g).seeds]
 
 
+def _clock_rows(g: SettingGroup) -> list[dict[str, str]]:
+    """Each seed's simulated time (``timing``): total, the local twin's target and the time to reach
+    it (or why not); [] where no seed has a clock."""
+    timing = group_timing(g)
+
+    def num(x: Optional[float]) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    return [{"seed": _text(s.seed), "sim_time": num(s.sim_time), "target": num(s.target),
+             "time_to_local": num(s.time_to_local) if s.time_to_local is not None
+             else timing.why_missing(s.seed, "time_to_local")}
+            for s in timing.seeds]
+
+
 def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], hrefs: dict[int, str],
                 table: Optional[Any] = None) -> dict[str, Any]:
     first = (sg.describing() if sg else g.ok[0]).record
@@ -508,6 +524,7 @@ def _group_page(g: SettingGroup, sg: Optional[SeedGroup], row: dict[str, Any], h
         "endpoints": _endpoints(g),
         "paired": _paired(g, table),
         "fairness": _fairness_rows(g),
+        "clock": _clock_rows(g), "clock_not_recorded": [_text(seed) for seed in group_timing(g).not_recorded],
         "multimodal": g.is_multimodal,
         "members": _members(sg, g, hrefs),
         "citation": _values(g.ok, "method", "citation"),
@@ -636,6 +653,7 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
     rows = [row for s in ordered for row in s["rows"]]
     has_faults = any(row["faults"] != "none" for row in rows)
     has_modalities = any(row["group"].is_multimodal for row in rows)
+    has_clock = any(group_timing(row["group"]).seeds for row in rows)  # a clock's columns only where one ran
     ranked = with_rank_intervals(rank_methods(board.groups), board.groups)
     paired_tables = page_tables(board.groups)
     _, unmatched = display_rows(board)
@@ -646,7 +664,7 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
              for r in sorted(records, key=lambda r: str(shown_path(r.path)))]
 
     index = env.get_template("index.html").render(
-        csp=csp(SCRIPT), script=SCRIPT, root="", sections=ordered, has_faults=has_faults,
+        csp=csp(SCRIPT), script=SCRIPT, root="", sections=ordered, has_faults=has_faults, has_clock=has_clock,
         has_modalities=has_modalities, modalities=sorted({row["modalities"] for row in rows}),
         methods=sorted({row["group"].method for row in rows}), pools=sorted({row["group"].pool for row in rows}),
         faults=sorted({row["faults"] for row in rows}), settings=list(dict.fromkeys(s["setting"] for s in ordered)),
@@ -663,7 +681,7 @@ def build_site(out_dir: Path, paths: list[Path]) -> Site:
     group_template = env.get_template("group.html")
     for g, sg, row in pages:
         page = out_dir / "groups" / row["page"]
-        page.write_text(group_template.render(csp=csp(None), root="../", has_faults=has_faults,
+        page.write_text(group_template.render(csp=csp(None), root="../", has_faults=has_faults, has_clock=has_clock,
                                               has_modalities=has_modalities,
                                               **_group_page(g, sg, row, hrefs, paired_tables.get(g.group_id))),
                         encoding="utf-8")

@@ -96,6 +96,11 @@ class Side:
         """The figure's name as this side reads it (``figures.check_figure``)."""
         return check_figure(figure, self.endpoint or other_endpoint)
 
+    def missing(self, r: Loaded, figure: str) -> str:
+        """Why seed ``r`` has no figure, as the notes say it (``timing.TimingSide``: not recorded,
+        not reached, not available)."""
+        return "no figure"
+
 
 @dataclass
 class Pairing:
@@ -108,6 +113,7 @@ class Pairing:
     only_b: list[Any] = field(default_factory=list)
     partition_differs: list[Any] = field(default_factory=list)  # same seed, different (or unknown) partition
     no_figure: list[Any] = field(default_factory=list)  # a record of the pair lacks the figure
+    no_figure_why: dict[Any, str] = field(default_factory=dict)  # each such seed: why (``Side.missing``)
     processors: list[str] = field(default_factory=list)  # the distinct kinds the paired records ran on
     unknown_processor: bool = False  # a paired record names none
     uncommitted: list[Any] = field(default_factory=list)  # paired seeds with a record from a dirty tree
@@ -119,6 +125,7 @@ class Pairing:
     def as_dict(self) -> dict[str, Any]:
         return {"seeds": self.seeds, "only_a": self.only_a, "only_b": self.only_b,
                 "partition_differs": self.partition_differs, "no_figure": self.no_figure,
+                "no_figure_why": [{"seed": s, "why": why} for s, why in self.no_figure_why.items()],
                 "processors": self.processors, "mixed_hosts": self.mixed_hosts,
                 "unknown_processor": self.unknown_processor, "uncommitted": self.uncommitted}
 
@@ -146,6 +153,7 @@ def pair(a: Side, b: Side, figure: str) -> Pairing:
         va, vb = a.seed_value(ra, figure), b.seed_value(rb, figure)
         if va is None or vb is None:
             out.no_figure.append(ra.seed)
+            out.no_figure_why[ra.seed] = a.missing(ra, figure) if va is None else b.missing(rb, figure)
             continue
         out.seeds.append(ra.seed)
         out.a.append(float(va))

@@ -3,7 +3,8 @@ json, the ``vs B`` column ``leaderboard show --against B`` adds, and the HTML gr
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
 
 from rich.table import Table as RichTable
 from rich.text import Text
@@ -36,8 +37,12 @@ def _p(p: Optional[float], exact: bool = True) -> str:
 def notes(c: Comparison) -> str:
     """What a reader must know beside the figures: seeds dropped and why, mixed hosts."""
     pg, out = c.pairing, []
+    # seeds without the figure grouped by why (``Side.missing``: the clock's not recorded / not reached)
+    missing: dict[str, list[Any]] = {}
+    for seed in pg.no_figure:
+        missing.setdefault(pg.no_figure_why.get(seed, "no figure"), []).append(seed)
     for seeds, why in ((pg.only_a, f"only {c.a.label} ran"), (pg.only_b, f"only {c.b.label} ran"),
-                       (pg.partition_differs, "partitions differ"), (pg.no_figure, "no figure")):
+                       (pg.partition_differs, "partitions differ"), *((s, w) for w, s in missing.items())):
         if seeds:
             out.append(f"dropped seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: {why}")
     if pg.mixed_hosts:
@@ -175,14 +180,44 @@ def page_tables(groups: list[SettingGroup]) -> dict[str, Table]:
     return out
 
 
-# ----------------------------------------------------------------------------- compare --fairness
+# ----------------------------------------------------------------------------- compare --fairness / --clock
 
 FAIRNESS_COLUMNS = ("A", "A figure", "B", "B figure", "n", "A - B [95% CI]", "p sign-flip", "p Holm", "verdict",
                     "notes")
 FAIRNESS_NUMERIC = (*NUMERIC, "A figure", "B figure")
-# The header row of compare --fairness's plain lines (piped output): each " | " field, in order.
+# The header row of compare --fairness's and --clock's plain lines (piped output): each " | " field, in order.
 FAIRNESS_HEADER = ("figure | section | protocol | A - B | A figure | B figure | A - B [95% CI] | n | p sign-flip | "
                    "p Holm | verdict | notes")
+
+
+@dataclass(frozen=True)
+class FigureSet:
+    """Figures a group takes per seed and ``compare`` pairs by seed, one table per figure
+    (``fairness``: ``compare --fairness``; ``timing``: ``compare --clock``)."""
+
+    figures: tuple[str, ...]
+    of: Callable[[SettingGroup], Any]  # the group's figures: ``label(name, n_seeds)``, ``as_dict()[name]``
+    definitions: dict[str, str]
+    difference: str  # what a difference is, in its units
+
+
+def fairness_set() -> FigureSet:
+    from hfl_bench.results.fairness import DEFINITIONS as FAIRNESS_DEFINITIONS
+    from hfl_bench.results.fairness import FIGURES, group_fairness
+
+    return FigureSet(FIGURES, group_fairness, FAIRNESS_DEFINITIONS,
+                     "mean of the paired differences A - B of the figure, per seed (points; below_local: "
+                     "percentage points)")
+
+
+def clock_set(budget: Optional[float] = None) -> FigureSet:
+    """The time figures ``compare --clock`` pairs: acc_at_budget only with a ``--time-budget``."""
+    from hfl_bench.results.timing import DEFINITIONS as CLOCK_DEFINITIONS
+    from hfl_bench.results.timing import compared_figures, group_timing
+
+    return FigureSet(compared_figures(budget), group_timing, CLOCK_DEFINITIONS,
+                     "mean of the paired differences A - B of the figure, per seed (sim_time, time_to_local: "
+                     "simulated seconds, negative: A is faster; acc_at_budget: points)")
 
 
 def _figure_of(t: Table, figure: str) -> str:
@@ -190,23 +225,23 @@ def _figure_of(t: Table, figure: str) -> str:
     return t.comparisons[0].figure if t.comparisons else figure
 
 
-def fairness_row(c: Comparison, nd: int = 2) -> dict[str, str]:
-    """A comparison's row with each side's own figure over its seeds (``Fairness.label``: mean ± sd,
-    n where fewer seeds have it, or not recorded / not available)."""
-    from hfl_bench.results.fairness import group_fairness
+def fairness_row(c: Comparison, nd: int = 2, figures: Optional[FigureSet] = None) -> dict[str, str]:
+    """A comparison's row with each side's own figure over its seeds (``Fairness.label`` /
+    ``Timing.label``: mean ± sd, n where fewer seeds have it, or not recorded / not available)."""
+    of = (figures or fairness_set()).of
 
     def own(side: Any) -> str:
-        return group_fairness(side.group).label(c.figure, len(side.group.ok))
+        return of(side.group).label(c.figure, len(side.group.ok))
 
     return {**comparison_row(c, nd), "A figure": own(c.a), "B figure": own(c.b)}
 
 
-def fairness_lines(tables: Iterable[Table], nd: int = 2) -> str:
-    """compare --fairness's plain lines: one per comparison, its figure first (``FAIRNESS_HEADER``)."""
+def fairness_lines(tables: Iterable[Table], nd: int = 2, figures: Optional[FigureSet] = None) -> str:
+    """compare --fairness's (--clock's) plain lines: one per comparison, its figure first (``FAIRNESS_HEADER``)."""
     lines = []
     for t in tables:
         for c in t.comparisons:
-            r = fairness_row(c, nd)
+            r = fairness_row(c, nd, figures)
             parts = [c.figure, t.section, t.protocol, f"{r['A']} - {r['B']}", r["A figure"], r["B figure"],
                      r["A - B [95% CI]"], f"n={r['n']}", f"p={r['p sign-flip']}", f"p_holm={r['p Holm']}",
                      r["verdict"]]
@@ -215,13 +250,14 @@ def fairness_lines(tables: Iterable[Table], nd: int = 2) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def fairness_markdown(tables: Iterable[Table], nd: int = 2) -> str:
+def fairness_markdown(tables: Iterable[Table], nd: int = 2, figures: Optional[FigureSet] = None) -> str:
     return "\n".join(f"**Setting: {markdown_cell(t.section)}**; {markdown_cell(table_title(t, _figure_of(t, '')))}\n\n"
                      + reasons_markdown(t.section)
-                     + to_markdown([fairness_row(c, nd) for c in t.comparisons], FAIRNESS_COLUMNS) for t in tables)
+                     + to_markdown([fairness_row(c, nd, figures) for c in t.comparisons], FAIRNESS_COLUMNS)
+                     for t in tables)
 
 
-def fairness_rich(tables: Iterable[Table], nd: int = 2) -> list[RichTable]:
+def fairness_rich(tables: Iterable[Table], nd: int = 2, figures: Optional[FigureSet] = None) -> list[RichTable]:
     out = []
     for t in tables:
         table = RichTable(title=Text(terminal(f"setting: {section_title(t.section)}; "
@@ -229,28 +265,24 @@ def fairness_rich(tables: Iterable[Table], nd: int = 2) -> list[RichTable]:
         for col in FAIRNESS_COLUMNS:
             table.add_column(col, justify="right" if col in FAIRNESS_NUMERIC else "left", overflow="fold")
         for c in t.comparisons:
-            row = fairness_row(c, nd)
+            row = fairness_row(c, nd, figures)
             table.add_row(*[Text(terminal(row[col])) for col in FAIRNESS_COLUMNS], style="bold" if c.resolved else None)
         out.append(table)
     return out
 
 
-def fairness_json(tables: list[Table]) -> dict[str, Any]:
-    """compare --fairness as json: each table one figure's; each comparison with both sides' own
-    figures over their seeds (``a_figure`` / ``b_figure``: mean, sd, n, state)."""
-    from hfl_bench.results.fairness import DEFINITIONS as FAIRNESS_DEFINITIONS
-    from hfl_bench.results.fairness import FIGURES, group_fairness
-
+def fairness_json(tables: list[Table], figures: Optional[FigureSet] = None) -> dict[str, Any]:
+    """compare --fairness (--clock) as json: each table one figure's; each comparison with both
+    sides' own figures over their seeds (``a_figure`` / ``b_figure``: mean, sd, n, state)."""
+    figures = figures or fairness_set()
     out = []
     for t in tables:
         d = t.as_dict()
         d["figure"] = _figure_of(t, "")
         for c, cd in zip(t.comparisons, d["comparisons"]):
-            cd["a_figure"] = group_fairness(c.a.group).as_dict()[c.figure]
-            cd["b_figure"] = group_fairness(c.b.group).as_dict()[c.figure]
+            cd["a_figure"] = figures.of(c.a.group).as_dict()[c.figure]
+            cd["b_figure"] = figures.of(c.b.group).as_dict()[c.figure]
         out.append(d)
-    return {"figures": list(FIGURES), "definitions": {**DEFINITIONS, **FAIRNESS_DEFINITIONS,
-                                                      "difference": "mean of the paired differences A - B of the "
-                                                                    "figure, per seed (points; below_local: "
-                                                                    "percentage points)"},
+    return {"figures": list(figures.figures),
+            "definitions": {**DEFINITIONS, **figures.definitions, "difference": figures.difference},
             "tables": out}

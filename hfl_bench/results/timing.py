@@ -16,6 +16,11 @@ Per seed, from the record's ``clock`` section and each round's ``history[].clock
 
 A record without a clock (older than 1.10, or run without ``--devices``) has **not recorded**
 seeds: never 0. The server's time is not modelled (``clock.SERVER``). Reads JSON only: no torch.
+
+``compare`` pairs these per-seed figures by seed against a reference (``leaderboard compare
+--clock``) with ``paired``'s machinery, as ``fairness.compare`` does: a seed either side has no
+figure for (not recorded, not reached, not available) is left out of the pairing and counted in the
+comparison's notes, by why.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from hfl_bench.results.fairness import local_twin, with_local_twins
+from hfl_bench.results.figures import FigureError
 from hfl_bench.results.loading import Loaded
+from hfl_bench.results.paired import Side, Table, against, table
 from hfl_bench.results.setting import SettingGroup, Stat
 
 FIGURES = ("sim_time", "time_to_local", "acc_at_budget")
@@ -32,6 +39,14 @@ NOT_RECORDED = "not recorded"
 NOT_AVAILABLE = "not available"
 NOT_REACHED = "not reached"
 NO_BUDGET = "no --time-budget"
+DEFINITIONS = {
+    "sim_time": "the run's total simulated time on its devices (clock.total_s, --devices), seconds, per seed",
+    "time_to_local": "simulated time (s) at which the global test accuracy first reaches the final global accuracy "
+                     "of local on the same seed and protocol (same pool, same partition hash); not reached: never; "
+                     "not available: no such local record",
+    "acc_at_budget": "global test accuracy of the last tested round that ended by the time budget (--time-budget S)",
+    "not_recorded": "records without a clock (before schema 1.10, or run without --devices)",
+}
 
 
 def clock_of(record: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -108,6 +123,27 @@ class Timing:
     not_recorded: list[Any] = field(default_factory=list)
     budget: Optional[float] = None  # leaderboard show --time-budget
 
+    def seed(self, seed: Any) -> Optional[SeedTiming]:
+        return next((s for s in self.seeds if s.seed == seed), None)
+
+    def value(self, seed: Any, name: str) -> Optional[float]:
+        """One seed's figure (None: not recorded, not reached, not available, or no budget)."""
+        s = self.seed(seed)
+        if s is None:
+            return None
+        return s.acc_at_budget(self.budget) if name == "acc_at_budget" else getattr(s, name)
+
+    def why_missing(self, seed: Any, name: str) -> str:
+        """Why one seed has no figure: not recorded (no clock), not available (no local twin), not reached."""
+        s = self.seed(seed)
+        if s is None:
+            return NOT_RECORDED
+        if name == "acc_at_budget" and self.budget is None:
+            return NO_BUDGET
+        if name == "time_to_local" and s.target is None:
+            return NOT_AVAILABLE
+        return NOT_REACHED
+
     def values(self, name: str) -> list[Optional[float]]:
         if name == "acc_at_budget":
             return [s.acc_at_budget(self.budget) for s in self.seeds]
@@ -174,3 +210,41 @@ def set_time_budget(groups: Iterable[SettingGroup], budget: Optional[float]) -> 
     """``leaderboard show --time-budget S``: the budget every group's ``acc_at_budget`` reads."""
     for g in groups:
         group_timing(g).budget = budget
+
+
+# ----------------------------------------------------------------------------- paired by seed
+
+
+def compared_figures(budget: Optional[float]) -> tuple[str, ...]:
+    """The figures ``compare --clock`` pairs: acc_at_budget only with a time budget."""
+    return FIGURES if budget is not None else tuple(f for f in FIGURES if f != "acc_at_budget")
+
+
+@dataclass(frozen=True)
+class TimingSide(Side):
+    """A side of a paired comparison read at a time figure of each seed."""
+
+    def checked(self, figure: Optional[str], other_endpoint: Optional[str] = None) -> str:
+        if figure not in FIGURES:
+            raise FigureError(f"unknown time figure {figure!r}; choose one of: {', '.join(FIGURES)}")
+        return figure
+
+    def seed_value(self, r: Loaded, figure: str) -> Optional[float]:
+        return group_timing(self.group).value(r.seed, figure)
+
+    def missing(self, r: Loaded, figure: str) -> str:
+        return f"{self.label} {group_timing(self.group).why_missing(r.seed, figure)}"
+
+
+def compare(groups: list[SettingGroup], reference: str, methods: Iterable[str] = (),
+            budget: Optional[float] = None) -> list[Table]:
+    """Per protocol where ``reference`` ran (the groups ``paired.against`` meets there), one table per
+    time figure (``compared_figures``): each group's figure minus the reference's, paired by seed,
+    Holm over the table. ``budget``: the time budget every group's acc_at_budget reads."""
+    set_time_budget(groups, budget)
+    out = []
+    for t in against(groups, reference, methods):
+        ref = TimingSide(t.reference.group, None, t.reference.with_version, t.reference.variant)
+        rows = [TimingSide(c.a.group, None, c.a.with_version, c.a.variant) for c in t.comparisons]
+        out += [table(rows, ref, name, t.protocol, t.notes, t.key) for name in compared_figures(budget)]
+    return out

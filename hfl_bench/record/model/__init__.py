@@ -1,5 +1,6 @@
 """The run record as typed models (pydantic v2): schema 1.10: the shape of schema 1.7 written from this model,
-``cost.flops`` (1.9) and ``clock`` with each round's ``history[].clock`` (1.10).
+``cost.flops`` (1.9) and ``clock`` with each round's ``history[].clock`` (1.10; ``cost.flops.inference``
+too).
 
 One ``Record`` holds a reproduced run (ok, diverged or failed) or a published figure
 (``source.kind``): the sections a published record lacks are optional, as in the 1.7 schema, and a
@@ -67,11 +68,15 @@ from hfl_bench.record.model.sections import (
     Faults,
     Federation,
     Flops,
+    FlopsInference,
     FlopsMean,
     FlopsPerClient,
     FlopsPerSample,
     FlopsTotals,
     FlopsTraining,
+    InferenceMean,
+    InferencePerClient,
+    InferenceTotals,
     Method,
     Modalities,
     Partition,
@@ -99,7 +104,8 @@ __all__ = [
     "Figures", "EndpointFigures", "Final", "FinalClient", "SeenUnseen", "SeenUnseenFinal", "AllSeenUnseen",
     "ArchSeenUnseen", "ClientSeenUnseen", "Cost", "PeakMemory", "Budget", "BudgetMean", "BudgetCount",
     "BudgetTotals", "PerClientRound", "PerClientBudget", "ClientCounts", "Flops", "FlopsPerSample",
-    "FlopsTraining", "FlopsMean", "FlopsTotals", "FlopsPerClient", "Clock", "ClockDevice", "ClockRound",
+    "FlopsTraining", "FlopsInference", "InferenceMean", "InferenceTotals", "InferencePerClient", "FlopsMean",
+    "FlopsTotals", "FlopsPerClient", "Clock", "ClockDevice", "ClockRound",
     "HistoryEntry", "GroupRound", "Setting",
     "SettingPartition", "SettingPool", "Plugin", "Code", "Environment",
 ]
@@ -198,7 +204,8 @@ def json_schema() -> dict:
         "$id": f"hfl-bench/record-{CURRENT_VERSION}",
         "title": f"hfl-bench leaderboard record, schema {CURRENT_VERSION}",
         "description": (f"One run (reproduced) or one published figure, schema {CURRENT_VERSION}: the shape of 1.7 "
-                        "and cost.flops (1.9), clock and federation.eval_clients / client_state (1.10), generated from "
+                        "and cost.flops (1.9), clock, cost.flops.inference and federation.eval_clients / client_state "
+                        "(1.10), generated from "
                         "hfl_bench.record.model. Accuracies are "
                         "percentages (0-100)."),
         "type": body["type"],

@@ -277,6 +277,42 @@ class FlopsTraining(_Model):
     per_client: FlopsPerClient
 
 
+class InferenceMean(_Model):
+    private: NonNegative
+    public: NonNegative
+    synthetic: NonNegative
+    server: NonNegative
+    evaluation: NonNegative
+
+
+class InferenceTotals(_Model):
+    private: Count
+    public: Count
+    synthetic: Count
+    server: Count
+    evaluation: Count
+
+
+class InferencePerClient(_Model):
+    private: list[Count]
+    public: list[Count]
+    synthetic: list[Count]
+    server: list[Count]
+    evaluation: list[Count]
+
+
+class FlopsInference(_Model):
+    """Inference FLOPs (1.10): the samples each client's model processed in forward-only passes
+    (gradients off: teacher logits, prototypes, evaluation; a copy of the model run by a peer or the
+    server counts as its owner's) x its forward FLOPs per sample, by what the pass ran for: private,
+    public, synthetic data, a client model teaching inside the server's training (server), and the
+    engine's evaluation; in the training figure's shape. Absent: not recorded."""
+
+    per_client_round: InferenceMean
+    totals: InferenceTotals
+    per_client: InferencePerClient
+
+
 class Flops(_Model):
     """The run's FLOPs (schema 1.9), counted with torch's FLOP counter (matrix products and
     convolutions, 2 per multiply-add; elementwise work not counted); absent: not recorded."""
@@ -284,6 +320,7 @@ class Flops(_Model):
     counter: StrictStr
     per_sample: FlopsPerSample
     training: FlopsTraining
+    inference: FlopsInference = None  # 1.10 on; absent: not recorded
 
 
 class ClockDevice(_Model):
