@@ -40,7 +40,7 @@ and seeded random client updates, beside hfl-bench's ``slice_state`` and ``aggre
 tensors and the same windows, and whether each of their windows is the one hfl-bench draws.
 
     OMP_NUM_THREADS=1 python benchmarks/sidebyside_submodel.py --heterofl CHECKOUT --fedrolex CHECKOUT \\
-        --data MNIST_HTFL_FOLDER [--rounds 20] [--out benchmarks/results/sidebyside/FILE.json]
+        --data MNIST_HTFL_FOLDER [--rounds 15] [--out benchmarks/results/sidebyside/FILE.json]
     python benchmarks/sidebyside_submodel.py --report FILE.json [--doc docs/studies/submodel-sidebyside.md]
 
 ``--report`` prints the per-round tables as markdown; with ``--doc`` it rewrites the block between
@@ -364,13 +364,18 @@ def report(doc: dict) -> str:
         lines += [f"**{title}**", "",
                   "| round | HeteroFL (theirs) | heterofl (ours) | diff | FedRolex (theirs) | fedrolex (ours) | diff |",
                   "|---:|---:|---:|---:|---:|---:|---:|"]
-        h, f = doc["runs"]["heterofl"], doc["runs"]["fedrolex"]
-        for r in range(len(h["reference"][how])):
-            a, b = h["reference"][how][r], h["ours"][how][r]
-            c, e = f["reference"][how][r], f["ours"][how][r]
-            lines.append(f"| {r} | {a:.2f} | {b:.2f} | {b - a:+.2f} | {c:.2f} | {e:.2f} | {e - c:+.2f} |")
+        ran = [m for m in ("heterofl", "fedrolex") if m in doc["runs"]]  # a file written part way holds fewer
+        for r in range(s["rounds"] + 1):
+            cells = []
+            for m in ("heterofl", "fedrolex"):
+                if m not in ran:
+                    cells += ["-", "-", "-"]
+                    continue
+                a, b = doc["runs"][m]["reference"][how][r], doc["runs"][m]["ours"][how][r]
+                cells += [f"{a:.2f}", f"{b:.2f}", f"{b - a:+.2f}"]
+            lines.append(f"| {r} | " + " | ".join(cells) + " |")
         lines.append("")
-        for m in ("heterofl", "fedrolex"):
+        for m in ran:
             w = doc["runs"][m]["within_2_points"][how]
             lines.append(f"- {m}: within 2 points at {w['rounds_within']} of {w['rounds']} rounds; largest difference "
                          f"{w['max_abs_diff']:.2f}, mean {w['mean_abs_diff']:.2f}, last round {w['last_diff']:+.2f} "
@@ -378,14 +383,14 @@ def report(doc: dict) -> str:
         lines.append("")
     lines += ["**Seconds** (training rounds only, one CPU thread; the evaluation here is not counted)", "",
               "| run | theirs | ours |", "|---|---:|---:|"]
-    for m in ("heterofl", "fedrolex"):
+    for m in ran:
         r = doc["runs"][m]
         lines.append(f"| {m} | {sum(r['reference']['seconds']):.0f} | {sum(r['ours']['seconds']):.0f} |")
     lines += ["", "**Function-level checks**: their slicing and aggregation beside ours on the same tensors (largest "
               "absolute difference; hfl-bench's initial global model, seeded random client updates)", "",
               "| method | round | slices | aggregate: conv weights | aggregate: biases, BN, classifier | "
               "windows as ours | windows as ours mirrored |", "|---|---:|---:|---:|---:|---|---|"]
-    for m, rows in doc["checks"].items():
+    for m, rows in doc.get("checks", {}).items():
         for c in rows:
             lines.append(f"| {m} | {c['round']} | {c['max_abs_diff_slices']:.2g} | "
                          f"{c['max_abs_diff_aggregate_conv']:.2g} | {c['max_abs_diff_aggregate_other']:.2g} | "
@@ -406,6 +411,25 @@ def write_doc(page: Path, text: str, json_path: str) -> None:
 # ---------------------------------------------------------------- main
 
 
+def write_result(args, kept: dict, commits: dict, started: float, runs: dict, checks: dict | None) -> dict:
+    code = kept["code"]
+    doc = {"what": "HeteroFL and FedRolex, hfl-bench beside the authors' code (issue 66)",
+           "commit": code.get("git_sha") or git(ROOT, "rev-parse", "HEAD"), "dirty": bool(code.get("git_dirty")),
+           "references": commits,
+           "host": {"name": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count(),
+                    "python": platform.python_version(), "torch": torch.__version__,
+                    "date": f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"},
+           "seconds": round(time.perf_counter() - started, 1),
+           "settings": settings(args), "client_rates": kept["rates"],
+           "patches": {k: [p[0] for p in v] for k, v in PATCHES.items()},
+           "runs": runs, **({"checks": checks} if checks is not None else {})}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    log(f"wrote {out} ({doc['seconds']:.0f} s)")
+    return doc
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--heterofl", help="a git checkout of the HeteroFL authors' repository")
@@ -414,7 +438,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--train-per-client", type=int, default=250)
     ap.add_argument("--test-per-client", type=int, default=100)
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--local-epochs", type=int, default=1)
     ap.add_argument("--batch", type=int, default=10)
     ap.add_argument("--lr", type=float, default=0.01)
@@ -464,23 +488,8 @@ def main() -> None:
             }
             log(f"  sbn ours {ours_c['sbn'][-1]} theirs {theirs_c['sbn'][-1]}; "
                 f"batch ours {ours_c['batch'][-1]} theirs {theirs_c['batch'][-1]}")
-            rates = kept["rates"]
-        checks = check_functions(args, roots, {**kept, "rates": rates}, work)
-        code = kept["code"]
-        doc = {"what": "HeteroFL and FedRolex, hfl-bench beside the authors' code (issue 66)",
-               "commit": code.get("git_sha") or git(ROOT, "rev-parse", "HEAD"), "dirty": bool(code.get("git_dirty")),
-               "references": commits,
-               "host": {"name": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count(),
-                        "python": platform.python_version(), "torch": torch.__version__,
-                        "date": f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"},
-               "seconds": round(time.perf_counter() - started, 1),
-               "settings": settings(args), "client_rates": rates,
-               "patches": {k: [p[0] for p in v] for k, v in PATCHES.items()},
-               "runs": runs, "checks": checks}
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=1) + "\n")
-        log(f"wrote {out} ({doc['seconds']:.0f} s)")
+            write_result(args, kept, commits, started, runs, None)  # kept if a later step fails
+        doc = write_result(args, kept, commits, started, runs, check_functions(args, roots, kept, work))
         print(report(doc), end="")
     finally:
         shutil.rmtree(work, ignore_errors=True)
