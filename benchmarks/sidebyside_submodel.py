@@ -18,8 +18,8 @@ Runs, all on one CPU thread, in one process each:
   ``hfl-bench run``) with pool ``heterofl-cnn-paper`` (HeteroFL's CNN at 64-512 channels), the
   profile ``--profile`` fixed, uniform weighting, every client every round, ``--batch``, ``--lr``,
   SGD with momentum 0.9 and weight decay 5e-4, gradients clipped at norm 1 (the authors' clients
-  clip at 1; hfl-bench's protocol at 10), ``--eval-every 0`` (the engine tests the last round
-  only: its own figures are per client and are not compared). The script wraps the family's
+  clip at 1; hfl-bench's protocol at 10), ``eval_every`` R (the engine tests only its final
+  window of rounds: its own figures are per client and are not compared). The script wraps the family's
   ``setup`` and ``run_round`` to keep a copy of the global model after each round; this reads the
   method's state and changes none of its numerics.
 - **the references**: HeteroFL's ``train`` (``train_classifier_fed.py``) with its ``Federation``
