@@ -31,7 +31,14 @@ import torch
 import torch.nn.functional as F
 
 from hfl_bench.config import ConfigError, param, require_at_least
-from hfl_bench.families.submodel import LEVELS, WEIGHTING_HELP, WEIGHTINGS, assign_rates, parse_profile
+from hfl_bench.families.submodel import (
+    LEVELS,
+    WEIGHTING_HELP,
+    WEIGHTINGS,
+    assign_rates,
+    client_weights,
+    parse_profile,
+)
 from hfl_bench.metering import SERVER, Payload
 from hfl_bench.pools import PoolMember, seeded_model
 from hfl_bench.training import Trainee, derive_seed, fit, kd_loss, make_plan, soft_targets
@@ -167,11 +174,7 @@ class DepthRounds:
             losses += fit(fed, make_plan(fed, i, rnd), [Trainee(model, c.optimizer, f"client {i}", i)],
                           lambda b, m=model: [exit_losses(m.exit_logits(b.x), b.y, kd, temperature)])
         states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict(), Payload.PARAMS) for i in active]
-        if self.params.weighting == "samples":
-            weights = torch.tensor([fed.clients[i].n_train for i in active], dtype=torch.float64)
-        else:
-            weights = torch.ones(len(active), dtype=torch.float64)
-        weights = (weights / weights.sum()).tolist()
+        weights = client_weights(fed, active, self.params.weighting)
         self.global_state = aggregate(self.global_state, list(zip(states, weights)))
         self.broadcast(fed, list(range(fed.n_clients)))
         return {"train_loss": sum(losses) / len(losses)}

@@ -105,6 +105,16 @@ def assign_rates(profile: list[tuple[str, int]], n_clients: int, seed: int) -> l
     return [rates[p] for p in perm]
 
 
+def client_weights(fed: "RoundView", active: list[int], weighting: str) -> list[float]:
+    """The active clients' aggregation weights, normalized: training sizes (``samples``, FedAvg's
+    weights, summed as FedAvg sums them) or equal (``uniform``, HeteroFL's code)."""
+    if weighting == "samples":
+        weights = torch.tensor([fed.clients[i].n_train for i in active], dtype=torch.float64)
+    else:
+        weights = torch.ones(len(active), dtype=torch.float64)
+    return (weights / weights.sum()).tolist()
+
+
 def window(full: int, size: int, start: int) -> torch.Tensor:
     """``size`` channel indices of ``full`` from ``start``, wrapping around."""
     return (torch.arange(size) + start) % full
@@ -239,11 +249,7 @@ class SubmodelRounds:
     def run_round(self, fed: "RoundView", rnd: int, active: list[int]) -> dict[str, float]:
         losses = self.train_clients(fed, rnd, active)
         states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict(), Payload.PARAMS) for i in active]
-        if self.params.weighting == "samples":
-            weights = torch.tensor([fed.clients[i].n_train for i in active], dtype=torch.float64)
-        else:
-            weights = torch.ones(len(active), dtype=torch.float64)
-        weights = (weights / weights.sum()).tolist()
+        weights = client_weights(fed, active, self.params.weighting)
         parts = [(s, self.indices(fed, i, rnd), w) for i, s, w in zip(active, states, weights)]
         self.global_state = aggregate(self.global_state, self.axes, parts)
         for c in fed.clients:  # a moved window carries the client's momentum with its entries
