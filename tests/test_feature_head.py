@@ -13,8 +13,12 @@ from hfl_bench.families.feature_head import FeatureHeadModel, NearestPrototype, 
 from hfl_bench.pools import build_model
 from tests.test_pools import MULTIMODAL_TASKS, TASK_NAMES, TEXT_TASKS, _task_info, _unique_members
 
+# Members without a feature / head split, and why: methods that need one refuse them in one line
+# (the test after the next).
+NO_SPLIT = {"depthfl_cnn": "DepthFL's model predicts with the mean of its exits' heads: no single head"}
 
-@pytest.mark.parametrize("member", _unique_members(), ids=lambda m: m.model)
+
+@pytest.mark.parametrize("member", [m for m in _unique_members() if m.model not in NO_SPLIT], ids=lambda m: m.model)
 def test_member_splits_into_features_and_head(member):
     """forward == classifier(forward_head(forward_features(x), pre_logits=True)) exactly, and the
     pre-logit features have ``num_features`` values (first task of the member's kind)."""
@@ -31,6 +35,17 @@ def test_member_splits_into_features_and_head(member):
         assert split.forward_features(x).shape == (3, 40)
         assert split(x).shape == (3, info.num_classes)
     assert split.get_classifier() is split.head
+
+
+@pytest.mark.parametrize("name", sorted(NO_SPLIT))
+def test_a_member_without_a_split_is_refused_in_one_line(name):
+    from hfl_bench.config import ConfigError
+
+    member = next(m for m in _unique_members() if m.model == name)
+    model = build_model(member, _task_info(TASK_NAMES[0]))
+    with pytest.raises(ConfigError, match="has no feature / head split") as e:
+        check_split(model, member.name)
+    assert "\n" not in str(e.value)
 
 
 def test_split_drops_the_member_classifier():
