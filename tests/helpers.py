@@ -155,3 +155,23 @@ def assert_refused(out: Path, method: str, *args: str, says: str, base: tuple[st
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and says in lines[0], proc.stderr
     assert not list(out.glob("*.json"))
+
+
+def straight_and_resumed(cfg: RunConfig, checkpoint: Path, rounds: int = 3, stop: int = 1):
+    """The run ``cfg`` describes stepped through ``rounds`` rounds without stopping, and the same run
+    checkpointed to ``checkpoint`` after round ``stop``, loaded into a fresh simulation and stepped
+    on to ``rounds``: (straight, resumed) ``engine.Simulation``s, to compare."""
+    from hfl_bench.engine import Simulation
+
+    straight = Simulation(cfg)
+    for rnd in range(1, rounds + 1):
+        straight.step(rnd)
+    first = Simulation(cfg)
+    for rnd in range(1, stop + 1):
+        first.step(rnd)
+    first.save_checkpoint(checkpoint)
+    resumed = Simulation(cfg)
+    assert resumed.load_checkpoint(checkpoint) == stop
+    for rnd in range(stop + 1, rounds + 1):
+        resumed.step(rnd)
+    return straight, resumed

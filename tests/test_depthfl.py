@@ -17,7 +17,7 @@ from hfl_bench.families.submodel import assign_rates, parse_profile
 from hfl_bench.method_api import ConfigError, check_method_for_task, get_method_class
 from hfl_bench.results.setting import SUBMODELS_LABEL
 
-from helpers import assert_refused, figures, invoke_cli, quick_run
+from helpers import assert_refused, figures, invoke_cli, quick_run, straight_and_resumed
 
 
 def log_softmax(z: list[float]) -> list[float]:
@@ -204,21 +204,11 @@ def test_describe_states_the_family_and_its_pool():
 
 def test_a_resumed_run_is_the_run_that_never_stopped(tmp_path):
     # the clients' sub-models, the global tensors and the levels come back from a checkpoint
-    from hfl_bench.engine import Simulation
     from hfl_bench.resolved import resolve_run
 
     cfg = resolve_run({"method": "depthfl", "task": "digits", "clients": 4, "rounds": 3,
                        "out": str(tmp_path)}).cfg
-    straight = Simulation(cfg)
-    for rnd in (1, 2, 3):
-        straight.step(rnd)
-    first = Simulation(cfg)
-    first.step(1)
-    first.save_checkpoint(tmp_path / "ckpt.pt")
-    resumed = Simulation(cfg)
-    assert resumed.load_checkpoint(tmp_path / "ckpt.pt") == 1
-    for rnd in (2, 3):
-        resumed.step(rnd)
+    straight, resumed = straight_and_resumed(cfg, tmp_path / "ckpt.pt", rounds=3, stop=1)
     keys = ("global_acc", "local_acc", "train_loss")
     assert [{k: h.get(k) for k in keys} for h in resumed.history] == \
         [{k: h.get(k) for k in keys} for h in straight.history]
