@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hfl_bench.width_models import _pool_kernel
+from hfl_bench.modelhead import pool_kernel
 
 
 class Exit(nn.Module):
@@ -59,14 +59,14 @@ class DepthCNN(nn.Module):
         for k in range(depth):
             layers: list[nn.Module] = []
             if k > 0:
-                kernel = _pool_kernel(size)
+                kernel = pool_kernel(size)
                 layers.append(nn.MaxPool2d(kernel))
                 size = tuple(s // q for s, q in zip(size, kernel))
             layers += [nn.Conv2d(cin, hidden[k], 3, padding=1, bias=False), nn.BatchNorm2d(hidden[k]),
                        nn.ReLU(inplace=True)]
             self.blocks.append(nn.Sequential(*layers))
             self.exits.append(Exit(hidden[k], hidden[-1], num_classes, bottleneck=k < self.full_depth - 1,
-                                   stride=_pool_kernel(size)))
+                                   stride=pool_kernel(size)))
             cin = hidden[k]
 
     def exit_logits(self, x: torch.Tensor) -> list[torch.Tensor]:

@@ -1,11 +1,37 @@
-"""timm's classifier interface for our own models (``TimmHead``), apart from ``hfl_bench.pools`` so
-that model modules the pools register (``hfl_bench.sensor_models``) can build on it without an
-import cycle."""
+"""timm's classifier interface for our own models (``TimmHead``) and the convolution stack they
+share (``conv_stack``), apart from ``hfl_bench.pools`` so that model modules the pools register
+(``hfl_bench.sensor_models``, ``hfl_bench.width_models``, ``hfl_bench.depth_models``) can build on
+them without an import cycle."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Container, Sequence
+
 import torch
 from torch import nn
+
+
+def pool_kernel(size: tuple[int, ...]) -> tuple[int, ...]:
+    """2x2 pooling, except along a dimension that is already 1 (1-D signals as 1xL images)."""
+    return tuple(2 if s >= 2 else 1 for s in size)
+
+
+def conv_stack(in_chans: int, widths: Sequence[int], img_size: Sequence[int],
+               block: Callable[[int, int], list[nn.Module]], pool_after: Container[int]) -> tuple[nn.Sequential, int]:
+    """Layer i's modules ``block(cin, widths[i])``, each followed by a ``pool_kernel`` max-pool when
+    i is in ``pool_after``; returns the stack and its output channels. Modules are built in that
+    order, so a seed draws the same parameters as a model that builds them inline."""
+    layers: list[nn.Module] = []
+    size = tuple(img_size)
+    cin = in_chans
+    for i, cout in enumerate(widths):
+        layers += block(cin, cout)
+        if i in pool_after:
+            kernel = pool_kernel(size)
+            layers.append(nn.MaxPool2d(kernel))
+            size = tuple(s // k for s, k in zip(size, kernel))
+        cin = cout
+    return nn.Sequential(*layers), cin
 
 
 class TimmHead:

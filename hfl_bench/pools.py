@@ -24,7 +24,10 @@ import torch
 from torch import nn
 
 from hfl_bench.data import TaskInfo, modality_layout
-from hfl_bench.modelhead import TimmHead  # noqa: F401  (re-exported: our models and plugins' build on it)
+from hfl_bench.modelhead import (
+    TimmHead,  # noqa: F401  (re-exported: our models and plugins' build on it)
+    conv_stack,
+)
 from hfl_bench.registry import POOLS
 
 if TYPE_CHECKING:
@@ -38,11 +41,6 @@ def _clean(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k not in _TIMM_ONLY_KWARGS}
 
 
-def _pool_kernel(size: tuple[int, int]) -> tuple[int, int]:
-    """2x2 pooling, except along a dimension that is already 1 (1-D signals as 1xL images)."""
-    return tuple(2 if s >= 2 else 1 for s in size)  # type: ignore[return-value]
-
-
 def _conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:
     return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
 
@@ -52,19 +50,8 @@ class PlainCNN(TimmHead, nn.Module):
 
     def __init__(self, channels, pool_after, num_classes, in_chans, img_size):
         super().__init__()
-        layers: list[nn.Module] = []
-        size = tuple(img_size)
-        cin = in_chans
-        for i, cout in enumerate(channels):
-            layers += _conv_bn_relu(cin, cout)
-            if i in pool_after:
-                kernel = _pool_kernel(size)
-                layers.append(nn.MaxPool2d(kernel))
-                size = tuple(s // k for s, k in zip(size, kernel))
-            cin = cout
-        self.features = nn.Sequential(*layers)
-        self.num_features = cin
-        self.fc = nn.Linear(cin, num_classes)
+        self.features, self.num_features = conv_stack(in_chans, channels, img_size, _conv_bn_relu, pool_after)
+        self.fc = nn.Linear(self.num_features, num_classes)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.features(x)

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from hfl_bench.modelhead import TimmHead
+from hfl_bench.modelhead import TimmHead, conv_stack
 
 
 class Scaler(nn.Module):
@@ -39,11 +39,6 @@ def scaled_width(channels: int, rate: float) -> int:
     return max(1, int(math.ceil(rate * channels - 1e-9)))
 
 
-def _pool_kernel(size: tuple[int, ...]) -> tuple[int, ...]:
-    # 2x2 pooling, except along a dimension that is already 1 (1-D signals as 1xL images)
-    return tuple(2 if s >= 2 else 1 for s in size)
-
-
 class HeteroCNN(TimmHead, nn.Module):
     """HeteroFL's CNN at width rate ``rate`` (module docstring)."""
 
@@ -54,20 +49,14 @@ class HeteroCNN(TimmHead, nn.Module):
         self.rate = float(rate)
         self.full_hidden = tuple(hidden)
         widths = [scaled_width(c, rate) for c in hidden]
-        layers: list[nn.Module] = []
-        size = tuple(img_size)
-        cin = in_chans
-        for i, cout in enumerate(widths):
-            layers += [nn.Conv2d(cin, cout, 3, padding=1), Scaler(rate),
-                       nn.BatchNorm2d(cout, momentum=None, track_running_stats=False), nn.ReLU(inplace=True)]
-            if i < len(widths) - 1:
-                kernel = _pool_kernel(size)
-                layers.append(nn.MaxPool2d(kernel))
-                size = tuple(s // k for s, k in zip(size, kernel))
-            cin = cout
-        self.features = nn.Sequential(*layers)
-        self.num_features = cin
-        self.fc = nn.Linear(cin, num_classes)
+
+        def block(cin: int, cout: int) -> list[nn.Module]:
+            return [nn.Conv2d(cin, cout, 3, padding=1), Scaler(rate),
+                    nn.BatchNorm2d(cout, momentum=None, track_running_stats=False), nn.ReLU(inplace=True)]
+
+        # a max-pool after every layer but the last
+        self.features, self.num_features = conv_stack(in_chans, widths, img_size, block, range(len(widths) - 1))
+        self.fc = nn.Linear(self.num_features, num_classes)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.features(x)

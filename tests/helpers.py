@@ -1,8 +1,12 @@
-"""Builders the method tests share: a federation on the CPU, and a method set up on it."""
+"""Builders the method tests share: a federation on the CPU, a method set up on it, and short runs
+through the real command line (in-process, or as a program for its exit code)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -119,3 +123,55 @@ def write_dist(root: Path, package: str, dist: str, source: str, entry_points: s
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(entry_points)
     (info / "top_level.txt").write_text(package + "\n")
+
+
+# A short run the sub-model families' tests (width, depth, FjORD) share.
+QUICK = ("--task", "digits", "--clients", "4", "--rounds", "3")
+
+
+def quick_run(out: Path, *args: str) -> dict:
+    """The record of ``hfl-bench run`` (in-process) on ``QUICK`` with ``args``, which name
+    ``--method``, written under ``out`` (other methods' records may sit there too)."""
+    result, _, _ = invoke_cli("run", *QUICK, "--out", str(out), *args)
+    assert result.exit_code == 0, result.output
+    [path] = [p for p in out.glob("*.json") if p.name.split("__")[1] == args[args.index("--method") + 1]]
+    return json.loads(path.read_text())
+
+
+def figures(record: dict) -> dict:
+    """What two runs that train alike agree on bit for bit: each round's global and local accuracy
+    and training loss, and the per-client and mean accuracies of ``metrics``."""
+    m = record["metrics"]
+    return {"history": [{k: h.get(k) for k in ("global_acc", "local_acc", "train_loss")} for h in record["history"]],
+            "per_client": m["per_client"], "global_acc": m["global_acc"], "local_acc": m["local_acc"]}
+
+
+def assert_refused(out: Path, method: str, *args: str, says: str, base: tuple[str, ...] = QUICK) -> None:
+    """``hfl-bench run --method method *base --out out *args`` as a program (its real exit code and
+    stderr) exits 2 with one line on stderr that holds ``says``, and writes no record."""
+    proc = subprocess.run([sys.executable, "-m", "hfl_bench.cli", "run", "--method", method, *base,
+                           "--out", str(out), *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and says in lines[0], proc.stderr
+    assert not list(out.glob("*.json"))
+
+
+def straight_and_resumed(cfg: RunConfig, checkpoint: Path, rounds: int = 3, stop: int = 1):
+    """The run ``cfg`` describes stepped through ``rounds`` rounds without stopping, and the same run
+    checkpointed to ``checkpoint`` after round ``stop``, loaded into a fresh simulation and stepped
+    on to ``rounds``: (straight, resumed) ``engine.Simulation``s, to compare."""
+    from hfl_bench.engine import Simulation
+
+    straight = Simulation(cfg)
+    for rnd in range(1, rounds + 1):
+        straight.step(rnd)
+    first = Simulation(cfg)
+    for rnd in range(1, stop + 1):
+        first.step(rnd)
+    first.save_checkpoint(checkpoint)
+    resumed = Simulation(cfg)
+    assert resumed.load_checkpoint(checkpoint) == stop
+    for rnd in range(stop + 1, rounds + 1):
+        resumed.step(rnd)
+    return straight, resumed

@@ -20,7 +20,7 @@ from hfl_bench.record.upgrade import STEPS
 from hfl_bench.results.loading import load_record
 from hfl_bench.results.timing import accuracy_at, time_to_accuracy, total_time
 
-from helpers import REAL_RECORD, REPO, invoke_cli
+from helpers import REAL_RECORD, REPO, invoke_cli, straight_and_resumed
 
 SPEED, UP, DOWN, LATENCY = 2e9, 1e5, 4e5, 0.5
 PROTOCOL = ("--task", "digits", "--rounds", "3", "--eval-every", "1", "-q")
@@ -302,20 +302,10 @@ def test_the_python_api_and_a_suite_take_the_same_keys(tmp_path):
 def test_a_resumed_run_keeps_its_clock(tmp_path):
     # the clock is rebuilt from the history a checkpoint holds: a run resumed after round 1 times
     # rounds 2 and 3 as the run that never stopped
-    from hfl_bench.engine import Simulation
     from hfl_bench.resolved import resolve_run
 
     cfg = resolve_run({"method": "crad", "task": "digits", "clients": 2, "rounds": 3, "devices": "mixed-phones",
                        "deadline": 2.0, "out": str(tmp_path)}).cfg
-    straight = Simulation(cfg)
-    for rnd in (1, 2, 3):
-        straight.step(rnd)
-    first = Simulation(cfg)
-    first.step(1)
-    first.save_checkpoint(tmp_path / "ckpt.pt")
-    resumed = Simulation(cfg)
-    assert resumed.load_checkpoint(tmp_path / "ckpt.pt") == 1
-    for rnd in (2, 3):
-        resumed.step(rnd)
+    straight, resumed = straight_and_resumed(cfg, tmp_path / "ckpt.pt", rounds=3, stop=1)
     assert [h["clock"] for h in resumed.history[1:]] == [h["clock"] for h in straight.history[1:]]
     assert resumed.clock.record(resumed.history) == straight.clock.record(straight.history)

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +17,7 @@ from hfl_bench.families.submodel import assign_rates, parse_profile
 from hfl_bench.method_api import ConfigError, check_method_for_task, get_method_class
 from hfl_bench.results.setting import SUBMODELS_LABEL
 
-from helpers import invoke_cli
+from helpers import assert_refused, figures, invoke_cli, quick_run, straight_and_resumed
 
 
 def log_softmax(z: list[float]) -> list[float]:
@@ -124,22 +121,6 @@ def test_levels_are_the_width_familys_draw_read_as_depths():
     check_levels("depthfl", "a1-b1", 2)
 
 
-QUICK = ("--task", "digits", "--clients", "4", "--rounds", "3")
-
-
-def run(out: Path, *args: str) -> dict:
-    result, stdout, stderr = invoke_cli("run", *QUICK, "--out", str(out), *args)
-    assert result.exit_code == 0, result.output
-    [path] = [p for p in out.glob("*.json") if p.name.split("__")[1] == args[args.index("--method") + 1]]
-    return json.loads(path.read_text())
-
-
-def figures(record: dict) -> dict:
-    m = record["metrics"]
-    return {"history": [{k: h.get(k) for k in ("global_acc", "local_acc", "train_loss")} for h in record["history"]],
-            "per_client": m["per_client"], "global_acc": m["global_acc"], "local_acc": m["local_acc"]}
-
-
 @pytest.fixture
 def one_exit_pool():
     """A global model of one block and its one exit, registered for this test only."""
@@ -155,8 +136,8 @@ def test_one_exit_is_fedavg_bit_for_bit(one_exit_pool, tmp_path):
     # One block, one exit: the loss is that exit's CE (self-distillation has no pair, whatever kd),
     # the prediction its logits, and every client holds every tensor, so the server's sum is
     # fedavg's: the records agree bit for bit, every round, every client.
-    fedavg = run(tmp_path, "--method", "fedavg", "--pool", one_exit_pool)
-    depth = run(tmp_path, "--method", "depthfl", "--pool", one_exit_pool, "--set", "profile=a1",
+    fedavg = quick_run(tmp_path, "--method", "fedavg", "--pool", one_exit_pool)
+    depth = quick_run(tmp_path, "--method", "depthfl", "--pool", one_exit_pool, "--set", "profile=a1",
                 "--set", "weighting=samples")
     assert depth["method"]["hparams"]["kd"] == 1.0
     assert figures(depth) == figures(fedavg)
@@ -167,7 +148,7 @@ def test_default_runs_its_own_family_through_cli_api_and_matrix_in_the_submodel_
     from hfl_bench import run as api_run
 
     records = tmp_path / "records"
-    cli = run(records, "--method", "depthfl")
+    cli = quick_run(records, "--method", "depthfl")
     api = api_run(method="depthfl", task="digits", clients=4, rounds=3, out=str(tmp_path / "api")).data
     assert figures(api) == figures(cli)  # one run, whichever door
     for rec in (cli, api):
@@ -188,7 +169,7 @@ def test_default_runs_its_own_family_through_cli_api_and_matrix_in_the_submodel_
     levels = {1.0: 4, 0.5: 3, 0.25: 2, 0.125: 1}
     assert cells["depthfl"]["method"]["run_details"]["client_depths"] == \
         [levels[r] for r in cells["heterofl"]["method"]["run_details"]["client_rates"]]
-    run(records, "--method", "fedavg", "--pool", "cpu-cnn")
+    quick_run(records, "--method", "fedavg", "--pool", "cpu-cnn")
     result, stdout, _ = invoke_cli("leaderboard", "show", str(records), "--format", "json")
     assert result.exit_code == 0, result.output
     sections = {g["method"]: g["section"] for g in json.loads(stdout)["groups"]}
@@ -206,12 +187,7 @@ def test_default_runs_its_own_family_through_cli_api_and_matrix_in_the_submodel_
     (("--set", "temperature=0"), "temperature must be > 0"),
 ])
 def test_a_setting_it_cannot_run_is_one_line_and_exit_2(args, says, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hfl_bench.cli", "run", "--method", "depthfl", *QUICK,
-                           "--out", str(tmp_path), *args], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and says in lines[0], proc.stderr
-    assert not list(tmp_path.glob("*.json"))
+    assert_refused(tmp_path, "depthfl", *args, says=says)
 
 
 def test_text_tasks_are_refused_in_one_line():
@@ -228,21 +204,11 @@ def test_describe_states_the_family_and_its_pool():
 
 def test_a_resumed_run_is_the_run_that_never_stopped(tmp_path):
     # the clients' sub-models, the global tensors and the levels come back from a checkpoint
-    from hfl_bench.engine import Simulation
     from hfl_bench.resolved import resolve_run
 
     cfg = resolve_run({"method": "depthfl", "task": "digits", "clients": 4, "rounds": 3,
                        "out": str(tmp_path)}).cfg
-    straight = Simulation(cfg)
-    for rnd in (1, 2, 3):
-        straight.step(rnd)
-    first = Simulation(cfg)
-    first.step(1)
-    first.save_checkpoint(tmp_path / "ckpt.pt")
-    resumed = Simulation(cfg)
-    assert resumed.load_checkpoint(tmp_path / "ckpt.pt") == 1
-    for rnd in (2, 3):
-        resumed.step(rnd)
+    straight, resumed = straight_and_resumed(cfg, tmp_path / "ckpt.pt", rounds=3, stop=1)
     keys = ("global_acc", "local_acc", "train_loss")
     assert [{k: h.get(k) for k in keys} for h in resumed.history] == \
         [{k: h.get(k) for k in keys} for h in straight.history]

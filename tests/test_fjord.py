@@ -7,8 +7,6 @@ cannot run is refused in one line."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,9 +19,8 @@ from hfl_bench.method_api import ConfigError, get_method_class
 from hfl_bench.methods.fjord import NestedStep, held, narrow_forward, sample_widths, width_masks, width_set
 from hfl_bench.width_models import heterofl_cnn
 
-from helpers import invoke_cli
+from helpers import QUICK, assert_refused, figures, invoke_cli, quick_run
 
-QUICK = ("--task", "digits", "--clients", "4", "--rounds", "3")
 HIDDEN = (4, 8)
 
 
@@ -93,22 +90,9 @@ def test_the_width_sampler_is_seeded_and_draws_levels_up_to_p_max():
             width_set(widths, profile)
 
 
-def run(out: Path, *args: str) -> dict:
-    result, _, _ = invoke_cli("run", *QUICK, "--out", str(out), *args)
-    assert result.exit_code == 0, result.output
-    [path] = [p for p in out.glob("*.json") if p.name.split("__")[1] == args[args.index("--method") + 1]]
-    return json.loads(path.read_text())
-
-
-def figures(record: dict) -> dict:
-    m = record["metrics"]
-    return {"history": [{k: h.get(k) for k in ("global_acc", "local_acc", "train_loss")} for h in record["history"]],
-            "per_client": m["per_client"], "global_acc": m["global_acc"], "local_acc": m["local_acc"]}
-
-
 def test_full_capacity_with_one_width_is_fedavg_bit_for_bit(tmp_path):
-    fedavg = run(tmp_path, "--method", "fedavg", "--pool", "heterofl-cnn")
-    fjord = run(tmp_path, "--method", "fjord", "--set", "profile=a1")  # P = {1.0}; kd on, weighting samples
+    fedavg = quick_run(tmp_path, "--method", "fedavg", "--pool", "heterofl-cnn")
+    fjord = quick_run(tmp_path, "--method", "fjord", "--set", "profile=a1")  # P = {1.0}; kd on, weighting samples
     assert fjord["arch_pool"]["name"] == "heterofl-cnn"
     assert fjord["method"]["hparams"]["kd"] == "on" and fjord["method"]["hparams"]["weighting"] == "samples"
     assert figures(fjord) == figures(fedavg)  # bit for bit, every round, every client
@@ -119,7 +103,7 @@ def test_full_capacity_with_one_width_is_fedavg_bit_for_bit(tmp_path):
 def test_default_runs_its_family_through_the_cli_the_api_and_a_matrix(tmp_path):
     from hfl_bench import run as api_run
 
-    cli = run(tmp_path / "cli", "--method", "fjord")
+    cli = quick_run(tmp_path / "cli", "--method", "fjord")
     api = api_run(method="fjord", task="digits", clients=4, rounds=3, out=str(tmp_path / "api")).data
     assert figures(cli) == figures(api)  # one code path, one seed
     for rec in (cli, api):
@@ -128,7 +112,7 @@ def test_default_runs_its_family_through_the_cli_the_api_and_a_matrix(tmp_path):
         assert sorted(rec["method"]["run_details"]["client_rates"]) == [0.125, 0.25, 0.5, 1.0]
         assert rec["method"]["run_details"]["widths"] == [1.0, 0.5, 0.25, 0.125, 0.0625]
     # kd=off trains other steps (the width-p sub-model alone): another run
-    off = run(tmp_path / "off", "--method", "fjord", "--set", "kd=off")
+    off = quick_run(tmp_path / "off", "--method", "fjord", "--set", "kd=off")
     assert figures(off)["history"] != figures(cli)["history"]
 
     suite = tmp_path / "tiny.yaml"
@@ -151,13 +135,7 @@ def test_default_runs_its_family_through_the_cli_the_api_and_a_matrix(tmp_path):
 ])
 def test_a_setting_it_cannot_run_is_one_line_and_exit_2(args, says, tmp_path):
     base = QUICK if "--task" not in args else QUICK[2:]  # a text task in place of digits
-    proc = subprocess.run([sys.executable, "-m", "hfl_bench.cli", "run", "--method", "fjord", *base,
-                           "--out", str(tmp_path), "--data-dir", str(tmp_path / "none"), *args],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and says in lines[0], proc.stderr
-    assert not list(tmp_path.glob("*.json"))
+    assert_refused(tmp_path, "fjord", "--data-dir", str(tmp_path / "none"), *args, says=says, base=base)
 
 
 def test_card_and_describe():

@@ -6,9 +6,6 @@ one-line refusals and the leaderboard's own setting section."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +21,7 @@ from hfl_bench.families.submodel import (
 from hfl_bench.method_api import ConfigError
 from hfl_bench.results.setting import SUBMODELS_LABEL, SUBMODELS_REASON
 
-from helpers import invoke_cli
+from helpers import assert_refused, figures, invoke_cli, quick_run
 
 # A 2-layer toy: a hidden layer of 4 channels (weight [4, 2], bias [4]) and a classifier of 3 classes
 # reading it (weight [3, 4], bias [3]): the input's 2 features and the classes are never sliced.
@@ -103,26 +100,10 @@ def test_fedrolex_window_rolls_one_channel_a_round_and_heterofl_stays():
     assert rolex.indices(None, 1, 5)[0].tolist() == list(range(16))  # full capacity: every channel in order
 
 
-QUICK = ("--task", "digits", "--clients", "4", "--rounds", "3")
-
-
-def run(out: Path, *args: str) -> dict:
-    result, stdout, stderr = invoke_cli("run", *QUICK, "--out", str(out), *args)
-    assert result.exit_code == 0, result.output
-    [path] = [p for p in out.glob("*.json") if p.name.split("__")[1] == args[args.index("--method") + 1]]
-    return json.loads(path.read_text())
-
-
-def figures(record: dict) -> dict:
-    m = record["metrics"]
-    return {"history": [{k: h.get(k) for k in ("global_acc", "local_acc", "train_loss")} for h in record["history"]],
-            "per_client": m["per_client"], "global_acc": m["global_acc"], "local_acc": m["local_acc"]}
-
-
 @pytest.mark.parametrize("method", ["heterofl", "fedrolex"])
 def test_full_capacity_is_fedavg_bit_for_bit(method, tmp_path):
-    fedavg = run(tmp_path, "--method", "fedavg", "--pool", "heterofl-cnn")
-    sub = run(tmp_path, "--method", method, "--set", "profile=a1", "--set", "weighting=samples")
+    fedavg = quick_run(tmp_path, "--method", "fedavg", "--pool", "heterofl-cnn")
+    sub = quick_run(tmp_path, "--method", method, "--set", "profile=a1", "--set", "weighting=samples")
     assert sub["arch_pool"]["name"] == "heterofl-cnn"
     assert figures(sub) == figures(fedavg)  # bit for bit, every round, every client
     assert sub["method"]["run_details"]["client_rates"] == [1.0] * 4
@@ -133,8 +114,8 @@ def test_default_runs_its_own_family_and_sits_in_its_own_section(tmp_path):
 
     records = tmp_path / "records"
     hetero = api_run(method="heterofl", task="digits", clients=4, rounds=3, out=str(records)).data
-    rolex = run(records, "--method", "fedrolex")
-    run(records, "--method", "fedavg", "--pool", "heterofl-cnn")
+    rolex = quick_run(records, "--method", "fedrolex")
+    quick_run(records, "--method", "fedavg", "--pool", "heterofl-cnn")
     for rec in (hetero, rolex):
         assert rec["arch_pool"]["name"] == "heterofl-cnn" and rec["method"]["submodels"] is True
         assert rec["method"]["hparams"] == {"profile": "a1-b1-c1-d1-e1", "weighting": "uniform"}
@@ -158,12 +139,7 @@ def test_default_runs_its_own_family_and_sits_in_its_own_section(tmp_path):
     (("--set", "weighting=mean"), "weighting must be uniform or samples"),
 ])
 def test_a_setting_it_cannot_run_is_one_line_and_exit_2(args, says, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hfl_bench.cli", "run", "--method", "heterofl", *QUICK,
-                           "--out", str(tmp_path), *args], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and says in lines[0], proc.stderr
-    assert not list(tmp_path.glob("*.json"))
+    assert_refused(tmp_path, "heterofl", *args, says=says)
 
 
 def test_describe_states_the_family_and_its_pool():
