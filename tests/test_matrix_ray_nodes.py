@@ -156,6 +156,7 @@ class FakeRay:
 
         self.exceptions = ray.exceptions
         self.outcomes, self.alive, self.sent = list(outcomes), set(alive), []
+        self.resources = {"CPU": 2}
 
     def remote(self, fn):
         fake = self
@@ -173,7 +174,7 @@ class FakeRay:
         return Task()
 
     def cluster_resources(self):
-        return {"CPU": 2}
+        return dict(self.resources)
 
     def nodes(self):
         return [{"NodeID": n, "Alive": True} for n in sorted(self.alive)]
@@ -237,6 +238,21 @@ def test_a_cell_that_keeps_losing_its_node_fails_after_the_retries():
     [record] = _drive(fake, 1)[1].values()
     assert fake.sent == [0] * (NODE_RETRIES + 1)
     assert record["status"] == "failed" and record["error"].startswith(f"NodeDiedError: node {NODE_RETRIES} died")
+
+
+def test_a_cell_the_cluster_can_no_longer_take_fails_instead_of_waiting():
+    errors = pytest.importorskip("ray.exceptions")
+
+    def last_cpu_node_gone(fake):
+        fake.alive.discard("b")
+        fake.resources = {"CPU": 0}
+        return errors.NodeDiedError("node b died")
+
+    fake = FakeRay([last_cpu_node_gone], alive={"a", "b"})
+    [record] = _drive(fake, 1)[1].values()
+    assert fake.sent == [0] and record["status"] == "failed"
+    assert record["error"] == ("ConfigError: the cell asks Ray for 1 CPU(s) but the cluster has 0: lower "
+                               "--cpus-per-cell (since the node it ran on was lost)")
 
 
 class FakeQueue:

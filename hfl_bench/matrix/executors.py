@@ -677,7 +677,7 @@ def _ray_cells(ray, cells: list[Cell], done: Done, options: RayOptions, plugins:
                 problem = unschedulable(cpus, gpus, resources)
                 if problem:  # Ray would wait for it forever
                     if key in tries:
-                        problem += f" (left after the node running it was lost, {tries[key]} time(s))"
+                        problem += " (since the node it ran on was lost)"
                     done(cell, failed_record(cell.cfg, f"ConfigError: {problem}"))
                     continue
                 # no retries by Ray: the driver decides what a lost node costs (node_lost) and says so
