@@ -3,7 +3,8 @@ process; ``pool``, each cell in a worker process of its own (forkserver, not for
 imported), up to ``--jobs`` at once; ``ray``, each cell a Ray task on a local or existing cluster.
 ``local`` with ``--jobs`` > 1 runs the pool, as ``--executor local --jobs N`` always did. Workers and
 Ray tasks return the record and the driver writes it (``on_record``), so records land in the
-driver's folder even on a multi-machine cluster; a worker that dies costs only its own cell. Pool
+driver's folder even on a multi-machine cluster; a worker that dies costs only its own cell, and
+a Ray node that dies costs none (its cells are sent again, ``node_lost``). Pool
 workers of CUDA cells share out the visible GPUs (``--cells-per-gpu``, ``hfl_bench.matrix.gpus``).
 
 Workers and Ray tasks load the plugins the driver resolved at the matrix's start, no others
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 from typing import Any, Callable, ClassVar, Mapping, Optional
 
 from hfl_bench.config import ConfigError, RunConfig
@@ -50,6 +52,7 @@ __all__ = ["EXECUTORS", "LocalExecutor", "LocalOptions", "PoolExecutor", "PoolOp
            "RayOptions", "executor_class", "executor_options", "job_of", "make_executor", "run_process_pool"]
 
 Done = OnRecord  # the name the functions below always used
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- looking executors up
@@ -580,11 +583,15 @@ def _ray_task(job: ResolvedRun | RunConfig, threads: int, plugins: Plugins, roun
 
 
 class _RayRounds:
-    """The driver's end of the round reports: a Ray queue (an actor asking for no CPU) that the
-    tasks put ``(cell index, entry)`` on, drained into ``on_round``; with no ``on_round``, nothing."""
+    """The driver's end of the round reports: a Ray queue (an actor asking for no CPU, kept on the
+    driver's node where it can: another node's loss does not take it along) that the tasks put
+    ``(cell index, entry)`` on, drained into ``on_round``; with no ``on_round``, nothing. A round a
+    cell already reported is not passed on again: a cell sent again after losing its node reports
+    the rounds after its checkpoint a second time."""
 
     def __init__(self, queue: Any, cells: list[Cell], on_round: Optional[OnRound]):
         self.queue, self.cells, self.on_round = queue, cells, on_round
+        self.last: dict[int, int] = {}  # cell index -> the last round passed on
 
     @classmethod
     @contextlib.contextmanager
@@ -592,8 +599,10 @@ class _RayRounds:
         queue = None
         if on_round is not None:
             from ray.util.queue import Queue
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            queue = Queue(actor_options={"num_cpus": 0})
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+            queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
         try:
             yield cls(queue, cells, on_round)
         finally:
@@ -612,12 +621,49 @@ class _RayRounds:
             self.queue = None
             return
         for key, entry in entries:
+            rnd = entry.get("round")
+            if isinstance(rnd, int):
+                if key in self.last and rnd <= self.last[key]:
+                    continue
+                self.last[key] = rnd
             self.on_round(self.cells[key], entry)
+
+
+NODE_RETRIES = 3  # how many times a cell whose node was lost is sent again before it is failed
+
+
+def node_lost(ray, error: BaseException, nodes_before: set[str]) -> bool:
+    """Whether a Ray task's error means it lost its node, not that the cell itself broke: the node
+    died (``NodeDiedError``), its finished record was lost with the node (``ObjectLostError``), or
+    its worker process died while a node that was alive when it started is now gone (Ray may
+    report a worker on a removed node as crashed before it knows the node is dead). A worker that
+    crashed on a node still alive (the out-of-memory killer, a crash in native code) is the cell's
+    own failure, as in the pool."""
+    exceptions = ray.exceptions
+    if isinstance(error, (exceptions.NodeDiedError, exceptions.ObjectLostError)):
+        return True
+    if isinstance(error, (exceptions.WorkerCrashedError, exceptions.LocalRayletDiedError)):
+        return bool(nodes_before - _alive_nodes(ray))
+    return False
+
+
+def _alive_nodes(ray) -> set[str]:
+    try:
+        return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    except Exception:  # noqa: BLE001 - the cluster cannot say: treat every node as gone
+        return set()
 
 
 def _ray_cells(ray, cells: list[Cell], done: Done, options: RayOptions, plugins: Plugins,
                rounds: _RayRounds, held: Callable = contextlib.nullcontext) -> None:
-    in_flight: dict[Any, Cell] = {}
+    """Submit the cells (at most ``options.jobs`` in flight) and hand each record to ``done`` once.
+    A cell whose node is lost (``node_lost``) is sent again, at most ``NODE_RETRIES`` times, to
+    whatever node can take it: it continues from its last checkpoint when the nodes share the
+    output folder (its record says ``federation.resumed_from_rounds``), else starts over, with the
+    same result either way (a run is deterministic; resuming is bit-identical). Only the driver
+    writes records, and only the attempt that returns one is written: a lost attempt writes nothing."""
+    in_flight: dict[Any, tuple[int, Cell, set[str]]] = {}  # ref -> (key, cell, nodes alive when sent)
+    tries: dict[int, int] = {}  # key -> times the cell was sent again after losing its node
     try:
         remote = ray.remote(_ray_task)
         resources = ray.cluster_resources()
@@ -630,10 +676,14 @@ def _ray_cells(ray, cells: list[Cell], done: Done, options: RayOptions, plugins:
                 gpus = cell_gpus(cell.cfg, options.gpus_per_cell, resources.get("GPU", 0))
                 problem = unschedulable(cpus, gpus, resources)
                 if problem:  # Ray would wait for it forever
+                    if key in tries:
+                        problem += " (since the node it ran on was lost)"
                     done(cell, failed_record(cell.cfg, f"ConfigError: {problem}"))
                     continue
+                # no retries by Ray: the driver decides what a lost node costs (node_lost) and says so
                 task = remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=0)
-                in_flight[task.remote(job_of(cell), threads, plugins, rounds.queue, key)] = cell
+                in_flight[task.remote(job_of(cell), threads, plugins, rounds.queue, key)] = \
+                    (key, cell, _alive_nodes(ray))
             if not in_flight:
                 break
             # with a timeout: a signal's Python handler (SIGTERM, Ctrl-C) runs only between calls
@@ -642,10 +692,17 @@ def _ray_cells(ray, cells: list[Cell], done: Done, options: RayOptions, plugins:
             if not ready:
                 continue
             with held():  # a finished cell's record is written before a SIGTERM ends the driver
-                cell = in_flight.pop(ready[0])
+                key, cell, nodes = in_flight.pop(ready[0])
                 try:
                     record = ray.get(ready[0])
                 except Exception as e:  # noqa: BLE001 - a crashed worker or node
+                    if node_lost(ray, e, nodes) and tries.get(key, 0) < NODE_RETRIES:
+                        tries[key] = tries.get(key, 0) + 1
+                        log.warning("cell %s lost its Ray node (%s); sent again (%d of %d), from its checkpoint "
+                                    "if it left one", cell.label, type(e).__name__, tries[key], NODE_RETRIES)
+                        pending.insert(0, (key, cell))
+                        resources = ray.cluster_resources()  # without the lost node's
+                        continue
                     record = failed_record(cell.cfg, error_text(e, with_traceback=False))
                 done(cell, record)
     except BaseException:  # Ctrl-C, SIGTERM: cells in flight on a cluster would otherwise run on
