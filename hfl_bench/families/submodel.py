@@ -62,7 +62,9 @@ class SubmodelParams:
 SUBMODEL_NOTES = (
     "model: HeteroFL's CNN (conv 3x3 with bias, scaler, static BN without running statistics, ReLU, 2x2 max-pool "
     "after all but the last layer, global average pooling, linear); pool heterofl-cnn at a quarter of the paper's "
-    "widths (16-128 channels) for the CPU, heterofl-cnn-paper at 64-512",
+    "widths (16-128 channels) for the CPU, heterofl-cnn-paper at 64-512; or (--pool heterofl-resnet18, "
+    "heterofl-resnet18-paper) HeteroFL's pre-activation ResNet-18 with the scaler and static BN, each stage one "
+    "hidden layer (its blocks add into one residual stream)",
     "static BN: no running statistics, so evaluation normalizes with each evaluation batch's own statistics (the "
     "paper's post-training pass that gathers global statistics is not run)",
     "a hidden layer at rate r keeps ceil(r * C) channels; the first layer's input channels and the classes are "
@@ -273,7 +275,8 @@ class SubmodelRounds:
         model = fed.clients[0].model
         if not fed.pool.homogeneous or not hasattr(model, "width_axes"):
             raise ConfigError(f"{self.card.name} slices the width of one global model; pool {fed.pool.name!r} is not "
-                              "one width-scalable model. Use its default, --pool heterofl-cnn (or heterofl-cnn-paper)")
+                              "one width-scalable model. Use its default, --pool heterofl-cnn (or heterofl-cnn-paper, "
+                              "heterofl-resnet18, heterofl-resnet18-paper)")
 
     def indices(self, fed: "RoundView", cid: int, rnd: int) -> Indices:
         """The global channel indices client ``cid``'s sub-model holds in round ``rnd``, per hidden layer."""
