@@ -83,7 +83,11 @@ def test_every_client_at_one_level_is_the_fixed_mode_bit_for_bit(method, tmp_pat
 
 def test_dynamic_levels_are_redrawn_each_round_and_recorded(tmp_path):
     a = run(tmp_path / "a", "fedrolex", "--set", "capacity=dynamic")
-    again = run(tmp_path / "again", "fedrolex", "--set", "capacity=dynamic")
+    from hfl_bench import run as api_run
+
+    # the Python API names it as it names the profile (method_params): the same run, drawn again
+    again = api_run(method="fedrolex", task="digits", clients=4, rounds=3, out=str(tmp_path / "again"),
+                    method_params={"capacity": "dynamic"}).data
     other = run(tmp_path / "other", "fedrolex", "--set", "capacity=dynamic", "--seed", "1")
     levels = a["method"]["run_details"]["round_levels"]
     profile = parse_profile("a1-b1-c1-d1-e1")
