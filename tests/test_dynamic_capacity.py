@@ -55,6 +55,14 @@ def test_optimizer_state_follows_the_entries_to_another_width():
     # now channels 1, 2, 3: channel 1 is new to the client (0), 2 and 3 keep theirs
     assert new.state[wide.h.bias]["momentum_buffer"].tolist() == [0.0, 5.0, 6.0]
     assert new.state[wide.h.weight]["momentum_buffer"].tolist() == [[0.0, 0.0], [1.0, 2.0], [3.0, 4.0]]
+    # Adam: its moments move the same way, its step count is kept
+    adam = torch.optim.Adam(small.parameters(), lr=0.1)
+    small.h.bias.grad, small.h.weight.grad = torch.ones(2), torch.ones(2, 2)
+    adam.step()
+    wide_adam = torch.optim.Adam(wide.parameters(), lr=0.1)
+    carry_optimizer_state(adam, small, wide_adam, wide, axes, full, {0: window(4, 2, 2)}, {0: window(4, 3, 1)})
+    moved = wide_adam.state[wide.h.bias]
+    assert moved["exp_avg"].tolist() == pytest.approx([0.0, 0.1, 0.1]) and float(moved["step"]) == 1.0
 
 
 def run(out: Path, method: str, *args: str) -> dict:
