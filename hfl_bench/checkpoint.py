@@ -341,6 +341,7 @@ def _restore(sim: Any, state: dict[str, Any], where: str) -> None:
     if len(state["clients"]) != fed.n_clients:
         raise CheckpointError(f"{where} does not fit this run: it holds {len(state['clients'])} clients, the run "
                               f"has {fed.n_clients}; delete it to start over")
+    sim.method.prepare_resume(fed, int(state["round"]))  # models whose shape changes by round: as saved
     for client, saved in zip(fed.clients, state["clients"]):
         load_module(client.model, saved["model"], f"client {client.cid} model")
         client.optimizer.load_state_dict(saved["optimizer"])

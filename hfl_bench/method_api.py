@@ -180,6 +180,12 @@ class Method(abc.ABC):
         """
         return pack_attrs(self, fed, skip=("params",))
 
+    def prepare_resume(self, fed: RoundView, rnd: int) -> None:
+        """Called on a resumed run right after a fresh ``setup(fed)``, before the checkpoint's
+        client models load; ``rnd`` is the checkpoint's last completed round. A method whose
+        clients' models change shape from round to round (the width family's dynamic capacity)
+        rebuilds them here as they were after round ``rnd``; the default does nothing."""
+
     def load_state_dict(self, state: dict[str, Any], fed: RoundView) -> None:
         """Load ``state_dict``'s output into this method right after a fresh ``setup(fed)``:
         modules and optimizers are loaded in place, other values replaced. A module that the

@@ -591,6 +591,17 @@ register_pool(ArchPool(
     "HeteroFL's CNN at the paper's widths (64, 128, 256, 512 channels), for the sub-model methods.",
 ))
 register_pool(ArchPool(
+    "heterofl-resnet18", (PoolMember("heterofl_resnet18", label="heterofl-resnet18"),),
+    "One width-scalable global model, HeteroFL's pre-activation ResNet-18 at CPU size (stages of 16-128 channels, "
+    "scaler, static BN): for the width sub-model methods (heterofl, fedrolex, fjord: --pool heterofl-resnet18).",
+))
+register_pool(ArchPool(
+    "heterofl-resnet18-paper",
+    (PoolMember("heterofl_resnet18", {"hidden": (64, 128, 256, 512)}, "heterofl-resnet18-paper"),),
+    "HeteroFL's pre-activation ResNet-18 at the paper's widths (stages of 64, 128, 256, 512 channels), for the "
+    "width sub-model methods.",
+))
+register_pool(ArchPool(
     "depthfl-cnn", (PoolMember("depthfl_cnn", label="depthfl-cnn"),),
     "One depth-scalable global model, DepthFL's CNN at CPU size (4 conv-BN-ReLU blocks of 16-128 channels, an "
     "exit classifier after each): the depth sub-model method (depthfl) gives each client its first 1-4 blocks.",

@@ -7,10 +7,20 @@ sub-model's outputs match the full model's scale), static batch norm (``track_ru
 no running statistics, every forward normalizes with its own batch's statistics, evaluation
 included), ReLU and a 2x2 max-pool after every layer but the last; then global average pooling and
 a linear classifier. The first layer's input channels and the classifier's classes are never
-scaled. The pre-activation ResNet-18 of the paper is not built here (yet).
+scaled.
+
+``heterofl_resnet18`` is HeteroFL's pre-activation ResNet-18 (their ``resnet.py``): a 3x3 stem
+convolution without bias, four stages of two pre-activation basic blocks (stage widths ``hidden``,
+stride 1 then 2, 2, 2), then scaler, static batch norm, ReLU, global average pooling and a linear
+classifier. A block is scaler, static BN, ReLU on its input; a 1x1 projection of that activation
+(without bias, at the block's stride) is the shortcut where the stride or the width changes, else
+the input itself; then a 3x3 convolution (at the stride), scaler, static BN, ReLU and a 3x3
+convolution, added to the shortcut. Every convolution is without bias; a stride is 1 along a
+dimension already 1 (signals as 1xL images). At rate r every stage keeps ceil(r * C) channels.
 
 Each model states which hidden layer every parameter dimension belongs to (``width_axes``): the
-slicing and aggregation code reads that, not the layer types.
+slicing and aggregation code reads that, not the layer types. In the ResNet a stage is one hidden
+layer: its blocks' outputs are added to one residual stream, so they must hold the same channels.
 """
 
 from __future__ import annotations
@@ -95,4 +105,90 @@ def heterofl_cnn(pretrained=False, num_classes=10, in_chans=1, img_size=(8, 8), 
     return HeteroCNN(tuple(hidden), num_classes, in_chans, img_size, rate)
 
 
-WIDTH_MODELS = (heterofl_cnn,)
+def static_bn(channels: int) -> nn.BatchNorm2d:
+    """HeteroFL's static batch norm: no running statistics (every forward uses its batch's)."""
+    return nn.BatchNorm2d(channels, momentum=None, track_running_stats=False)
+
+
+class PreActBlock(nn.Module):
+    """A pre-activation basic block of HeteroFL's ResNet at width rate ``rate`` (module docstring)."""
+
+    def __init__(self, cin: int, cout: int, stride: tuple[int, ...], rate: float):
+        super().__init__()
+        self.scaler = Scaler(rate)
+        self.n1 = static_bn(cin)
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.n2 = static_bn(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        projects = any(s != 1 for s in stride) or cin != cout
+        self.shortcut = nn.Conv2d(cin, cout, 1, stride=stride, bias=False) if projects else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.n1(self.scaler(x)))
+        skip = x if self.shortcut is None else self.shortcut(h)  # the projection reads the activation
+        h = self.conv2(torch.relu(self.n2(self.scaler(self.conv1(h)))))
+        return h + skip
+
+
+class HeteroResNet(TimmHead, nn.Module):
+    """HeteroFL's pre-activation ResNet (two blocks a stage: ResNet-18) at width rate ``rate``."""
+
+    def __init__(self, hidden, num_classes, in_chans, img_size, rate=1.0, blocks=(2, 2, 2, 2)):
+        super().__init__()
+        if not 0 < rate <= 1:
+            raise ValueError(f"width rate must be in (0, 1], got {rate}")
+        self.rate = float(rate)
+        self.full_hidden = tuple(hidden)
+        widths = [scaled_width(c, rate) for c in hidden]
+        self.stem = nn.Conv2d(in_chans, widths[0], 3, padding=1, bias=False)
+        size, cin = tuple(img_size), widths[0]
+        stages = []
+        for k, (cout, n) in enumerate(zip(widths, blocks)):
+            stride = (1,) * len(size) if k == 0 else _pool_kernel(size)
+            size = tuple(-(-s // t) for s, t in zip(size, stride))  # padding 1, kernel 3: ceil(s / t)
+            layers = []
+            for b in range(n):
+                layers.append(PreActBlock(cin, cout, stride if b == 0 else (1,) * len(size), rate))
+                cin = cout
+            stages.append(nn.Sequential(*layers))
+        self.stages = nn.Sequential(*stages)
+        self.scaler = Scaler(rate)
+        self.norm = static_bn(cin)
+        self.num_features = cin
+        self.fc = nn.Linear(cin, num_classes)
+        nn.init.zeros_(self.fc.bias)  # the authors' init_param; batch norm's (1, 0) is torch's default
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.norm(self.scaler(self.stages(self.stem(x)))))
+
+    def pool_features(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3))
+
+    def width_axes(self) -> dict[str, tuple[int | None, ...]]:
+        """For each parameter name, the hidden layer (stage) of each dimension, or None (kernel
+        taps, the input's channels, the classes); ``HeteroCNN.width_axes``."""
+        axes: dict[str, tuple[int | None, ...]] = {"stem.weight": (0, None, None, None)}
+        for k, stage in enumerate(self.stages):
+            for b, block in enumerate(stage):
+                into = k - 1 if k > 0 and b == 0 else k  # the residual stream the block reads
+                name = f"stages.{k}.{b}"
+                axes[f"{name}.n1.weight"] = axes[f"{name}.n1.bias"] = (into,)
+                axes[f"{name}.conv1.weight"] = (k, into, None, None)
+                axes[f"{name}.n2.weight"] = axes[f"{name}.n2.bias"] = (k,)
+                axes[f"{name}.conv2.weight"] = (k, k, None, None)
+                if block.shortcut is not None:
+                    axes[f"{name}.shortcut.weight"] = (k, into, None, None)
+        last = len(self.stages) - 1
+        axes["norm.weight"] = axes["norm.bias"] = (last,)
+        axes["fc.weight"] = (None, last)
+        axes["fc.bias"] = (None,)
+        return axes
+
+
+def heterofl_resnet18(pretrained=False, num_classes=10, in_chans=1, img_size=(8, 8), hidden=CPU_HIDDEN, rate=1.0,
+                      **kwargs):
+    """HeteroFL's pre-activation ResNet-18 (stem, 4 stages of 2 blocks, scaler, sBN) at width rate ``rate``."""
+    return HeteroResNet(tuple(hidden), num_classes, in_chans, img_size, rate)
+
+
+WIDTH_MODELS = (heterofl_cnn, heterofl_resnet18)

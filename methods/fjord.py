@@ -226,7 +226,8 @@ class FjORD(SubmodelRounds, Method):
         # One network per width narrower than some client's own, built at that rate: the shape of the
         # width-p sub-model (its scaler divides by p). It holds no weights of its own that are used:
         # each forward runs it on the leading views of the client's parameters.
-        top = max(self.rates)
+        # (dynamic capacity: any level of the profile may be a client's own in some round)
+        top = max(LEVELS[level] for level, _ in parse_profile(self.params.profile)) if self.dynamic else max(self.rates)
         arch = fed.clients[0].arch
         self.templates: dict[float, nn.Module] = {}
         for p in self.levels:

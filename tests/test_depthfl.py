@@ -154,7 +154,7 @@ def test_default_runs_its_own_family_through_cli_api_and_matrix_in_the_submodel_
     for rec in (cli, api):
         assert rec["arch_pool"]["name"] == "depthfl-cnn" and rec["method"]["submodels"] is True
         assert rec["method"]["hparams"] == {"profile": "a1-b1-c1-d1", "weighting": "uniform", "kd": 1.0,
-                                            "temperature": 1.0}
+                                            "temperature": 1.0, "capacity": "fixed"}
         assert sorted(rec["method"]["run_details"]["client_depths"]) == [1, 2, 3, 4]
         assert sorted(rec["method"]["run_details"]["client_params"]) == [3914, 14516, 43390, 118664]
     suite = tmp_path / "suite.yaml"

@@ -118,7 +118,7 @@ def test_default_runs_its_own_family_and_sits_in_its_own_section(tmp_path):
     quick_run(records, "--method", "fedavg", "--pool", "heterofl-cnn")
     for rec in (hetero, rolex):
         assert rec["arch_pool"]["name"] == "heterofl-cnn" and rec["method"]["submodels"] is True
-        assert rec["method"]["hparams"] == {"profile": "a1-b1-c1-d1-e1", "weighting": "uniform"}
+        assert rec["method"]["hparams"] == {"profile": "a1-b1-c1-d1-e1", "weighting": "uniform", "capacity": "fixed"}
         assert sorted(rec["method"]["run_details"]["client_rates"]) == [0.125, 0.25, 0.5, 1.0]
         params = rec["method"]["run_details"]["client_params"]
         assert len(set(params)) == 4  # four widths, four sizes

@@ -106,6 +106,53 @@ def list_rows(kind: str, task_name: str) -> list[dict[str, Any]]:
     return rows
 
 
+def level_rows(task_name: str) -> list[dict[str, Any]]:
+    """The rows of ``hfl-bench list pools --levels``: every capacity level of every sub-model pool
+    (one width-scalable member: levels a-e at width rates 1 to 1/16; one depth-scalable member:
+    levels a-d, one block fewer each), built for ``task_name``'s inputs, with its parameters and
+    its FLOPs per sample as the record counts them (``hfl_bench.flops``: a forward pass, and a
+    training step's forward and backward). Computed here, not read from the index."""
+    import torch
+
+    from hfl_bench.data import get_task
+    from hfl_bench.families.depth import DEPTH_LEVELS, level_depth
+    from hfl_bench.families.submodel import LEVELS
+    from hfl_bench.flops import COUNT_BATCH, count
+    from hfl_bench.pools import PoolMember, build_model, n_params
+
+    info = get_task(task_name).info
+    if info.num_classes is None or info.input_kind == "tokens" or info.modalities:
+        raise ConfigError(f"--levels sizes the sub-model pools for an image or signal task that declares its input; "
+                          f"task {task_name} does not (e.g. --task digits or --task cifar10-jpg)")
+    rows = []
+    for name, pool in REGISTRIES["pools"].items():
+        if len(pool.members) != 1 or pool.members[0].text or pool.members[0].multimodal:
+            continue
+        member = pool.members[0]
+        with torch.device("meta"):
+            probe = build_model(member, info)
+        if hasattr(probe, "width_axes"):
+            levels = [(level, "rate", rate, f"width {rate:g}" if rate == 1 else f"width 1/{round(1 / rate)}")
+                      for level, rate in LEVELS.items()]
+        elif hasattr(probe, "exit_logits"):
+            full = probe.full_depth
+            levels = [(level, "depth", level_depth(level, full), f"depth {level_depth(level, full)} of {full}")
+                      for level in DEPTH_LEVELS[:full]]
+        else:
+            continue
+        for level, key, value, scale in levels:
+            model = build_model(PoolMember(member.model, {**member.kwargs, key: value}, member.name), info)
+            per = count(model, torch.zeros(COUNT_BATCH, *info.input_shape))
+            rows.append({"pool": name, "level": level, "scale": scale, "params": n_params(model),
+                         "forward_flops": per.forward, "training_flops": per.training})
+    return rows
+
+
+def thousands(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with their integers written with thousands separators (a table's cells)."""
+    return [{k: f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else v for k, v in r.items()} for r in rows]
+
+
 def quick_start_text(card: Any) -> str:
     """What the method needs to run on the quick-start task (digits, the task of its smoke run):
     "runs" with no flag, else the flags its declared requirements call for, read from the card (a

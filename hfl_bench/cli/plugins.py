@@ -22,6 +22,9 @@ def list_(
     columns: str = typer.Option(
         None, "--columns", help="Comma-separated columns to show, in that order (any field of --json, "
         "e.g. name,version,presets for methods, name,defaults for tasks)."),
+    levels: bool = typer.Option(
+        False, "--levels", help="For pools: each capacity level of each sub-model pool (width a-e, depth a-d) "
+        "with its parameters and FLOPs per sample (forward; training: forward + backward), on --task's inputs."),
 ):
     """List registered plugins of one kind.
 
@@ -30,6 +33,10 @@ def list_(
     if kind not in REGISTRIES:
         fail(unknown_message("kind", kind, list(REGISTRIES)))
     fmt = output_format(fmt, as_json, FORMATS)
+    if levels:
+        if kind != "pools":
+            fail(f"--levels lists the capacity levels of the sub-model pools: give it with pools, not {kind}")
+        return list_levels(task, fmt, columns)
     try:
         entry = catalog.answer(lambda c: c.list_entry(kind, task))
     except USER_ERRORS as e:
@@ -46,3 +53,20 @@ def list_(
         typer.echo(catalog.markdown_list(rows, kind, chosen), nl=False)
         return
     catalog.render(out, entry["view"] if chosen is None else catalog.list_view(kind, rows, chosen))
+
+
+def list_levels(task: str, fmt: str, columns: str | None) -> None:
+    """``list pools --levels``: computed live (``catalog.level_rows``), never from the index."""
+    chosen = [c.strip() for c in columns.split(",") if c.strip()] if columns is not None else None
+    try:
+        rows = catalog.level_rows(task)
+        if chosen is not None:
+            rows = catalog.select_columns("levels", rows, chosen)
+    except USER_ERRORS as e:
+        fail(str(e))
+    if fmt == "json":
+        emit_json(rows)
+    elif fmt == "markdown":
+        typer.echo(catalog.markdown_list(catalog.thousands(rows), "levels"), nl=False)
+    else:
+        catalog.render(out, catalog.list_view("levels", catalog.thousands(rows)))

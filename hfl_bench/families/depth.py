@@ -32,7 +32,8 @@ import torch.nn.functional as F
 
 from hfl_bench.config import ConfigError, param, require_at_least
 from hfl_bench.families.submodel import (
-    LEVELS,
+    CAPACITIES,
+    RATE_LEVEL,
     WEIGHTING_HELP,
     WEIGHTINGS,
     assign_rates,
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
     from hfl_bench.federation import RoundView
 
 DEPTH_LEVELS = "abcd"  # a: every block; each later level one block fewer
-RATE_LEVEL = {rate: level for level, rate in LEVELS.items()}  # the width family's draw, read back as levels
 
 PROFILE_HELP = ("Capacity profile: levels a-d (a: all K blocks, b: K-1, c: K-2, d: K-3; depths 4, 3, 2, 1 on "
                 "depthfl-cnn) with their shares of the clients, joined by '-': a1-b1-c1-d1 (equal shares), a1-d1, "
@@ -55,6 +55,8 @@ PROFILE_HELP = ("Capacity profile: levels a-d (a: all K blocks, b: K-1, c: K-2, 
 KD_HELP = ("Weight of the mutual self-distillation among a client's exits (DepthFL's eq.); 0: the summed exits' "
            "cross-entropy alone.")
 TEMPERATURE_HELP = "Softmax temperature of the self-distillation (DepthFL's code: 1)."
+CAPACITY_HELP = ("fixed: each client's level is a seeded draw kept for the run (DepthFL's fixed client groups; the "
+                 "only mode depthfl runs). dynamic (levels redrawn each round, heterofl's) is refused.")
 
 
 @dataclass
@@ -63,6 +65,7 @@ class DepthParams:
     weighting: str = param("uniform", WEIGHTING_HELP)
     kd: float = param(1.0, KD_HELP)
     temperature: float = param(1.0, TEMPERATURE_HELP)
+    capacity: str = param("fixed", CAPACITY_HELP)
 
 
 def level_depth(level: str, full: int) -> int:
@@ -131,6 +134,12 @@ class DepthRounds:
         if self.params.weighting not in WEIGHTINGS:
             raise ConfigError(f"{self.card.name}: weighting must be {' or '.join(WEIGHTINGS)}, "
                               f"got {self.params.weighting!r}")
+        if self.params.capacity not in CAPACITIES:
+            raise ConfigError(f"{self.card.name}: capacity must be {' or '.join(CAPACITIES)}, "
+                              f"got {self.params.capacity!r}")
+        if self.params.capacity == "dynamic":
+            raise ConfigError(f"{self.card.name}: capacity=dynamic is not built for the depth family (DepthFL's client "
+                              "groups keep their depth for the run); use capacity=fixed")
         require_at_least(self.card.name, self.params, ("kd",), 0.0)
         if not self.params.temperature > 0:
             raise ConfigError(f"{self.card.name}: temperature must be > 0, got {self.params.temperature!r}")

@@ -3,10 +3,12 @@
 Shared by HeteroFL (static slices: the first ceil(r * C) channels of every hidden layer), FedRolex
 (rolling slices: a window of ceil(r * C) channels whose start moves by one channel index each round,
 wrapping around) and FjORD (HeteroFL's static slices, each trained at widths sampled below its own).
-A client's capacity level is fixed for the run (a seeded draw from the capacity profile); the global
-model's architecture is the pool's one member, built at width rate 1, and each client's model is the
-same architecture built at its rate (``hfl_bench.width_models``), whose ``width_axes`` say which
-hidden layer each parameter dimension slices.
+A client's capacity level is fixed for the run (a seeded draw from the capacity profile: HeteroFL's
+'fixed' mode) or, with ``capacity=dynamic`` (HeteroFL's 'dynamic' mode), redrawn every round for
+every client from the profile's shares (``draw_rates``). The global model's architecture is the
+pool's one member, built at width rate 1, and each client's model is the same architecture built
+at its rate (``hfl_bench.width_models``), whose ``width_axes`` say which hidden layer each
+parameter dimension slices.
 
 Aggregation: each global parameter entry becomes the weighted mean over the active clients whose
 sub-model holds it (weights: training sizes, or uniform as HeteroFL's code counts); an entry no
@@ -38,10 +40,14 @@ if TYPE_CHECKING:
 LEVELS = {"a": 1.0, "b": 0.5, "c": 0.25, "d": 0.125, "e": 0.0625}
 PROFILE_PART = re.compile(r"([a-e])([0-9]+)")
 WEIGHTINGS = ("uniform", "samples")
+CAPACITIES = ("fixed", "dynamic")
 
 PROFILE_HELP = ("Capacity profile: levels a-e (width rates 1, 1/2, 1/4, 1/8, 1/16) with their shares of the clients, "
                 "joined by '-': a1-b1-c1-d1-e1 (equal shares), a1-e1, a1 (every client at full capacity = FedAvg). "
                 "Each client's level is a seeded draw, fixed for the run.")
+CAPACITY_HELP = ("fixed (HeteroFL's 'fixed' mode): each client's level is a seeded draw kept for the run; dynamic "
+                 "(its 'dynamic' mode): every round each client's level is redrawn, independently, with the profile's "
+                 "shares as probabilities, seeded by the run's seed and the round.")
 WEIGHTING_HELP = ("How the clients holding a parameter entry are averaged: uniform (HeteroFL's and FedRolex's code: "
                   "a plain mean) or samples (weighted by training size, as fedavg is).")
 
@@ -50,18 +56,29 @@ WEIGHTING_HELP = ("How the clients holding a parameter entry are averaged: unifo
 class SubmodelParams:
     profile: str = param("a1-b1-c1-d1-e1", PROFILE_HELP)
     weighting: str = param("uniform", WEIGHTING_HELP)
+    capacity: str = param("fixed", CAPACITY_HELP)
 
 
 SUBMODEL_NOTES = (
     "model: HeteroFL's CNN (conv 3x3 with bias, scaler, static BN without running statistics, ReLU, 2x2 max-pool "
     "after all but the last layer, global average pooling, linear); pool heterofl-cnn at a quarter of the paper's "
-    "widths (16-128 channels) for the CPU, heterofl-cnn-paper at 64-512",
+    "widths (16-128 channels) for the CPU, heterofl-cnn-paper at 64-512; or (--pool heterofl-resnet18, "
+    "heterofl-resnet18-paper) HeteroFL's pre-activation ResNet-18 with the scaler and static BN, each stage one "
+    "hidden layer (its blocks add into one residual stream)",
     "static BN: no running statistics, so evaluation normalizes with each evaluation batch's own statistics (the "
     "paper's post-training pass that gathers global statistics is not run)",
     "a hidden layer at rate r keeps ceil(r * C) channels; the first layer's input channels and the classes are "
     "never sliced",
-    "capacity levels fixed per client for the run (the paper's 'fixed' mode; its 'dynamic' mode is not built): "
-    "counts in proportion to the profile's shares by largest remainder, then a seeded shuffle",
+    "capacity levels fixed per client for the run by default (the paper's 'fixed' mode): counts in proportion to "
+    "the profile's shares by largest remainder, then a seeded shuffle",
+    "capacity=dynamic (the paper's 'dynamic' mode): every round each client's level is an independent draw with "
+    "the profile's shares as probabilities (the authors' code: a multinomial draw per user each round), seeded by "
+    "the run's seed and the round, so the same in every method and whichever clients are active; a client whose "
+    "level changes gets a sub-model built at its new rate, its momentum carried with the entries it keeps (new "
+    "entries start at zero; the authors' code starts a fresh optimizer every round); the record's run_details "
+    "hold every round's levels (round_levels, one letter per client)",
+    "with capacity=dynamic the record's FLOPs and the simulated clock count each client at the width of the "
+    "sub-model it holds at the end of the run (the counter measures one model per client)",
     "aggregation: each global entry is the mean over the active clients holding it (uniform by default, as the "
     "authors' code; weighting=samples weights by training size); an entry no active client holds keeps its value",
     "the classifier rows of classes a client does not hold are averaged like any other entry (the authors' "
@@ -73,6 +90,9 @@ SUBMODEL_NOTES = (
 )
 
 Indices = dict[int, torch.Tensor]  # hidden layer -> the global channel indices a sub-model holds
+
+
+RATE_LEVEL = {rate: level for level, rate in LEVELS.items()}
 
 
 def parse_profile(text: str) -> list[tuple[str, int]]:
@@ -103,6 +123,17 @@ def assign_rates(profile: list[tuple[str, int]], n_clients: int, seed: int) -> l
     rates = [LEVELS[level] for (level, _), k in zip(profile, counts) for _ in range(k)]
     perm = torch.randperm(n_clients, generator=torch.Generator().manual_seed(seed)).tolist()
     return [rates[p] for p in perm]
+
+
+def draw_rates(profile: list[tuple[str, int]], n_clients: int, seed: int, rnd: int) -> list[float]:
+    """Round ``rnd``'s width rate of every client in dynamic mode: an independent draw per client
+    with the profile's shares as probabilities (HeteroFL's code: a multinomial draw per user each
+    round), seeded by ``seed`` and the round alone (so the same whatever the method or which
+    clients are active)."""
+    shares = torch.tensor([float(share) for _, share in profile], dtype=torch.float64)
+    gen = torch.Generator().manual_seed(derive_seed(seed, "round", rnd))
+    picks = torch.multinomial(shares, n_clients, replacement=True, generator=gen).tolist()
+    return [LEVELS[profile[i][0]] for i in picks]
 
 
 def client_weights(fed: "RoundView", active: list[int], weighting: str) -> list[float]:
@@ -186,6 +217,31 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module,
                 state[k] = whole[tuple(i.to(v.device) for i in dst)].contiguous()
 
 
+def carry_optimizer_state(old: torch.optim.Optimizer, old_model: nn.Module, new: torch.optim.Optimizer,
+                          new_model: nn.Module, axes: dict[str, tuple[int | None, ...]],
+                          full: dict[str, torch.Size], old_idx: Indices, new_idx: Indices) -> None:
+    """A client's optimizer state carried from its sub-model ``old_model`` (holding ``old_idx``) to
+    the one of another width, ``new_model`` (holding ``new_idx``): an entry held by both keeps its
+    state at its new place, an entry new to it starts at 0; a scalar (Adam's step) is kept."""
+    targets = dict(new_model.named_parameters())
+    for name, p in old_model.named_parameters():
+        state = old.state.get(p)
+        if not state or name not in axes:
+            continue
+        q = targets[name]
+        src = torch.meshgrid(*dim_indices(axes[name], full[name], old_idx), indexing="ij")
+        dst = torch.meshgrid(*dim_indices(axes[name], full[name], new_idx), indexing="ij")
+        moved = {}
+        for k, v in state.items():
+            if torch.is_tensor(v) and v.shape == p.shape:
+                whole = torch.zeros(full[name], dtype=v.dtype, device=v.device)
+                whole[tuple(i.to(v.device) for i in src)] = v
+                moved[k] = whole[tuple(i.to(v.device) for i in dst)].contiguous()
+            else:
+                moved[k] = v.clone() if torch.is_tensor(v) else v
+        new.state[q] = moved
+
+
 class SubmodelRounds:
     """The family's round (module docstring), mixed into a method before ``Method``
     (``class HeteroFL(SubmodelRounds, Method)``): the method says where each client's window starts
@@ -201,16 +257,30 @@ class SubmodelRounds:
         if self.params.weighting not in WEIGHTINGS:
             raise ConfigError(f"{self.card.name}: weighting must be {' or '.join(WEIGHTINGS)}, "
                               f"got {self.params.weighting!r}")
+        if self.params.capacity not in CAPACITIES:
+            raise ConfigError(f"{self.card.name}: capacity must be {' or '.join(CAPACITIES)}, "
+                              f"got {self.params.capacity!r}")
+
+    @property
+    def dynamic(self) -> bool:
+        return self.params.capacity == "dynamic"
+
+    def rate(self, cid: int, rnd: int) -> float:
+        """Client ``cid``'s width rate in round ``rnd``: its fixed level, or the round's draw."""
+        if not self.dynamic:
+            return self.rates[cid]
+        return draw_rates(parse_profile(self.params.profile), self.n_clients, self.seed, rnd)[cid]
 
     def check(self, fed: "RoundView") -> None:
         model = fed.clients[0].model
         if not fed.pool.homogeneous or not hasattr(model, "width_axes"):
             raise ConfigError(f"{self.card.name} slices the width of one global model; pool {fed.pool.name!r} is not "
-                              "one width-scalable model. Use its default, --pool heterofl-cnn (or heterofl-cnn-paper)")
+                              "one width-scalable model. Use its default, --pool heterofl-cnn (or heterofl-cnn-paper, "
+                              "heterofl-resnet18, heterofl-resnet18-paper)")
 
     def indices(self, fed: "RoundView", cid: int, rnd: int) -> Indices:
         """The global channel indices client ``cid``'s sub-model holds in round ``rnd``, per hidden layer."""
-        rate = self.rates[cid]
+        rate = self.rate(cid, rnd)
         out = {}
         for layer, full in enumerate(self.hidden):
             size = scaled_width(full, rate)
@@ -221,18 +291,38 @@ class SubmodelRounds:
         first = fed.clients[0].model
         self.hidden = tuple(first.full_hidden)
         self.axes = first.width_axes()
-        self.rates = assign_rates(parse_profile(self.params.profile), fed.n_clients,
-                                  derive_seed(fed.cfg.seed, "capacity"))
+        self.n_clients, self.seed = fed.n_clients, derive_seed(fed.cfg.seed, "capacity")
+        profile = parse_profile(self.params.profile)
+        # the rates of the sub-models the clients hold now: for the run, or (dynamic) for round 1
+        self.rates = (draw_rates(profile, fed.n_clients, self.seed, 1) if self.dynamic
+                      else assign_rates(profile, fed.n_clients, self.seed))
+        self.round_levels: list[str] = []  # dynamic: each round's levels, a letter per client
         # The server's global model is client 0's initialization, as FedAvg's is.
         self.global_state = {k: v.detach().clone() for k, v in first.state_dict().items()}
         self.shapes = {k: v.shape for k, v in self.global_state.items()}
         for c in fed.clients:
             if self.rates[c.cid] < 1:  # a full-capacity client keeps the model and optimizer it was built with
-                member = PoolMember(c.arch.model, {**c.arch.kwargs, "rate": self.rates[c.cid]}, c.arch.label)
-                c.model = seeded_model(member, fed.info, derive_seed(fed.cfg.seed, "submodel", c.cid), fed.device,
-                                       keep_global_rng=True)
-                c.optimizer = fed.make_optimizer(c.model)
+                self.rebuild(fed, c.cid, self.rates[c.cid])
         self.broadcast(fed, 1, list(range(fed.n_clients)))
+
+    def rebuild(self, fed: "RoundView", cid: int, rate: float) -> None:
+        """Client ``cid``'s model rebuilt at width ``rate``, with a new optimizer (its values are
+        the global model's slice, loaded by ``broadcast``)."""
+        c = fed.clients[cid]
+        member = PoolMember(c.arch.model, {**c.arch.kwargs, "rate": rate}, c.arch.label)
+        c.model = seeded_model(member, fed.info, derive_seed(fed.cfg.seed, "submodel", cid), fed.device,
+                               keep_global_rng=True)
+        c.optimizer = fed.make_optimizer(c.model)
+
+    def prepare_resume(self, fed: "RoundView", rnd: int) -> None:
+        """Dynamic: the clients' sub-models rebuilt at the widths they held after round ``rnd``
+        (those of round ``rnd + 1``), so the checkpoint's models and optimizer states fit them."""
+        if self.dynamic:
+            for c in fed.clients:
+                rate = self.rate(c.cid, rnd + 1)
+                if rate != self.rates[c.cid]:
+                    self.rebuild(fed, c.cid, rate)
+                    self.rates[c.cid] = rate
 
     def broadcast(self, fed: "RoundView", rnd: int, clients: list[int]) -> None:
         """Each client gets its slice of the global model for round ``rnd``."""
@@ -247,6 +337,8 @@ class SubmodelRounds:
         return train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
 
     def run_round(self, fed: "RoundView", rnd: int, active: list[int]) -> dict[str, float]:
+        if self.dynamic:
+            self.round_levels.append("".join(RATE_LEVEL[r] for r in self.rates))
         losses = self.train_clients(fed, rnd, active)
         states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict(), Payload.PARAMS) for i in active]
         weights = client_weights(fed, active, self.params.weighting)
@@ -254,7 +346,13 @@ class SubmodelRounds:
         self.global_state = aggregate(self.global_state, self.axes, parts)
         for c in fed.clients:  # a moved window carries the client's momentum with its entries
             old, new = self.indices(fed, c.cid, rnd), self.indices(fed, c.cid, rnd + 1)
-            if any(not torch.equal(old[k], new[k]) for k in old):
+            rate = self.rate(c.cid, rnd + 1)
+            if rate != self.rates[c.cid]:  # dynamic: a new level, a sub-model of another width
+                model, optimizer = c.model, c.optimizer
+                self.rebuild(fed, c.cid, rate)
+                carry_optimizer_state(optimizer, model, c.optimizer, c.model, self.axes, self.shapes, old, new)
+                self.rates[c.cid] = rate
+            elif any(not torch.equal(old[k], new[k]) for k in old):
                 move_optimizer_state(c.optimizer, c.model, self.axes, self.shapes, old, new)
         self.broadcast(fed, rnd + 1, list(range(fed.n_clients)))
         return {"train_loss": sum(losses) / len(losses)}
@@ -263,7 +361,11 @@ class SubmodelRounds:
         return list(range(fed.n_clients))
 
     def describe_run(self, fed: "RoundView") -> dict[str, Any]:
-        """Each client's width rate (its capacity level) and its sub-model's parameter count."""
+        """Each client's width rate (its capacity level) and its sub-model's parameter count; with
+        capacity=dynamic, those of the sub-model it holds at the end (the draw for the round after
+        the last, whose slice the final evaluation reads), and every round's levels (a letter a-e
+        per client, in client order, active or not)."""
         return {"capacity_profile": self.params.profile,
                 "client_rates": list(self.rates),
-                "client_params": [sum(p.numel() for p in c.model.parameters()) for c in fed.clients]}
+                "client_params": [sum(p.numel() for p in c.model.parameters()) for c in fed.clients],
+                **({"capacity": "dynamic", "round_levels": list(self.round_levels)} if self.dynamic else {})}
