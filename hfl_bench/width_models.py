@@ -30,7 +30,7 @@ import math
 import torch
 from torch import nn
 
-from hfl_bench.modelhead import TimmHead, conv_stack
+from hfl_bench.modelhead import TimmHead, conv_stack, pool_kernel
 
 
 class Scaler(nn.Module):
@@ -144,7 +144,7 @@ class HeteroResNet(TimmHead, nn.Module):
         size, cin = tuple(img_size), widths[0]
         stages = []
         for k, (cout, n) in enumerate(zip(widths, blocks)):
-            stride = (1,) * len(size) if k == 0 else _pool_kernel(size)
+            stride = (1,) * len(size) if k == 0 else pool_kernel(size)
             size = tuple(-(-s // t) for s, t in zip(size, stride))  # padding 1, kernel 3: ceil(s / t)
             layers = []
             for b in range(n):
