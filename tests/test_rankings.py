@@ -195,3 +195,15 @@ def test_methods_that_never_reach_it_tie_last_and_the_same_order_is_said():
     rank_entries(entries)
     assert [e.ranks["time_to_local"] for e in entries] == [1, 2.5, 2.5]
     assert changes(entries)[1] == "by worst 10%: the same order as by final accuracy (3 methods)"
+
+
+def test_device_setting_labels():
+    from hfl_bench.results.rankings import device_setting, profile_name
+
+    file_clock = {"profile": "phones.yaml", "preset": False, "profile_sha256": "0123456789abcdef",
+                  "assignment": "random", "deadline_s": 30.0}
+    assert device_setting({"clock": file_clock}) == "phones.yaml (01234567), random, deadline 30 s"
+    preset = {"profile": "mixed-phones", "preset": True, "assignment": "by-size", "deadline_s": None}
+    assert device_setting({"clock": preset}) == "mixed-phones, by-size"
+    assert device_setting({}) == "none" and profile_name({}) == "none" and profile_name({"clock": file_clock}) == \
+        "phones.yaml"
