@@ -197,6 +197,14 @@ def test_methods_that_never_reach_it_tie_last_and_the_same_order_is_said():
     assert changes(entries)[1] == "by worst 10%: the same order as by final accuracy (3 methods)"
 
 
+def test_a_line_names_the_five_biggest_moves_and_counts_the_rest():
+    entries = [_entry(f"m{i}", 80.0 - 10 * i, [1.0], 10.0 * i, 1) for i in range(1, 8)]  # worst 10% reversed
+    rank_entries(entries)
+    assert changes(entries)[1] == ("by worst 10% vs final accuracy: m7 up 6 (7 -> 1), m1 down 6 (1 -> 7), "
+                                   "m6 up 4 (6 -> 2), m2 down 4 (2 -> 6), m5 up 2 (5 -> 3); 1 more moves by 2 places "
+                                   "or fewer; 1 other keeps its place")
+
+
 def test_device_setting_labels():
     from hfl_bench.results.rankings import device_setting, profile_name
 

@@ -30,7 +30,8 @@ A protocol that one method alone ran has no ranking (``alone``). Per method:
 
 **Ties** share the mean of the ranks they span (figures equal to 4 decimals), as ``ranking`` ranks.
 **What changed** compares each of the two other rankings with the one by final accuracy, over the
-methods ranked in both: each method that moves, by how many places (positive: up).
+methods ranked in both: the methods that move most (up to ``MAX_MOVES``), by how many places, and a
+count of the others that move and of those that keep their place.
 
 Reads JSON only: no torch.
 """
@@ -53,6 +54,7 @@ NO_DEVICES = "none"  # the device setting of records without a clock
 FIGURES = ("global_acc", "time_to_local", "worst10")
 NAMES = {"global_acc": "final accuracy", "time_to_local": "time to local", "worst10": "worst 10%"}
 NOT_RECORDED, NOT_AVAILABLE, NOT_REACHED = "not recorded", "not available", "not reached"
+MAX_MOVES = 5  # the biggest moves a line names; the others are counted (json names every rank)
 DEFINITIONS = {
     "devices": "the record's device setting (clock section: profile, assignment, deadline); none: no --devices. "
                "Records of two device settings are grouped apart",
@@ -65,8 +67,9 @@ DEFINITIONS = {
     "worst10": "mean final local-test accuracy of the worst max(1, ceil(n/10)) clients, per seed, then mean ± "
                "sample sd over seeds; higher ranks first; not recorded before schema 1.6: not ranked",
     "ties": "equal figures (4 decimals) share the mean of the ranks they span",
-    "changes": "per ranking, each method whose place differs from its place by final accuracy (of the methods "
-               "ranked in both): up or down by how many places",
+    "changes": "per ranking, the methods whose place differs most from their place by final accuracy (of the "
+               f"methods ranked in both; at most {MAX_MOVES} named, the others counted): up or down by how many "
+               "places",
 }
 
 
@@ -158,7 +161,7 @@ def place(rank: Optional[float]) -> str:
 
 def changes(entries: list[Entry]) -> list[str]:
     """One line per other ranking: the methods whose place differs from their place by final
-    accuracy (biggest moves first), or that it keeps the order."""
+    accuracy (the ``MAX_MOVES`` biggest moves, the others counted), or that it keeps the order."""
     out = []
     for figure in FIGURES[1:]:
         both = [e for e in entries if e.ranks.get("global_acc") is not None and e.ranks.get(figure) is not None]
@@ -171,10 +174,14 @@ def changes(entries: list[Entry]) -> list[str]:
             out.append(f"by {NAMES[figure]}: the same order as by final accuracy ({len(both)} methods)")
             continue
         moves = ", ".join(f"{e.method} {'up' if d > 0 else 'down'} {abs(d):g} ({place(e.ranks['global_acc'])} -> "
-                          f"{place(e.ranks[figure])})" for d, e in moved)
+                          f"{place(e.ranks[figure])})" for d, e in moved[:MAX_MOVES])
+        rest = moved[MAX_MOVES:]
+        most = abs(rest[0][0]) if rest else 0
+        more = (f"; {len(rest)} more move{'s' if len(rest) == 1 else ''} by {most:g} place{'s' if most != 1 else ''} "
+                "or fewer" if rest else "")
         kept = len(both) - len(moved)
         stay = "; 1 other keeps its place" if kept == 1 else f"; {kept} others keep their place" if kept else ""
-        out.append(f"by {NAMES[figure]} vs final accuracy: {moves}{stay}")
+        out.append(f"by {NAMES[figure]} vs final accuracy: {moves}{more}{stay}")
     return out
 
 
