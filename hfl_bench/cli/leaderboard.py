@@ -674,6 +674,100 @@ def _print_transfer(t: Any, digits: int, fmt: str) -> None:
             sys.stdout.write(terminal(line) + "\n")
 
 
+RANKINGS_FORMATS = ("table", "markdown", "json")
+
+
+@app.command(cls=BenchCommand)
+def rankings(
+    paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
+    task: list[str] = typer.Option([], "--task", "-t", help="Only this task (repeatable)."),
+    devices: list[str] = typer.Option([], "--devices", help="Only this device profile (repeatable): a preset's "
+                                      "name (uniform, mixed-phones), a profile file's name, or none (records "
+                                      "without a clock)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (plain lines when piped), markdown or json."),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
+):
+    """Three rankings side by side: per task, device setting (the record's clock: profile,
+    assignment, deadline; records of two device settings are grouped apart) and protocol (one
+    setting section, as `show` separates them), each method's rank by final accuracy (the
+    headline global accuracy), by time to local (simulated time until the global accuracy first
+    reaches local's final figure on the same seed and protocol: the share of seeds that reached it
+    first, then the mean time; methods that never reach it rank last, tied) and by worst 10% (the
+    mean accuracy of the worst tenth of the clients), with the figures and the seeds, then a
+    generated line per ranking of which methods move against the ranking by final accuracy, and by
+    how many places. Ties share the mean of their ranks; a method without a figure is not ranked by
+    it, and the notes say why (not recorded: no clock or no per-client figures; not available: no
+    local of its protocol)."""
+    from hfl_bench.registry import unknown_message
+    from hfl_bench.results.board import board_records
+    from hfl_bench.results.loading import ResultsError, load_records
+    from hfl_bench.results.rankings import device_names
+    from hfl_bench.results.rankings import rankings as read_rankings
+
+    fmt = output_format(fmt, as_json, RANKINGS_FORMATS)
+    try:
+        loaded, not_records = load_records(_paths(paths))
+    except ResultsError as e:
+        fail(str(e))
+    if not loaded and not not_records:
+        fail("no record files found in " + ", ".join(map(str, _paths(paths))))
+    records, excluded = board_records(loaded)
+    for s in not_records + excluded:
+        note("skipped:", s.line())
+    tasks = sorted({r.record["task"]["name"] for r in records})
+    for name in task:
+        if name not in tasks:
+            fail(f"--task: {unknown_message('task', name, tasks)}")
+    known = device_names(records)
+    for name in devices:
+        if name not in known:
+            fail(f"--devices: {unknown_message('device profile', name, known)}")
+    _print_rankings(read_rankings(records, task, devices), fmt)
+
+
+def _print_rankings(result: Any, fmt: str) -> None:
+    """``rankings``' tables, one per protocol, each with its lines of what changed and its notes,
+    as json, markdown, rich tables on a terminal or plain lines when piped."""
+    from hfl_bench.results.rankings import COLUMNS, DEFINITIONS, rows, title
+    from hfl_bench.results.render import to_markdown, to_rich
+
+    if fmt == "json":
+        sys.stdout.write(json.dumps(result.as_dict(), indent=1) + "\n")
+        return
+    legend = ("# acc / # time / # worst: the rank by final accuracy, by time to local, by worst 10%; "
+              f"time to local: {DEFINITIONS['time_to_local']}; {DEFINITIONS['ties']}")
+    alone = [f"one method only, no ranking: {a['method']} on {a['task']}, devices: {a['devices']}; setting: "
+             f"{a['section']}; {a['protocol']}" for a in result.alone]
+    if not result.tables:
+        alone.insert(0, "no protocol has two methods to rank")
+    if fmt == "markdown":
+        parts = [markdown_cell(legend) + "\n"]
+        for t in result.tables:
+            parts.append(f"**{markdown_cell(title(t))}**\n\n" + to_markdown(rows(t), COLUMNS)
+                         + "".join(f"\n{markdown_cell(line)}\n" for line in t.changes + t.notes))
+        parts += [f"{markdown_cell(line)}\n" for line in alone]
+        sys.stdout.write("\n".join(parts))
+        return
+    console = wide_out()
+
+    def lines(texts: list[str]) -> None:
+        for text in texts:
+            if console.is_terminal:
+                console.print(plain(text), highlight=False)
+            else:
+                sys.stdout.write(terminal(text) + "\n")
+
+    lines([legend])
+    for t in result.tables:
+        if console.is_terminal:
+            print_titled(console, to_rich(spelled_for(console, rows(t)), COLUMNS, title(t)))
+        else:
+            sys.stdout.write("\n" + terminal(title(t)) + "\n" + " | ".join(COLUMNS) + "\n"
+                             + "".join(" | ".join(terminal(r[c]) for c in COLUMNS) + "\n" for r in rows(t)))
+        lines(t.changes + t.notes)
+    lines(alone)
+
+
 @app.command(cls=BenchCommand)
 def provenance(
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
