@@ -62,3 +62,33 @@ def test_without_a_profile_the_levels_pool_is_round_robin_and_old_hashes_hold():
 ])
 def test_a_profile_that_cannot_apply_is_one_line_and_exit_2(method, args, says, tmp_path):
     assert_refused(tmp_path, method, *args, says=says)
+
+
+@pytest.mark.parametrize("name", ["two-family-digits", "two-family-cifar10-jpg"])
+def test_suite_runs_both_families_on_the_same_clients(name):
+    """Every knowledge-exchange cell has a sub-model cell of each family method at the same profile
+    and seed (and the rest of the protocol), and every profile a method of each family."""
+    from pathlib import Path
+
+    from hfl_bench.families.submodel import SubmodelParams
+    from hfl_bench.matrix.suite import load_suite, suite_cells
+
+    cells = suite_cells(load_suite(Path(__file__).resolve().parent.parent / "suites" / f"{name}.yaml"))
+    submodel = {"heterofl", "fedrolex", "fjord"}
+    exchange = {"crad", "fedmkd", "fml", "fd", "fedproto", "local"}
+    assert {c.cfg.method for c in cells} == submodel | exchange
+
+    def protocol(c):
+        return (c.cfg.seed, c.cfg.clients, c.cfg.rounds, c.cfg.partition, c.cfg.alpha, c.cfg.lr, c.cfg.local_epochs)
+
+    clients = {}
+    for c in cells:
+        if c.cfg.method in submodel:
+            assert c.cfg.capacity_profile is None and c.cfg.pool == "heterofl-cnn"
+            profile = c.cfg.method_params.get("profile", SubmodelParams().profile)  # a default is not kept
+        else:
+            assert c.cfg.pool == "heterofl-cnn-levels" and not c.cfg.method_params
+            profile = c.cfg.capacity_profile
+        clients.setdefault((profile, protocol(c)), set()).add(c.cfg.method)
+    assert {p for p, _ in clients} == {"a1-b1-c1-d1-e1", "a1-e1"}
+    assert all(methods == submodel | exchange for methods in clients.values())
