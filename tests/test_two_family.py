@@ -39,6 +39,13 @@ def test_levels_pool_gives_each_client_the_sub_model_family_width(profile, seed,
     assert pool["arch_pool"]["n_params"] == sub["arch_pool"]["n_params"]
     assert pool["cost"]["flops"]["per_sample"] == sub["cost"]["flops"]["per_sample"]
     assert pool["config"]["capacity_profile"] == profile
+    # the leaderboard's setting names the profile of the levels pool's group
+    from hfl_bench.results.board import build_board
+    from hfl_bench.results.columns import GroupRow
+    from hfl_bench.results.loading import load_records
+
+    rows = {row.group.method: row.setting for row in GroupRow.of(build_board(load_records([tmp_path])[0]).groups)}
+    assert f"profile={profile}" in rows["crad"] and "profile=" not in rows["heterofl"].replace(f"profile={profile}", "")
 
 
 def test_without_a_profile_the_levels_pool_is_round_robin_and_old_hashes_hold():
