@@ -88,6 +88,12 @@ class RunConfig:
     alpha: float | None = setting(None, "Dirichlet concentration, > 0 (smaller is more skewed); default: the task's.")
     classes_per_client: int = setting(2, "Classes per client k for the classes partitioner (k = 1 allowed).",
                                       flags=("--k",))
+    capacity_profile: str | None = setting(None, "Each client's architecture picked by a capacity profile, as the "
+                                                 "sub-model methods' profile (e.g. a1-b1-c1-d1-e1) picks its width: "
+                                                 "with a levels pool (--pool heterofl-cnn-levels), client i gets the "
+                                                 "model at the width the sub-model methods give client i under that "
+                                                 "profile and the run's seed, as its own architecture. Default: none "
+                                                 "(the pool's round-robin). Part of the config hash when set.")
     clients: int | None = setting(None, "Number of clients N; default: the task's.")
     clients_per_round: int | None = setting(None, "Active clients per round (a seeded draw); default: all.")
     rounds: int | None = setting(None, "Communication rounds R; default: the task's.")
@@ -317,6 +323,10 @@ def validate(cfg: RunConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    if cfg.capacity_profile is not None:
+        from hfl_bench.capacity import parse_profile  # here: that module imports this one
+
+        parse_profile(cfg.capacity_profile)
     if cfg.clients_per_round is not None and cfg.clients is not None and cfg.clients_per_round > cfg.clients:
         raise ConfigError(f"--clients-per-round ({cfg.clients_per_round}) exceeds --clients ({cfg.clients})")
 

@@ -18,7 +18,7 @@ NON_SEMANTIC = ("seed", "device", "data_dir", "download", "out", "exec", "eval_e
 # it always had (older records stay comparable).
 HASH_NEUTRAL_DEFAULTS = {"public_size": 0, "pretrain_size": 0, "faults": "", "recipient_fraction": None,
                          "missing_modality": None, "optimizer": "sgd", "deadline": None,
-                         "eval_clients": None}
+                         "eval_clients": None, "capacity_profile": None}
 # The simulated clock's settings (``hfl_bench.clock``): they change what a run computes only through a
 # deadline, which drops late clients. Without one the clock only observes, so they are left out of the
 # hash and a run with ``--devices`` is the same run (same hash, same figures) as one without.

@@ -30,6 +30,7 @@ from torch import nn
 
 from hfl_bench import checkpoint as ckpt
 from hfl_bench import config as config_mod
+from hfl_bench.capacity import CAPACITY_STREAM
 from hfl_bench.clientstate import store_for
 from hfl_bench.config import FINAL_ROUNDS, ConfigError, RunConfig
 from hfl_bench.data import TaskData, TaskInfo, get_task, task_defaults
@@ -127,7 +128,8 @@ def build_federation(cfg: RunConfig, info: TaskInfo, data: TaskData, device: tor
     channel = Channel(cfg.clients, tamper=None if faults is None else faults.tamper, method=cfg.method)
     fed = Federation(cfg, info, data, partition, pool, device, clients, channel,
                      torch.zeros(0), torch.zeros(0), PhaseTimer(device), faults=faults, modality_plan=modal)
-    for cid, (split, arch) in enumerate(zip(partition.clients, pool.assign(cfg.clients))):
+    for cid, (split, arch) in enumerate(zip(partition.clients, pool.assign(cfg.clients, cfg.capacity_profile,
+                                                                            derive_seed(cfg.seed, CAPACITY_STREAM)))):
         observed = modal.observed[cid] if modal is not None else ()
         if modal is not None:  # a recipient's architecture has encoders for what it observes only
             arch = arch.observing(observed, modal.names)

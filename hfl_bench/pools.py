@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from hfl_bench.capacity import LEVELS, RATE_LEVEL, assign_rates, parse_profile
 from hfl_bench.data import TaskInfo, modality_layout
 from hfl_bench.modelhead import (
     TimmHead,  # noqa: F401  (re-exported: our models and plugins' build on it)
@@ -453,9 +454,28 @@ class ArchPool:
     # True for a pool of paper-scale models (ResNet-18s) that a protocol runs on a GPU: ``run`` on a
     # CPU says so before the first round and estimates the run's time after it.
     gpu_sized: bool = False
+    # True for a levels pool: its members are one width-scalable model built at the capacity levels
+    # a-e in order (``hfl_bench.capacity.LEVELS``), so a capacity profile can pick each client's member.
+    capacity_levels: bool = False
 
-    def assign(self, n_clients: int) -> list[PoolMember]:
-        return [self.members[i % len(self.members)] for i in range(n_clients)]
+    def assign(self, n_clients: int, profile: str | None = None, seed: int = 0) -> list[PoolMember]:
+        """Each client's member: round-robin; or, with a capacity ``profile`` (a levels pool only),
+        the member at the level the sub-model family draws for the client under that profile and
+        ``seed`` (the run's capacity seed: ``training.derive_seed(run_seed, CAPACITY_STREAM)``)."""
+        if profile is None:
+            return [self.members[i % len(self.members)] for i in range(n_clients)]
+        self.check_profile(profile)
+        by_level = dict(zip(LEVELS, self.members))
+        return [by_level[RATE_LEVEL[rate]] for rate in assign_rates(parse_profile(profile), n_clients, seed)]
+
+    def check_profile(self, profile: str | None) -> None:
+        """A capacity profile needs a levels pool (ConfigError, one line, otherwise)."""
+        if profile is not None and not self.capacity_levels:
+            from hfl_bench.config import ConfigError
+
+            raise ConfigError(f"--capacity-profile picks each client's member of a levels pool; pool {self.name} "
+                              f"is not one: use --pool heterofl-cnn-levels (the sub-model methods take their profile "
+                              f"as --set profile=...)")
 
     @property
     def homogeneous(self) -> bool:
@@ -605,4 +625,12 @@ register_pool(ArchPool(
     "depthfl-cnn", (PoolMember("depthfl_cnn", label="depthfl-cnn"),),
     "One depth-scalable global model, DepthFL's CNN at CPU size (4 conv-BN-ReLU blocks of 16-128 channels, an "
     "exit classifier after each): the depth sub-model method (depthfl) gives each client its first 1-4 blocks.",
+))
+register_pool(ArchPool(
+    "heterofl-cnn-levels",
+    tuple(PoolMember("heterofl_cnn", {"rate": rate}, f"heterofl-cnn-{level}") for level, rate in LEVELS.items()),
+    "HeteroFL's CNN of pool heterofl-cnn built at each capacity level a-e (width 1 to 1/16) as five independent "
+    "architectures, round-robin; with --capacity-profile each client gets the level the sub-model methods give it "
+    "under that profile and seed (the two families on the same clients).",
+    capacity_levels=True,
 ))

@@ -108,7 +108,10 @@ def resolve_run(cfg: RunConfig | dict[str, Any]) -> ResolvedRun:
     from hfl_bench import clock, data, faults, modalities
     from hfl_bench.aggregation import run_version
     from hfl_bench.method_api import resolve_method
+    from hfl_bench.pools import get_pool
 
+    if cfg.capacity_profile is not None:  # a profile without a levels pool: one line before any data loads
+        get_pool(cfg.pool).check_profile(cfg.capacity_profile)
     modality_plan = modalities.plan_for(cfg, data.get_task(cfg.task).info)  # a setting that does not fit the task
     cfg, fault_plan = faults.resolve(cfg)
     cfg = clock.canonical_config(cfg)  # a bad profile: one line before any data loads

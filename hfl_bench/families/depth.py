@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from hfl_bench.config import ConfigError, param, require_at_least
 from hfl_bench.families.submodel import (
     CAPACITIES,
+    CAPACITY_STREAM,
     RATE_LEVEL,
     WEIGHTING_HELP,
     WEIGHTINGS,
@@ -154,7 +155,7 @@ class DepthRounds:
     def setup(self, fed: "RoundView") -> None:
         first = fed.clients[0].model
         self.full_depth = first.full_depth
-        self.depths = assign_depths(self.params.profile, fed.n_clients, derive_seed(fed.cfg.seed, "capacity"),
+        self.depths = assign_depths(self.params.profile, fed.n_clients, derive_seed(fed.cfg.seed, CAPACITY_STREAM),
                                     self.full_depth)
         # The server's global model is client 0's initialization, as FedAvg's is.
         self.global_state = {k: v.detach().clone() for k, v in first.state_dict().items()}

@@ -19,13 +19,20 @@ at full capacity the family computes exactly what FedAvg computes.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from hfl_bench.capacity import (  # noqa: F401 (re-exported: the family's levels and fixed draw)
+    CAPACITY_STREAM,
+    LEVELS,
+    PROFILE_PART,
+    RATE_LEVEL,
+    assign_rates,
+    parse_profile,
+)
 from hfl_bench.config import ConfigError, param
 from hfl_bench.graphs import train_students
 from hfl_bench.metering import SERVER, Payload
@@ -36,9 +43,6 @@ from hfl_bench.width_models import scaled_width
 if TYPE_CHECKING:
     from hfl_bench.federation import RoundView
 
-# HeteroFL's capacity levels a-e: width rates 1, 1/2, 1/4, 1/8, 1/16 (ratio 0.5 apart).
-LEVELS = {"a": 1.0, "b": 0.5, "c": 0.25, "d": 0.125, "e": 0.0625}
-PROFILE_PART = re.compile(r"([a-e])([0-9]+)")
 WEIGHTINGS = ("uniform", "samples")
 CAPACITIES = ("fixed", "dynamic")
 
@@ -90,39 +94,6 @@ SUBMODEL_NOTES = (
 )
 
 Indices = dict[int, torch.Tensor]  # hidden layer -> the global channel indices a sub-model holds
-
-
-RATE_LEVEL = {rate: level for level, rate in LEVELS.items()}
-
-
-def parse_profile(text: str) -> list[tuple[str, int]]:
-    """``a1-b1-c1-d1-e1`` -> [(level, share)]: each level a-e at most once, shares >= 1 (ConfigError, one
-    line, otherwise)."""
-    parts = [p.strip() for p in str(text).split("-")]
-    out: list[tuple[str, int]] = []
-    for part in parts:
-        m = PROFILE_PART.fullmatch(part)
-        if m is None or int(m.group(2)) < 1:
-            raise ConfigError(f"capacity profile {text!r}: each part is a level a-e and a share >= 1, joined by '-' "
-                              f"(e.g. a1-b1-c1-d1-e1 or a1-e1); got {part!r}")
-        if any(level == m.group(1) for level, _ in out):
-            raise ConfigError(f"capacity profile {text!r} names level {m.group(1)} twice")
-        out.append((m.group(1), int(m.group(2))))
-    return out
-
-
-def assign_rates(profile: list[tuple[str, int]], n_clients: int, seed: int) -> list[float]:
-    """Each client's width rate: the levels' counts in proportion to their shares (largest remainder,
-    ties to the earlier level), then a seeded shuffle of who gets which."""
-    total = sum(share for _, share in profile)
-    exact = [n_clients * share / total for _, share in profile]
-    counts = [int(x) for x in exact]
-    order = sorted(range(len(profile)), key=lambda i: (-(exact[i] - counts[i]), i))
-    for i in order[:n_clients - sum(counts)]:
-        counts[i] += 1
-    rates = [LEVELS[level] for (level, _), k in zip(profile, counts) for _ in range(k)]
-    perm = torch.randperm(n_clients, generator=torch.Generator().manual_seed(seed)).tolist()
-    return [rates[p] for p in perm]
 
 
 def draw_rates(profile: list[tuple[str, int]], n_clients: int, seed: int, rnd: int) -> list[float]:
@@ -291,7 +262,7 @@ class SubmodelRounds:
         first = fed.clients[0].model
         self.hidden = tuple(first.full_hidden)
         self.axes = first.width_axes()
-        self.n_clients, self.seed = fed.n_clients, derive_seed(fed.cfg.seed, "capacity")
+        self.n_clients, self.seed = fed.n_clients, derive_seed(fed.cfg.seed, CAPACITY_STREAM)
         profile = parse_profile(self.params.profile)
         # the rates of the sub-models the clients hold now: for the run, or (dynamic) for round 1
         self.rates = (draw_rates(profile, fed.n_clients, self.seed, 1) if self.dynamic

@@ -103,7 +103,8 @@ BUILTIN_CARDS: dict[str, dict[Optional[str], dict[str, Any]]] = {
 BUILTIN_POOLS: dict[str, bool] = {"paper": False, "cpu": False, "cpu-mm": False, "cpu-cnn": True,
                                   "paper-resnet18": True, "sensor": False, "sensor-cnn": True, "text": False,
                                   "text-cnn": True, "heterofl-cnn": True, "heterofl-cnn-paper": True,
-                                  "depthfl-cnn": True, "heterofl-resnet18": True, "heterofl-resnet18-paper": True}
+                                  "depthfl-cnn": True, "heterofl-resnet18": True, "heterofl-resnet18-paper": True,
+                                  "heterofl-cnn-levels": False}
 
 
 def card_for(method: Any, version: Any) -> Optional[dict[str, Any]]:

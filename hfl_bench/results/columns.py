@@ -158,6 +158,8 @@ class GroupRow:
                                  g.clients_per_round, g.rounds)
         if g.eval_clients is not None:  # sampled evaluation outside the final window (--eval-clients)
             setting += f" eval={g.eval_clients}"
+        if g.capacity_profile:  # a levels pool's members picked by a capacity profile (--capacity-profile)
+            setting += f" profile={g.capacity_profile}"
         if self.labels.get(g.protocol(), protocol_label(g)) != protocol_label(g):  # differ only in their data
             setting += " " + g.data_label
         if g.is_multimodal:

@@ -367,6 +367,9 @@ class SettingGroup:
     # test rounds outside the final window tested a seeded draw of this many clients (--eval-clients):
     # shown in the setting; not part of the protocol (the final window, which the headline reads, tests all)
     eval_clients: Optional[int] = None
+    # each client's member of a levels pool picked by this capacity profile (--capacity-profile): shown in the
+    # setting, as the pool is; not part of the protocol (nor is the pool)
+    capacity_profile: Optional[str] = None
 
     @property
     def seeds(self) -> list[Any]:
@@ -495,7 +498,7 @@ def describe(seeds: SeedGroup) -> SettingGroup:
         **_data_of(first), transfer=transfer_setting(first), single_architecture=single_architecture(first),
         budget=budget_class(first), peer_data=peer_data_setting(first), predictor=predictor_setting(first),
         optimizer=optimizer_setting(first), eval_clients=fed.get("eval_clients"),
-        submodels=submodels_setting(first),
+        submodels=submodels_setting(first), capacity_profile=cfg.get("capacity_profile"),
     )
 
 
