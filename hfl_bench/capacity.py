@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from hfl_bench.config import ConfigError
+from hfl_bench.errors import ConfigError
 
 # HeteroFL's capacity levels a-e: width rates 1, 1/2, 1/4, 1/8, 1/16 (ratio 0.5 apart).
 LEVELS = {"a": 1.0, "b": 0.5, "c": 0.25, "d": 0.125, "e": 0.0625}

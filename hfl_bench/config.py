@@ -20,12 +20,9 @@ from hfl_bench.confighash import (  # noqa: F401 (re-exported: a run's identity)
     config_hash,
     without_legacy,
 )
+from hfl_bench.errors import ConfigError  # noqa: F401 (re-exported: defined below the config so capacity can raise it)
 
 SEED_LIMIT = 2**63  # seeds are in [0, 2^63): torch and the seed derivation take 63-bit integers
-
-
-class ConfigError(ValueError):
-    """Bad configuration; the message is meant for the user."""
 
 
 def param(default, help: str, **kw):
@@ -324,7 +321,7 @@ def validate(cfg: RunConfig) -> None:
         if not ok:
             raise ConfigError(message)
     if cfg.capacity_profile is not None:
-        from hfl_bench.capacity import parse_profile  # here: that module imports this one
+        from hfl_bench.capacity import parse_profile  # here: it loads only when a profile is set
 
         parse_profile(cfg.capacity_profile)
     if cfg.clients_per_round is not None and cfg.clients is not None and cfg.clients_per_round > cfg.clients:

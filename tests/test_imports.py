@@ -215,7 +215,7 @@ def test_a_cycle_is_reported_as_a_path():
 LAYERS = [
     ("config, registry and user errors", ("hfl_bench.config", "hfl_bench.confighash", "hfl_bench.registry",
                                           "hfl_bench.errors", "hfl_bench.yamlfile", "hfl_bench.stack",
-                                          "hfl_bench.regularfile")),
+                                          "hfl_bench.regularfile", "hfl_bench.capacity")),
     ("shared types, paths, provenance", ("hfl_bench.federation", "hfl_bench.paths", "hfl_bench.provenance",
                                          "hfl_bench.metadata_index", "hfl_bench.locks", "hfl_bench.record")),
     ("building blocks", ("hfl_bench.data", "hfl_bench.partition", "hfl_bench.pools", "hfl_bench.augment",
