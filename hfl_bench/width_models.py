@@ -49,16 +49,24 @@ def scaled_width(channels: int, rate: float) -> int:
     return max(1, int(math.ceil(rate * channels - 1e-9)))
 
 
-class HeteroCNN(TimmHead, nn.Module):
-    """HeteroFL's CNN at width rate ``rate`` (module docstring)."""
+class _WidthScaled:
+    """What every width-scalable model keeps: its rate and its full-width hidden layers."""
 
-    def __init__(self, hidden, num_classes, in_chans, img_size, rate=1.0):
-        super().__init__()
+    def _set_rate(self, hidden, rate: float) -> list[int]:
+        """Check and keep ``rate`` and the full widths; return the hidden layers' widths at ``rate``."""
         if not 0 < rate <= 1:
             raise ValueError(f"width rate must be in (0, 1], got {rate}")
         self.rate = float(rate)
         self.full_hidden = tuple(hidden)
-        widths = [scaled_width(c, rate) for c in hidden]
+        return [scaled_width(c, rate) for c in hidden]
+
+
+class HeteroCNN(_WidthScaled, TimmHead, nn.Module):
+    """HeteroFL's CNN at width rate ``rate`` (module docstring)."""
+
+    def __init__(self, hidden, num_classes, in_chans, img_size, rate=1.0):
+        super().__init__()
+        widths = self._set_rate(hidden, rate)
 
         def block(cin: int, cout: int) -> list[nn.Module]:
             return [nn.Conv2d(cin, cout, 3, padding=1), Scaler(rate),
@@ -130,16 +138,12 @@ class PreActBlock(nn.Module):
         return h + skip
 
 
-class HeteroResNet(TimmHead, nn.Module):
+class HeteroResNet(_WidthScaled, TimmHead, nn.Module):
     """HeteroFL's pre-activation ResNet (two blocks a stage: ResNet-18) at width rate ``rate``."""
 
     def __init__(self, hidden, num_classes, in_chans, img_size, rate=1.0, blocks=(2, 2, 2, 2)):
         super().__init__()
-        if not 0 < rate <= 1:
-            raise ValueError(f"width rate must be in (0, 1], got {rate}")
-        self.rate = float(rate)
-        self.full_hidden = tuple(hidden)
-        widths = [scaled_width(c, rate) for c in hidden]
+        widths = self._set_rate(hidden, rate)
         self.stem = nn.Conv2d(in_chans, widths[0], 3, padding=1, bias=False)
         size, cin = tuple(img_size), widths[0]
         stages = []

@@ -38,6 +38,25 @@ def _paths(paths: Optional[list[Path]]) -> list[Path]:
     return list(paths) if paths else [d for d in DEFAULT_DIRS if d.exists()]
 
 
+def _board_records(paths: Optional[list[Path]]) -> tuple[list, list[str]]:
+    """The valid records under ``paths`` and one line per file skipped (each also noted on stderr):
+    every other file is listed, never averaged in. No record file at all fails in one line."""
+    from hfl_bench.results.board import board_records
+    from hfl_bench.results.loading import ResultsError, load_records
+
+    try:
+        loaded, not_records = load_records(_paths(paths))
+    except ResultsError as e:
+        fail(str(e))
+    if not loaded and not not_records:
+        fail("no record files found in " + ", ".join(map(str, _paths(paths))))
+    records, excluded = board_records(loaded)
+    skipped = [s.line() for s in not_records + excluded]
+    for line in skipped:
+        note("skipped:", line)
+    return records, skipped
+
+
 @app.command(cls=BenchCommand)
 def show(
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
@@ -88,8 +107,7 @@ def show(
     Only records that `leaderboard validate` accepts are read; each other file is listed on stderr
     (skipped, with the reason) and never averaged in. The rank interval of a method is the range of
     ranks consistent with its resolved paired comparisons (docs: Paired comparisons)."""
-    from hfl_bench.results.board import board_records, build_board
-    from hfl_bench.results.loading import ResultsError, load_records
+    from hfl_bench.results.board import build_board
     from hfl_bench.results.ranking import rank_methods, unranked_methods
 
     fmt = output_format(fmt, as_json, FORMATS)
@@ -102,16 +120,7 @@ def show(
     if rank and against:
         fail("--against adds a column to the groups, not to --rank (whose rank intervals come from the same "
              "paired comparisons); use one or the other")
-    try:
-        loaded, not_records = load_records(_paths(paths))
-    except ResultsError as e:
-        fail(str(e))
-    if not loaded and not not_records:
-        fail("no record files found in " + ", ".join(map(str, _paths(paths))))
-    records, excluded = board_records(loaded)  # valid records only; the rest listed, never averaged
-    skipped = [s.line() for s in not_records + excluded]
-    for line in skipped:
-        note("skipped:", line)
+    records, skipped = _board_records(paths)  # valid records only; the rest listed, never averaged
     board = build_board(records, task, method, pool, skipped)
     if rank:
         from hfl_bench.results.rank_intervals import with_rank_intervals
@@ -604,20 +613,11 @@ def transfer(
     (it covers 0). Tasks of different modalities use different pools: the methods are the same,
     the models are not."""
     from hfl_bench.registry import unknown_message
-    from hfl_bench.results.board import board_records, build_groups
-    from hfl_bench.results.loading import ResultsError, load_records
+    from hfl_bench.results.board import build_groups
     from hfl_bench.results.transfer import transfer as read_transfer
 
     fmt = output_format(fmt, as_json, TRANSFER_FORMATS)
-    try:
-        loaded, not_records = load_records(_paths(paths))
-    except ResultsError as e:
-        fail(str(e))
-    if not loaded and not not_records:
-        fail("no record files found in " + ", ".join(map(str, _paths(paths))))
-    records, excluded = board_records(loaded)
-    for s in not_records + excluded:
-        note("skipped:", s.line())
+    records, _ = _board_records(paths)
     groups = build_groups(records)
     tasks = sorted({g.task for g in groups})
     for name in task:
@@ -699,21 +699,11 @@ def rankings(
     it, and the notes say why (not recorded: no clock or no per-client figures; not available: no
     local of its protocol)."""
     from hfl_bench.registry import unknown_message
-    from hfl_bench.results.board import board_records
-    from hfl_bench.results.loading import ResultsError, load_records
     from hfl_bench.results.rankings import device_names
     from hfl_bench.results.rankings import rankings as read_rankings
 
     fmt = output_format(fmt, as_json, RANKINGS_FORMATS)
-    try:
-        loaded, not_records = load_records(_paths(paths))
-    except ResultsError as e:
-        fail(str(e))
-    if not loaded and not not_records:
-        fail("no record files found in " + ", ".join(map(str, _paths(paths))))
-    records, excluded = board_records(loaded)
-    for s in not_records + excluded:
-        note("skipped:", s.line())
+    records, _ = _board_records(paths)
     tasks = sorted({r.record["task"]["name"] for r in records})
     for name in task:
         if name not in tasks:
