@@ -7,7 +7,6 @@ and depthfl's one-line refusal."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +23,8 @@ from hfl_bench.families.submodel import (
 )
 from hfl_bench.training import derive_seed
 
-from helpers import invoke_cli
+from helpers import QUICK, figures, quick_run
 
-QUICK = ("--task", "digits", "--clients", "4", "--rounds", "3")
 RATE_LEVEL = {rate: level for level, rate in LEVELS.items()}
 
 
@@ -66,16 +64,7 @@ def test_optimizer_state_follows_the_entries_to_another_width():
 
 
 def run(out: Path, method: str, *args: str) -> dict:
-    result, _, _ = invoke_cli("run", *QUICK, "--method", method, "--out", str(out), *args)
-    assert result.exit_code == 0, result.output
-    [path] = list(out.glob("*.json"))
-    return json.loads(path.read_text())
-
-
-def figures(record: dict) -> dict:
-    m = record["metrics"]
-    return {"history": [{k: h.get(k) for k in ("global_acc", "local_acc", "train_loss")} for h in record["history"]],
-            "per_client": m["per_client"], "global_acc": m["global_acc"], "local_acc": m["local_acc"]}
+    return quick_run(out, "--method", method, *args)
 
 
 @pytest.mark.parametrize("method", ["heterofl", "fjord"])

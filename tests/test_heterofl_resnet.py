@@ -16,7 +16,7 @@ from hfl_bench.families.submodel import LEVELS, slice_state, window
 from hfl_bench.pools import get_pool
 from hfl_bench.width_models import HeteroResNet, Scaler, heterofl_resnet18, scaled_width
 
-from helpers import invoke_cli
+from helpers import figures, invoke_cli
 
 
 def by_hand(c: tuple[int, ...], in_chans: int, classes: int) -> int:
@@ -105,10 +105,6 @@ def run(out: Path, *args: str) -> dict:
     return json.loads(path.read_text())
 
 
-def figures(record: dict) -> dict:
-    m = record["metrics"]
-    return {"history": [{k: h.get(k) for k in ("global_acc", "local_acc", "train_loss")} for h in record["history"]],
-            "per_client": m["per_client"], "global_acc": m["global_acc"], "local_acc": m["local_acc"]}
 
 
 @pytest.mark.slow  # two ResNet-18 runs on the CPU
