@@ -26,7 +26,11 @@ The policy (``Evaluator``):
   client's model, copied in memory), and its test figures are computed only if it is still the
   best when the run ends or a checkpoint is written. So the selected round always has exact
   figures, computed once, and a run does not pay a full test for every round that is briefly the
-  best.
+  best. Under ``--client-state`` host or disk, an offloaded client's state is not copied but
+  *pinned* in the store (``ClientStore.pin``: kept as it was, never brought back), and the
+  snapshot's figures are computed ``RESOLVE_CHUNK`` clients at a time, each with its pinned state
+  put back for the chunk: a snapshot costs the memory of the clients resident when it is taken
+  (the round's active and tested ones), not of every client. The figures are the same.
 
 Whatever the policy, a model is evaluated only when it may have changed since its last
 evaluation (``changed``), models and predictors with identical parameters (FML's memes after a
@@ -49,6 +53,7 @@ brings that phase's counts to the host.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
@@ -56,6 +61,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hfl_bench.clientstate import OutsideChunk
 from hfl_bench.config import FINAL_ROUNDS, HELD_MIN_TRAIN_COUNT, POOLED_SELECTION_RULE, SELECTION_RULE
 from hfl_bench.federation import RoundMetrics
 from hfl_bench.metering import Phase, PhaseTimer
@@ -63,7 +69,12 @@ from hfl_bench.modalities import mask
 from hfl_bench.training import Diverged, predict_logits, seeded_choice
 
 if TYPE_CHECKING:
+    from hfl_bench.clientstate import Held
     from hfl_bench.federation import Federation
+
+# Clients whose pinned state is put back at once when a snapshot is resolved (``Evaluator.resolve``):
+# bounds the memory of that step; identical models are still measured once within a chunk.
+RESOLVE_CHUNK = 64
 
 
 def accuracy(correct: np.ndarray, total: np.ndarray) -> np.ndarray:
@@ -271,25 +282,36 @@ class Snapshot:
     local_correct: np.ndarray
     global_correct: np.ndarray
     states: list[tuple[nn.Module, dict[str, torch.Tensor]]]
+    pins: dict[int, "Held"] = dataclasses.field(default_factory=dict)  # cid -> its pinned offloaded state
 
 
-def _module_states(modules: list[nn.Module]) -> list[tuple[nn.Module, dict[str, torch.Tensor]]]:
-    unique = list({id(m): m for m in modules}.values())
-    return [(m, {k: v.detach().clone() for k, v in m.state_dict().items()}) for m in unique]
+def _module_states(modules: list[nn.Module], skip: frozenset[int] = frozenset()
+                   ) -> list[tuple[nn.Module, dict[str, torch.Tensor]]]:
+    """A copy of each module's state, less the tensors of the submodules whose id is in ``skip``
+    (pinned clients' models, kept by the store)."""
+    out = []
+    for m in {id(m): m for m in modules}.values():
+        if id(m) in skip:
+            continue
+        cut = [name + "." for name, sub in m.named_modules() if id(sub) in skip]
+        out.append((m, {k: v.detach().clone() for k, v in m.state_dict().items()
+                        if not any(k.startswith(c) for c in cut)}))
+    return out
 
 
 @contextlib.contextmanager
 def loaded(states: list[tuple[nn.Module, dict[str, torch.Tensor]]]) -> Iterator[None]:
     """Modules in a saved state for the block; their current state is restored afterwards
-    (in place: the same parameter tensors, so optimizers and caches keep their references)."""
-    current = _module_states([m for m, _ in states])
+    (in place: the same parameter tensors, so optimizers and caches keep their references). A
+    state may cover part of its module (``_module_states`` with ``skip``): the rest is left as is."""
+    current = [(m, {k: v.detach().clone() for k, v in m.state_dict().items() if k in state}) for m, state in states]
     try:
         for module, state in states:
-            module.load_state_dict(state)
+            module.load_state_dict(state, strict=False)
         yield
     finally:
         for module, state in current:
-            module.load_state_dict(state)
+            module.load_state_dict(state, strict=False)
 
 
 class Evaluator:
@@ -477,7 +499,7 @@ class Evaluator:
                 self.global_stale.clear()
                 metrics = self._metrics(rnd, val, pooled, models, endpoints, self.local_correct, self.global_correct)
                 if improves:  # this round's figures are exact: an older snapshot is no longer the best
-                    self.pending = None  # (only now: a round not scored leaves the snapshot to the record)
+                    self.release()  # (only now: a round not scored leaves the snapshot to the record)
                 return metrics
             metrics = RoundMetrics(rnd, val, None, None, None, {}, pooled_val_acc=pooled)
             if sample is not None:  # the sample's figures for the curve; the selected round gets every client's
@@ -489,29 +511,74 @@ class Evaluator:
             if improves:
                 # The clients' own models too: a predictor may hold them outside its own state (FedCC's
                 # wrappers keep theirs in a plain list), and its snapshot would then keep nothing.
-                kept = [*models, *(p for ps in endpoints.values() for p in ps), *(c.model for c in fed.clients)]
-                self._resident(kept)  # an offloaded client's state is copied like any other
+                store = fed.client_store
+                with store.lazy() if store is not None else contextlib.nullcontext():
+                    kept = [*models, *(p for ps in endpoints.values() for p in ps), *(c.model for c in fed.clients)]
+                self.release()
+                # an offloaded client's state is pinned in the store, not copied (the module docstring)
+                pins = {} if store is None else {c.cid: h for c in fed.clients if (h := store.pin(c.cid)) is not None}
+                skip = frozenset(id(fed.clients[cid]._model) for cid in pins)
                 self.pending = Snapshot(rnd, val, pooled, list(models), dict(endpoints), set(self.global_stale),
-                                        self.local_correct.copy(), self.global_correct.copy(), _module_states(kept))
+                                        self.local_correct.copy(), self.global_correct.copy(),
+                                        _module_states(kept, skip), pins)
         return metrics
+
+    def release(self) -> None:
+        """Drop the pending snapshot (a newer best round, or its figures computed): its pins too."""
+        snap, self.pending = self.pending, None
+        if snap is not None and snap.pins:
+            self.fed.client_store.release(list(snap.pins.values()))
 
     def resolve(self) -> RoundMetrics | None:
         """The pending best round's full figures, computed from its snapshot (None if none)."""
-        snap, self.pending = self.pending, None
+        snap = self.pending
         if snap is None:
             return None
         self._checks = []
-        self._resident([m for m, _ in snap.states])
         try:
+            # the clients whose state was copied back in memory (a pinned one stays where it is till its chunk)
+            owners = {id(c._model): c._model for c in self.fed.clients if c.cid not in snap.pins}
+            self._resident([sub for m, _ in snap.states for sub in m.modules() if id(sub) in owners])
             with self.timer(Phase.EVALUATION), loaded(snap.states):
-                self._test_figures(snap.models, snap.stale, snap.local_correct, snap.global_correct)
-                return self._metrics(snap.round, snap.val_acc, snap.pooled_val_acc, snap.models, snap.endpoints,
-                                     snap.local_correct, snap.global_correct)
+                if not snap.pins:
+                    self._test_figures(snap.models, snap.stale, snap.local_correct, snap.global_correct)
+                    return self._metrics(snap.round, snap.val_acc, snap.pooled_val_acc, snap.models, snap.endpoints,
+                                         snap.local_correct, snap.global_correct)
+                return self._resolve_pinned(snap)
         except NonFiniteOutputs as e:
             e.round = snap.round
             raise
         finally:
             self._checks, self._endpoint = [], None
+            self.release()
+
+    def _resolve_pinned(self, snap: Snapshot) -> RoundMetrics:
+        """A snapshot's figures, ``RESOLVE_CHUNK`` clients at a time, each chunk's pinned clients with
+        their pinned state (``ClientStore.pinned``), offloaded again after it. A predictor that runs
+        other clients' models too (``--ensemble``'s) brings back a client outside the chunk
+        (``OutsideChunk``): then every client is measured in one chunk."""
+        wanted = sorted(set(range(self.fed.n_clients)) if snap.endpoints else snap.stale)  # endpoints: every client
+        try:
+            return self._resolve_chunks(snap, wanted, RESOLVE_CHUNK)
+        except OutsideChunk:
+            return self._resolve_chunks(snap, wanted, max(len(wanted), 1))
+
+    def _resolve_chunks(self, snap: Snapshot, wanted: list[int], size: int) -> RoundMetrics:
+        store = self.fed.client_store
+        figures = {name: {"global_acc": np.full(len(ps), np.nan), "local_acc": np.full(len(ps), np.nan)}
+                   for name, ps in snap.endpoints.items()}
+        for start in range(0, len(wanted), size):
+            chunk = wanted[start:start + size]
+            self._checks = []
+            with store.pinned({self.fed.clients[c]: snap.pins[c] for c in chunk if c in snap.pins},
+                              frozenset(snap.pins) - set(chunk)):
+                self._test_figures(snap.models, snap.stale & set(chunk), snap.local_correct, snap.global_correct)
+                for name, predictors in snap.endpoints.items():
+                    mine = [c for c in chunk if c < len(predictors)]
+                    for key, values in self.endpoint(predictors, name, mine).items():
+                        figures[name][key][mine] = values[mine]
+        return self._metrics(snap.round, snap.val_acc, snap.pooled_val_acc, snap.models, snap.endpoints,
+                             snap.local_correct, snap.global_correct, endpoint_figures=figures)
 
     def _val_acc(self) -> np.ndarray:
         """Every client's validation accuracy (the finite flags kept since the last read come with it)."""
@@ -533,13 +600,15 @@ class Evaluator:
 
     def _metrics(self, rnd: int, val: np.ndarray, pooled: np.ndarray | None, models: list[nn.Module],
                  endpoints: dict[str, list[nn.Module]], local_correct: np.ndarray,
-                 global_correct: np.ndarray, sample: list[int] | None = None) -> RoundMetrics:
+                 global_correct: np.ndarray, sample: list[int] | None = None,
+                 endpoint_figures: dict[str, dict[str, np.ndarray]] | None = None) -> RoundMetrics:
         """A test round's figures, every client's, or with ``sample`` the sampled clients' (nan for
-        the others, which the means skip)."""
+        the others, which the means skip); ``endpoint_figures``: the endpoints' figures, measured."""
         local = accuracy(local_correct, self.local_total)
         global_class = global_correct / np.maximum(self.test_class_counts, 1) * 100
         global_acc = global_correct.sum(1) / max(self.test_class_counts.sum(), 1) * 100
-        per_client = {name: self.endpoint(predictors, name, sample) for name, predictors in endpoints.items()}
+        per_client = endpoint_figures if endpoint_figures is not None else {
+            name: self.endpoint(predictors, name, sample) for name, predictors in endpoints.items()}
         extra = {name: endpoint_means(figures) for name, figures in per_client.items()}
         seen, unseen = seen_unseen_acc(global_correct, self.test_class_counts, self.held)
         if sample is not None:

@@ -177,3 +177,68 @@ def test_checkpoint_and_resume_with_disk_state_give_the_resident_figures(tmp_pat
     history = lambda r: [{k: v for k, v in e.items() if k not in ("seconds", "phases")} for e in r["history"]]  # noqa: E731
     assert history(record) == history(resident) and record["metrics"] == resident["metrics"]
     assert not any((tmp_path / "disk" / ".client-state").iterdir())
+
+
+# local; local with --ensemble (a predictor over every client's model: resolved in one chunk);
+# fedproto (wrappers, an extra endpoint, and every client's predictor changes each round: all copied)
+@pytest.mark.parametrize("method,ensemble", [("local", False), ("local", True), ("fedproto", False)])
+def test_a_snapshot_pins_offloaded_clients_and_resolves_them_in_chunks_to_the_resident_figures(
+        tmp_path, monkeypatch, method, ensemble):
+    """A best round that is not fully tested, with 12 clients and 3 active: under disk state the
+    snapshot copies only the clients resident when it is taken, pins the others' files (which their
+    next offload does not overwrite), and its figures, resolved 5 clients at a time, are the ones a
+    resident run computes from its full copies."""
+    from hfl_bench import engine, evaluation
+
+    monkeypatch.setattr(evaluation, "RESOLVE_CHUNK", 5)
+    sizes = []  # the chunk sizes the disk run's resolution used
+    chunks = evaluation.Evaluator._resolve_chunks
+    monkeypatch.setattr(evaluation.Evaluator, "_resolve_chunks",
+                        lambda self, snap, wanted, size: sizes.append(size) or chunks(self, snap, wanted, size))
+
+    def simulation(mode: str) -> engine.Simulation:
+        return engine.Simulation(engine.load_task(RunConfig(
+            method=method, task="digits", clients=12, clients_per_round=3, rounds=30, seed=0, local_epochs=1,
+            batch_size=64, lr=0.01, eval_every=10, eval_clients=2, client_state=mode, ensemble=ensemble,
+            out=str(tmp_path / mode)))[1])
+
+    runs = {mode: simulation(mode) for mode in ("resident", "disk")}
+    resolved = {}
+    for mode, sim in runs.items():
+        sim.step(1)  # round 1 improves on round 0 and is not a test round: snapshotted
+        snap = sim.evaluator.pending
+        assert snap is not None and snap.round == 1
+        if mode == "disk":
+            store = sim.store
+            if method == "fedproto":  # new prototypes changed every client's predictor: all resident, copied
+                assert not snap.pins
+            else:
+                assert 0 < len(snap.pins) < 12 and set(snap.pins).isdisjoint(sim.drawn_clients(1))
+            copied = {id(m) for m, _ in snap.states}
+            assert not copied & {id(sim.fed.clients[c]._model) for c in snap.pins}
+            files = {h.stored[0]: h.stored[0].read_bytes() for h in snap.pins.values()}
+        for rnd in (2, 3):  # other clients train and are offloaded again; the snapshot still stands
+            sim.step(rnd)
+            if sim.evaluator.pending is not snap:  # a better round: a new snapshot
+                snap = sim.evaluator.pending
+        if mode == "disk" and snap.round == 1:
+            assert all(path.read_bytes() == data for path, data in files.items())  # pinned: left as it was
+        resolved[mode] = (snap.round, sim.evaluator.resolve())
+        assert sim.evaluator.pending is None
+        if mode == "disk":
+            assert not store._pinned  # released
+            held_files = {h.stored[0] for h in store._held.values()}
+            assert set(store.folder.iterdir()) == held_files  # nothing left behind but what clients hold
+            assert all(c.store is not None for c in sim.fed.clients if c.cid in snap.pins)  # offloaded again
+        sim.close()
+    # in chunks of 5; --ensemble's predictor runs every model: tried in chunks, then in one chunk
+    assert sizes == ([] if method == "fedproto" else [5, 12] if ensemble else [5])
+    (r_round, r), (d_round, d) = resolved["resident"], resolved["disk"]
+    assert r_round == d_round
+    for field in ("val_acc", "local_acc", "global_acc", "global_class_acc", "seen_acc", "unseen_acc"):
+        np.testing.assert_array_equal(getattr(d, field), getattr(r, field), err_msg=field)
+    assert d.endpoints == r.endpoints and not np.isnan(d.global_acc).any()
+    assert set(r.endpoint_clients) == ({"head"} if method == "fedproto" else {"ensemble"} if ensemble else set())
+    for name in r.endpoint_clients:
+        for key in r.endpoint_clients[name]:
+            np.testing.assert_array_equal(d.endpoint_clients[name][key], r.endpoint_clients[name][key])
