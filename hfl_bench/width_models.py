@@ -3,9 +3,9 @@ in (0, 1], the models of the sub-model family (``hfl_bench.families.submodel``: 
 
 ``heterofl_cnn`` is HeteroFL's CNN (Diao et al., ICLR 2021, their ``conv.py``): per hidden layer a
 3x3 convolution with bias, the scaler module (activations divided by the rate while training, so a
-sub-model's outputs match the full model's scale), static batch norm (``track_running_stats=False``:
+sub-model's outputs match the full model's scale), static batch norm (``StaticBatchNorm2d``:
 no running statistics, every forward normalizes with its own batch's statistics, evaluation
-included), ReLU and a 2x2 max-pool after every layer but the last; then global average pooling and
+included; a batch of one value per channel gives the bias), ReLU and a 2x2 max-pool after every layer but the last; then global average pooling and
 a linear classifier. The first layer's input channels and the classifier's classes are never
 scaled.
 
@@ -69,8 +69,7 @@ class HeteroCNN(_WidthScaled, TimmHead, nn.Module):
         widths = self._set_rate(hidden, rate)
 
         def block(cin: int, cout: int) -> list[nn.Module]:
-            return [nn.Conv2d(cin, cout, 3, padding=1), Scaler(rate),
-                    nn.BatchNorm2d(cout, momentum=None, track_running_stats=False), nn.ReLU(inplace=True)]
+            return [nn.Conv2d(cin, cout, 3, padding=1), Scaler(rate), static_bn(cout), nn.ReLU(inplace=True)]
 
         # a max-pool after every layer but the last
         self.features, self.num_features = conv_stack(in_chans, widths, img_size, block, range(len(widths) - 1))
@@ -113,9 +112,24 @@ def heterofl_cnn(pretrained=False, num_classes=10, in_chans=1, img_size=(8, 8), 
     return HeteroCNN(tuple(hidden), num_classes, in_chans, img_size, rate)
 
 
+class StaticBatchNorm2d(nn.BatchNorm2d):
+    """HeteroFL's static batch norm: no running statistics (every forward uses its batch's). A batch
+    holding one value per channel (one sample at 1x1, as a client's local test half of one image
+    meets at the last layer) normalizes to zero, so the output is the bias, as the formula gives;
+    torch's ``BatchNorm2d`` refuses that batch. Any other batch: ``BatchNorm2d`` itself."""
+
+    def __init__(self, channels: int):
+        super().__init__(channels, momentum=None, track_running_stats=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] * x[0, 0].numel() > 1:
+            return super().forward(x)
+        return torch.batch_norm(x, self.weight, self.bias, None, None, True, 0.0, self.eps, False)
+
+
 def static_bn(channels: int) -> nn.BatchNorm2d:
-    """HeteroFL's static batch norm: no running statistics (every forward uses its batch's)."""
-    return nn.BatchNorm2d(channels, momentum=None, track_running_stats=False)
+    """HeteroFL's static batch norm (``StaticBatchNorm2d``)."""
+    return StaticBatchNorm2d(channels)
 
 
 class PreActBlock(nn.Module):

@@ -146,3 +146,25 @@ def test_describe_states_the_family_and_its_pool():
     result, _, _ = invoke_cli("describe", "fedrolex")
     assert result.exit_code == 0 and "sub-models of one global model: True" in result.output
     assert "default pool: heterofl-cnn" in result.output
+
+
+def test_static_batch_norm_takes_a_single_value_per_channel_and_is_batch_norm_otherwise():
+    """A client's local test half of one image reaches HeteroFL's last layer as one value per
+    channel: static BN gives the bias (x minus its own mean is zero) where torch's BatchNorm refuses;
+    any larger batch is torch's BatchNorm, bit for bit."""
+    from hfl_bench.width_models import heterofl_cnn, static_bn
+
+    torch.manual_seed(0)
+    bn = static_bn(4)
+    with torch.no_grad():
+        bn.weight.uniform_(), bn.bias.uniform_()
+    one = torch.randn(1, 4, 1, 1)
+    assert torch.allclose(bn(one).flatten(), bn.bias.detach(), atol=1e-4)  # computed as x * s + (b - mean * s)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        torch.nn.BatchNorm2d(4, momentum=None, track_running_stats=False)(one)
+    plain = torch.nn.BatchNorm2d(4, momentum=None, track_running_stats=False)
+    plain.load_state_dict(bn.state_dict())
+    for x in (torch.randn(2, 4, 1, 1), torch.randn(1, 4, 3, 3), torch.randn(5, 4, 2, 2)):
+        assert torch.equal(bn(x), plain(x))
+    model = heterofl_cnn(num_classes=10, in_chans=1, img_size=(8, 8), rate=0.0625).eval()
+    assert model(torch.randn(1, 1, 8, 8)).shape == (1, 10)  # a single image at level e
