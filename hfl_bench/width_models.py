@@ -5,9 +5,9 @@ in (0, 1], the models of the sub-model family (``hfl_bench.families.submodel``: 
 3x3 convolution with bias, the scaler module (activations divided by the rate while training, so a
 sub-model's outputs match the full model's scale), static batch norm (``StaticBatchNorm2d``:
 no running statistics, every forward normalizes with its own batch's statistics, evaluation
-included; a batch of one value per channel gives the bias), ReLU and a 2x2 max-pool after every layer but the last; then global average pooling and
-a linear classifier. The first layer's input channels and the classifier's classes are never
-scaled.
+included; a batch of one value per channel gives the bias), ReLU and a 2x2 max-pool after every
+layer but the last; then global average pooling and a linear classifier. The first layer's input
+channels and the classifier's classes are never scaled.
 
 ``heterofl_resnet18`` is HeteroFL's pre-activation ResNet-18 (their ``resnet.py``): a 3x3 stem
 convolution without bias, four stages of two pre-activation basic blocks (stage widths ``hidden``,
