@@ -76,6 +76,7 @@ from hfl_bench.results.setting import SettingGroup, Stat, canonical, submodels_s
 SUBMODEL, EXCHANGE, FLOOR = "sub-model", "knowledge exchange", "floor"
 FLOOR_METHOD = "local"
 PROFILE_PARAM = "profile"  # the sub-model methods' hyperparameter naming the capacity profile
+LEFT_OUT_WHY = "neither a sub-model method's profile nor a config capacity_profile"
 DEFINITIONS = {
     "profile": "the capacity profile: a sub-model record's method hyperparameter profile (--set profile=P), a "
                "knowledge-exchange record's config capacity_profile (--capacity-profile P on a levels pool); "
@@ -231,15 +232,14 @@ class Families:
 
     def as_dict(self) -> dict[str, Any]:
         return {"definitions": DEFINITIONS, "tables": [t.as_dict() for t in self.tables],
-                "left_out": {"records": self.left_out, "why": "no capacity profile (module doc)"}}
+                "left_out": {"records": self.left_out, "why": LEFT_OUT_WHY}}
 
     @property
     def left_out_line(self) -> str:
         if not self.left_out:
             return ""
         s = "" if self.left_out == 1 else "s"
-        return (f"{self.left_out} record{s} without a capacity profile left out (neither a sub-model method's "
-                "profile nor a config capacity_profile): not part of this view")
+        return f"{self.left_out} record{s} without a capacity profile left out ({LEFT_OUT_WHY}): not part of this view"
 
 
 def reading(t: FamilyTable) -> str:
