@@ -13,6 +13,11 @@ else is refused. Run from the repository root:
     python docs/regenerate.py           # rewrite every block with what its command prints now
     python docs/regenerate.py --check   # exit 1, naming each stale block, if any differs
 
+A block over a suite's records that are not committed yet (a ``leaderboard`` command whose every
+argument under ``leaderboards/reproduced/`` names a folder holding no record file) is not run: its
+body is one line saying that no records are committed yet under those folders (``NO_RECORDS``), and
+the block fills in with the command's output once they are.
+
 Whole files are generated the same way (``GENERATED_FILES``: a file and the command whose output it
 is): the current record JSON Schema, from the record model.
 
@@ -50,6 +55,9 @@ PROGRAM = "hfl-bench"
 GENERATED_FILES = {"hfl_bench/record/schema/record-1.10.schema.json": "hfl-bench leaderboard schema"}
 # Shell syntax has no meaning in a marker (no shell runs it): refused so a marker never suggests it does.
 SHELL_CHARACTERS = set("|&;<>$`")
+RECORDS = "leaderboards/reproduced/"  # where a suite's records are committed
+NO_RECORDS = ("No records committed yet under {folders}: this block is generated from them when they are "
+              "(`python docs/regenerate.py`).\n")
 
 
 class MarkerError(ValueError):
@@ -96,8 +104,22 @@ def blocks(path: Path) -> list[Block]:
             for m in _live_blocks(text)]
 
 
+def awaiting_records(argv: list[str], root: Path = ROOT) -> list[str]:
+    """The record folders a ``leaderboard`` command names (its arguments under ``RECORDS``) when none of
+    them holds a record file yet (under ``root``); [] when one does, or the command names none."""
+    folders = [a for a in argv if a.startswith(RECORDS)]
+    if not argv or argv[0] != "leaderboard" or not folders:
+        return []
+    held = any(next((root / f).rglob("*.json"), None) is not None for f in folders if (root / f).is_dir())
+    return [] if held else folders
+
+
 def run(command: str, cwd: Path = ROOT) -> str:
-    """What the marker's command prints (stdout), run through the real CLI without a shell."""
+    """What the marker's command prints (stdout), run through the real CLI without a shell; the
+    ``NO_RECORDS`` line where the records it reads are not committed yet (``awaiting_records``)."""
+    waiting = awaiting_records(arguments(command), cwd)
+    if waiting:
+        return NO_RECORDS.format(folders=", ".join(f"`{f.rstrip('/')}/`" for f in waiting))
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     done = subprocess.run([sys.executable, "-m", "hfl_bench.cli", *arguments(command)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)

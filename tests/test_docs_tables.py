@@ -114,6 +114,22 @@ def test_check_fails_on_a_stale_block_and_regenerate_fixes_it(tmp_path):
     assert _script("--check", "--root", str(tmp_path)).returncode == 0
 
 
+def test_a_block_over_records_not_committed_yet_says_so_and_fills_in_once_they_are(tmp_path):
+    command = "hfl-bench leaderboard families leaderboards/reproduced/suite-x --format markdown"
+    argv = regenerate.arguments(command)
+    assert regenerate.awaiting_records(argv, tmp_path) == ["leaderboards/reproduced/suite-x"]
+    assert regenerate.run(command, tmp_path) == (
+        "No records committed yet under `leaderboards/reproduced/suite-x/`: this block is generated from them "
+        "when they are (`python docs/regenerate.py`).\n")
+    (tmp_path / "leaderboards" / "reproduced" / "suite-x").mkdir(parents=True)
+    assert regenerate.awaiting_records(argv, tmp_path)  # a folder without a record file is not committed records
+    (tmp_path / "leaderboards" / "reproduced" / "suite-x" / "r.json").write_text("{}")
+    assert regenerate.awaiting_records(argv, tmp_path) == []  # the command runs (and reads them)
+    # only a leaderboard command over the suites' folder: anything else runs as it is
+    assert regenerate.awaiting_records(["list", "methods"], tmp_path) == []
+    assert regenerate.awaiting_records(["leaderboard", "show", "runs/x"], tmp_path) == []
+
+
 @pytest.mark.slow  # docs/regenerate.py as a process
 def test_a_marker_with_another_program_fails_with_exit_2(tmp_path):
     (tmp_path / "docs").mkdir()

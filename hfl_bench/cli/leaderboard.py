@@ -758,6 +758,102 @@ def _print_rankings(result: Any, fmt: str) -> None:
     lines(alone)
 
 
+FAMILIES_FORMATS = ("table", "markdown", "json")
+
+
+@app.command(cls=BenchCommand)
+def families(
+    paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),
+    task: list[str] = typer.Option([], "--task", "-t", help="Only this task (repeatable)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (plain lines when piped), markdown or json."),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
+):
+    """The two families of model heterogeneity on the same clients: per task, protocol and
+    capacity profile (a sub-model record's method parameter profile, a knowledge-exchange record's
+    --capacity-profile; records with neither are left out and counted), one row per method with
+    its family (sub-model: one global model, sub-models per client; knowledge exchange; local the
+    floor), seeds, headline global and local accuracy, the paired difference against local on the
+    same seeds (95% CI, Holm-adjusted p, verdict) and its budget (steps, bytes sent and training
+    FLOPs per client per round; not recorded where no record has them); then every sub-model
+    method against every knowledge-exchange method, paired by seed, Holm-adjusted over all pairs
+    (no best method is picked before testing), and a generated line per profile of which family
+    comes out ahead and how many pairs are resolved."""
+    from hfl_bench.registry import unknown_message
+    from hfl_bench.results.families import families as read_families
+    from hfl_bench.results.families import record_profile
+
+    fmt = output_format(fmt, as_json, FAMILIES_FORMATS)
+    records, _ = _board_records(paths)
+    tasks = sorted({r.record["task"]["name"] for r in records if r.kind == "reproduced"})
+    for name in task:
+        if name not in tasks:
+            fail(f"--task: {unknown_message('task', name, tasks)}")
+    result = read_families(records, task)
+    if not result.tables:
+        with_profile = any(record_profile(r.record) is not None for r in records if r.kind == "reproduced")
+        fail("no record here names a capacity profile (a sub-model method's --set profile=P, or "
+             "--capacity-profile P on a levels pool): nothing to compare" if not with_profile else
+             "no record of " + ", ".join(task) + " names a capacity profile: nothing to compare")
+    _print_families(result, fmt)
+
+
+def _print_families(result: Any, fmt: str) -> None:
+    """``families``' tables, per task, protocol and profile: the methods with their budget, the pairs
+    of the two families, the reading and the notes; as json, markdown, rich tables on a terminal or
+    plain lines when piped."""
+    from hfl_bench.results.families import COLUMNS, DEFINITIONS, PAIR_COLUMNS, any_fallback, pair_rows, rows, title
+    from hfl_bench.results.headline import FALLBACK_NOTE
+    from hfl_bench.results.render import to_markdown, to_rich
+
+    if fmt == "json":
+        sys.stdout.write(json.dumps(result.as_dict(), indent=1) + "\n")
+        return
+    legend = (f"family: {DEFINITIONS['family']}; vs local: {DEFINITIONS['vs_local']}; "
+              f"pairs: {DEFINITIONS['pairs']}; budget: {DEFINITIONS['budget']}")
+    tail = [result.left_out_line] if result.left_out else []
+
+    def notes(t: Any) -> list[str]:
+        return [*t.notes, *([FALLBACK_NOTE] if any_fallback(t) else [])]
+
+    def pairs_title(t: Any) -> str:
+        return f"{title(t)}: sub-model - knowledge exchange, paired by seed, figure: final"
+
+    if fmt == "markdown":
+        parts = [markdown_cell(legend) + "\n"]
+        for t in result.tables:
+            part = f"**{markdown_cell(title(t))}**\n\n" + to_markdown(rows(t), COLUMNS)
+            if t.pairs:
+                part += f"\n{markdown_cell(pairs_title(t))}\n\n" + to_markdown(pair_rows(t), PAIR_COLUMNS)
+            part += "".join(f"\n{markdown_cell(line)}\n" for line in [f"Reading: {t.reading}", *notes(t)])
+            parts.append(part)
+        parts += [f"{markdown_cell(line)}\n" for line in tail]
+        sys.stdout.write("\n".join(parts))
+        return
+    console = wide_out()
+
+    def lines(texts: list[str]) -> None:
+        for text in texts:
+            if console.is_terminal:
+                console.print(plain(text), highlight=False)
+            else:
+                sys.stdout.write(terminal(text) + "\n")
+
+    def table(heading: str, body: list[dict[str, str]], columns: tuple[str, ...]) -> None:
+        if console.is_terminal:
+            print_titled(console, to_rich(spelled_for(console, body), columns, heading))
+        else:
+            sys.stdout.write("\n" + terminal(heading) + "\n" + " | ".join(columns) + "\n"
+                             + "".join(" | ".join(terminal(r[c]) for c in columns) + "\n" for r in body))
+
+    lines([legend])
+    for t in result.tables:
+        table(title(t), rows(t), COLUMNS)
+        if t.pairs:
+            table(pairs_title(t), pair_rows(t), PAIR_COLUMNS)
+        lines([f"reading: {t.reading}", *notes(t)])
+    lines(tail)
+
+
 @app.command(cls=BenchCommand)
 def provenance(
     paths: Optional[list[Path]] = typer.Argument(None, help=PATHS_HELP, show_default=False),

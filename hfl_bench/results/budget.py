@@ -13,6 +13,10 @@ without them (older than 1.9) reads as not recorded, "-", never 0. Inference FLO
 (``cost.flops.inference``, 1.10 on): forward-only passes per client per round, the kinds of data
 and the server's together, evaluation apart (``inference_label``); a record without them reads
 ``not recorded``, never 0.
+
+Bytes (``cost.bytes_sent_per_client_per_round``): what each client sent per round, as the
+``bytes / client / round`` column shows it (``bytes_sent_per_client_round``; None where a record does
+not say).
 """
 
 from __future__ import annotations
@@ -72,6 +76,19 @@ def steps_label(records: list[dict[str, Any]]) -> str:
     if server:
         extra.append(f"server {_fmt(server)}")
     return _fmt(private) + (f" ({', '.join(extra)})" if extra else "")
+
+
+def bytes_sent_per_client_round(record: dict[str, Any]) -> Optional[float]:
+    """A record's bytes sent per client per round (``cost.bytes_sent_per_client_per_round``); None
+    where the record does not say."""
+    value = (record.get("cost") or {}).get("bytes_sent_per_client_per_round")
+    return None if value is None else float(value)
+
+
+def mean_bytes_sent(records: Iterable[dict[str, Any]]) -> Optional[float]:
+    """The mean over ``records`` that say it of their bytes sent per client per round."""
+    values = [v for v in (bytes_sent_per_client_round(r) for r in records) if v is not None]
+    return statistics.fmean(values) if values else None
 
 
 def flops_of(record: dict[str, Any]) -> Optional[dict[str, Any]]:
