@@ -134,6 +134,13 @@ def test_a_reclocked_record_validates_and_the_views_name_its_source(runs, tmp_pa
     assert table["devices"] == "mixed-phones, random"
     assert [m["reclocked_seeds"] for m in table["methods"]] == [1, 1]
     assert any(n.startswith("re-clocked: 2 of 2") for n in table["notes"])
+    result, stdout, _ = invoke_cli("leaderboard", "html", str(out), "--out", str(tmp_path / "site"))
+    assert result.exit_code == 0, stdout
+    pages = [p.read_text() for p in (tmp_path / "site" / "groups").glob("*.html")]
+    sha = hashlib.sha256(runs["uniform"].read_bytes()).hexdigest()
+    assert len(pages) == 2 and all("<th>re-clocked from</th>" in p for p in pages)  # records and provenance
+    assert any(f"{runs['uniform'].name} (record {_read(runs['uniform'])['record_id']}, sha256 {sha}" in p
+               for p in pages)
 
 
 # ----------------------------------------------------------------------------- refused
