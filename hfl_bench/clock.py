@@ -20,6 +20,11 @@ epochs over its private training samples at its training FLOPs per sample / spee
 unknown: a lower bound) or, where its device has an availability trace, when it is unavailable at
 the round's simulated start; a round that dropped a client lasts at least S (the server waits).
 
+Each round's entry records, beside each client's time, what it was computed from (its FLOPs and
+bytes, ``INPUTS``): without a deadline these do not depend on the devices, so ``Clock.replay``
+times a recorded run again on other devices exactly, as a run on them would (``hfl-bench reclock``,
+``hfl_bench.reclock``).
+
 A building block: numpy and the standard library only (no torch).
 """
 
