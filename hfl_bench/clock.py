@@ -20,6 +20,11 @@ epochs over its private training samples at its training FLOPs per sample / spee
 unknown: a lower bound) or, where its device has an availability trace, when it is unavailable at
 the round's simulated start; a round that dropped a client lasts at least S (the server waits).
 
+Each round's entry records, beside each client's time, what it was computed from (its FLOPs and
+bytes, ``INPUTS``): without a deadline these do not depend on the devices, so ``Clock.replay``
+times a recorded run again on other devices exactly, as a run on them would (``hfl-bench reclock``,
+``hfl_bench.reclock``).
+
 A building block: numpy and the standard library only (no torch).
 """
 
@@ -46,6 +51,9 @@ JITTER = 0.2  # mixed-phones: sd of the log of each client's factor around its c
 MAX_PROFILE_BYTES = 1 << 20
 FIELDS = ("name", "flops_per_s", "up_bytes_per_s", "down_bytes_per_s", "latency_s", "share", "availability")
 TRACE_FIELDS = ("active", "inactive", "finish_time")
+# What a round's clock entry records of each client that ran, beside its time: what the time was
+# computed from (``Device.seconds``), so the round can be timed again on other devices (``replay``).
+INPUTS = ("flops", "up_bytes", "down_bytes")
 
 
 @dataclass(frozen=True)
@@ -314,14 +322,43 @@ class Clock:
                     down: Sequence[float], history: list[dict[str, Any]]) -> dict[str, Any]:
         """A round's ``clock`` history entry: its start, each client's time (null: did not run), the
         clients the deadline dropped and the round's time (the slowest, at least the deadline when
-        one was dropped)."""
-        times: list[float | None] = [None] * len(self.devices)
+        one was dropped); and what each client's time was computed from (``flops``, ``up_bytes``,
+        ``down_bytes``; null: did not run), so ``replay`` can time the round again on other devices."""
+        n = len(self.devices)
+        times: list[float | None] = [None] * n
+        inputs: dict[str, list[float | None]] = {k: [None] * n for k in INPUTS}
         for c in ran:
             times[c] = _round(self.devices[c].seconds(flops[c], up[c], down[c]))
+            for key, values in zip(INPUTS, (flops, up, down)):
+                inputs[key][c] = float(values[c])
         slowest = max([t for t in times if t is not None], default=0.0)
         seconds = max(slowest, self.deadline) if dropped and self.deadline is not None else slowest
         return {"start_s": _round(self.now(history)), "seconds": _round(seconds), "clients": times,
-                "dropped": sorted(dropped)}
+                "dropped": sorted(dropped), **inputs}
+
+    def replay(self, entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rounds of ``entries`` (``history[].clock`` of a run without a deadline) timed again on
+        this clock's devices, by ``round_entry`` from the inputs each entry recorded: the clients
+        that ran, their training FLOPs and bytes. Without a deadline these inputs do not depend on
+        the devices (nobody is dropped), so the result is what a run on these devices records.
+        ValueError for an entry without its inputs (written before they were recorded) or with a
+        deadline's drops."""
+        if self.deadline is not None:
+            raise ValueError("a clock with a deadline cannot replay rounds: it would drop clients the run trained")
+        done: list[dict[str, Any]] = []
+        for r, e in enumerate(entries):
+            if any(not isinstance(e.get(k), list) or len(e[k]) != len(self.devices) for k in (*INPUTS, "clients")):
+                raise ValueError(f"round {r + 1}'s clock entry does not hold each client's FLOPs and bytes "
+                                 f"({', '.join(INPUTS)}) for {len(self.devices)} clients")
+            if e.get("dropped"):
+                raise ValueError(f"round {r + 1} dropped clients at a deadline")
+            ran = [c for c, t in enumerate(e["clients"]) if t is not None]
+            if any(e[k][c] is None for k in INPUTS for c in ran):
+                raise ValueError(f"round {r + 1}'s clock entry lacks the FLOPs or bytes of a client that ran")
+            zero = [0.0] * len(self.devices)
+            flops, up, down = ([zero[c] if v is None else v for c, v in enumerate(e[k])] for k in INPUTS)
+            done.append(self.round_entry(ran, [], flops, up, down, [{"clock": d} for d in done]))
+        return done
 
     def record(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         """The record's ``clock`` section."""

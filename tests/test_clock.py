@@ -68,9 +68,12 @@ def test_a_round_time_by_hand():
     dev = clock.Device("toy", SPEED, UP, DOWN, LATENCY)
     c = clock.Clock(clock.Profile("toy", (dev,)), [dev, dev], "random", 0, None, [0.0, 0.0])
     entry = c.round_entry([0, 1], [], [4e9, 1e9], [1e5, 0.0], [8e5, 0.0], [])
-    assert entry == {"start_s": 0.0, "seconds": 5.5, "clients": [5.5, 1.0], "dropped": []}
+    # beside each time, what it was computed from (hfl-bench reclock times the round again from these)
+    assert entry == {"start_s": 0.0, "seconds": 5.5, "clients": [5.5, 1.0], "dropped": [],
+                     "flops": [4e9, 1e9], "up_bytes": [1e5, 0.0], "down_bytes": [8e5, 0.0]}
     later = c.round_entry([1], [], [0.0, 1e9], [0.0, 0.0], [0.0, 0.0], [{"clock": entry}])
-    assert later == {"start_s": 5.5, "seconds": 1.0, "clients": [None, 1.0], "dropped": []}
+    assert later == {"start_s": 5.5, "seconds": 1.0, "clients": [None, 1.0], "dropped": [],
+                     "flops": [None, 1e9], "up_bytes": [None, 0.0], "down_bytes": [None, 0.0]}
     # a deadline the estimate of client 0 (its last measured time, 5.5 s) exceeds drops it, and the round
     # then lasts the deadline: the server waited for it
     timed = clock.Clock(clock.Profile("toy", (dev,)), [dev, dev], "random", 0, 3.0, [0.0, 0.0])

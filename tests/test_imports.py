@@ -230,7 +230,7 @@ LAYERS = [
     ("methods", ("hfl_bench.methods",)),
     ("engine and the resolved run", ("hfl_bench.engine", "hfl_bench.resolved")),
     ("results, trackers, the run path and matrix", ("hfl_bench.results", "hfl_bench.trackers", "hfl_bench.runpath",
-                                                    "hfl_bench.recording", "hfl_bench.matrix")),
+                                                    "hfl_bench.recording", "hfl_bench.reclock", "hfl_bench.matrix")),
     ("Python API", ("hfl_bench.api",)),
     ("command line", ("hfl_bench.cli",)),
     ("test helpers for plugin authors (they run the command line as a program)", ("hfl_bench.testing",)),

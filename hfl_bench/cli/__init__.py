@@ -36,7 +36,7 @@ def _print_version(value: bool) -> None:
 def _build_app():
     import typer
 
-    from hfl_bench.cli import describe, leaderboard, matrix, partition, plots, plugins, prepare, run
+    from hfl_bench.cli import describe, leaderboard, matrix, partition, plots, plugins, prepare, reclock, run
     from hfl_bench.cli.options import BenchCommand, BenchGroup
 
     app = typer.Typer(
@@ -62,6 +62,7 @@ def _build_app():
     # In this order in --help.
     command()(run.run)
     command()(run.show)
+    command()(reclock.reclock)
     command("list")(plugins.list_)
     command()(describe.describe)
     command()(partition.partition)

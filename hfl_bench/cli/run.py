@@ -390,10 +390,31 @@ def _print_summary(record: dict[str, Any]) -> None:
             ("bytes sent / client / round", f"{sent:,.0f}" if isinstance(sent, (int, float)) else _number(sent)),
             ("wall time (s)", _number(_get(cost, "wall_time_total_s"), 1)),
             ("config hash", _get(record, "config_hash")),
+            *_clock_rows(record),
         ]
     for field, value in rows:
         t.add_row(field, cell(value))
     out.print(t)
+
+
+def _clock_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
+    """The simulated clock (``--devices``, schema 1.10): the device setting, the total simulated
+    time, and where a re-clocked record's clock came from (``hfl-bench reclock``); none without one."""
+    clock = _get(record, "clock")
+    if not isinstance(clock, dict):
+        return []
+    deadline = _get(clock, "deadline_s")
+    rows = [("devices", f"{_get(clock, 'profile')}, {_get(clock, 'assignment')}"
+             + (f", deadline {_number(deadline)} s" if deadline is not None else "")),
+            ("simulated time (s)", _number(_get(clock, "total_s"), 1))]
+    source = _get(clock, "reclocked")
+    if isinstance(source, dict):
+        sha = _get(source, "git_sha")
+        commit = f"{str(sha)[:12]}{' (dirty)' if _get(source, 'git_dirty') else ''}" if sha else "unknown commit"
+        rows.append(("re-clocked from", f"{_get(source, 'file')} (record {_get(source, 'record_id')}, sha256 "
+                     f"{str(_get(source, 'sha256'))[:12]}; devices {_get(source, 'profile')}, "
+                     f"{_get(source, 'assignment')}) by {commit}"))
+    return rows
 
 
 def _seen_unseen_rows(m: dict[str, Any]) -> list[tuple[str, str]]:

@@ -62,7 +62,7 @@ from hfl_bench.results.setting import (
     partition_label,
     section_reasons,
 )
-from hfl_bench.results.timing import group_timing
+from hfl_bench.results.timing import group_timing, reclocked_from
 
 # Marks a folder this module wrote, so regenerating may clear its old pages, and nothing else.
 MARKER = ".hfl-bench-site"
@@ -350,6 +350,17 @@ def _endpoints(g: SettingGroup) -> list[dict[str, str]]:
     return out
 
 
+def _reclocked(record: dict[str, Any]) -> Optional[str]:
+    """Where a re-clocked record's clock came from (``hfl-bench reclock``), in words; None: timed as it trained."""
+    source = reclocked_from(record)
+    if source is None:
+        return None
+    f = {k: _text(source.get(k)) for k in ("file", "record_id", "sha256", "profile", "assignment", "git_sha", "date")}
+    dirty = " (dirty)" if source.get("git_dirty") else ""
+    return (f"{f['file']} (record {f['record_id']}, sha256 {f['sha256']}; devices {f['profile']}, {f['assignment']}) "
+            f"by commit {f['git_sha']}{dirty}, {f['date']}")
+
+
 def _members(sg: Optional[SeedGroup], g: SettingGroup, hrefs: dict[int, str]) -> list[dict[str, Any]]:
     records = sg.records if sg else g.ok
     ok = {id(r) for r in g.ok}
@@ -364,6 +375,7 @@ def _members(sg: Optional[SeedGroup], g: SettingGroup, hrefs: dict[int, str]) ->
             "status": _text(r.status), "role": role, "date": _text(r.record.get("date")),
             "partition_hash": _text(r.partition_hash), "error": _text(r.record.get("error")),
             "code": [(k, _text(v)) for k, v in code.items()], "environment": [(k, _text(v)) for k, v in env.items()],
+            "reclocked": _reclocked(r.record),
             "plugin_dist": {"method": _text(r.record["method"].get("plugin_dist")),
                             "task": _text(r.record["task"].get("plugin_dist")),
                             "pool": _text((r.record.get("arch_pool") or {}).get("plugin_dist"))},

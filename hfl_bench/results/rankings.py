@@ -67,6 +67,9 @@ DEFINITIONS = {
     "worst10": "mean final local-test accuracy of the worst max(1, ceil(n/10)) clients, per seed, then mean ± "
                "sample sd over seeds; higher ranks first; not recorded before schema 1.6: not ranked",
     "ties": "equal figures (4 decimals) share the mean of the ranks they span",
+    "reclocked_seeds": "how many of a method's seeds' records were re-clocked (hfl-bench reclock) from a run under "
+                       "another device setting: the same training timed on these devices, exactly as a run on "
+                       "them would be",
     "changes": "per ranking, the methods whose place differs most from their place by final accuracy (of the "
                f"methods ranked in both; at most {MAX_MOVES} named, the others counted): up or down by how many "
                "places",
@@ -103,6 +106,12 @@ class Entry:
     worst: Stat = field(default_factory=lambda: Stat(None, None, 0))
     worst_state: str = ""
     ranks: dict[str, Optional[float]] = field(default_factory=dict)
+
+    @property
+    def reclocked(self) -> int:
+        """How many of its ok seeds' records were re-clocked from another device setting
+        (``clock.reclocked``, ``hfl-bench reclock``): the same training, timed on these devices."""
+        return sum(is_reclocked(r.record) for r in self.group.ok)
 
     def time_key(self) -> Optional[tuple[float, float]]:
         """The time ranking's key (smaller first): the share of target seeds not reached, then the
@@ -224,11 +233,24 @@ class Ranking:
 
     @property
     def notes(self) -> list[str]:
-        return section_reasons(self.section) + notes(self.entries)
+        return section_reasons(self.section) + notes(self.entries) + reclocked_note(self.entries)
 
     def as_dict(self) -> dict[str, Any]:
         return {"task": self.task, "devices": self.devices, "section": self.section, "protocol": self.protocol,
                 "methods": [entry_json(e) for e in self.entries], "changes": self.changes, "notes": self.notes}
+
+
+def is_reclocked(record: dict[str, Any]) -> bool:
+    """Whether the record's clock was re-clocked (``hfl-bench reclock``) rather than timed as it trained."""
+    clock = record.get("clock")
+    return isinstance(clock, dict) and isinstance(clock.get("reclocked"), dict)
+
+
+def reclocked_note(entries: list[Entry]) -> list[str]:
+    """A line saying how many seeds' records were re-clocked (none: no line)."""
+    done, seeds = sum(e.reclocked for e in entries), sum(e.seeds for e in entries)
+    return [f"re-clocked: {done} of {seeds} seeds' records were timed on these devices by hfl-bench reclock "
+            "from a run under another device setting (the same training: exact)"] if done else []
 
 
 @dataclass
@@ -241,7 +263,7 @@ class Rankings:
 
 
 def entry_json(e: Entry) -> dict[str, Any]:
-    return {"method": e.method, "group_id": e.group.group_id, "seeds": e.seeds,
+    return {"method": e.method, "group_id": e.group.group_id, "seeds": e.seeds, "reclocked_seeds": e.reclocked,
             "global_acc": {**e.acc.as_dict(), "rank": e.ranks.get("global_acc")},
             "time_to_local": {**e.time.as_dict(), "rank": e.ranks.get("time_to_local"),
                               "seeds_with_target": e.with_target, "state": e.time_state or None},

@@ -91,6 +91,15 @@ def accuracy_at(record: dict[str, Any], budget: float) -> Optional[float]:
     return reached[-1] if reached else None
 
 
+def reclocked_from(record: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """Where a re-clocked record's clock came from (``clock.reclocked``, ``hfl-bench reclock``): the
+    source record's id, file, SHA-256 and device setting, and the re-clocking commit; None: timed as
+    it trained."""
+    clock = clock_of(record)
+    source = clock.get("reclocked") if clock is not None else None
+    return dict(source) if isinstance(source, dict) else None
+
+
 def final_global(record: dict[str, Any]) -> Optional[float]:
     """A record's final global accuracy (``metrics.final``), else its selected round's."""
     metrics = record.get("metrics") or {}
@@ -112,7 +121,8 @@ class SeedTiming:
 
     def as_dict(self, budget: Optional[float]) -> dict[str, Any]:
         return {"seed": self.seed, "sim_time": self.sim_time, "target": self.target,
-                "time_to_local": self.time_to_local, "acc_at_budget": self.acc_at_budget(budget)}
+                "time_to_local": self.time_to_local, "acc_at_budget": self.acc_at_budget(budget),
+                "reclocked_from": reclocked_from(self.record)}
 
 
 @dataclass

@@ -84,6 +84,7 @@ from hfl_bench.record.model.sections import (
     PerClientBudget,
     PerClientRound,
     Plugin,
+    Reclocked,
     Seeds,
     Selection,
     Setting,
@@ -105,7 +106,7 @@ __all__ = [
     "ArchSeenUnseen", "ClientSeenUnseen", "Cost", "PeakMemory", "Budget", "BudgetMean", "BudgetCount",
     "BudgetTotals", "PerClientRound", "PerClientBudget", "ClientCounts", "Flops", "FlopsPerSample",
     "FlopsTraining", "FlopsInference", "InferenceMean", "InferenceTotals", "InferencePerClient", "FlopsMean",
-    "FlopsTotals", "FlopsPerClient", "Clock", "ClockDevice", "ClockRound",
+    "FlopsTotals", "FlopsPerClient", "Clock", "ClockDevice", "ClockRound", "Reclocked",
     "HistoryEntry", "GroupRound", "Setting",
     "SettingPartition", "SettingPool", "Plugin", "Code", "Environment",
 ]

@@ -334,6 +334,22 @@ class ClockDevice(_Model):
     availability: StrictBool
 
 
+class Reclocked(_Model):
+    """Where a re-clocked clock came from (``hfl-bench reclock``): the record that trained (its
+    ``record_id``, its file's name and SHA-256, its device setting) and the code that timed its
+    rounds again on these devices, and when."""
+
+    record_id: StrictStr
+    file: StrictStr
+    sha256: StrictStr
+    profile: StrictStr
+    assignment: Literal["random", "by-size"]
+    git_sha: StrictStr | None
+    git_dirty: StrictBool | None
+    hfl_bench_version: StrictStr
+    date: StrictStr
+
+
 class Clock(_Model):
     """The simulated clock (schema 1.10, ``--devices``; ``hfl_bench.clock``): the profile, how its
     devices were assigned, each client's device, the deadline and its rule (null: none, the clock
@@ -350,6 +366,7 @@ class Clock(_Model):
     devices: list[ClockDevice]
     per_round_s: list[NonNegative]
     total_s: NonNegative
+    reclocked: Reclocked = None  # absent: timed as the run trained; else re-clocked from that record
 
 
 class PeakMemory(_Model):
