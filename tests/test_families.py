@@ -73,7 +73,10 @@ def variant(templates: dict, method: str, profile: Optional[str], seed: int, acc
     r["config"]["seed"] = seed
     r["seeds"] = {k: seed for k in r["seeds"]}
     r["metrics"]["global_acc"] = acc
-    r["metrics"]["final"] |= {"global_acc": acc, "local_acc": 80.0 + seed}
+    # the local test the other way: each client's own model (knowledge exchange) 10 points above the
+    # sub-model's on every seed, give or take a tenth
+    local = 75.0 + seed + 0.1 * (seed % 3) if submodel else 85.0 + seed
+    r["metrics"]["final"] |= {"global_acc": acc, "local_acc": local}
     r["config_hash"] = f"{method}-{profile}"
     r["partition"]["hash"] = f"part-{profile}-seed{seed}"  # the same clients in both families
     r["record_id"] = f"{method}-{profile}-{seed}"
@@ -159,7 +162,8 @@ def test_rows_per_profile_with_family_figures_and_the_paired_difference_against_
             assert rows[m]["n_seeds"] == 8
             assert rows[m]["global_acc"]["mean"] == pytest.approx(statistics.fmean(accs), abs=1e-4)
             assert rows[m]["global_acc"]["sd"] == pytest.approx(statistics.stdev(accs), abs=1e-4)
-            assert rows[m]["local_acc"]["mean"] == pytest.approx(statistics.fmean(80.0 + s for s in SEEDS), abs=1e-4)
+            local = [75.0 + s + 0.1 * (s % 3) if m in SUBMODEL else 85.0 + s for s in SEEDS]
+            assert rows[m]["local_acc"]["mean"] == pytest.approx(statistics.fmean(local), abs=1e-4)
             if m == "local":
                 assert rows[m]["vs_local"] is None
                 continue
@@ -189,7 +193,7 @@ def test_the_sub_model_family_wins_at_one_profile_and_the_knowledge_exchange_fam
     assert wide["counts"] == {"pairs": 4, "sub_model_ahead": 4, "knowledge_exchange_ahead": 0, "equal": 0,
                                    "not_paired": 0, "resolved": 4, "resolved_sub_model": 4,
                                    "resolved_knowledge_exchange": 0}
-    assert wide["reading"].startswith(f"digits, profile {WIDE}: the sub-model methods come out ahead")
+    assert wide["reading"].startswith(f"digits, profile {WIDE}, global test: the sub-model methods come out ahead")
     assert "4 of 4 resolved (4 for sub-model, 0 for knowledge exchange), every resolved pair in favour of " \
            "sub-model" in wide["reading"]
     # the even profile: three pairs below zero on every seed; heterofl - fml changes sign (not resolved)
@@ -201,7 +205,8 @@ def test_the_sub_model_family_wins_at_one_profile_and_the_knowledge_exchange_fam
             assert c["mean_difference"] < 0 and c["resolved"]
     assert (even["counts"]["knowledge_exchange_ahead"], even["counts"]["resolved_knowledge_exchange"],
             even["counts"]["resolved"]) == (4, 3, 3)
-    assert even["reading"].startswith(f"digits, profile {EVEN}: the knowledge-exchange methods come out ahead")
+    assert even["reading"].startswith(f"digits, profile {EVEN}, global test: the knowledge-exchange methods "
+                                      "come out ahead")
     assert "every resolved pair in favour of knowledge exchange" in even["reading"]
 
 
@@ -259,8 +264,8 @@ def test_the_table_piped_is_plain_lines(folder):
     assert ("method | family | seeds | global acc | local acc | vs local [95% CI] | p Holm | verdict | "
             "steps / client / round | bytes / client / round | train FLOPs / client / round") in out
     assert "sub-model | knowledge exchange | n | A - B [95% CI] | p sign-flip | p Holm | verdict | notes" in out
-    assert f"reading: digits, profile {WIDE}: the sub-model methods come out ahead" in out
-    assert f"reading: digits, profile {EVEN}: the knowledge-exchange methods come out ahead" in out
+    assert f"reading: digits, profile {WIDE}, global test: the sub-model methods come out ahead" in out
+    assert f"reading: digits, profile {EVEN}, global test: the knowledge-exchange methods come out ahead" in out
     assert "1 record without a capacity profile left out" in out
 
 
@@ -285,3 +290,23 @@ def test_bad_input_is_one_line_and_exit_2(templates, tmp_path, case):
     assert code == 2
     lines = [x for x in err.splitlines() if x.strip()]
     assert len(lines) == 1 and says in lines[0], err
+
+
+def test_the_same_pairs_on_the_local_test_with_their_own_holm_and_reading(folder):
+    """The sub-model family ahead on the global test at a1-e1 is behind on every client's local test
+    half: the view tests the pairs on both figures, each its own Holm family, and reads both."""
+    data = as_json(str(folder))
+    for profile in (WIDE, EVEN):
+        t = table_of(data, profile)
+        assert sorted((c["a"], c["b"]) for c in t["local_pairs"]) == sorted((c["a"], c["b"]) for c in t["pairs"])
+        for c in t["local_pairs"]:
+            d = [75.0 + s + 0.1 * (s % 3) - (85.0 + s) for s in SEEDS]
+            assert c["mean_difference"] == pytest.approx(statistics.fmean(d), abs=1e-4)
+            assert c["p_holm"] == pytest.approx(4 * 2 / 256) and c["resolved"]  # Holm over the 4 local pairs
+        assert t["local_counts"]["knowledge_exchange_ahead"] == 4 and t["local_counts"]["resolved"] == 4
+        assert t["local_reading"].startswith(f"digits, profile {profile}, local test: the knowledge-exchange "
+                                             "methods come out ahead")
+    assert table_of(data, WIDE)["reading"].startswith(f"digits, profile {WIDE}, global test: the sub-model")
+    code, out, _ = families(str(folder))
+    assert code == 0 and "figure: final local (each client's local test half)" in out
+    assert f"reading: digits, profile {WIDE}, local test: the knowledge-exchange methods come out ahead" in out

@@ -776,8 +776,9 @@ def families(
     same seeds (95% CI, Holm-adjusted p, verdict) and its budget (steps, bytes sent and training
     FLOPs per client per round; not recorded where no record has them); then every sub-model
     method against every knowledge-exchange method, paired by seed, Holm-adjusted over all pairs
-    (no best method is picked before testing), and a generated line per profile of which family
-    comes out ahead and how many pairs are resolved."""
+    (no best method is picked before testing), on the global test and again on each client's local
+    test half (each its own Holm family), and a generated line per profile and figure of which
+    family comes out ahead and how many pairs are resolved."""
     from hfl_bench.registry import unknown_message
     from hfl_bench.results.families import families as read_families
     from hfl_bench.results.families import record_profile
@@ -809,22 +810,27 @@ def _print_families(result: Any, fmt: str) -> None:
         sys.stdout.write(json.dumps(result.as_dict(), indent=1) + "\n")
         return
     legend = (f"family: {DEFINITIONS['family']}; vs local: {DEFINITIONS['vs_local']}; "
-              f"pairs: {DEFINITIONS['pairs']}; budget: {DEFINITIONS['budget']}")
+              f"pairs: {DEFINITIONS['pairs']}; local pairs: {DEFINITIONS['local_pairs']}; "
+              f"budget: {DEFINITIONS['budget']}")
     tail = [result.left_out_line] if result.left_out else []
 
     def notes(t: Any) -> list[str]:
         return [*t.notes, *([FALLBACK_NOTE] if any_fallback(t) else [])]
 
-    def pairs_title(t: Any) -> str:
-        return f"{title(t)}: sub-model - knowledge exchange, paired by seed, figure: final"
+    def pairs_title(t: Any, local: bool = False) -> str:
+        figure = "final local (each client's local test half)" if local else "final (global test)"
+        return f"{title(t)}: sub-model - knowledge exchange, paired by seed, figure: {figure}"
 
     if fmt == "markdown":
         parts = [markdown_cell(legend) + "\n"]
         for t in result.tables:
             part = f"**{markdown_cell(title(t))}**\n\n" + to_markdown(rows(t), COLUMNS)
-            if t.pairs:
-                part += f"\n{markdown_cell(pairs_title(t))}\n\n" + to_markdown(pair_rows(t), PAIR_COLUMNS)
-            part += "".join(f"\n{markdown_cell(line)}\n" for line in [f"Reading: {t.reading}", *notes(t)])
+            for local in (False, True):
+                if t.pairs:
+                    part += (f"\n{markdown_cell(pairs_title(t, local))}\n\n"
+                             + to_markdown(pair_rows(t, local), PAIR_COLUMNS))
+            readings = [f"Reading: {t.reading}", *([f"Reading: {t.local_reading}"] if t.pairs else [])]
+            part += "".join(f"\n{markdown_cell(line)}\n" for line in [*readings, *notes(t)])
             parts.append(part)
         parts += [f"{markdown_cell(line)}\n" for line in tail]
         sys.stdout.write("\n".join(parts))
@@ -848,9 +854,11 @@ def _print_families(result: Any, fmt: str) -> None:
     lines([legend])
     for t in result.tables:
         table(title(t), rows(t), COLUMNS)
-        if t.pairs:
-            table(pairs_title(t), pair_rows(t), PAIR_COLUMNS)
-        lines([f"reading: {t.reading}", *notes(t)])
+        for local in (False, True):
+            if t.pairs:
+                table(pairs_title(t, local), pair_rows(t, local), PAIR_COLUMNS)
+        readings = [f"reading: {t.reading}", *([f"reading: {t.local_reading}"] if t.pairs else [])]
+        lines([*readings, *notes(t)])
     lines(tail)
 
 

@@ -36,6 +36,13 @@ interval excludes zero and the Holm-adjusted p is below 5%). No method of a fami
 testing (that would select on the outcome): every pair is tested. The reading counts the pairs each
 family is ahead in (the sign of the mean paired difference) and how many are resolved.
 
+**On both figures.** The pairs are tested twice, on the global test (the headline: each client's
+model on the task's test set) and on each client's **local test** half (its final figure: mean of the
+last evaluated rounds; ``LocalSide``), each with its own Holm family and its own reading line. A
+sub-model method aggregates one global model, which a global test favours, while the
+knowledge-exchange methods keep a model of each client's own, which its local test favours: the
+family ahead on one figure need not be ahead on the other, and the view shows both rather than one.
+
 Reads JSON only: no torch.
 """
 
@@ -57,7 +64,7 @@ from hfl_bench.results.budget import (
     training_flops_per_client_round,
 )
 from hfl_bench.results.columns import human_bytes
-from hfl_bench.results.figures import FINAL
+from hfl_bench.results.figures import FINAL, final_figure
 from hfl_bench.results.headline import group_basis, headline_stat, marked
 from hfl_bench.results.loading import Loaded
 from hfl_bench.results.paired import (
@@ -89,6 +96,8 @@ DEFINITIONS = {
     "pairs": "every sub-model row against every knowledge-exchange row (A - B, A the sub-model one), paired by "
              "seed (same seed and profile: the same clients and partitions); p Holm-adjusted over all pairs of "
              f"one table; resolved: the 95% interval excludes zero and the adjusted p is below {ALPHA:g}",
+    "local_pairs": "the same pairs on each client's local test half: the final local accuracy (mean of the last "
+                   "10 evaluated rounds), paired by seed, Holm over the pairs of one table on their own",
     "budget": "means over the seeds that recorded them: optimizer steps per client per round on private data "
               "((all T): with public or synthetic data; server S: the server's), bytes sent per client per round, "
               "training FLOPs per client per round; not recorded: no seed has it",
@@ -202,6 +211,7 @@ class FamilyTable:
     rows: list[Row]
     pairs: list[Comparison]
     notes: list[str] = field(default_factory=list)
+    local_pairs: list[Comparison] = field(default_factory=list)  # the same pairs on the local test
 
     def family_rows(self, family: str) -> list[Row]:
         return [r for r in self.rows if r.family == family]
@@ -210,19 +220,26 @@ class FamilyTable:
     def reading(self) -> str:
         return reading(self)
 
-    def counts(self) -> dict[str, int]:
-        with_mean = [c for c in self.pairs if c.mean is not None]
-        return {"pairs": len(self.pairs), "sub_model_ahead": sum(c.mean > 0 for c in with_mean),
+    @property
+    def local_reading(self) -> str:
+        return reading(self, local=True)
+
+    def counts(self, local: bool = False) -> dict[str, int]:
+        pairs = self.local_pairs if local else self.pairs
+        with_mean = [c for c in pairs if c.mean is not None]
+        return {"pairs": len(pairs), "sub_model_ahead": sum(c.mean > 0 for c in with_mean),
                 "knowledge_exchange_ahead": sum(c.mean < 0 for c in with_mean),
-                "equal": sum(c.mean == 0 for c in with_mean), "not_paired": len(self.pairs) - len(with_mean),
-                "resolved": sum(c.resolved for c in self.pairs),
+                "equal": sum(c.mean == 0 for c in with_mean), "not_paired": len(pairs) - len(with_mean),
+                "resolved": sum(c.resolved for c in pairs),
                 "resolved_sub_model": sum(c.resolved and c.mean > 0 for c in with_mean),
                 "resolved_knowledge_exchange": sum(c.resolved and c.mean < 0 for c in with_mean)}
 
     def as_dict(self) -> dict[str, Any]:
         return {"task": self.task, "protocol": self.protocol, "profile": self.profile,
                 "methods": [r.as_dict() for r in self.rows], "pairs": [c.as_dict() for c in self.pairs],
-                "counts": self.counts(), "reading": self.reading, "notes": self.notes}
+                "counts": self.counts(), "reading": self.reading,
+                "local_pairs": [c.as_dict() for c in self.local_pairs], "local_counts": self.counts(local=True),
+                "local_reading": self.local_reading, "notes": self.notes}
 
 
 @dataclass
@@ -242,14 +259,14 @@ class Families:
         return f"{self.left_out} record{s} without a capacity profile left out ({LEFT_OUT_WHY}): not part of this view"
 
 
-def reading(t: FamilyTable) -> str:
-    """The generated sentence of one table (module doc)."""
-    where = f"{t.task}, profile {t.profile}"
+def reading(t: FamilyTable, local: bool = False) -> str:
+    """The generated sentence of one table (module doc), on the global test or (``local``) on the local test."""
+    where = f"{t.task}, profile {t.profile}, {'local' if local else 'global'} test"
     missing = [name for name, family in (("sub-model", SUBMODEL), ("knowledge-exchange", EXCHANGE))
                if not t.family_rows(family)]
     if missing:
         return f"{where}: no {' and no '.join(missing)} method ran here, so the families are not compared"
-    c = t.counts()
+    c, pairs = t.counts(local), (t.local_pairs if local else t.pairs)
     n, sub, ke = c["pairs"], c["sub_model_ahead"], c["knowledge_exchange_ahead"]
     lead = ("the sub-model methods come out ahead" if sub > ke else
             "the knowledge-exchange methods come out ahead" if ke > sub else "neither family comes out ahead")
@@ -264,11 +281,29 @@ def reading(t: FamilyTable) -> str:
             winner = "sub-model" if c["resolved_sub_model"] else "knowledge exchange"
             out += f", every resolved pair in favour of {winner}"
     else:
-        verdicts = Counter(x.verdict for x in t.pairs)
+        verdicts = Counter(x.verdict for x in pairs)
         out += " (" + ", ".join(f"{v} pair{'s' if v > 1 else ''}: {k}" for k, v in sorted(verdicts.items())) + ")"
-        if all(x.n < MIN_RESOLVABLE for x in t.pairs):
+        if all(x.n < MIN_RESOLVABLE for x in pairs):
             out += f"; {MIN_RESOLVABLE} or more paired seeds are needed to resolve at {ALPHA:.0%}"
     return out
+
+
+LOCAL_FIGURE = "final local"  # the name the local pairs' tables and json give their figure
+
+
+class LocalSide(Side):
+    """A side read at each seed's final local-test accuracy (``figures.final_figure``: the mean over
+    the last evaluated rounds of every client's local test half)."""
+
+    @classmethod
+    def of(cls, side: Side) -> "LocalSide":
+        return cls(side.group, side.endpoint, side.with_version, side.variant)
+
+    def checked(self, figure: Optional[str], other_endpoint: Optional[str] = None) -> str:
+        return LOCAL_FIGURE
+
+    def seed_value(self, r: Loaded, figure: str) -> Optional[float]:
+        return final_figure(r.record, "local_acc")
 
 
 def _sides(groups: list[SettingGroup]) -> list[Side]:
@@ -327,9 +362,12 @@ def families(records: Iterable[Loaded], tasks: Iterable[str] = ()) -> Families:
             holm_adjust(r.vs_local for r in rows if r.vs_local is not None)
         else:
             notes.append(f"no {FLOOR_METHOD} ran here: no difference against the floor")
-        pairs = [compare(a.side, b.side) for a in rows if a.family == SUBMODEL for b in rows if b.family == EXCHANGE]
+        both = [(a.side, b.side) for a in rows if a.family == SUBMODEL for b in rows if b.family == EXCHANGE]
+        pairs = [compare(a, b) for a, b in both]
+        local_pairs = [compare(LocalSide.of(a), LocalSide.of(b)) for a, b in both]
         holm_adjust(pairs)
-        tables.append(FamilyTable(members[0].task, labels[protocol], profile, rows, pairs, notes))
+        holm_adjust(local_pairs)  # a Holm family of its own: another figure
+        tables.append(FamilyTable(members[0].task, labels[protocol], profile, rows, pairs, notes, local_pairs))
     tables.sort(key=lambda t: (t.task, t.protocol, t.profile))
     return Families(tables, len(reproduced) - len(profiled))
 
@@ -366,11 +404,11 @@ def rows(t: FamilyTable) -> list[dict[str, str]]:
     return out
 
 
-def pair_rows(t: FamilyTable) -> list[dict[str, str]]:
+def pair_rows(t: FamilyTable, local: bool = False) -> list[dict[str, str]]:
     from hfl_bench.results.paired_view import comparison_row
 
     out = []
-    for c in t.pairs:
+    for c in t.local_pairs if local else t.pairs:
         row = comparison_row(c)
         out.append({"sub-model": row["A"], "knowledge exchange": row["B"],
                     **{k: row[k] for k in PAIR_COLUMNS[2:]}})
