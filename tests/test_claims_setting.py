@@ -159,3 +159,45 @@ def test_the_committed_claims_quote_the_papers_with_their_sections():
     assert pool.setting == "proxy" and all(t.levels == ({"clients": 15}, {"clients": 20}) for t in pool.trends)
     assert [t.statistic for t in pool.trends] == ["difference", "ratio"]
     assert {c.paper_figure for c in claims.values() if c.paper.startswith(("CRAD", "FedSocket"))} == {"selected"}
+
+
+def test_the_cifar_pool_size_claim_reads_its_suites_records(real, tmp_path):  # noqa: F811
+    """crad-pool-size-cifar as committed: not yet tested before suites/pool-size-cifar10-jpg.yaml has
+    run; on records shaped as that suite's cells (cifar10-jpg-full, N = 20, 50, 100 with 10 active)
+    the trend reads N = 100 against N = 20, N = 50 beside them, as a difference and as a ratio."""
+    import yaml
+
+    from hfl_bench.matrix.suite import load_suite, suite_cells
+
+    [entry] = [c for c in yaml.safe_load((ROOT / "leaderboards" / "claims.yaml").read_text())["claims"]
+               if c["id"] == "crad-pool-size-cifar"]
+    suite = load_suite(ROOT / "suites" / "pool-size-cifar10-jpg.yaml")
+    cells = suite_cells(suite)
+    records = {t["records"] for t in entry["trend"]}
+    assert {f"leaderboards/{r}" for r in records} == {suite.out}
+    assert all(t["values"] == sorted({c.cfg.clients for c in cells}) for t in entry["trend"])
+    assert {c.cfg.clients_per_round for c in cells} == {t["clients_per_round"] for t in entry["trend"]} == {10}
+    assert {c.cfg.task for c in cells} == {t["task"] for t in entry["trend"]}
+    path = claims_file(tmp_path, entry)
+    got = run_json(path)["crad-pool-size-cifar"]
+    assert got["verdict"] == "not yet tested" and "suites/pool-size-cifar10-jpg.yaml" in got["needs"]
+
+    def level(n: int, method: str, accs: list[float]) -> list[dict]:
+        out = clients_runs(real, method, n, accs)
+        for r in out:
+            r["task"]["name"] = r["config"]["task"] = "cifar10-jpg-full"
+        return out
+
+    uniform = [30.0, 31.0, 29.0, 30.5, 29.5, 30.0]
+    write(tmp_path / "reproduced" / "pool-size-cifar10-jpg",
+          *level(20, "crad", [u * 1.2 + s / 20 for s, u in enumerate(uniform)]), *level(20, "uniform-kd", uniform),
+          *level(50, "crad", [u * 1.5 for u in uniform]), *level(50, "uniform-kd", uniform),
+          *level(100, "crad", [u * 2.0 + s / 10 for s, u in enumerate(uniform)]), *level(100, "uniform-kd", uniform))
+    got = run_json(path)["crad-pool-size-cifar"]
+    difference, ratio = got["results"]
+    assert difference["n"] == ratio["n"] == "6 vs 6"
+    assert [note.split(":")[0] for note in difference["notes"]] == ["clients=20", "clients=50", "clients=100"]
+    # mean uniform 30: (30 + 0.25) - (6 + 0.125) at N = 100 against N = 20
+    assert difference["mean_difference"] == pytest.approx(24.125, abs=1e-3)
+    assert ratio["notes"][0].startswith("clients=20: mean ratio 1.20") and ratio["mean_difference"] > 0.75
+    assert got["verdict"] == "reproduced" and got["setting"] == "proxy"

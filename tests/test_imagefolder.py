@@ -92,6 +92,14 @@ def test_task_info():
                              "batch_size": 32, "lr": 0.01, "local_epochs": 1, "heldout_fraction": 0.2}
     assert CIFAR10JPG.train_subsample == 10_000 and CIFAR10JPG.test_subsample == 2_000
     assert CIFAR10JPG.image_size == 32
+    # every training image of the same folder, cifar10-jpg's test subsample; 20 clients, 10 a round
+    full_task = get_task("cifar10-jpg-full")
+    full = full_task.info
+    assert full.num_classes == 10 and full.input_shape == (3, 32, 32) and full.augmentation == "crop-flip"
+    assert "50,000 training images" in full.description and "2,000" in full.description
+    assert full.defaults == {**info.defaults, "clients": 20, "clients_per_round": 10}
+    assert isinstance(full_task, CIFAR10JPG) and full_task.train_subsample is None and full_task.test_subsample == 2_000
+    assert full_task.folder_name == CIFAR10JPG.folder_name and full_task.image_size == 32
     # imagefolder learns classes and shape from its folder: unknown until loaded
     info = get_task("imagefolder").info
     assert info.num_classes is None and info.input_shape == ()
@@ -185,6 +193,39 @@ def test_subsample_through_the_task(tmp_path):
     # other settings are other data: another fingerprint from the same files
     assert len({t.fingerprint(tmp_path) for t in (task, other, get_task("imagefolder"))}) == 3
     assert again.fingerprint(tmp_path) == task.fingerprint(tmp_path)
+
+
+def write_cifar_folder(root: Path, train: int, test: int) -> None:
+    """cifar10-jpg's layout at its size: 10 class folders, ``train`` and ``test`` flat 32x32 PNGs a class."""
+    for split, n in (("train", train), ("test", test)):
+        for c in range(10):
+            for k in range(n):
+                write_image(root / "cifar10-jpg" / split / f"class{c}" / f"{k:03d}.png", pixel(c * n + k), (32, 32))
+
+
+def test_full_task_keeps_every_training_image(tmp_path, monkeypatch, opens):
+    # The subsample sizes scaled to a tiny folder (50 training, 30 test images): cifar10-jpg keeps
+    # 20 and 10 of them; cifar10-jpg-full, its subclass, inherits the test subsample only.
+    write_cifar_folder(tmp_path, train=5, test=3)
+    monkeypatch.setattr(CIFAR10JPG, "train_subsample", 20)
+    monkeypatch.setattr(CIFAR10JPG, "test_subsample", 10)
+    sub, full = get_task("cifar10-jpg").load(tmp_path), get_task("cifar10-jpg-full").load(tmp_path)
+    assert full.train_x.shape == (50, 3, 32, 32) and np.bincount(full.train_y.numpy()).tolist() == [5] * 10
+    assert sub.train_x.shape == (20, 3, 32, 32) and np.bincount(sub.train_y.numpy()).tolist() == [2] * 10
+    # the same stratified test images (the same seed): one global test set for both tasks
+    assert full.test_x.shape == (10, 3, 32, 32) and torch.equal(full.test_y, sub.test_y)
+    raw_sub, raw_full = (get_task(t).load_arrays(tmp_path, False) for t in ("cifar10-jpg", "cifar10-jpg-full"))
+    assert np.array_equal(raw_sub[2], raw_full[2])
+    assert sorted(first_pixels(raw_full[0])) == sorted(pixel(i) for i in range(50))  # every image, once
+    assert set(first_pixels(raw_sub[0])) < set(first_pixels(raw_full[0]))
+    # one folder, two tasks: two fingerprints and two cache files, neither read for the other
+    assert full.fingerprint != sub.fingerprint
+    assert cache_files(tmp_path / "cifar10-jpg" / CACHE_FOLDER) == sorted(
+        [f"cifar10-jpg-{sub.fingerprint}.npz", f"cifar10-jpg-full-{full.fingerprint}.npz"])
+    opens.clear()
+    again_sub, again_full = get_task("cifar10-jpg").load(tmp_path), get_task("cifar10-jpg-full").load(tmp_path)
+    assert opens == []  # both from their own cache file
+    assert torch.equal(again_full.train_x, full.train_x) and torch.equal(again_sub.train_x, sub.train_x)
 
 
 # --------------------------------------------------------------------------- the decoded-array cache

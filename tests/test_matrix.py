@@ -345,6 +345,26 @@ def test_shipped_suites_parse(name):
         else:  # alpha 0.1 / 1.0 at N = 10, and N = 15 / 20 with 10 active, for both methods
             settings = {(c.cfg.alpha, c.cfg.clients, c.cfg.clients_per_round) for c in cells}
             assert settings == {(0.1, 10, None), (1.0, 10, None), (0.3, 15, 10), (0.3, 20, 10)}
+    elif name == "pool-size-cifar10-jpg":  # CRAD's Table 3 shape: N = 20, 50, 100, 10 active, on all 50,000 images
+        assert suite.out == "leaderboards/reproduced/pool-size-cifar10-jpg" and suite.seeds == list(range(10))
+        assert suite.methods == ["crad", "uniform-kd"] and suite.tasks == ["cifar10-jpg-full"]
+        assert {(c.cfg.method, c.cfg.clients, c.cfg.clients_per_round) for c in cells} == {
+            (m, n, 10) for m in ("crad", "uniform-kd") for n in (20, 50, 100)}
+        defaults = get_task("cifar10-jpg-full").info.defaults
+        for field in ("rounds", "batch_size", "lr", "local_epochs", "heldout_fraction", "alpha", "pool"):
+            assert {getattr(c.cfg, field) for c in cells} == {defaults[field]}, field
+        # every cell's partition gives each client a validation and a local test sample (else the run
+        # refuses it): drawn from CIFAR-10's training labels as the task loads them, 5,000 a class
+        import numpy as np
+
+        from hfl_bench.engine import clients_without_heldout
+        from hfl_bench.partition import make_partition
+
+        labels = np.repeat(np.arange(10), 5000)
+        for clients, seed in {(c.cfg.clients, c.cfg.seed) for c in cells}:
+            drawn = make_partition(labels, clients, "dirichlet", seed=seed,
+                                   heldout_fraction=defaults["heldout_fraction"], alpha=defaults["alpha"])
+            assert not clients_without_heldout(drawn), (clients, seed)
     elif name == "crad-table1":
         assert suite.seeds == [1024] and set(suite.tasks) == {"cifar10", "cifar100", "pathmnist"}
         assert {c.cfg.pool for c in cells} == {"paper"} and {c.cfg.rounds for c in cells} == {300}
