@@ -52,7 +52,7 @@ INCLUDE = re.compile(r"(?P<open><!-- included from: (?P<path>\S+) -->\n)(?P<body
 LANGUAGES = {".py": "python", ".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".json": "json", ".sh": "bash"}
 PROGRAM = "hfl-bench"
 # Files that are a command's output as a whole (path from the repository root: command).
-GENERATED_FILES = {"hfl_bench/record/schema/record-1.10.schema.json": "hfl-bench leaderboard schema"}
+GENERATED_FILES = {"hfl_bench/record/schema/record-1.11.schema.json": "hfl-bench leaderboard schema"}
 # Shell syntax has no meaning in a marker (no shell runs it): refused so a marker never suggests it does.
 SHELL_CHARACTERS = set("|&;<>$`")
 RECORDS = "leaderboards/reproduced/"  # where a suite's records are committed

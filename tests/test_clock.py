@@ -39,7 +39,7 @@ def _run(out: Path, *args: str, clients: int = 2) -> dict:
     assert result.exit_code == 0, stdout
     (path,) = out.glob("*.json")
     record = json.loads(path.read_text())
-    assert record["schema_version"] == "1.10" and record_problems(record) == []
+    assert record["schema_version"] == "1.11" and record_problems(record) == []
     return record
 
 
@@ -248,7 +248,7 @@ def test_bad_clock_settings_are_one_line_and_exit_2(tmp_path, args, said):
 
 def test_an_old_record_reads_as_not_recorded(tmp_path):
     record = load_record(REAL_RECORD)
-    assert record["schema_version"] == "1.10" and "clock" not in record and total_time(record) is None
+    assert record["schema_version"] == "1.11" and "clock" not in record and total_time(record) is None
     assert STEPS["1.9"]({"schema_version": "1.9", "cost": {}}) == {"schema_version": "1.10", "cost": {}}
     result, stdout, _ = invoke_cli("leaderboard", "show", str(REAL_RECORD), "--clock", "--format", "json")
     assert result.exit_code == 0, stdout

@@ -34,7 +34,7 @@ def fml(tmp_path_factory):
                                       "--json", "-q"])
     assert result.exit_code == 0, result.output
     record = json.loads(Path(json.loads(result.stdout)["record"]).read_text())
-    assert record["schema_version"] == "1.10" and record_problems(record) == []  # the schema knows every new field
+    assert record["schema_version"] == "1.11" and record_problems(record) == []  # the schema knows every new field
     return record
 
 

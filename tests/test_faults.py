@@ -325,7 +325,7 @@ def test_every_method_runs_under_every_fault_kind(method, faults):
 
 def test_a_record_without_faults_is_what_it_was():
     record = _run("local", "none")
-    assert record["schema_version"] == SCHEMA_VERSION == "1.10" and record["config"]["faults"] == ""
+    assert record["schema_version"] == SCHEMA_VERSION == "1.11" and record["config"]["faults"] == ""
     assert "faults" not in record and "honest" not in record["metrics"]
 
 

@@ -141,6 +141,6 @@ def test_an_old_record_reads_as_not_recorded():
                 if json.loads(p.read_text()).get("schema_version") == "1.7"
                 and json.loads(p.read_text()).get("status") == "ok")
     record = load_record(path)
-    assert record["schema_version"] == "1.10" and "budget" in record["cost"] and "flops" not in record["cost"]
+    assert record["schema_version"] == "1.11" and "budget" in record["cost"] and "flops" not in record["cost"]
     assert training_flops_per_client_round(record) is None
     assert flops_label([record]) == "-"  # not recorded, never 0

@@ -238,7 +238,7 @@ def test_build_record_writes_the_recipients_and_donors_figures():
 def test_build_record_without_modalities_has_no_client_groups():
     cfg, result = fake_result()
     record = build_record(cfg, result)
-    assert record["schema_version"] == SCHEMA_VERSION == "1.10"
+    assert record["schema_version"] == SCHEMA_VERSION == "1.11"
     assert "modalities" not in record and "modalities" not in record["task"]
     assert not {"recipients", "donors", "honest", "faulty"} & set(record["metrics"])
     assert record_problems(strict_record(record)) == []

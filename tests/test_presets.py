@@ -157,7 +157,7 @@ def test_a_bumped_method_runs_at_its_defaults_and_with_its_paper_preset(method, 
     default = run_record(*_smoke_args(method), out=tmp_path / "default")
     paper = run_record(*_smoke_args(method), "--preset", "paper", out=tmp_path / "paper")
     for record in (default, paper):
-        assert record["status"] == "ok" and record["schema_version"] == "1.10"
+        assert record["status"] == "ok" and record["schema_version"] == "1.11"
         assert record["method"]["version"] == card.version != "1.0"
     assert default["method"]["preset"] is None and default["config"]["preset"] is None
     assert paper["method"]["preset"] == "paper" and paper["config"]["preset"] == "paper"

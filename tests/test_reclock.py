@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from hfl_bench import clock
+from hfl_bench.record.check import problems
 from hfl_bench.record.model import record_problems
+from hfl_bench.record.upgrade import upgrade
 
 from helpers import REAL_RECORD, invoke_cli
 
@@ -159,9 +161,23 @@ def _deadline(r):
     r["clock"].update(deadline_s=1000.0, rule=clock.RULE)
 
 
-def _no_inputs(r):
+def _no_inputs(r):  # a 1.10 record: its clock entries predate each client's FLOPs and bytes (1.11)
+    r["schema_version"] = "1.10"
     for h in r["history"][1:]:
         del h["clock"]["flops"], h["clock"]["up_bytes"], h["clock"]["down_bytes"]
+
+
+def test_the_1_11_fields_are_refused_by_the_frozen_1_10_schema(runs):
+    """A record's clock entry inputs and ``clock.reclocked`` are 1.11's: a record stamped 1.10 that
+    has them fails its own (frozen) schema, and without them it is valid and upgrades unchanged."""
+    record = _read(runs["uniform"])
+    assert record["schema_version"] == "1.11" and problems(record, frozen=True) == []
+    stamped = {**record, "schema_version": "1.10"}
+    assert any("flops" in p and "history" in p for p in problems(stamped, frozen=True))
+    older = copy.deepcopy(stamped)
+    _no_inputs(older)
+    assert problems(older, frozen=True) == []
+    assert upgrade(older) == {**older, "schema_version": "1.11"}  # nothing to fill
 
 
 def _invalid(r):

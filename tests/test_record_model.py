@@ -1,5 +1,5 @@
-"""The typed record model (hfl_bench/record/model/, schema 1.10: the 1.7 shape, cost.flops and clock): every
-committed 1.7 record (and every published one) validates at 1.10 and dumps back exactly, as do records
+"""The typed record model (hfl_bench/record/model/, schema 1.11: the 1.7 shape, cost.flops and clock): every
+committed 1.7 record (and every published one) validates at 1.11 and dumps back exactly, as do records
 the CLI writes now; it
 agrees with the results layer's validator on sampled records and on mutations of them, refuses what
 it is stricter about (unknown fields, open sections it types); its JSON Schema is valid 2020-12 and
@@ -312,8 +312,8 @@ def test_json_schema_is_draft_2020_12_and_accepts_the_committed_records(records_
     schema = rm.json_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
     assert json.dumps(schema) == json.dumps(rm.json_schema())  # deterministic, key order included
-    assert schema["$id"] == "hfl-bench/record-1.10" and "1.10" in schema["title"]
-    assert schema["properties"]["schema_version"]["const"] == rm.CURRENT_VERSION == "1.10"
+    assert schema["$id"] == "hfl-bench/record-1.11" and "1.11" in schema["title"]
+    assert schema["properties"]["schema_version"]["const"] == rm.CURRENT_VERSION == "1.11"
     assert list(schema)[:4] == ["$schema", "$id", "title", "description"]
     validator = jsonschema.Draft202012Validator(schema)
     rejected = {}

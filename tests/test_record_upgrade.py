@@ -63,7 +63,7 @@ def test_every_committed_record_upgrades_to_the_current_shape_valid_as_1_7(commi
     for path, record in committed:
         before = copy.deepcopy(record)
         up = upgrade(record)
-        assert up["schema_version"] == ru.CURRENT == "1.10"
+        assert up["schema_version"] == ru.CURRENT == "1.11"
         assert record == before, f"{path}: upgrade changed its input"
     for path, record in older:  # the 1.7 ones are themselves (next test), validated as 1.7 elsewhere
         problems += [f"{path.relative_to(REPO)}: {'/'.join(map(str, e.absolute_path))}: {e.message}"
@@ -75,8 +75,8 @@ def test_a_1_7_record_upgrades_to_itself_but_for_the_version(committed):
     current = [r for _, r in committed if r["schema_version"] == "1.7"]
     assert len(current) > 700
     for record in current:
-        assert upgrade(record) == {**record, "schema_version": "1.10"}
-    assert upgrade(upgrade(current[0])) == upgrade(current[0])  # a 1.10 record is read as it is
+        assert upgrade(record) == {**record, "schema_version": "1.11"}
+    assert upgrade(upgrade(current[0])) == upgrade(current[0])  # a 1.11 record is read as it is
 
 
 def test_the_headline_a_1_7_run_wrote_is_the_one_the_step_computes(committed):
@@ -259,7 +259,7 @@ def _step(version: str, record: dict) -> dict:
 
 
 def test_the_steps_are_one_per_version_in_order():
-    assert list(STEPS) == ["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9"]
+    assert list(STEPS) == ["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10"]
     from hfl_bench.record.io import CURRENT_VERSION, SCHEMA_VERSIONS
 
     assert (*STEPS, CURRENT_VERSION) == SCHEMA_VERSIONS
@@ -367,6 +367,15 @@ def test_1_8_to_1_9_changes_only_the_version_and_fills_no_flops():
     assert out == {**record, "schema_version": "1.9"} and "flops" not in out.get("cost", {})
 
 
+def test_1_10_to_1_11_changes_only_the_version_and_fills_no_clock_inputs():
+    # a 1.10 clock entry never recorded each client's FLOPs and bytes: they stay absent (reclock refuses it)
+    entry = {"start_s": 0.0, "seconds": 2.0, "clients": [2.0, None], "dropped": []}
+    record = _run("1.10", {"version": "1.0", "peer_data": False, "predictor": "live model"},
+                  history=[{"round": 1, "clock": entry}])
+    out = _step("1.10", record)
+    assert out == {**record, "schema_version": "1.11"} and set(out["history"][0]["clock"]) == set(entry)
+
+
 def test_the_unknowns_of_a_plugin_method_are_what_1_7_cannot_hold():
     """A method the table does not know gets the readers' unknowns; the 1.7 schema holds none of
     transfer "unknown", single_architecture null, predictor "unknown" (1.8's schema is to widen
@@ -397,7 +406,7 @@ def test_a_record_of_no_known_version_is_refused_in_one_sentence(raw, said):
 
 def test_upgrade_runs_every_step_from_the_records_own_version():
     up = upgrade(_run("1.0", {"name": "dfml"}))
-    assert up["schema_version"] == "1.10"
+    assert up["schema_version"] == "1.11"
     assert {k: up["method"][k] for k in ("version", "transfer", "single_architecture", "preset", "peer_data",
                                          "predictor")} == {
         "version": None, "transfer": "none", "single_architecture": False, "preset": None, "peer_data": True,

@@ -16,7 +16,7 @@ from hfl_bench.recording import write_record
 
 def _record(**extra):
     rec = {
-        "schema_version": "1.10",  # the current version: load_record reads it back as it is
+        "schema_version": "1.11",  # the current version: load_record reads it back as it is
         "config": {"task": "digits", "method": "local", "seed": 0},
         "config_hash": "0123456789abcdef",
         "status": "ok",
@@ -121,7 +121,7 @@ def test_load_record_missing(tmp_path):
 def test_load_record_accepts_minimal(tmp_path):
     path = tmp_path / "x.json"
     path.write_text(json.dumps({"schema_version": "1.0"}))
-    assert load_record(path) == {"schema_version": "1.10"}  # upgraded to the current version: nothing to fill
+    assert load_record(path) == {"schema_version": "1.11"}  # upgraded to the current version: nothing to fill
     assert os.listdir(tmp_path) == ["x.json"]
 
 

@@ -70,7 +70,7 @@ def run(tmp_path_factory) -> tuple[dict, dict]:
 
 def test_a_run_records_seen_and_unseen_accuracy(run):
     record, ctx = run
-    assert record["schema_version"] == records.SCHEMA_VERSION == "1.10"
+    assert record["schema_version"] == records.SCHEMA_VERSION == "1.11"
     assert record_problems(record) == []  # valid against schema 1.6
     assert seen_unseen_problems(record) == []
     su = record["metrics"]["seen_unseen"]

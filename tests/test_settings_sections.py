@@ -228,7 +228,7 @@ def test_a_new_record_states_its_setting():
             "transfer": card.transfer, "single_architecture": card.single_architecture,
             "peer_data": card.peer_data, "predictor": card.predictor}
     failed = build_failed_record(RunConfig(method="fedmd", task="digits"), "boom")
-    assert failed["schema_version"] == "1.10"
+    assert failed["schema_version"] == "1.11"
     assert (failed["method"]["transfer"], failed["method"]["single_architecture"]) == ("public-labelled", False)
     assert record_problems(failed) == []
 
@@ -314,7 +314,7 @@ def test_a_run_record_states_peer_data_and_its_predictor(run_record, tmp_path):
     peak = run_record("--method", "dfml", *QUICK_RUN, out=tmp_path / "peak")
     current = run_record("--method", "dfml", *QUICK_RUN, "--set", "eval=current", out=tmp_path / "current")
     for r, predictor in ((peak, "stored snapshot"), (current, "live model")):
-        assert r["schema_version"] == "1.10" and record_problems(r) == []
+        assert r["schema_version"] == "1.11" and record_problems(r) == []
         assert (r["method"]["peer_data"], r["method"]["predictor"]) == (True, predictor)
     board = json.loads(show(str(tmp_path / "peak"), str(tmp_path / "current"), "--format", "json"))
     assert {(g["section"], g["predictor"]) for g in board["groups"]} == {(PEERS, "stored snapshot"),

@@ -1,4 +1,4 @@
-"""The run record as a type: the model (``model``: pydantic, schema 1.10), one upgrade step per older
+"""The run record as a type: the model (``model``: pydantic, schema 1.11), one upgrade step per older
 version (``upgrade``, with the frozen table of what built-in cards said), reading one record file
 safely and upgraded (``io``), the one check of a record of any version (``check``), the schema
 files (frozen for older versions, generated from the model for the current one) and the frozen

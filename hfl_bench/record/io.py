@@ -16,7 +16,7 @@ from typing import Any
 # (docs/reference/older-records.md says what each version added).
 # The current version's file is generated from the record model (``model.json_schema``, by
 # docs/regenerate.py, which ``--check`` keeps in step); the older ones are frozen.
-SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10")
+SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10", "1.11")
 CURRENT_VERSION = SCHEMA_VERSIONS[-1]
 
 

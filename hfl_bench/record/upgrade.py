@@ -1,9 +1,9 @@
 """Record upgrades: a record of any schema version, brought once, at load, to the current shape.
 
-One step per schema version (``STEPS``: 1.0 -> 1.1 -> ... -> 1.9 -> 1.10, where 1.8 is exactly the
-1.7 shape, 1.9 adds ``cost.flops`` and 1.10 the simulated ``clock``), each a pure function from one
-version's record to the next version's. A step fills what its version added, where the older record
-lacks it, with the value the results layer's readers gave its absence
+One step per schema version (``STEPS``: 1.0 -> 1.1 -> ... -> 1.10 -> 1.11, where 1.8 is exactly the
+1.7 shape, 1.9 adds ``cost.flops``, 1.10 the simulated ``clock`` and 1.11 what re-clocking reads),
+each a pure function from one version's record to the next version's. A step fills what its
+version added, where the older record lacks it, with the value the results layer's readers gave its absence
 (``hfl_bench.results.setting``, ``loading``, ``headline``), so that a view of an upgraded record
 prints what the view of the raw record printed. What an old record cannot say (its seen / unseen-
 class accuracy, its budget, its FLOPs, its clock, its plugins, its endpoints' curves, a final window
@@ -29,7 +29,7 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
-CURRENT = "1.10"  # what ``upgrade`` returns: the 1.7 shape, cost.flops and clock, upgraded from any version
+CURRENT = "1.11"  # what ``upgrade`` returns: the 1.7 shape, cost.flops and clock, upgraded from any version
 UNKNOWN = "unknown"  # the readers' unknown transfer and predictor (``results.setting.UNKNOWN``)
 PUBLISHED = "published"  # ``source.kind`` of a paper's figure: it describes no run of this code
 
@@ -292,6 +292,14 @@ def step_1_9_to_1_10(record: dict[str, Any]) -> dict[str, Any]:
     return _with(record, "1.10")
 
 
+def step_1_10_to_1_11(record: dict[str, Any]) -> dict[str, Any]:
+    """1.11 added, optional, each round's clock entry's per-client ``flops``, ``up_bytes`` and
+    ``down_bytes`` (what each client's time was computed from) and ``clock.reclocked`` (``hfl-bench
+    reclock``'s provenance): an older clock entry never recorded them, so they stay absent; the
+    clock still reads as timed, and ``hfl-bench reclock`` refuses it in one line. Nothing to fill."""
+    return _with(record, "1.11")
+
+
 # The steps in order: ``STEPS[v]`` takes a record of version ``v`` to the next version.
 STEPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "1.0": step_1_0_to_1_1,
@@ -304,6 +312,7 @@ STEPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "1.7": step_1_7_to_1_8,
     "1.8": step_1_8_to_1_9,
     "1.9": step_1_9_to_1_10,
+    "1.10": step_1_10_to_1_11,
 }
 VERSIONS = (*STEPS, CURRENT)  # every version ``upgrade`` reads
 

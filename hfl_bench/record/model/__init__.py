@@ -1,6 +1,7 @@
-"""The run record as typed models (pydantic v2): schema 1.10: the shape of schema 1.7 written from this model,
-``cost.flops`` (1.9) and ``clock`` with each round's ``history[].clock`` (1.10; ``cost.flops.inference``
-too).
+"""The run record as typed models (pydantic v2): schema 1.11: the shape of schema 1.7 written from this model,
+``cost.flops`` (1.9), ``clock`` with each round's ``history[].clock`` (1.10; ``cost.flops.inference``
+too) and what re-clocking reads: each clock entry's per-client ``flops``, ``up_bytes``,
+``down_bytes`` and ``clock.reclocked`` (1.11, optional).
 
 One ``Record`` holds a reproduced run (ok, diverged or failed) or a published figure
 (``source.kind``): the sections a published record lacks are optional, as in the 1.7 schema, and a
@@ -206,7 +207,8 @@ def json_schema() -> dict:
         "title": f"hfl-bench leaderboard record, schema {CURRENT_VERSION}",
         "description": (f"One run (reproduced) or one published figure, schema {CURRENT_VERSION}: the shape of 1.7 "
                         "and cost.flops (1.9), clock, cost.flops.inference and federation.eval_clients / client_state "
-                        "(1.10), generated from "
+                        "(1.10), each clock entry's flops / up_bytes / down_bytes and clock.reclocked (1.11), "
+                        "generated from "
                         "hfl_bench.record.model. Accuracies are "
                         "percentages (0-100)."),
         "type": body["type"],

@@ -195,9 +195,9 @@ class GroupRound(_Model):
 class ClockRound(_Model):
     """A round's simulated time (schema 1.10, ``hfl_bench.clock``): when it started, how long it
     took, each client's time (null: it did not run) and the clients the deadline dropped; and what
-    each time was computed from: the client's training FLOPs, bytes sent and bytes received that
-    round (null: it did not run; absent in records written before they were recorded, which
-    ``hfl-bench reclock`` then refuses)."""
+    each time was computed from (1.11, optional): the client's training FLOPs, bytes sent and bytes
+    received that round (null: it did not run; absent in records written before they were recorded,
+    which ``hfl-bench reclock`` then refuses)."""
 
     start_s: NonNegative
     seconds: NonNegative

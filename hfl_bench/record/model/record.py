@@ -29,9 +29,9 @@ from hfl_bench.record.model.values import SEED_LIMIT, OpenObject, _Found, _is_nu
 
 
 class Record(_Model):
-    """One run (reproduced) or one published figure, schema 1.10."""
+    """One run (reproduced) or one published figure, schema 1.11."""
 
-    schema_version: Literal["1.10"]  # CURRENT_VERSION
+    schema_version: Literal["1.11"]  # CURRENT_VERSION
     record_id: StrictStr
     source: Source
     status: Literal["ok", "diverged", "failed"]

@@ -335,7 +335,7 @@ class ClockDevice(_Model):
 
 
 class Reclocked(_Model):
-    """Where a re-clocked clock came from (``hfl-bench reclock``): the record that trained (its
+    """Where a re-clocked clock came from (schema 1.11, ``hfl-bench reclock``): the record that trained (its
     ``record_id``, its file's name and SHA-256, its device setting) and the code that timed its
     rounds again on these devices, and when."""
 
@@ -366,7 +366,7 @@ class Clock(_Model):
     devices: list[ClockDevice]
     per_round_s: list[NonNegative]
     total_s: NonNegative
-    reclocked: Reclocked = None  # absent: timed as the run trained; else re-clocked from that record
+    reclocked: Reclocked = None  # 1.11 on; absent: timed as the run trained; else re-clocked from that record
 
 
 class PeakMemory(_Model):

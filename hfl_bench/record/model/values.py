@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-CURRENT_VERSION = "1.10"
+CURRENT_VERSION = "1.11"
 SEED_LIMIT = 2**63
 
 
