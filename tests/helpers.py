@@ -175,3 +175,11 @@ def straight_and_resumed(cfg: RunConfig, checkpoint: Path, rounds: int = 3, stop
     for rnd in range(stop + 1, rounds + 1):
         resumed.step(rnd)
     return straight, resumed
+
+
+def write_records(folder: Path, records: list[dict]) -> Path:
+    """Each record as ``<record_id>.json`` in ``folder`` (made if missing)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in records:
+        (folder / f"{r['record_id']}.json").write_text(json.dumps(r))
+    return folder

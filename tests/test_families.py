@@ -19,6 +19,7 @@ import pytest
 from hfl_bench.results.families import record_profile
 
 from helpers import invoke_cli, quick_run
+from helpers import write_records as write
 
 SEEDS = range(8)  # 8 pairs: an exact sign-flip p of 2/256, which Holm over four pairs keeps below 5%
 WIDE, EVEN = "a1-e1", "a1-b1-c1-d1-e1"
@@ -93,11 +94,6 @@ def variant(templates: dict, method: str, profile: Optional[str], seed: int, acc
     return r
 
 
-def write(folder: Path, records: list[dict]) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for r in records:
-        (folder / f"{r['record_id']}.json").write_text(json.dumps(r))
-    return folder
 
 
 def suite(templates: dict, seeds=SEEDS, plain: bool = True) -> list[dict]:

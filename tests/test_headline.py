@@ -16,6 +16,8 @@ from typer.testing import CliRunner
 from hfl_bench.cli import app
 from hfl_bench.results.figures import FINAL, SELECTED, headline_basis, headline_value
 
+from helpers import write_records as write
+
 REPO = Path(__file__).resolve().parents[1]
 # A real record with final figures (schema 1.2): every synthetic record below is a copy of it.
 BASE = REPO / "leaderboards" / "reproduced" / "digits" / "digits__local__1624b0b7f8d9f009__seed0.json"
@@ -40,11 +42,6 @@ def synthetic(base: dict, task: str, method: str, seed: int, selected: float, fi
     return r
 
 
-def write(folder: Path, records: list[dict]) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for r in records:
-        (folder / f"{r['record_id']}.json").write_text(json.dumps(r))
-    return folder
 
 
 @pytest.fixture(scope="module")

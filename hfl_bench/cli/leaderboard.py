@@ -741,11 +741,7 @@ def _print_rankings(result: Any, fmt: str) -> None:
     console = wide_out()
 
     def lines(texts: list[str]) -> None:
-        for text in texts:
-            if console.is_terminal:
-                console.print(plain(text), highlight=False)
-            else:
-                sys.stdout.write(terminal(text) + "\n")
+        _print_lines(console, texts)
 
     lines([legend])
     for t in result.tables:
@@ -798,6 +794,15 @@ def families(
     _print_families(result, fmt)
 
 
+def _print_lines(console: Any, texts: list[str]) -> None:
+    """Lines of text: through rich on a terminal, plain when piped (``rankings`` and ``families``)."""
+    for text in texts:
+        if console.is_terminal:
+            console.print(plain(text), highlight=False)
+        else:
+            sys.stdout.write(terminal(text) + "\n")
+
+
 def _print_families(result: Any, fmt: str) -> None:
     """``families``' tables, per task, protocol and profile: the methods with their budget, the pairs
     of the two families, the reading and the notes; as json, markdown, rich tables on a terminal or
@@ -838,11 +843,7 @@ def _print_families(result: Any, fmt: str) -> None:
     console = wide_out()
 
     def lines(texts: list[str]) -> None:
-        for text in texts:
-            if console.is_terminal:
-                console.print(plain(text), highlight=False)
-            else:
-                sys.stdout.write(terminal(text) + "\n")
+        _print_lines(console, texts)
 
     def table(heading: str, body: list[dict[str, str]], columns: tuple[str, ...]) -> None:
         if console.is_terminal:
