@@ -114,11 +114,13 @@ def trim_heap() -> None:
 @dataclasses.dataclass(eq=False)
 class Held:
     """One offloaded state of a client: host tensors (host) or ``(path, size, sha256)`` (disk), the
-    devices its tensors came from, the model it belongs to, and how many snapshots pin it."""
+    devices its tensors came from, the model it belongs to, how many of its tensors are the model's
+    (the optimizer's follow), and how many snapshots pin it."""
 
     stored: object
     devices: list
     model_id: int
+    n_model: int
     pins: int = 0
 
 
@@ -227,7 +229,7 @@ class ClientStore:
         devices = [None if v is None else v.device for v in values]
         stored = self._write(client.cid, host) if self.mode == "disk" else host
         self._vacate(client)
-        self._held[client.cid] = Held(stored, devices, id(client._model))
+        self._held[client.cid] = Held(stored, devices, id(client._model), len(slots))
 
     def _vacate(self, client: "Client") -> None:
         """Free the device's copies of the client's tensors, keeping the tensor objects."""
@@ -250,14 +252,18 @@ class ClientStore:
             with contextlib.suppress(OSError):
                 os.unlink(held.stored[0])
 
-    def _install(self, client: "Client", held: Held) -> None:
-        """``held`` into the client's tensors (a pinned state is read as a copy: it stays as it was)."""
+    def _install(self, client: "Client", held: Held, model_only: bool = False) -> None:
+        """``held`` into the client's tensors (a pinned state is read as a copy: it stays as it was);
+        ``model_only``: its model's tensors alone (a snapshot's measurement: the optimizer may have
+        gained state since the pin, when the client trained again)."""
         if held.model_id != id(client._model):
             raise ClientStateError(f"client {client.cid}'s offloaded state belongs to a model the client no longer "
                                    f"holds")
         host = self._read(client.cid, held.stored) if self.mode == "disk" else held.stored
         slots, opt_slots = _slots(client), _optimizer_tensors(client._optimizer)
-        if len(host) != len(slots) + len(opt_slots):
+        if model_only:
+            host, opt_slots = host[:held.n_model], []
+        if len(slots) != held.n_model or len(host) != len(slots) + len(opt_slots):
             raise ClientStateError(f"client {client.cid}'s offloaded state holds {len(host)} tensors, its model "
                                    f"and optimizer {len(slots) + len(opt_slots)}")
         copy = held.pins > 0 and self.mode == "host"  # training would write into the pinned tensors
@@ -293,9 +299,10 @@ class ClientStore:
 
     @contextlib.contextmanager
     def pinned(self, states: dict["Client", Held], kept_out: frozenset[int] = frozenset()) -> Iterator[None]:
-        """Each client with its pinned state in its model for the block; as it was (offloaded with
-        its current state) afterwards. Bringing back a client of ``kept_out`` in the block raises
-        ``OutsideChunk`` (its current state is not the one the block measures)."""
+        """Each client with its pinned state in its model for the block (the model's tensors: its
+        optimizer's stay offloaded); as it was (offloaded with its current state) afterwards.
+        Bringing back a client of ``kept_out`` in the block raises ``OutsideChunk`` (its current
+        state is not the one the block measures)."""
         current: list[tuple["Client", Held]] = []
         self._kept_out = kept_out
         try:
@@ -303,7 +310,7 @@ class ClientStore:
                 self.offload(client)  # the current state waits like any offloaded one
                 current.append((client, self._held.pop(client.cid)))
                 client.store = None
-                self._install(client, held)
+                self._install(client, held, model_only=True)
             yield
         finally:
             self._kept_out = frozenset()

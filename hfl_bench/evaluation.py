@@ -32,13 +32,20 @@ The policy (``Evaluator``):
   put back for the chunk: a snapshot costs the memory of the clients resident when it is taken
   (the round's active and tested ones), not of every client. The figures are the same.
 
-Whatever the policy, a model is evaluated only when it may have changed since its last
-evaluation (``changed``), models and predictors with identical parameters (FML's memes after a
-broadcast, FedAvg's clients) are evaluated once, so is a predictor shared by every client (the
-same module in each client's place, as FedCC's ensemble: once per distinct set of global test
-inputs, not once per client), each client's held-out rows are gathered once
-per run, and on a CPU convolutional models run with channels-last weights and inputs (measured
-faster, ``benchmarks/bench_inference.py``; the model's own tensors are put back afterwards).
+Whatever the policy:
+
+- a model is evaluated only when it may have changed since its last evaluation (``changed``);
+- models and predictors with identical parameters (FML's memes after a broadcast) are evaluated
+  once, and so is a predictor shared by every client (the same module in each client's place, as
+  FedCC's ensemble: once per distinct set of global test inputs, not once per client);
+- a model several clients hold (FedAvg's server model) validates all their rows in one call,
+  unless its figures depend on which rows share a batch (``rows_apart``: a static batch norm);
+- under ``--client-state`` host or disk, validation runs ``RESOLVE_CHUNK`` clients at a time, and
+  the clients it brings back go back after their chunk, so memory stays bounded when every
+  client's predictor changes each round (FedProto's);
+- each client's held-out rows are gathered once per run, and on a CPU convolutional models run with
+  channels-last weights and inputs (measured faster, ``benchmarks/bench_inference.py``; the
+  model's own tensors are put back afterwards).
 
 **Non-finite outputs.** A model (or an extra endpoint's predictor) whose logits hold a NaN or an
 infinity at any evaluation (validation, pooled validation, the local or global test, an endpoint's
@@ -170,6 +177,14 @@ def channels_last(modules: list[nn.Module], enabled: bool) -> Iterator[None]:
     finally:
         for t, data in saved:
             t.data = data
+
+
+def rows_apart(model: nn.Module) -> bool:
+    """Whether ``model`` in eval mode computes each row of a batch from that row alone: false where
+    a batch norm keeps no running statistics (HeteroFL's static batch norm normalizes with the
+    batch's own), whose figures then depend on which rows are evaluated together."""
+    return not any(isinstance(m, nn.modules.batchnorm._NormBase) and not m.track_running_stats
+                   for m in model.modules())
 
 
 def _fingerprints(modules: list[nn.Module]) -> list[tuple | None]:
@@ -340,7 +355,14 @@ class Evaluator:
         self.fast_layout = fed.device.type == "cpu" and fed.data.test_x.dim() == 4
         # inputs prepared once per run: each client's validation and local test rows, the test set
         rows = lambda idx: (self._layout(fed.data.train_x[idx]), fed.data.train_y[idx])  # noqa: E731
-        self._val = [rows(cl.val_idx) for cl in fed.clients]
+        # every client's validation rows in one tensor (a model shared by many clients validates them
+        # in one call, ``shared_val_correct``), each client's rows a view of it
+        sizes = [len(cl.val_idx) for cl in fed.clients]
+        self._val_x, self._val_y = rows(torch.cat([cl.val_idx for cl in fed.clients]))
+        self._val_owner = torch.repeat_interleave(torch.arange(n, device=fed.device),
+                                                  torch.tensor(sizes, device=fed.device))
+        ends = np.cumsum(sizes).tolist()
+        self._val = [(self._val_x[e - k:e], self._val_y[e - k:e]) for e, k in zip(ends, sizes)]
         self._test = [rows(cl.test_idx) for cl in fed.clients]
         # A client is tested through the modalities it observes: the global test set with the
         # others NaN (hfl_bench.modalities), one copy per distinct set of observed modalities.
@@ -385,12 +407,13 @@ class Evaluator:
 
     # -- the per-model measurements
 
-    def _logits(self, model: nn.Module, x: torch.Tensor, cid: int, what: str) -> torch.Tensor:
-        """``model``'s logits on ``x``, with its finite flag kept for the next ``_checked`` read."""
+    def _logits(self, model: nn.Module, x: torch.Tensor, cid: int | list[int], what: str) -> torch.Tensor:
+        """``model``'s logits on ``x`` (client ``cid``'s rows, or several clients'), with its finite
+        flag kept for the next ``_checked`` read."""
         logits = predict_logits(model, x)
         if self._endpoint is not None:
             what = f"{what} of endpoint {self._endpoint}"
-        self._checks.append((torch.isfinite(logits).all(), [cid], what))
+        self._checks.append((torch.isfinite(logits).all(), cid if isinstance(cid, list) else [cid], what))
         return logits
 
     def _checked(self, values: torch.Tensor) -> np.ndarray:
@@ -412,6 +435,53 @@ class Evaluator:
         if len(y) == 0:
             return torch.zeros(self.fed.num_classes, device=self.fed.device)
         return class_correct(self._logits(model, x, cid, "validation"), y, self.fed.num_classes, model)
+
+    def shared_val_correct(self, model: nn.Module, cids: list[int]) -> torch.Tensor:
+        """[len(cids), C] ``val_correct`` of one ``model`` held by every client in ``cids``, in one
+        call on their rows together (FedAvg's server model is every client's: one call, not N)."""
+        fed, c = self.fed, self.fed.num_classes
+        position = torch.full((fed.n_clients,), -1, dtype=torch.long, device=fed.device)
+        position[cids] = torch.arange(len(cids), device=fed.device)
+        where = position[self._val_owner]
+        if len(cids) == fed.n_clients:  # every client's rows: the whole tensor, no copy
+            x, y = self._val_x, self._val_y
+        else:
+            rows = (where >= 0).nonzero().squeeze(1)
+            x, y, where = self._val_x[rows], self._val_y[rows], where[rows]
+        if not len(y):
+            return torch.zeros(len(cids), c, device=fed.device)
+        hit = row_hits(model, self._logits(model, x, list(cids), "validation"), y)
+        return torch.bincount((where * c + y)[hit], minlength=len(cids) * c).float().view(len(cids), c)
+
+    def _validate(self, models: list[nn.Module], changed: list[int]) -> np.ndarray | None:
+        """Validation of the ``changed`` clients' models into ``fed.val_correct``: one call per
+        model however many clients hold it (where its rows are computed apart, ``rows_apart``);
+        under ``--client-state`` ``RESOLVE_CHUNK`` clients at a time, those brought back for a
+        chunk offloaded again after it (memory bounded as the federation grows). Returns each
+        client's pooled-validation hits under the pooled rule."""
+        fed, store = self.fed, self.fed.client_store
+        size = max(len(changed), 1) if store is None else RESOLVE_CHUNK
+        away = [] if store is None else [c for c in fed.clients if c.store is not None]
+        hits: list[np.ndarray] = []
+        for start in range(0, len(changed), size):
+            chunk = changed[start:start + size]
+            self._resident([models[cid] for cid in chunk])
+            with channels_last([models[cid] for cid in chunk], self.fast_layout):
+                by_model: dict[int, list[int]] = {}
+                for cid in chunk:
+                    by_model.setdefault(id(models[cid]), []).append(cid)
+                for cids in by_model.values():
+                    if len(cids) == 1 or not rows_apart(models[cids[0]]):
+                        for cid in cids:  # each client's rows alone: its own batch, as ever
+                            fed.val_correct[cid] = self.val_correct(models[cid], cid)
+                    else:
+                        fed.val_correct[cids] = self.shared_val_correct(models[cids[0]], cids)
+                if self.pooled:
+                    hits += self.per_distinct(self.pooled_val_hits, [models[c] for c in chunk], chunk)
+            for client in away:  # after channels_last has put their tensors back
+                if client.store is None:
+                    store.offload(client)
+        return np.array(hits) if self.pooled else None
 
     def local_test_correct(self, model: nn.Module, cid: int) -> int:
         return int(self.local_test_hits(model, cid))
@@ -477,12 +547,7 @@ class Evaluator:
                endpoints: dict[str, list[nn.Module]]) -> RoundMetrics:
         fed = self.fed
         with self.timer(Phase.EVALUATION):
-            self._resident([models[cid] for cid in changed])
-            with channels_last([models[cid] for cid in changed], self.fast_layout):
-                for cid in changed:
-                    fed.val_correct[cid] = self.val_correct(models[cid], cid)
-                if self.pooled:
-                    hits = self.per_distinct(self.pooled_val_hits, [models[c] for c in changed], changed)
+            hits = self._validate(models, changed)
             val = self._val_acc()  # raises NonFiniteOutputs before any figure of the round is kept
             if self.pooled:
                 self.pooled_correct[changed] = hits

@@ -2,9 +2,16 @@
 
 Fidelity: paper. Averaging parameters needs every client on one architecture, so the card
 declares ``single_architecture`` and the engine refuses a pool of several architectures.
+
+The broadcast is metered to every client each round, as the paper's server sends it, but a
+client's copy is written only when the client is next drawn: until then it would equal the
+server's model, which is what is evaluated for every client. The same numbers, and a round that
+does not touch (or, under ``--client-state``, bring back) the clients it does not draw.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -39,8 +46,11 @@ class FedAvg(Method):
                                  Payload.PARAMS)
         for c in fed.clients[1:]:
             c.model.load_state_dict(first)
+        self.server = copy.deepcopy(fed.clients[0].model)  # the model every client holds after a broadcast
 
     def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
+        for i in active:  # the last broadcast, written now into the clients that use it (module docstring)
+            fed.clients[i].model.load_state_dict(self.server.state_dict())
         losses = train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
         states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict(), Payload.PARAMS) for i in active]
         weights = torch.tensor([fed.clients[i].n_train for i in active], dtype=torch.float64)
@@ -51,10 +61,11 @@ class FedAvg(Method):
                 avg[key] = sum(w * s[key].double() for w, s in zip(weights.tolist(), states)).to(ref.dtype)
             else:
                 avg[key] = ref.clone()  # e.g. BatchNorm's num_batches_tracked
-        avg = fed.channel.send(SERVER, list(range(fed.n_clients)), avg, Payload.PARAMS)
-        for c in fed.clients:
-            c.model.load_state_dict(avg)
+        self.server.load_state_dict(fed.channel.send(SERVER, list(range(fed.n_clients)), avg, Payload.PARAMS))
         return {"train_loss": sum(losses) / len(losses)}
 
     def changed_clients(self, fed: RoundView, active: list[int]) -> list[int]:
         return list(range(fed.n_clients))
+
+    def eval_models(self, fed: RoundView) -> list[torch.nn.Module]:
+        return [self.server] * fed.n_clients  # one module: the evaluator runs it once per kind of input

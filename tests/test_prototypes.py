@@ -101,6 +101,12 @@ def test_fedproto_headline_is_the_nearest_global_prototype_and_the_head_an_endpo
         dist = ((f.unsqueeze(1) - method.prototypes.unsqueeze(0)) ** 2).mean(2)
         dist[:, ~method.present] = float("inf")
         assert torch.equal(models[0].eval()(x).argmax(1), dist.argmin(1))
+        # a class without a prototype is never predicted, and its logit is finite: an infinity would
+        # read as a diverged model (a round whose drawn clients lack a class was scored "diverged")
+        absent = method.present.clone()
+        absent[0] = False
+        logits = NearestPrototype(fed.clients[0].model, method.prototypes, absent).eval()(x)
+        assert torch.isfinite(logits).all() and not (logits.argmax(1) == 0).any()
 
 
 def test_fedtgp_uploads_eval_mode_prototypes_of_the_model_after_training():

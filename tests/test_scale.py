@@ -26,16 +26,42 @@ def figures(record: dict) -> tuple:
     return history, record["metrics"], record["selection"], record["config_hash"]
 
 
-@pytest.mark.parametrize("method", ["local", "crad"])
-def test_offloaded_client_state_is_bit_identical_to_resident(run_record, tmp_path, method):
-    resident = run_record("-m", method, *BASE, out=tmp_path / "resident")
+# fedavg: a server model every client is evaluated with; fedproto: every client's predictor changes
+# each round (validated in chunks under host or disk state)
+@pytest.mark.parametrize("method,args", [("local", ()), ("crad", ()), ("fedavg", ("--pool", "cpu-cnn")),
+                                         ("fedproto", ())])
+def test_offloaded_client_state_is_bit_identical_to_resident(run_record, tmp_path, monkeypatch, method, args):
+    from hfl_bench import evaluation
+
+    monkeypatch.setattr(evaluation, "RESOLVE_CHUNK", 3)  # 8 clients: validation in three chunks
+    resident = run_record("-m", method, *BASE, *args, out=tmp_path / "resident")
     for mode in ("host", "disk"):  # host on the CPU is a copy in the same memory: the same code path
-        record = run_record("-m", method, *BASE, "--client-state", mode, out=tmp_path / mode)
+        record = run_record("-m", method, *BASE, *args, "--client-state", mode, out=tmp_path / mode)
         assert record["status"] == "ok" and record["federation"]["client_state"] == mode
         assert figures(record) == figures(resident), mode
         assert record["config"]["client_state"] == mode
     assert "client_state" not in resident["federation"]  # the default: records as they were
     assert not any((tmp_path / "disk" / ".client-state").iterdir())  # the run's folder went with it
+
+
+def test_a_fedavg_round_brings_back_only_the_clients_it_draws(tmp_path, monkeypatch):
+    """FedAvg's broadcast reaches a client's model when the client is drawn, and every client is
+    evaluated with the server's model: a round under disk state reads back its active clients alone."""
+    from hfl_bench import engine
+
+    sim = engine.Simulation(engine.load_task(RunConfig(
+        method="fedavg", pool="cpu-cnn", task="digits", clients=12, clients_per_round=3, rounds=30, seed=0,
+        local_epochs=1, batch_size=64, lr=0.01, eval_every=10, eval_clients=2, client_state="disk",
+        out=str(tmp_path)))[1])
+    sim.step(1)
+    restored: list[int] = []
+    restore = ClientStore.restore
+    monkeypatch.setattr(ClientStore, "restore", lambda self, c: restored.append(c.cid) or restore(self, c))
+    for rnd in (2, 3):
+        restored.clear()
+        sim.step(rnd)
+        assert sorted(restored) == sorted(sim.drawn_clients(rnd)), rnd
+    sim.close()
 
 
 def test_disk_state_is_written_atomically_and_checked_before_it_is_trusted(tmp_path):
@@ -180,7 +206,7 @@ def test_checkpoint_and_resume_with_disk_state_give_the_resident_figures(tmp_pat
 
 
 # local; local with --ensemble (a predictor over every client's model: resolved in one chunk);
-# fedproto (wrappers, an extra endpoint, and every client's predictor changes each round: all copied)
+# fedproto (wrappers, an extra endpoint, and every client's predictor changes each round: validated in chunks)
 @pytest.mark.parametrize("method,ensemble", [("local", False), ("local", True), ("fedproto", False)])
 def test_a_snapshot_pins_offloaded_clients_and_resolves_them_in_chunks_to_the_resident_figures(
         tmp_path, monkeypatch, method, ensemble):
@@ -210,10 +236,9 @@ def test_a_snapshot_pins_offloaded_clients_and_resolves_them_in_chunks_to_the_re
         assert snap is not None and snap.round == 1
         if mode == "disk":
             store = sim.store
-            if method == "fedproto":  # new prototypes changed every client's predictor: all resident, copied
-                assert not snap.pins
-            else:
-                assert 0 < len(snap.pins) < 12 and set(snap.pins).isdisjoint(sim.drawn_clients(1))
+            # fedproto's new prototypes changed every client's predictor: validated 5 at a time, each
+            # chunk offloaded again after it, so its inactive clients are pinned like local's
+            assert 0 < len(snap.pins) < 12 and set(snap.pins).isdisjoint(sim.drawn_clients(1))
             copied = {id(m) for m, _ in snap.states}
             assert not copied & {id(sim.fed.clients[c]._model) for c in snap.pins}
             files = {h.stored[0]: h.stored[0].read_bytes() for h in snap.pins.values()}
@@ -232,7 +257,7 @@ def test_a_snapshot_pins_offloaded_clients_and_resolves_them_in_chunks_to_the_re
             assert all(c.store is not None for c in sim.fed.clients if c.cid in snap.pins)  # offloaded again
         sim.close()
     # in chunks of 5; --ensemble's predictor runs every model: tried in chunks, then in one chunk
-    assert sizes == ([] if method == "fedproto" else [5, 12] if ensemble else [5])
+    assert sizes == ([5, 12] if ensemble else [5])
     (r_round, r), (d_round, d) = resolved["resident"], resolved["disk"]
     assert r_round == d_round
     for field in ("val_acc", "local_acc", "global_acc", "global_class_acc", "seen_acc", "unseen_acc"):

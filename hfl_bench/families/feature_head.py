@@ -140,7 +140,8 @@ class ClassMeans:
 class NearestPrototype(nn.Module):
     """Classifies by the nearest global prototype (FedProto, FedTGP): logits are minus the mean
     squared distance of the split model's features to each class's prototype; classes without a
-    prototype get ``-inf`` (never predicted). Prototypes exist from the end of round 1 on, before
+    prototype get the lowest finite value (never predicted unless a distance overflows, and not an
+    infinity, which the evaluator reads as a diverged model). Prototypes exist from the end of round 1 on, before
     the engine first evaluates (HtFLlib logs accuracy 0 at its round 0, which evaluates first)."""
 
     def __init__(self, model: FeatureHeadModel, prototypes: torch.Tensor, present: torch.Tensor):
@@ -152,4 +153,4 @@ class NearestPrototype(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         f = self.model.forward_features(x)
         dist = ((f.unsqueeze(1) - self.prototypes.unsqueeze(0)) ** 2).mean(dim=2)
-        return (-dist).masked_fill(~self.present.unsqueeze(0), float("-inf"))
+        return (-dist).masked_fill(~self.present.unsqueeze(0), torch.finfo(dist.dtype).min)
