@@ -20,9 +20,11 @@ that holds the model itself), and the evaluator brings back the models it is abo
 clients restores K.
 
 What is offloaded is what the client object holds: its model's parameters, gradients and buffers
-and its optimizer's state. State a method keeps outside the client object (FedProto's global
-prototypes, a method's per-client tables or second models) stays where the method keeps it: correct,
-only not offloaded. Clients whose models share a tensor (a shared head or predictor) cannot be
+and its optimizer's state, and the same of the second models a method keeps with the client
+(``Client.hold``: FML's memes), which also come back when their ``state_dict`` is read or loaded.
+State a method keeps outside the client object (FedProto's global prototypes, a method's
+per-client tables, FedSocket's predictors) stays where the method keeps it: correct, only not
+offloaded. Clients whose models share a tensor (a shared head or predictor) cannot be
 offloaded one by one: ``attach`` refuses them in one line (use ``resident``). An offloaded
 tensor is left empty (zero elements) on its device, so code that reads one without going through
 its client (a list of models a method kept) fails on the shape rather than compute on nothing;
@@ -70,26 +72,32 @@ class OutsideChunk(RuntimeError):
     runs other clients' models): the block's measurement cannot be taken a chunk at a time."""
 
 
+def _modules(client: "Client") -> list[nn.Module]:
+    """The client's model, then the second models a method keeps with it (``Client.hold``)."""
+    return [client._model, *(m for m, _ in client.extras)]
+
+
 def _slots(client: "Client") -> list[tuple[torch.Tensor, str]]:
-    """Every tensor a client's state holds, in a fixed order: (owner, what) where ``what`` names
+    """Every tensor a client's models hold, in a fixed order: (owner, what) where ``what`` names
     which of the owner's tensors is meant (its data, or its gradient)."""
-    model = client._model
     out: list[tuple[torch.Tensor, str]] = []
-    for p in model.parameters():
-        out.append((p, "data"))
-        out.append((p, "grad"))
-    out.extend((b, "data") for b in model.buffers())
+    for model in _modules(client):
+        for p in model.parameters():
+            out.append((p, "data"))
+            out.append((p, "grad"))
+        out.extend((b, "data") for b in model.buffers())
     return out
 
 
-def _optimizer_tensors(opt: torch.optim.Optimizer) -> list[tuple[dict, str]]:
-    """(state dict, key) of every tensor of the optimizer's state, in parameter order."""
+def _optimizer_tensors(client: "Client") -> list[tuple[dict, str]]:
+    """(state dict, key) of every tensor of the client's optimizers' state, in parameter order."""
     out = []
-    for group in opt.param_groups:
-        for p in group["params"]:
-            state = opt.state.get(p)
-            if state:
-                out.extend((state, k) for k in sorted(state) if isinstance(state[k], torch.Tensor))
+    for opt in [client._optimizer, *(o for _, o in client.extras if o is not None)]:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                state = opt.state.get(p)
+                if state:
+                    out.extend((state, k) for k in sorted(state) if isinstance(state[k], torch.Tensor))
     return out
 
 
@@ -137,7 +145,7 @@ class ClientStore:
         self._pinned: dict[int, Held] = {}  # id -> a pinned state (held now or not)
         self._kept_out: frozenset[int] = frozenset()  # clients a ``pinned`` block must not bring back
         self._clients: list["Client"] = []
-        self._hooks: dict[int, tuple[int, object]] = {}  # cid -> (id of the model hooked, the hook's handle)
+        self._hooks: dict[int, tuple[tuple[int, ...], list]] = {}  # cid -> (ids of the models hooked, their handles)
 
     # -- setup and teardown
 
@@ -146,7 +154,7 @@ class ClientStore:
         Refuses clients that share a tensor: offloading one would take it from the others."""
         seen: dict[int, int] = {}
         for c in fed.clients:
-            tensors = [*c._model.parameters(), *c._model.buffers()]
+            tensors = [t for m in _modules(c) for t in (*m.parameters(), *m.buffers())]
             for t in {id(t): t for t in tensors}.values():
                 other = seen.setdefault(id(t), c.cid)
                 if other != c.cid:
@@ -157,10 +165,19 @@ class ClientStore:
         fed.client_store = self
 
     def _forward_hook(self, client: "Client"):
-        def hook(module: nn.Module, args):
+        def hook(module: nn.Module, *args):
             if client.store is not None:
                 self.restore(client)
         return hook
+
+    def _hook(self, client: "Client", module: nn.Module) -> list:
+        """Calling ``module`` brings the client back; for a second model (``Client.hold``) also
+        reading or loading its ``state_dict`` (a method's upload, or the broadcast it receives)."""
+        hook = self._forward_hook(client)
+        handles = [module.register_forward_pre_hook(hook)]
+        if module is not client._model:
+            handles += [module.register_state_dict_pre_hook(hook), module.register_load_state_dict_pre_hook(hook)]
+        return handles
 
     def restore_all(self) -> None:
         """Every client back (a checkpoint is written or read through whatever holds the models)."""
@@ -171,8 +188,9 @@ class ClientStore:
     def close(self) -> None:
         """Bring every client back (the record reads them all) and remove the disk folder."""
         self.restore_all()
-        for _, handle in self._hooks.values():
-            handle.remove()
+        for _, handles in self._hooks.values():
+            for handle in handles:
+                handle.remove()
         self._hooks = {}
         if self.mode == "disk" and self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -198,7 +216,7 @@ class ClientStore:
         """Bring back every offloaded client whose model is one of ``modules`` or inside one (a
         predictor wrapping it): before anything reads their parameters."""
         # the models the clients hold now (a method may have replaced one since the last round)
-        owner = {id(c._model): c for c in self._clients if c.store is not None}
+        owner = {id(m): c for c in self._clients if c.store is not None for m in _modules(c)}
         for module in {id(m): m for m in modules}.values():
             for sub in module.modules():
                 client = owner.get(id(sub))
@@ -218,12 +236,12 @@ class ClientStore:
         if client.store is not None:
             return
         hooked = self._hooks.get(client.cid)
-        if hooked is None or hooked[0] != id(client._model):  # calling the model brings it back
-            if hooked is not None:
-                hooked[1].remove()
-            self._hooks[client.cid] = (id(client._model),
-                                       client._model.register_forward_pre_hook(self._forward_hook(client)))
-        slots, opt_slots = _slots(client), _optimizer_tensors(client._optimizer)
+        ids = tuple(id(m) for m in _modules(client))
+        if hooked is None or hooked[0] != ids:  # calling the model brings it back
+            for handle in hooked[1] if hooked is not None else ():
+                handle.remove()
+            self._hooks[client.cid] = (ids, [h for m in _modules(client) for h in self._hook(client, m)])
+        slots, opt_slots = _slots(client), _optimizer_tensors(client)
         values = [getattr(t, what) for t, what in slots] + [state[k] for state, k in opt_slots]
         host = [None if v is None else v.detach().to("cpu", copy=True) for v in values]
         devices = [None if v is None else v.device for v in values]
@@ -238,7 +256,7 @@ class ClientStore:
                 t.grad = None
             else:
                 t.data = t.data.new_empty(0)
-        for state, k in _optimizer_tensors(client._optimizer):
+        for state, k in _optimizer_tensors(client):
             state[k] = state[k].new_empty(0)
         client.store = self
 
@@ -260,7 +278,7 @@ class ClientStore:
             raise ClientStateError(f"client {client.cid}'s offloaded state belongs to a model the client no longer "
                                    f"holds")
         host = self._read(client.cid, held.stored) if self.mode == "disk" else held.stored
-        slots, opt_slots = _slots(client), _optimizer_tensors(client._optimizer)
+        slots, opt_slots = _slots(client), _optimizer_tensors(client)
         if model_only:
             host, opt_slots = host[:held.n_model], []
         if len(slots) != held.n_model or len(host) != len(slots) + len(opt_slots):

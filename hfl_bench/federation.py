@@ -60,6 +60,8 @@ class Client:
         # The others are NaN in every row it holds and in the test inputs it is evaluated on.
         self.modalities = modalities
         self.store: Any = None  # the store holding this client's state while it is offloaded, else None
+        # a method's second models of this client's own, with their optimizers (``hold``)
+        self.extras: list[tuple[nn.Module, torch.optim.Optimizer | None]] = []
 
     def _resident(self) -> None:
         if self.store is not None:
@@ -90,6 +92,13 @@ class Client:
         """How many training samples the client holds (its sample weight in an average)."""
         return len(self.train_idx)
 
+    def hold(self, module: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Keep ``module`` (a method's second model of this client's own: FML's meme) and its
+        optimizer with the client: under ``--client-state`` they wait where the client's model
+        waits, and calling it or reading or loading its ``state_dict`` brings the client back."""
+        self._resident()
+        self.extras.append((module, optimizer))
+
 
 class ClientView(Protocol):
     """What a method reads of one client (``fed.clients[cid]``), and the two things it may replace.
@@ -118,6 +127,10 @@ class ClientView(Protocol):
     @property
     def modalities(self) -> tuple[str, ...]:
         """The modalities the client observes on a multimodal task; empty on a single-modality task."""
+
+    def hold(self, module: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Keep a second model of the client's own and its optimizer with the client (offloaded and
+        brought back with it under ``--client-state``); call it in setup."""
 
 
 class RoundView(Protocol):

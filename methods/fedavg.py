@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 
 import torch
+from torch import nn
 
 from hfl_bench.method_api import (
     SERVER,
@@ -67,5 +68,5 @@ class FedAvg(Method):
     def changed_clients(self, fed: RoundView, active: list[int]) -> list[int]:
         return list(range(fed.n_clients))
 
-    def eval_models(self, fed: RoundView) -> list[torch.nn.Module]:
+    def eval_models(self, fed: RoundView) -> list[nn.Module]:
         return [self.server] * fed.n_clients  # one module: the evaluator runs it once per kind of input

@@ -5,6 +5,11 @@ the same batches and teach each other (deep mutual learning, alpha / beta CE-KL 
 averages the memes by training size and broadcasts the average. The private model is evaluated; the
 meme is the extra endpoint ``meme``.
 
+The broadcast is metered to every client each round, but written into a client's meme when the
+client is next drawn; until then that meme would equal the server's, which is what the ``meme``
+endpoint evaluates for every client (as ``fedavg`` does). Each meme and its optimizer are kept with
+their client (``Client.hold``), so ``--client-state`` offloads them too. The same numbers.
+
 Fidelity: paper. The losses and every choice: ``docs/reference/method-notes/fml.md`` (the method's
 reference page).
 """
@@ -92,16 +97,19 @@ class FML(Method):
         base = new_model(fed, self.meme_member, "meme-init")  # one shared initialization
         self.memes = [copy.deepcopy(base) for _ in fed.clients]
         self.meme_opts = [fed.make_optimizer(m) for m in self.memes]
+        for client, meme, opt in zip(fed.clients, self.memes, self.meme_opts):
+            client.hold(meme, opt)
+        self.server = base  # the meme every client holds after a broadcast
 
     def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
+        for i in active:  # the last broadcast, written now into the memes that use it (module docstring)
+            self.memes[i].load_state_dict(self.server.state_dict())
         with fed.timer(Phase.TRAINING):
             losses = [self.mutual_train(fed, i, make_plan(fed, i, rnd)) for i in active]
         with fed.timer(Phase.AGGREGATION):
             states = [fed.channel.send(i, SERVER, self.memes[i].state_dict(), Payload.PARAMS) for i in active]
             avg = weighted_average(states, [float(fed.clients[i].n_train) for i in active])
-            avg = fed.channel.send(SERVER, list(range(fed.n_clients)), avg, Payload.PARAMS)
-            for meme in self.memes:
-                meme.load_state_dict(avg)
+            self.server.load_state_dict(fed.channel.send(SERVER, list(range(fed.n_clients)), avg, Payload.PARAMS))
         return {"train_loss": sum(private for private, _ in losses) / len(losses),
                 "meme_loss": sum(m for _, m in losses) / len(losses)}
 
@@ -113,7 +121,7 @@ class FML(Method):
         return fit(fed, plan, trainees, lambda b: mutual_losses(client.model(b.x), meme(b.x), b.y, p.alpha, p.beta))
 
     def endpoints(self, fed: RoundView) -> dict[str, list[nn.Module]]:
-        return {"meme": list(self.memes)}
+        return {"meme": [self.server] * fed.n_clients}
 
     def hparams(self) -> dict[str, Any]:
         out = super().hparams()

@@ -62,10 +62,16 @@ def test_memes_are_the_sample_weighted_average_after_a_round(tiny_cfg, monkeypat
         if not ref.is_floating_point():
             continue
         expected = sum(w[k] * uploads[i][key].double() for k, i in enumerate(active)).float()
-        for meme in m.memes:  # every client, the inactive ones included, holds the broadcast average
-            # a float32 weighted average of <= 4 states (|w| <= ~1): <= 4 x 6e-8 per entry < 1e-6
-            assert torch.allclose(meme.state_dict()[key], expected, atol=1e-6), key
-    assert all(_equal(m.memes[0].state_dict(), x.state_dict()) for x in m.memes)
+        # the server's meme is the broadcast average (a float32 weighted average of <= 4 states,
+        # |w| <= ~1: <= 4 x 6e-8 per entry < 1e-6), the meme every client is evaluated with
+        assert torch.allclose(m.server.state_dict()[key], expected, atol=1e-6), key
+    assert m.endpoints(fed)["meme"] == [m.server] * 5
+    # a client drawn next starts its round from the broadcast: its meme holds it when it trains
+    fit_memes = []
+    monkeypatch.setattr(m, "mutual_train", lambda fed, i, plan: fit_memes.append(
+        {k: v.clone() for k, v in m.memes[i].state_dict().items()}) or [0.0, 0.0])
+    m.run_round(fed, 2, [1, 4])
+    assert all(_equal(state, m.server.state_dict()) for state in fit_memes) and len(fit_memes) == 2
 
 
 def _equal(a, b) -> bool:

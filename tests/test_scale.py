@@ -27,9 +27,9 @@ def figures(record: dict) -> tuple:
 
 
 # fedavg: a server model every client is evaluated with; fedproto: every client's predictor changes
-# each round (validated in chunks under host or disk state)
+# each round (validated in chunks under host or disk state); fml: a meme kept with each client
 @pytest.mark.parametrize("method,args", [("local", ()), ("crad", ()), ("fedavg", ("--pool", "cpu-cnn")),
-                                         ("fedproto", ())])
+                                         ("fedproto", ()), ("fml", ())])
 def test_offloaded_client_state_is_bit_identical_to_resident(run_record, tmp_path, monkeypatch, method, args):
     from hfl_bench import evaluation
 
@@ -44,13 +44,15 @@ def test_offloaded_client_state_is_bit_identical_to_resident(run_record, tmp_pat
     assert not any((tmp_path / "disk" / ".client-state").iterdir())  # the run's folder went with it
 
 
-def test_a_fedavg_round_brings_back_only_the_clients_it_draws(tmp_path, monkeypatch):
-    """FedAvg's broadcast reaches a client's model when the client is drawn, and every client is
-    evaluated with the server's model: a round under disk state reads back its active clients alone."""
+@pytest.mark.parametrize("method,pool", [("fedavg", "cpu-cnn"), ("fml", None)])
+def test_a_broadcast_round_brings_back_only_the_clients_it_draws(tmp_path, monkeypatch, method, pool):
+    """FedAvg's broadcast (FML's meme broadcast) reaches a client's model (meme) when the client is
+    drawn, and every client is evaluated with the server's: a round under disk state reads back its
+    active clients alone (FML's memes offloaded with their clients)."""
     from hfl_bench import engine
 
     sim = engine.Simulation(engine.load_task(RunConfig(
-        method="fedavg", pool="cpu-cnn", task="digits", clients=12, clients_per_round=3, rounds=30, seed=0,
+        method=method, pool=pool, task="digits", clients=12, clients_per_round=3, rounds=30, seed=0,
         local_epochs=1, batch_size=64, lr=0.01, eval_every=10, eval_clients=2, client_state="disk",
         out=str(tmp_path)))[1])
     sim.step(1)
@@ -61,6 +63,9 @@ def test_a_fedavg_round_brings_back_only_the_clients_it_draws(tmp_path, monkeypa
         restored.clear()
         sim.step(rnd)
         assert sorted(restored) == sorted(sim.drawn_clients(rnd)), rnd
+    if method == "fml":  # the memes wait where their clients wait
+        away = [c.cid for c in sim.fed.clients if c.store is not None]
+        assert away and all(p.numel() == 0 for c in away for p in sim.method.memes[c].parameters())
     sim.close()
 
 
