@@ -77,10 +77,11 @@ STUDIES = {
     # Issue 67's pool-size study: every training image at N = 20, 10 active a round (the task's
     # defaults, which the study runs at). cifar10-jpg's chosen configuration alone, so the protocol
     # stays cifar10-jpg's and only the rounds are chosen (rule 5), still subject to rules 2 and 3:
-    # about 62 steps a round for the median client (2,000 training images at batch 32), converged by
-    # round 30 of 60 study rounds. One round costs ~2.5x cifar10-jpg's (10 clients' 62 steps, 20
-    # clients evaluated): about an hour for the study on 2 cores.
-    "cifar10-jpg-full": ([(32, 0.01, 1)], 60),
+    # 61.5 steps a round for the median client (2,000 training images at batch 32). At 60 study
+    # rounds (1,526 s, one process beside other jobs) it came within 1 point of its best at round 35,
+    # not by round 30, so it did not pass rule 3; as cifar10-jpg's study was, it is extended by half:
+    # 90 study rounds (the 60-round record stays in the results folder).
+    "cifar10-jpg-full": ([(32, 0.01, 1)], 90),
 }
 TASKS = ("digits", "mnist1d")  # the default of run and report; cifar10-jpg(-full) needs its data folder
 HELDOUT_CHOICES = (0.2, 0.3, 0.4)
