@@ -80,8 +80,10 @@ STUDIES = {
     # 61.5 steps a round for the median client (2,000 training images at batch 32). At 60 study
     # rounds (1,526 s, one process beside other jobs) it came within 1 point of its best at round 35,
     # not by round 30, so it did not pass rule 3; as cifar10-jpg's study was, it is extended by half:
-    # 90 study rounds (the 60-round record stays in the results folder).
-    "cifar10-jpg-full": ([(32, 0.01, 1)], 90),
+    # 90 study rounds (the 60-round record stays in the results folder). At 90 (1,590 s) the curve
+    # was still rising (63.4 at round 60, 65.6 over the last 10) and came within a point of its best
+    # at round 71, not by 45: extended by half again, 135 study rounds (both records stay).
+    "cifar10-jpg-full": ([(32, 0.01, 1)], 135),
 }
 TASKS = ("digits", "mnist1d")  # the default of run and report; cifar10-jpg(-full) needs its data folder
 HELDOUT_CHOICES = (0.2, 0.3, 0.4)
