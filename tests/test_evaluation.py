@@ -114,7 +114,9 @@ def test_identical_models_are_evaluated_once(monkeypatch):
     calls = []
     real = evaluator.global_class_correct
     monkeypatch.setattr(evaluator, "global_class_correct", lambda m, cid: calls.append(m) or real(m, cid))
-    memes = method.endpoints(fed)["meme"]
+    # four equal modules (each client's copy of the broadcast meme, as FML held them before it
+    # evaluated the server's meme for every client)
+    memes = [copy.deepcopy(method.server) for _ in fed.clients]
     figures = evaluator.endpoint(memes)
     assert len(calls) == 1  # four memes, one broadcast state
     separately = [float(evaluation.evaluate_global(fed, m).sum()) for m in memes]
