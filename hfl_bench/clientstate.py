@@ -144,6 +144,7 @@ class ClientStore:
         self._held: dict[int, Held] = {}  # cid -> its offloaded state
         self._pinned: dict[int, Held] = {}  # id -> a pinned state (held now or not)
         self._kept_out: frozenset[int] = frozenset()  # clients a ``pinned`` block must not bring back
+        self._lent: list["Client"] | None = None  # clients a ``lent`` block brought back
         self._clients: list["Client"] = []
         self._hooks: dict[int, tuple[tuple[int, ...], list]] = {}  # cid -> (ids of the models hooked, their handles)
 
@@ -223,6 +224,19 @@ class ClientStore:
                 if client is not None and client.store is not None:
                     self.restore(client)
 
+    @contextlib.contextmanager
+    def lent(self) -> Iterator[None]:
+        """Clients brought back in the block are offloaded again after it (a chunk of a
+        measurement): the cost is the clients it brought back, not the federation's size."""
+        self._lent = []
+        try:
+            yield
+        finally:
+            lent, self._lent = self._lent, None
+            for client in lent:
+                if client.store is None:
+                    self.offload(client)
+
     # -- moving state
 
     def offload_all(self) -> None:
@@ -265,6 +279,8 @@ class ClientStore:
             raise OutsideChunk(client.cid)
         held = self._held.pop(client.cid)
         client.store = None
+        if self._lent is not None:
+            self._lent.append(client)
         self._install(client, held)
         if self.mode == "disk" and not held.pins:  # back in memory and pinned by no snapshot
             with contextlib.suppress(OSError):

@@ -461,26 +461,25 @@ class Evaluator:
         client's pooled-validation hits under the pooled rule."""
         fed, store = self.fed, self.fed.client_store
         size = max(len(changed), 1) if store is None else RESOLVE_CHUNK
-        away = [] if store is None else [c for c in fed.clients if c.store is not None]
         hits: list[np.ndarray] = []
         for start in range(0, len(changed), size):
             chunk = changed[start:start + size]
-            self._resident([models[cid] for cid in chunk])
-            with channels_last([models[cid] for cid in chunk], self.fast_layout):
-                by_model: dict[int, list[int]] = {}
-                for cid in chunk:
-                    by_model.setdefault(id(models[cid]), []).append(cid)
-                for cids in by_model.values():
-                    if len(cids) == 1 or not rows_apart(models[cids[0]]):
-                        for cid in cids:  # each client's rows alone: its own batch, as ever
-                            fed.val_correct[cid] = self.val_correct(models[cid], cid)
-                    else:
-                        fed.val_correct[cids] = self.shared_val_correct(models[cids[0]], cids)
-                if self.pooled:
-                    hits += self.per_distinct(self.pooled_val_hits, [models[c] for c in chunk], chunk)
-            for client in away:  # after channels_last has put their tensors back
-                if client.store is None:
-                    store.offload(client)
+            # lent: the clients it brings back are offloaded again after channels_last has put
+            # their tensors back (the inner block)
+            with store.lent() if store is not None else contextlib.nullcontext():
+                self._resident([models[cid] for cid in chunk])
+                with channels_last([models[cid] for cid in chunk], self.fast_layout):
+                    by_model: dict[int, list[int]] = {}
+                    for cid in chunk:
+                        by_model.setdefault(id(models[cid]), []).append(cid)
+                    for cids in by_model.values():
+                        if len(cids) == 1 or not rows_apart(models[cids[0]]):
+                            for cid in cids:  # each client's rows alone: its own batch, as ever
+                                fed.val_correct[cid] = self.val_correct(models[cid], cid)
+                        else:
+                            fed.val_correct[cids] = self.shared_val_correct(models[cids[0]], cids)
+                    if self.pooled:
+                        hits += self.per_distinct(self.pooled_val_hits, [models[c] for c in chunk], chunk)
         return np.array(hits) if self.pooled else None
 
     def local_test_correct(self, model: nn.Module, cid: int) -> int:

@@ -50,8 +50,9 @@ class FedAvg(Method):
         self.server = copy.deepcopy(fed.clients[0].model)  # the model every client holds after a broadcast
 
     def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
+        broadcast = self.server.state_dict()
         for i in active:  # the last broadcast, written now into the clients that use it (module docstring)
-            fed.clients[i].model.load_state_dict(self.server.state_dict())
+            fed.clients[i].model.load_state_dict(broadcast)
         losses = train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
         states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict(), Payload.PARAMS) for i in active]
         weights = torch.tensor([fed.clients[i].n_train for i in active], dtype=torch.float64)

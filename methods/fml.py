@@ -102,8 +102,9 @@ class FML(Method):
         self.server = base  # the meme every client holds after a broadcast
 
     def run_round(self, fed: RoundView, rnd: int, active: list[int]) -> dict[str, float]:
+        broadcast = self.server.state_dict()
         for i in active:  # the last broadcast, written now into the memes that use it (module docstring)
-            self.memes[i].load_state_dict(self.server.state_dict())
+            self.memes[i].load_state_dict(broadcast)
         with fed.timer(Phase.TRAINING):
             losses = [self.mutual_train(fed, i, make_plan(fed, i, rnd)) for i in active]
         with fed.timer(Phase.AGGREGATION):
