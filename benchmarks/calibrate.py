@@ -72,8 +72,11 @@ STUDIES = {
     "rotten-tomatoes": ([(32, 0.01, 1), (32, 0.05, 1), (32, 0.01, 2), (32, 0.05, 2)], 60),
     # The same grid as cifar10-jpg's (the same 10,000-image subsample and pool). At 60 study rounds
     # neither configuration converged by round 30 (46 and 51), so, as cifar10-jpg's study was, it
-    # is extended: 100 study rounds (the 60-round records stay in the results folder).
-    "fashion-mnist": ([(32, 0.01, 1), (32, 0.05, 1)], 100),
+    # is extended: 100 study rounds (the 60-round records stay in the results folder). At 100 neither
+    # passed either (within a point of the smoothed best at rounds 66 and 70, not by 50; both curves
+    # level off from about round 70 with round-to-round swings of 2-3 points): extended by half
+    # again, 150 study rounds (the 100-round records stay too).
+    "fashion-mnist": ([(32, 0.01, 1), (32, 0.05, 1)], 150),
     # Issue 67's pool-size study: every training image at N = 20, 10 active a round (the task's
     # defaults, which the study runs at). cifar10-jpg's chosen configuration alone, so the protocol
     # stays cifar10-jpg's and only the rounds are chosen (rule 5), still subject to rules 2 and 3:
