@@ -303,15 +303,25 @@ class Snapshot:
 def _module_states(modules: list[nn.Module], skip: frozenset[int] = frozenset()
                    ) -> list[tuple[nn.Module, dict[str, torch.Tensor]]]:
     """A copy of each module's state, less the tensors of the submodules whose id is in ``skip``
-    (pinned clients' models, kept by the store)."""
-    out = []
+    (pinned clients' models, kept by the store). A tensor that several modules hold (a predictor
+    wrapping a client's model, one frozen extractor inside every client's predictor) is copied once."""
+    out: list[tuple[nn.Module, dict[str, torch.Tensor]]] = []
+    copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for m in {id(m): m for m in modules}.values():
         if id(m) in skip:
             continue
         cut = [name + "." for name, sub in m.named_modules() if id(sub) in skip]
-        out.append((m, {k: v.detach().clone() for k, v in m.state_dict().items()
+        out.append((m, {k: _copy_once(v, copies) for k, v in m.state_dict(keep_vars=True).items()
                         if not any(k.startswith(c) for c in cut)}))
     return out
+
+
+def _copy_once(tensor: torch.Tensor, copies: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """A detached copy of ``tensor``, shared with every earlier request for the same tensor object
+    (``copies`` keeps the original alive too, so no other tensor can take its id meanwhile)."""
+    if id(tensor) not in copies:
+        copies[id(tensor)] = (tensor, tensor.detach().clone())
+    return copies[id(tensor)][1]
 
 
 @contextlib.contextmanager
@@ -319,7 +329,9 @@ def loaded(states: list[tuple[nn.Module, dict[str, torch.Tensor]]]) -> Iterator[
     """Modules in a saved state for the block; their current state is restored afterwards
     (in place: the same parameter tensors, so optimizers and caches keep their references). A
     state may cover part of its module (``_module_states`` with ``skip``): the rest is left as is."""
-    current = [(m, {k: v.detach().clone() for k, v in m.state_dict().items() if k in state}) for m, state in states]
+    copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    current = [(m, {k: _copy_once(v, copies) for k, v in m.state_dict(keep_vars=True).items() if k in state})
+               for m, state in states]
     try:
         for module, state in states:
             module.load_state_dict(state, strict=False)

@@ -179,6 +179,29 @@ def test_snapshot_state_is_a_copy():
     assert all(torch.equal(states[0][1][k], kept[k]) for k in kept)
 
 
+def test_a_tensor_held_by_several_predictors_is_copied_once_and_restored_in_each():
+    # FedSocket's shape: one frozen extractor inside every client's predictor, each predictor also
+    # wrapped by a second one beside the client's own model
+    shared = torch.nn.Linear(4, 3)
+    wrappers = [torch.nn.Sequential(shared, torch.nn.Linear(3, 2)) for _ in range(3)]
+    outer = [torch.nn.Sequential(w) for w in wrappers]
+    states = evaluation._module_states([*wrappers, *outer])
+    assert len(states) == 6
+    copies = [state[key] for _, state in states for key in state if key.endswith("0.weight") and "1." not in key]
+    assert len(copies) == 6 and all(c is copies[0] for c in copies)  # one copy, shared by the six states
+    assert copies[0] is not shared.weight and torch.equal(copies[0], shared.weight)
+    saved = {id(m): {k: v.clone() for k, v in m.state_dict().items()} for m in wrappers}
+    with torch.no_grad():
+        shared.weight.add_(1.0)
+        for w in wrappers:
+            w[1].bias.add_(2.0)
+    moved = shared.weight.detach().clone()
+    with evaluation.loaded(states):
+        assert all(torch.equal(w.state_dict()[k], saved[id(w)][k]) for w in wrappers for k in saved[id(w)])
+    assert torch.equal(shared.weight, moved)  # put back as it was before the block
+    assert all(torch.equal(w[1].bias, saved[id(w)]["1.bias"] + 2.0) for w in wrappers)
+
+
 
 def test_a_test_round_retests_only_the_models_changed_since_the_last_test(monkeypatch):
     """With one client of four active per round, a test round runs the global test only for the
