@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import copy
 
-import torch
 from torch import nn
 
+from hfl_bench.families.shared_model import weighted_average
 from hfl_bench.method_api import (
     SERVER,
     Method,
@@ -55,14 +55,7 @@ class FedAvg(Method):
             fed.clients[i].model.load_state_dict(broadcast)
         losses = train_students(fed, active, {i: make_plan(fed, i, rnd) for i in active})
         states = [fed.channel.send(i, SERVER, fed.clients[i].model.state_dict(), Payload.PARAMS) for i in active]
-        weights = torch.tensor([fed.clients[i].n_train for i in active], dtype=torch.float64)
-        weights = weights / weights.sum()
-        avg = {}
-        for key, ref in states[0].items():
-            if ref.is_floating_point():
-                avg[key] = sum(w * s[key].double() for w, s in zip(weights.tolist(), states)).to(ref.dtype)
-            else:
-                avg[key] = ref.clone()  # e.g. BatchNorm's num_batches_tracked
+        avg = weighted_average(states, [float(fed.clients[i].n_train) for i in active])
         self.server.load_state_dict(fed.channel.send(SERVER, list(range(fed.n_clients)), avg, Payload.PARAMS))
         return {"train_loss": sum(losses) / len(losses)}
 

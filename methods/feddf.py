@@ -22,6 +22,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from hfl_bench.families.shared_model import weighted_average
 from hfl_bench.families.transfer import transfer_logits
 from hfl_bench.method_api import (
     SERVER,
@@ -74,20 +75,6 @@ def architecture_groups(fed: RoundView) -> dict[str, list[int]]:
         names.setdefault(key, c.arch.name)
     shared = [n for n in names.values() if list(names.values()).count(n) > 1]
     return {f"{names[k]}#{i}" if names[k] in shared else names[k]: cids for i, (k, cids) in enumerate(groups.items())}
-
-
-def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict[str, torch.Tensor]:
-    """FedAvg of ``states`` by ``weights`` (normalized here), in float64; integer buffers (BatchNorm's
-    ``num_batches_tracked``) are taken from the first state."""
-    total = sum(weights)
-    w = [x / total for x in weights]
-    avg = {}
-    for key, ref in states[0].items():
-        if ref.is_floating_point():
-            avg[key] = sum(wi * s[key].double() for wi, s in zip(w, states)).to(ref.dtype)
-        else:
-            avg[key] = ref.clone()
-    return avg
 
 
 def ensemble_teacher(logits: list[torch.Tensor]) -> torch.Tensor:
