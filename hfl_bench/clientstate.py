@@ -21,9 +21,9 @@ clients restores K.
 
 What is offloaded is what the client object holds: its model's parameters, gradients and buffers
 and its optimizer's state, and the same of the second models a method keeps with the client
-(``Client.hold``: FML's memes), which also come back when their ``state_dict`` is read or loaded.
-State a method keeps outside the client object (FedProto's global prototypes, a method's
-per-client tables, FedSocket's predictors) stays where the method keeps it: correct, only not
+(``Client.hold``: FML's memes, the shared-predictor family's Q), which also come back when their
+``state_dict`` is read or loaded. State a method keeps outside the client object (FedProto's global
+prototypes, a method's per-client tables) stays where the method keeps it: correct, only not
 offloaded. Clients whose models share a tensor (a shared head or predictor) cannot be
 offloaded one by one: ``attach`` refuses them in one line (use ``resident``). An offloaded
 tensor is left empty (zero elements) on its device, so code that reads one without going through
@@ -36,7 +36,8 @@ overwritten or removed: the client's next offload writes a new file (disk) and i
 reads a copy (host), so the pinned state stays what it was when pinned until ``release``, and
 ``pinned`` puts it back in the client's model for a block (the resolution of the snapshot, a few
 clients at a time). So a snapshot costs the memory of the clients that were resident when it was
-taken, not of every client.
+taken, not of every client. The snapshot reads and writes module tensors directly, not through
+``state_dict``, so a pinned client's held modules stay offloaded too (their hooks would bring it back).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class OutsideChunk(RuntimeError):
     runs other clients' models): the block's measurement cannot be taken a chunk at a time."""
 
 
-def _modules(client: "Client") -> list[nn.Module]:
+def client_modules(client: "Client") -> list[nn.Module]:
     """The client's model, then the second models a method keeps with it (``Client.hold``)."""
     return [client._model, *(m for m, _ in client.extras)]
 
@@ -81,7 +82,7 @@ def _slots(client: "Client") -> list[tuple[torch.Tensor, str]]:
     """Every tensor a client's models hold, in a fixed order: (owner, what) where ``what`` names
     which of the owner's tensors is meant (its data, or its gradient)."""
     out: list[tuple[torch.Tensor, str]] = []
-    for model in _modules(client):
+    for model in client_modules(client):
         for p in model.parameters():
             out.append((p, "data"))
             out.append((p, "grad"))
@@ -155,7 +156,7 @@ class ClientStore:
         Refuses clients that share a tensor: offloading one would take it from the others."""
         seen: dict[int, int] = {}
         for c in fed.clients:
-            tensors = [t for m in _modules(c) for t in (*m.parameters(), *m.buffers())]
+            tensors = [t for m in client_modules(c) for t in (*m.parameters(), *m.buffers())]
             for t in {id(t): t for t in tensors}.values():
                 other = seen.setdefault(id(t), c.cid)
                 if other != c.cid:
@@ -217,7 +218,7 @@ class ClientStore:
         """Bring back every offloaded client whose model is one of ``modules`` or inside one (a
         predictor wrapping it): before anything reads their parameters."""
         # the models the clients hold now (a method may have replaced one since the last round)
-        owner = {id(m): c for c in self._clients if c.store is not None for m in _modules(c)}
+        owner = {id(m): c for c in self._clients if c.store is not None for m in client_modules(c)}
         for module in {id(m): m for m in modules}.values():
             for sub in module.modules():
                 client = owner.get(id(sub))
@@ -250,11 +251,11 @@ class ClientStore:
         if client.store is not None:
             return
         hooked = self._hooks.get(client.cid)
-        ids = tuple(id(m) for m in _modules(client))
+        ids = tuple(id(m) for m in client_modules(client))
         if hooked is None or hooked[0] != ids:  # calling the model brings it back
             for handle in hooked[1] if hooked is not None else ():
                 handle.remove()
-            self._hooks[client.cid] = (ids, [h for m in _modules(client) for h in self._hook(client, m)])
+            self._hooks[client.cid] = (ids, [h for m in client_modules(client) for h in self._hook(client, m)])
         slots, opt_slots = _slots(client), _optimizer_tensors(client)
         values = [getattr(t, what) for t, what in slots] + [state[k] for state, k in opt_slots]
         host = [None if v is None else v.detach().to("cpu", copy=True) for v in values]

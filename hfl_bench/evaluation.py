@@ -68,7 +68,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hfl_bench.clientstate import OutsideChunk
+from hfl_bench.clientstate import OutsideChunk, client_modules
 from hfl_bench.config import FINAL_ROUNDS, HELD_MIN_TRAIN_COUNT, POOLED_SELECTION_RULE, SELECTION_RULE
 from hfl_bench.federation import RoundMetrics
 from hfl_bench.metering import Phase, PhaseTimer
@@ -302,17 +302,32 @@ class Snapshot:
 
 def _module_states(modules: list[nn.Module], skip: frozenset[int] = frozenset()
                    ) -> list[tuple[nn.Module, dict[str, torch.Tensor]]]:
-    """A copy of each module's state, less the tensors of the submodules whose id is in ``skip``
-    (pinned clients' models, kept by the store). A tensor that several modules hold (a predictor
-    wrapping a client's model, one frozen extractor inside every client's predictor) is copied once."""
+    """A copy of each module's state (its parameters and persistent buffers, by ``state_dict``'s
+    names), less the submodules whose id is in ``skip`` (pinned clients' models and the modules
+    they hold, kept by the store). A tensor that several modules hold (a predictor wrapping a
+    client's model, one frozen extractor inside every client's predictor) is copied once."""
     out: list[tuple[nn.Module, dict[str, torch.Tensor]]] = []
     copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for m in {id(m): m for m in modules}.values():
-        if id(m) in skip:
+        if id(m) not in skip:
+            out.append((m, {k: _copy_once(v, copies) for k, v in _state_tensors(m, skip).items()}))
+    return out
+
+
+def _state_tensors(module: nn.Module, skip: frozenset[int] = frozenset()) -> dict[str, torch.Tensor]:
+    """``module``'s parameters and persistent buffers by their ``state_dict`` names, read without
+    calling ``state_dict``: a module a client holds (``Client.hold``) brings its client back when its
+    ``state_dict`` is read, and a skipped (pinned) one must stay where it is."""
+    out: dict[str, torch.Tensor] = {}
+    cut: list[str] = []
+    for prefix, sub in module.named_modules():
+        if id(sub) in skip or any(prefix.startswith(c) for c in cut):
+            cut.append(prefix + ".")
             continue
-        cut = [name + "." for name, sub in m.named_modules() if id(sub) in skip]
-        out.append((m, {k: _copy_once(v, copies) for k, v in m.state_dict(keep_vars=True).items()
-                        if not any(k.startswith(c) for c in cut)}))
+        dot = prefix + "." if prefix else ""
+        out.update((dot + k, p) for k, p in sub._parameters.items() if p is not None)
+        out.update((dot + k, b) for k, b in sub._buffers.items()
+                   if b is not None and k not in sub._non_persistent_buffers_set)
     return out
 
 
@@ -328,17 +343,25 @@ def _copy_once(tensor: torch.Tensor, copies: dict[int, tuple[torch.Tensor, torch
 def loaded(states: list[tuple[nn.Module, dict[str, torch.Tensor]]]) -> Iterator[None]:
     """Modules in a saved state for the block; their current state is restored afterwards
     (in place: the same parameter tensors, so optimizers and caches keep their references). A
-    state may cover part of its module (``_module_states`` with ``skip``): the rest is left as is."""
+    state may cover part of its module (``_module_states`` with ``skip``): the rest is left as is,
+    and no module's hooks run (a pinned client's modules stay where the store keeps them)."""
     copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    current = [(m, {k: _copy_once(v, copies) for k, v in m.state_dict(keep_vars=True).items() if k in state})
-               for m, state in states]
+    targets = [(_state_tensors(m), state) for m, state in states]
+    current = [{k: _copy_once(live[k], copies) for k in state} for live, state in targets]
     try:
-        for module, state in states:
-            module.load_state_dict(state, strict=False)
+        _write(targets, [state for _, state in targets])
         yield
     finally:
-        for module, state in current:
-            module.load_state_dict(state, strict=False)
+        _write(targets, current)
+
+
+@torch.no_grad()
+def _write(targets: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]],
+           values: list[dict[str, torch.Tensor]]) -> None:
+    """Copy each saved value into the module's own tensor of that name (as ``load_state_dict`` does)."""
+    for (live, _), state in zip(targets, values):
+        for k, v in state.items():
+            live[k].copy_(v)
 
 
 class Evaluator:
@@ -593,7 +616,7 @@ class Evaluator:
                 self.release()
                 # an offloaded client's state is pinned in the store, not copied (the module docstring)
                 pins = {} if store is None else {c.cid: h for c in fed.clients if (h := store.pin(c.cid)) is not None}
-                skip = frozenset(id(fed.clients[cid]._model) for cid in pins)
+                skip = frozenset(id(m) for cid in pins for m in client_modules(fed.clients[cid]))
                 self.pending = Snapshot(rnd, val, pooled, list(models), dict(endpoints), set(self.global_stale),
                                         self.local_correct.copy(), self.global_correct.copy(),
                                         _module_states(kept, skip), pins)
@@ -613,7 +636,7 @@ class Evaluator:
         self._checks = []
         try:
             # the clients whose state was copied back in memory (a pinned one stays where it is till its chunk)
-            owners = {id(c._model): c._model for c in self.fed.clients if c.cid not in snap.pins}
+            owners = {id(m): m for c in self.fed.clients if c.cid not in snap.pins for m in client_modules(c)}
             self._resident([sub for m, _ in snap.states for sub in m.modules() if id(sub) in owners])
             with self.timer(Phase.EVALUATION), loaded(snap.states):
                 if not snap.pins:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from hfl_bench.clientstate import ClientStateError, ClientStore
+from hfl_bench.clientstate import ClientStateError, ClientStore, client_modules
 from hfl_bench.config import RunConfig, config_hash
 from hfl_bench.partition import make_partition, split_client
 from tests.helpers import cpu_federation, invoke_cli
@@ -27,9 +27,11 @@ def figures(record: dict) -> tuple:
 
 
 # fedavg: a server model every client is evaluated with; fedproto: every client's predictor changes
-# each round (validated in chunks under host or disk state); fml: a meme kept with each client
+# each round (validated in chunks under host or disk state); fml: a meme kept with each client;
+# fedsocket: a Q predictor kept with each client, three endpoints wrapping it and one shared extractor
 @pytest.mark.parametrize("method,args", [("local", ()), ("crad", ()), ("fedavg", ("--pool", "cpu-cnn")),
-                                         ("fedproto", ()), ("fml", ())])
+                                         ("fedproto", ()), ("fml", ()),
+                                         ("fedsocket", ("--set", "extractor=random-conv"))])
 def test_offloaded_client_state_is_bit_identical_to_resident(run_record, tmp_path, monkeypatch, method, args):
     from hfl_bench import evaluation
 
@@ -212,7 +214,8 @@ def test_checkpoint_and_resume_with_disk_state_give_the_resident_figures(tmp_pat
 
 # local; local with --ensemble (a predictor over every client's model: resolved in one chunk);
 # fedproto (wrappers, an extra endpoint, and every client's predictor changes each round: validated in chunks)
-@pytest.mark.parametrize("method,ensemble", [("local", False), ("local", True), ("fedproto", False)])
+@pytest.mark.parametrize("method,ensemble", [("local", False), ("local", True), ("fedproto", False),
+                                             ("fedsocket", False)])
 def test_a_snapshot_pins_offloaded_clients_and_resolves_them_in_chunks_to_the_resident_figures(
         tmp_path, monkeypatch, method, ensemble):
     """A best round that is not fully tested, with 12 clients and 3 active: under disk state the
@@ -231,6 +234,7 @@ def test_a_snapshot_pins_offloaded_clients_and_resolves_them_in_chunks_to_the_re
         return engine.Simulation(engine.load_task(RunConfig(
             method=method, task="digits", clients=12, clients_per_round=3, rounds=30, seed=0, local_epochs=1,
             batch_size=64, lr=0.01, eval_every=10, eval_clients=2, client_state=mode, ensemble=ensemble,
+            method_params={"extractor": "random-conv"} if method == "fedsocket" else {},
             out=str(tmp_path / mode)))[1])
 
     runs = {mode: simulation(mode) for mode in ("resident", "disk")}
@@ -244,8 +248,13 @@ def test_a_snapshot_pins_offloaded_clients_and_resolves_them_in_chunks_to_the_re
             # fedproto's new prototypes changed every client's predictor: validated 5 at a time, each
             # chunk offloaded again after it, so its inactive clients are pinned like local's
             assert 0 < len(snap.pins) < 12 and set(snap.pins).isdisjoint(sim.drawn_clients(1))
-            copied = {id(m) for m, _ in snap.states}
-            assert not copied & {id(sim.fed.clients[c]._model) for c in snap.pins}
+            pinned = {id(m) for c in snap.pins for m in client_modules(sim.fed.clients[c])}
+            assert not {id(m) for m, _ in snap.states} & pinned
+            # a pinned client's model and the modules it holds (fedsocket's Q) are not copied, nor
+            # brought back by the snapshot: the copies hold none of their tensors
+            assert not {k for m, state in snap.states for k in state
+                        if any(id(sub) in pinned for sub in _path_modules(m, k))}
+            assert all(sim.fed.clients[c].store is not None for c in snap.pins)
             files = {h.stored[0]: h.stored[0].read_bytes() for h in snap.pins.values()}
         for rnd in (2, 3):  # other clients train and are offloaded again; the snapshot still stands
             sim.step(rnd)
@@ -268,7 +277,17 @@ def test_a_snapshot_pins_offloaded_clients_and_resolves_them_in_chunks_to_the_re
     for field in ("val_acc", "local_acc", "global_acc", "global_class_acc", "seen_acc", "unseen_acc"):
         np.testing.assert_array_equal(getattr(d, field), getattr(r, field), err_msg=field)
     assert d.endpoints == r.endpoints and not np.isnan(d.global_acc).any()
-    assert set(r.endpoint_clients) == ({"head"} if method == "fedproto" else {"ensemble"} if ensemble else set())
+    assert set(r.endpoint_clients) == ({"head"} if method == "fedproto" else {"ensemble"} if ensemble else
+                                       {"private", "q", "joint"} if method == "fedsocket" else set())
     for name in r.endpoint_clients:
         for key in r.endpoint_clients[name]:
             np.testing.assert_array_equal(d.endpoint_clients[name][key], r.endpoint_clients[name][key])
+
+
+def _path_modules(module: torch.nn.Module, key: str) -> list[torch.nn.Module]:
+    """The modules on a state key's path inside ``module`` (``q_predictor.q.expert.weight``: the
+    module itself, its ``q_predictor``, that one's ``q`` and its ``expert``)."""
+    out = [module]
+    for part in key.split(".")[:-1]:
+        out.append(getattr(out[-1], part))
+    return out

@@ -563,8 +563,11 @@ class SharedPredictorClients:
         self.grid, self.fallback_rho = grid, fallback_rho
         self.phi = {k: v.detach().clone() for k, v in q0.state_dict().items()}
         self.predictor_version = 0
-        # Each client's last received Q: a frozen teacher and predictor (copies train, not these).
+        # Each client's last received Q: a frozen teacher and predictor (copies train, not these),
+        # kept with its client (under --client-state it waits where the client's model waits).
         self.held = [copy.deepcopy(q0).requires_grad_(False) for _ in fed.clients]
+        for client, q in zip(fed.clients, self.held):
+            client.hold(q)
         self.held_predictor_version = [-1] * fed.n_clients
         if send:
             self.download(fed, list(range(fed.n_clients)))
