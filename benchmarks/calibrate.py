@@ -87,8 +87,10 @@ STUDIES = {
     # was still rising (63.4 at round 60, 65.6 over the last 10) and came within a point of its best
     # at round 71, not by 45: extended by half again, 135 study rounds (both records stay). At 135
     # (3,116 s, beside CI and a suite) it was within a point of its best at round 80, not by 67: not
-    # passed either. Not extended further yet (rule 5 would give R >= 120 at that round).
-    "cifar10-jpg-full": ([(32, 0.01, 1)], 135),
+    # passed either (rule 5 would give R >= 120 at that round). From round 80 the curve wanders
+    # between 65 and 66.5, so it is extended by a third, as far as one core-hour allows: 180 study
+    # rounds (the three earlier records stay).
+    "cifar10-jpg-full": ([(32, 0.01, 1)], 180),
 }
 TASKS = ("digits", "mnist1d")  # the default of run and report; cifar10-jpg(-full) needs its data folder
 HELDOUT_CHOICES = (0.2, 0.3, 0.4)
