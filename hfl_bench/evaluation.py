@@ -321,7 +321,9 @@ def _state_tensors(module: nn.Module, skip: frozenset[int] = frozenset()) -> dic
     out: dict[str, torch.Tensor] = {}
     cut: list[str] = []
     for prefix, sub in module.named_modules():
-        if id(sub) in skip or any(prefix.startswith(c) for c in cut):
+        if any(prefix.startswith(c) for c in cut):  # inside a skipped module
+            continue
+        if id(sub) in skip:
             cut.append(prefix + ".")
             continue
         dot = prefix + "." if prefix else ""
@@ -346,20 +348,19 @@ def loaded(states: list[tuple[nn.Module, dict[str, torch.Tensor]]]) -> Iterator[
     state may cover part of its module (``_module_states`` with ``skip``): the rest is left as is,
     and no module's hooks run (a pinned client's modules stay where the store keeps them)."""
     copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    targets = [(_state_tensors(m), state) for m, state in states]
-    current = [{k: _copy_once(live[k], copies) for k in state} for live, state in targets]
+    lives = [_state_tensors(m) for m, _ in states]
+    current = [{k: _copy_once(live[k], copies) for k in state} for live, (_, state) in zip(lives, states)]
     try:
-        _write(targets, [state for _, state in targets])
+        _write(lives, [state for _, state in states])
         yield
     finally:
-        _write(targets, current)
+        _write(lives, current)
 
 
 @torch.no_grad()
-def _write(targets: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]],
-           values: list[dict[str, torch.Tensor]]) -> None:
+def _write(lives: list[dict[str, torch.Tensor]], values: list[dict[str, torch.Tensor]]) -> None:
     """Copy each saved value into the module's own tensor of that name (as ``load_state_dict`` does)."""
-    for (live, _), state in zip(targets, values):
+    for live, state in zip(lives, values):
         for k, v in state.items():
             live[k].copy_(v)
 
