@@ -97,7 +97,8 @@ def test_task_info():
     full = full_task.info
     assert full.num_classes == 10 and full.input_shape == (3, 32, 32) and full.augmentation == "crop-flip"
     assert "50,000 training images" in full.description and "2,000" in full.description
-    assert full.defaults == {**info.defaults, "clients": 20, "clients_per_round": 10}
+    # its rounds calibrated on `local` at that shape (benchmarks/results/calibration.json, rule 3b)
+    assert full.defaults == {**info.defaults, "clients": 20, "clients_per_round": 10, "rounds": 120}
     assert isinstance(full_task, CIFAR10JPG) and full_task.train_subsample is None and full_task.test_subsample == 2_000
     assert full_task.folder_name == CIFAR10JPG.folder_name and full_task.image_size == 32
     # imagefolder learns classes and shape from its folder: unknown until loaded
