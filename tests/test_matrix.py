@@ -196,6 +196,23 @@ def test_matrix_dry_run_lists_the_fault_settings(tmp_path):
     assert rows[0]["record"] != rows[1]["record"]
 
 
+def test_matrix_dry_run_says_which_cells_cannot_find_their_data(tmp_path):
+    """A task whose data folder lacks its files would fail: the dry run says so, with the task's own
+    line (how to build it), and exits 1; a task whose data is there (digits, bundled) would run."""
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({"methods": ["local", "crad"], "tasks": ["digits", "hapt"], "seeds": [0],
+                                    "out": str(tmp_path / "r")}))
+    result = CliRunner().invoke(app, ["matrix", str(path), "--dry-run", "--json"],
+                                env={"HFL_BENCH_DATA": str(tmp_path / "empty")})
+    assert result.exit_code == 1, result.output
+    rows = json.loads(result.stdout)["cells"]
+    status = {(r["method"], r["task"]): r["status"] for r in rows}
+    assert status == {("local", "digits"): "would run", ("crad", "digits"): "would run",
+                      ("local", "hapt"): "would fail", ("crad", "hapt"): "would fail"}
+    errors = {r["error"] for r in rows if r["task"] == "hapt"}
+    assert len(errors) == 1 and "hfl-bench prepare hapt" in errors.pop()
+
+
 def test_seed_ranges_in_a_suite_and_on_the_command_line(tmp_path):
     assert parse_suite({"methods": ["local"], "tasks": ["digits"], "seeds": "0-3"}).seeds == [0, 1, 2, 3]
     for bad in ("3-1", "0-2,2", "x", "1-"):

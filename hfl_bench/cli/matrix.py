@@ -92,7 +92,8 @@ def matrix(
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Seeds instead of the suite's: a range 0-9 "
                                         "(inclusive), a list 0,1,2, or both (0-4,7)."),
     dry_run: bool = typer.Option(False, "--dry-run",
-                                 help="List the cells and what would happen (run, skip, fail); run nothing."),
+                                 help="List the cells and what would happen (run, skip, fail: a bad name, a "
+                                      "task whose data is not found); run nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress (on a terminal a bar with the running "
                                "cell's round and the time left; piped, a line per finished cell and every few "
@@ -139,7 +140,8 @@ def matrix(
         check_out_dir(folder, create=not dry_run)  # a file or an unwritable folder: refused before any cell
         cells = suite_cells(suite, out_dir)
         if dry_run:
-            rows = [dry_run_row(cell) for cell in cells]
+            data_seen: dict = {}  # each task's data looked up once
+            rows = [dry_run_row(cell, data_seen) for cell in cells]
         else:
             t0 = time.perf_counter()
             with _CellProgress(len(cells), enabled=not (quiet or as_json)) as bar:

@@ -127,8 +127,27 @@ def engine_check(cfg: RunConfig) -> None:
     get_pool(cfg.pool)
 
 
-def dry_run_row(cell: Cell) -> dict[str, Any]:
-    """What a run would do with this cell, checking what can be checked without loading data."""
+def data_problem(cfg: RunConfig, seen: dict[tuple, str | None]) -> str | None:
+    """Why the cell's data cannot be read (missing, not prepared), or None: the task's cheap data
+    fingerprint, once per task and data folder in ``seen``. Without it a dry run on a machine
+    without the data said "would run" even of a cell whose record is there, and the run fails."""
+    from hfl_bench.errors import DatasetError
+    from hfl_bench.recording import data_fingerprint
+
+    key = (cfg.task, cfg.data_dir)
+    if key not in seen:
+        try:
+            data_fingerprint(cfg)
+            seen[key] = None
+        except DatasetError as e:
+            seen[key] = error_text(e, with_traceback=False)
+    return seen[key]
+
+
+def dry_run_row(cell: Cell, data_seen: dict[tuple, str | None] | None = None) -> dict[str, Any]:
+    """What a run would do with this cell, checking what can be checked without training: the
+    names, the record already there, and whether the task's data can be found (``data_seen``
+    keeps that answer across a suite's cells)."""
     existing = existing_record(cell)
     if existing.record is not None:
         return summary_row(cell, existing.record, "would skip", _record_path(cell))
@@ -138,6 +157,8 @@ def dry_run_row(cell: Cell) -> dict[str, Any]:
             engine_check(cell.cfg)
         except Exception as e:  # noqa: BLE001
             problem = error_text(e, with_traceback=False)
+    if problem is None:
+        problem = data_problem(cell.cfg, {} if data_seen is None else data_seen)
     row = summary_row(cell, None, "would fail" if problem else "would run", _record_path(cell))
     row["error"] = problem
     return row
