@@ -296,6 +296,30 @@ def test_the_skew_trend_suites_extend_their_levels_cells(level):
     assert {c.cfg.lr for c in trend if c.cfg.optimizer == "adam"} == {0.001}
 
 
+@pytest.mark.parametrize("task", ["hapt", "fashion-mnist", "rotten-tomatoes"])
+def test_issue_64s_suites_run_every_method_that_runs_on_their_task(task):
+    """suites/TASK.yaml, TASK-methods.yaml and TASK-public.yaml together hold every built-in method
+    the task does not refuse (``check_method_for_task``: the card's one line), each once, and no
+    method it refuses; their records share the partition, each suite at the task's own protocol."""
+    from hfl_bench.method_api import check_method_for_task
+
+    suites = [load_suite(REPO / "suites" / f"{task}{tail}.yaml") for tail in ("", "-methods", "-public")]
+    listed = [m for suite in suites for m in suite.methods if m != "local" or suite.name == task]
+    assert len(listed) == len(set(listed)), listed
+    runs = set()
+    for name in builtin_names(METHODS):
+        try:
+            check_method_for_task(METHODS.get(name), task)
+            runs.add(name)
+        except ConfigError:
+            pass
+    assert set(listed) == runs
+    assert {s.tasks[0] for s in suites} == {task} and all(len(s.tasks) == 1 for s in suites)
+    public = suites[2]
+    assert {c.cfg.public_size for c in suite_cells(public)} == {500}
+    assert set(public.methods) - {"local"} == {m for m in runs if METHODS.get(m).card.needs_public}
+
+
 @pytest.mark.parametrize("name", SHIPPED_SUITES)  # every suite the repository ships
 def test_shipped_suites_parse(name):
     suite = load_suite(REPO / "suites" / f"{name}.yaml")
