@@ -27,6 +27,7 @@ from hfl_bench import text_corpus as tc
 from hfl_bench.cli import app
 from hfl_bench.data import DatasetError, get_task
 from hfl_bench.pools import TEXT_VOCAB, build_model, get_pool
+from hfl_bench.registry import METHODS
 
 GOOD = "great moving funny brilliant superb charming".split()
 BAD = "dull boring awful mess tedious flat".split()
@@ -204,7 +205,9 @@ def test_methods_that_make_inputs_refuse_token_ids_before_any_work(tmp_path, met
     assert result.exit_code == 2 and "whose inputs are token ids" in text, text
     listed = {row["name"]: row["on_text"] for row in json.loads(
         CliRunner().invoke(app, ["list", "methods", "--format", "json"]).output)}
-    assert listed[method] == "refuses" and listed["crad"] == "runs" and listed["fedavg"] == "needs --pool text-cnn"
+    assert listed[method] == f"refuses: {METHODS.get(method).card.why_not_tokens}"  # the reason, on one line
+    assert "\n" not in listed[method] and listed[method].split(": ", 1)[1] in text
+    assert listed["crad"] == "runs" and listed["fedavg"] == "needs --pool text-cnn"
     assert listed["fedmd"].startswith("needs --public-size ")
 
 
@@ -292,7 +295,7 @@ def test_every_builtin_method_runs_on_text_or_is_refused_as_the_table_says(prepa
         assert record.status == "ok", (name, record.error)
     public = {name for name, says in refused.items() if says.startswith("needs --public-size ")}
     assert public == {"ds-fl", "fedcc", "feddf", "fedmd", "msfkd"}
-    assert {k: v for k, v in refused.items() if k not in public} == {
+    assert {k: v.split(":")[0] for k, v in refused.items() if k not in public} == {
         "fedavg": "needs --pool text-cnn", "fedgd": "refuses", "fedsocket": "refuses", "naive-shared": "refuses",
         # one global model sliced by width: their families are image CNNs (issue 66)
         "fedrolex": "refuses", "heterofl": "refuses",

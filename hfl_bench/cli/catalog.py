@@ -167,11 +167,12 @@ def quick_start_text(card: Any) -> str:
 
 def text_task_text(card: Any) -> str:
     """What the method needs to run on the text task (``rotten-tomatoes``: token ids, clients of
-    whole movies), from the card: "refuses" where it cannot read token ids (``why_not_tokens``), the
+    whole movies), from the card: "refuses: " and the card's reason where it cannot read token ids
+    (``why_not_tokens``: the results page lists them from here), the
     public set its smoke run holds out for a method that reads one (held out of the movies' reviews),
     the text pool of one architecture for a single-architecture method, else "runs"."""
-    if card.why_not_tokens:
-        return "refuses"
+    if card.why_not_tokens.strip():
+        return f"refuses: {card.why_not_tokens.strip()}"
     smoke = card.smoke_config()
     needs = [f"--public-size {smoke['public_size']}"] if card.needs_public and smoke["public_size"] else []
     needs += ["--pool text-cnn"] if card.single_architecture else []
