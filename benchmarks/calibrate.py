@@ -192,9 +192,9 @@ def plateau_round(rounds: list[int], val: list[float]) -> int | None:
     the next PLATEAU_WINDOW rounds (all of them inside the study), or None."""
     curve = smoothed(val)
     for i, (r, v) in enumerate(zip(rounds, curve)):
-        ahead = [c for q, c in zip(rounds[i:], curve[i:]) if q <= r + PLATEAU_WINDOW]
         if rounds[-1] < r + PLATEAU_WINDOW:
-            return None  # the window runs past the study: it cannot be seen
+            return None  # the window runs past the study: it cannot be seen (nor for a later round)
+        ahead = [c for q, c in zip(rounds[i:], curve[i:]) if q <= r + PLATEAU_WINDOW]
         if max(ahead) <= v + TOLERANCE:
             return r
     return None
