@@ -33,14 +33,20 @@ if TYPE_CHECKING:
 
 CUDA_CHUNK = 4096
 CPU_CHUNK_ELEMENTS = 2**18  # ~1 MB of input per chunk keeps CPU activations in cache (measured)
+CPU_TOKEN_WIDTH = 16  # a token id counts as this many input values (it becomes an embedding row)
 
 
 def inference_chunk(x: torch.Tensor) -> int:
     """Samples per inference call: large on a GPU; on a CPU sized so activations stay in cache
-    (for 3x32x32 conv nets, 64-sample chunks ran ~20% faster than 4096; for 8x8 inputs, larger)."""
+    (for 3x32x32 conv nets, 64-sample chunks ran ~20% faster than 4096; for 8x8 inputs, larger).
+    Token ids (integer inputs) count ``CPU_TOKEN_WIDTH`` values each: counted as one, 48 ids made
+    4,096-sample chunks, and the text pool ran 1.5-2.6x faster in chunks of 128-512
+    (``benchmarks/bench_chunk.py``, docs/studies/performance.md)."""
     if x.is_cuda:
         return CUDA_CHUNK
     per_sample = max(1, x[0].numel()) if len(x) else 1
+    if not x.is_floating_point():
+        per_sample *= CPU_TOKEN_WIDTH
     return int(min(4096, max(32, CPU_CHUNK_ELEMENTS // per_sample)))
 
 

@@ -268,6 +268,24 @@ def test_text_models_split_into_features_and_head_and_refuse_floats(member):
         model(x.float())
 
 
+@pytest.mark.parametrize("member", get_pool("text").members, ids=lambda m: m.name)
+def test_token_ids_are_inferred_in_cache_sized_chunks_with_the_logits_of_one_call(member):
+    """A token id counts as ``CPU_TOKEN_WIDTH`` input values when the CPU chunk is sized (counted as
+    one, 48 ids gave 4,096-sample calls, 1.5-2.6x slower); float inputs of the same shape keep
+    the chunk they had, and the chunked logits are those of one call over every row."""
+    from hfl_bench.training import CPU_TOKEN_WIDTH, inference_chunk, predict_logits
+
+    info = get_task("rotten-tomatoes").info
+    ids = torch.randint(1, TEXT_VOCAB, (700, *info.input_shape), generator=torch.Generator().manual_seed(0))
+    ids[::3, ..., 20:] = 0  # padding after the words
+    chunk = inference_chunk(ids)
+    assert chunk == 2**18 // (48 * CPU_TOKEN_WIDTH) == 341
+    assert inference_chunk(ids.float()) == 4096 and inference_chunk(torch.zeros(2, 3, 32, 32)) == 85
+    torch.manual_seed(0)
+    model = build_model(member, info)
+    chunked = predict_logits(model, ids)  # 341 + 341 + 18 rows
+    assert torch.allclose(chunked, predict_logits(model, ids, chunk=len(ids)), rtol=0, atol=1e-6)
+
 @pytest.mark.slow  # one round of every built-in method on the small corpus (about a minute on one core)
 def test_every_builtin_method_runs_on_text_or_is_refused_as_the_table_says(prepared, tmp_path):
     """``run --method M --task rotten-tomatoes --rounds 1`` for every built-in M: a record ``ok``
