@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -506,6 +507,25 @@ def test_matrix_runs_resumes_and_records_failures(tmp_path, validator, mnist1d_d
     assert plan[("local", 0)] == plan[("local", 2)] == "would skip"
     assert plan[("fedavg", 0)] == "would run"  # its pool problem only shows once clients exist
     assert plan[("crad", 0)] == "would fail"
+
+    # Sizing: a dry run estimates each cell that would run by the median wall time of its records
+    # for other seeds here (same task, method and hash); failed records, other tasks and a file that
+    # is not a record do not count.
+    stem = next(out.glob("digits__local__*__seed0.json")).name.rsplit("__seed", 1)[0]
+    (out / f"{stem}__seed9.json").write_text("{not json")
+    result, stdout = _invoke(str(suite2), "--seeds", "0-3", "--dry-run", "--json")
+    summary = json.loads(stdout)
+    rows = {(r["method"], r["seed"]): r for r in summary["cells"]}
+    times = [json.loads(p.read_text())["cost"]["wall_time_total_s"] for p in sorted(out.glob("digits__local__*.json"))
+             if not p.name.endswith("seed9.json")]
+    assert len(times) == 3 and rows["local", 3]["status"] == "would run"
+    assert rows["local", 3]["estimated_s"] == round(statistics.median(times), 1)
+    assert rows["local", 3]["estimated_from"] == 3 and "estimated_s" not in rows["local", 0]  # skipped: its own
+    assert [rows["fedavg", s]["estimated_s"] for s in range(4)] == [None] * 4  # only failed records to go by
+    assert summary["estimate"] == {"cells": 1, "seconds": rows["local", 3]["estimated_s"], "without": 4}
+    result, stdout = _invoke(str(suite2), "--seeds", "0-3", "--dry-run")
+    assert f"~{rows['local', 3]['estimated_s']:.1f}" in stdout
+    assert "estimate: about" in " ".join(stdout.split()) and "4 without one" in " ".join(stdout.split())
 
 
 def test_interrupted_cell_continues_from_its_checkpoint(tmp_path, validator):

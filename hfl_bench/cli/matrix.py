@@ -93,7 +93,9 @@ def matrix(
                                         "(inclusive), a list 0,1,2, or both (0-4,7)."),
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="List the cells and what would happen (run, skip, fail: a bad name, a "
-                                      "task whose data is not found); run nothing."),
+                                      "task whose data is not found), and size the cells that would run: the "
+                                      "median wall time of each one's records for other seeds in the folder "
+                                      "(~ in the time column; summed under the table); run nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress (on a terminal a bar with the running "
                                "cell's round and the time left; piped, a line per finished cell and every few "
@@ -114,7 +116,7 @@ def matrix(
     from hfl_bench.config import ConfigError
     from hfl_bench.matrix.executors import executor_options
     from hfl_bench.matrix.gpus import parse_cells_per_gpu
-    from hfl_bench.matrix.runner import count_statuses, dry_run_row, exit_code, run_matrix, throughput
+    from hfl_bench.matrix.runner import count_statuses, dry_run_row, estimate_rows, exit_code, run_matrix, throughput
     from hfl_bench.matrix.suite import check_names, load_suite, parse_seeds, suite_cells
     from hfl_bench.paths import check_out_dir
 
@@ -142,6 +144,7 @@ def matrix(
         if dry_run:
             data_seen: dict = {}  # each task's data looked up once
             rows = [dry_run_row(cell, data_seen) for cell in cells]
+            estimate = estimate_rows(rows, cells)
         else:
             t0 = time.perf_counter()
             with _CellProgress(len(cells), enabled=not (quiet or as_json)) as bar:
@@ -163,9 +166,9 @@ def matrix(
     speed = throughput(rows, None if dry_run else elapsed)
     if as_json:
         emit_json({"suite": suite.name, "out": folder, "dry_run": dry_run, "counts": count_statuses(rows),
-                   "exit_code": code, **speed, "cells": rows})
+                   "exit_code": code, **speed, **({"estimate": estimate} if dry_run else {}), "cells": rows})
     else:
-        _print_table(suite, folder, rows, speed)
+        _print_table(suite, folder, rows, speed, estimate if dry_run else None)
     raise typer.Exit(code)
 
 
@@ -173,7 +176,8 @@ STATUS_STYLE = {"ok": "green", "diverged": "yellow", "failed": "bold red", "skip
                 "would run": "cyan", "would skip": "dim", "would fail": "bold red"}
 
 
-def _print_table(suite: Suite, folder: str, rows: list[dict[str, Any]], speed: dict[str, Any]) -> None:
+def _print_table(suite: Suite, folder: str, rows: list[dict[str, Any]], speed: dict[str, Any],
+                 estimate: dict[str, Any] | None = None) -> None:
     from hfl_bench.matrix.runner import count_statuses
 
     title = f"suite {suite.name}: {len(rows)} cells -> {folder}"
@@ -191,19 +195,38 @@ def _print_table(suite: Suite, folder: str, rows: list[dict[str, Any]], speed: d
         t.add_row(plain(r["method"]), *((plain(r.get("variant") or "-"),) if variants else ()), plain(r["task"]),
                   *((plain(r.get("faults", "none")),) if faults else ()),
                   cell(r["seed"]), plain(r["status"], style),
-                  cell(r["global_acc"]), cell(r["wall_time_s"], 1), plain(record))
+                  cell(r["global_acc"]), _seconds(r), plain(record))
     out.print(t)
     counts = ", ".join(f"{n} {s}" for s, n in count_statuses(rows).items())
     took = f" in {speed['wall_time_s']:.1f} s" if speed["wall_time_s"] is not None else ""
     if speed["cell_rounds"]:
         took += f"; {speed['cell_rounds']} cell-rounds, {speed['cell_rounds_per_min']:.1f} per minute"
     out.print(plain(f"{counts}{took}"), highlight=False)
+    if estimate is not None and estimate["cells"] + estimate["without"]:
+        out.print(plain(estimate_line(estimate)), highlight=False)
     for r in rows:
         if r["error"] and r["status"] in ("failed", "would fail"):
             faults_note = f", faults {r['faults']}" if r.get("faults", "none") != "none" else ""
             variant = f" [{r['variant']}]" if r.get("variant") else ""
             note(f"{r['status']}:", f"{r['method']}{variant} on {r['task']}, seed {r['seed']}{faults_note}: "
                  f"{r['error']}", style="red")
+
+
+def _seconds(row: dict[str, Any]):
+    """A record's wall time; for a cell that would run, ``~`` and the estimate from its other seeds."""
+    if row.get("estimated_s") is not None:
+        return plain(f"~{row['estimated_s']:.1f}", "dim")
+    return cell(row["wall_time_s"], 1)
+
+
+def estimate_line(estimate: dict[str, Any]) -> str:
+    """The dry run's sizing: the cells that would run, by their other seeds' wall times here."""
+    hours = estimate["seconds"] / 3600
+    known = (f"about {estimate['seconds']:,.0f} s ({hours:.1f} h) of cell time for the {estimate['cells']} that "
+             f"would run with a record of another seed here (its median wall time, under the load it ran with)"
+             if estimate["cells"] else "no cell that would run has a record of another seed here")
+    rest = f"; {estimate['without']} without one (run one seed, timed, to size them)" if estimate["without"] else ""
+    return f"estimate: {known}{rest}"
 
 
 class _CellProgress:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import glob
+import statistics
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
@@ -13,7 +15,8 @@ from hfl_bench.matrix.executor_api import Executor, ExecutorOptions
 from hfl_bench.matrix.executors import make_executor
 from hfl_bench.matrix.resume import existing_record
 from hfl_bench.matrix.suite import Cell
-from hfl_bench.recording import save_record
+from hfl_bench.record.io import load_record
+from hfl_bench.recording import FINAL_STATUSES, save_record
 from hfl_bench.registry import resolve_plugins
 from hfl_bench.resolved import resolve_run
 from hfl_bench.results.figures import headline_value
@@ -162,6 +165,48 @@ def dry_run_row(cell: Cell, data_seen: dict[tuple, str | None] | None = None) ->
     row = summary_row(cell, None, "would fail" if problem else "would run", _record_path(cell))
     row["error"] = problem
     return row
+
+
+def seconds_elsewhere(cell: Cell) -> list[float]:
+    """The wall times (``cost.wall_time_total_s``) of the cell's finished records for other seeds in
+    its output folder: same task, method and config hash (the seed is not in the hash), status ok
+    or diverged, read and checked as any record. Empty when there are none."""
+    path = _record_path(cell)
+    if path is None or not path.parent.is_dir():
+        return []
+    stem = path.name.rsplit("__seed", 1)[0]
+    times = []
+    for other in sorted(path.parent.glob(f"{glob.escape(stem)}__seed*.json")):
+        if other.name == path.name:
+            continue
+        try:
+            record = load_record(other)
+        except ValueError:  # unreadable or not a record: no evidence
+            continue
+        seconds = (record.get("cost") or {}).get("wall_time_total_s")
+        if (record.get("status") in FINAL_STATUSES and record.get("config_hash") == stem.rsplit("__", 1)[-1]
+                and isinstance(seconds, (int, float)) and seconds >= 0):
+            times.append(float(seconds))
+    return times
+
+
+def estimate_rows(rows: list[dict[str, Any]], cells: list[Cell]) -> dict[str, Any]:
+    """For a dry run: each "would run" row's ``estimated_s``, the median wall time of its cell's
+    other seeds here (``seconds_elsewhere``; None when there is none), and the total: how many of
+    those cells have an estimate, their seconds summed, and how many have none. Wall times are as
+    those runs ran (their machine, their load, their ``--jobs``), so this sizes, it does not promise."""
+    known, seconds = 0, 0.0
+    for row, cell in zip(rows, cells):
+        if row["status"] != "would run":
+            continue
+        times = seconds_elsewhere(cell)
+        row["estimated_s"] = round(statistics.median(times), 1) if times else None
+        row["estimated_from"] = len(times)
+        if times:
+            known += 1
+            seconds += row["estimated_s"]
+    to_run = sum(r["status"] == "would run" for r in rows)
+    return {"cells": known, "seconds": round(seconds, 1), "without": to_run - known}
 
 
 def run_matrix(cells: list[Cell], executor: str | Executor = "local", options: Optional[ExecutorOptions] = None, *,
