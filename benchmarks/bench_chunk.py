@@ -15,6 +15,7 @@ process CPU seconds of each run's last R rounds and whether every client's model
 
     OMP_NUM_THREADS=1 python benchmarks/bench_chunk.py [--n 4096] [--repeats 5] [--tag after]
     HFL_BENCH_DATA=... OMP_NUM_THREADS=1 python benchmarks/bench_chunk.py --method crad --rounds 2
+    python benchmarks/bench_chunk.py --table benchmarks/results/chunk-cpu.json   # the study's table
 """
 
 from __future__ import annotations
@@ -93,6 +94,29 @@ def whole_runs(method: str, rounds: int) -> dict:
             "models_bit_identical": same}
 
 
+def table(report: dict) -> str:
+    """The performance study's table (markdown) from a result file."""
+    lines = ["| pool | model | engine's chunk | samples / CPU s at it | at 4,096 | fastest chunk measured | "
+             "chunks whose logits differ from one call's |", "|---|---|---|---|---|---|---|"]
+    models = {}
+    for row in report["rows"]:
+        models.setdefault((row["pool"], row["model"]), []).append(row)
+    for (pool, model), rows in models.items():
+        engine = next(r for r in rows if r["engine_chunk"])
+        at_4096 = next(r for r in rows if r["chunk"] == 4096)
+        best = max(rows, key=lambda r: r["samples_per_cpu_s"])
+        differ = ", ".join(str(r["chunk"]) for r in rows if not r["bit_identical_to_one_call"]) or "none"
+        lines.append(f"| {pool} | {model} | {engine['chunk']} | {engine['samples_per_cpu_s']:,} | "
+                     f"{at_4096['samples_per_cpu_s']:,} | {best['chunk']} ({best['samples_per_cpu_s']:,}) | {differ} |")
+    run = report.get("whole_runs")
+    if run:
+        lines += ["", f"{run['method']} on {run['task']}, seed {run['seed']}, {run['rounds']} rounds after an untimed "
+                      f"one: {run['cpu_s_per_round_ids_as_one_value']} CPU s a round with token ids counted as one "
+                      f"value, {run['cpu_s_per_round_engine']} at the engine's width (x{run['speed_vs_before']:.2f}); "
+                      f"every client's model equal bit for bit: {'yes' if run['models_bit_identical'] else 'no'}."]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=4096, help="samples per timing")
@@ -100,7 +124,11 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="suffix of the result file (before / after a change)")
     ap.add_argument("--method", help="also time whole rounds of this method on rotten-tomatoes (prepared)")
     ap.add_argument("--rounds", type=int, default=2, help="timed rounds of each --method run (after one untimed)")
+    ap.add_argument("--table", type=Path, help="print the study's table from this result file and exit")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())), end="")
+        return
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     rows = []

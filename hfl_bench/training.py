@@ -40,8 +40,8 @@ def inference_chunk(x: torch.Tensor) -> int:
     """Samples per inference call: large on a GPU; on a CPU sized so activations stay in cache
     (for 3x32x32 conv nets, 64-sample chunks ran ~20% faster than 4096; for 8x8 inputs, larger).
     Token ids (integer inputs) count ``CPU_TOKEN_WIDTH`` values each: counted as one, 48 ids made
-    4,096-sample chunks, and the text pool ran 1.5-2.6x faster in chunks of 128-512
-    (``benchmarks/bench_chunk.py``, docs/studies/performance.md)."""
+    4,096-sample chunks, and the text pool's models ran 1.6-5.9x faster at 341 than at 4,096, with
+    the same results (``benchmarks/bench_chunk.py``, docs/studies/performance.md)."""
     if x.is_cuda:
         return CUDA_CHUNK
     per_sample = max(1, x[0].numel()) if len(x) else 1

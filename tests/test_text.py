@@ -271,7 +271,7 @@ def test_text_models_split_into_features_and_head_and_refuse_floats(member):
 @pytest.mark.parametrize("member", get_pool("text").members, ids=lambda m: m.name)
 def test_token_ids_are_inferred_in_cache_sized_chunks_with_the_logits_of_one_call(member):
     """A token id counts as ``CPU_TOKEN_WIDTH`` input values when the CPU chunk is sized (counted as
-    one, 48 ids gave 4,096-sample calls, 1.5-2.6x slower); float inputs of the same shape keep
+    one, 48 ids gave 4,096-sample calls, 1.6-5.9x slower); float inputs of the same shape keep
     the chunk they had, and the chunked logits are those of one call over every row."""
     from hfl_bench.training import CPU_TOKEN_WIDTH, inference_chunk, predict_logits
 
