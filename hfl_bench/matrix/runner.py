@@ -167,45 +167,48 @@ def dry_run_row(cell: Cell, data_seen: dict[tuple, str | None] | None = None) ->
     return row
 
 
-def seconds_elsewhere(cell: Cell) -> list[float]:
-    """The wall times (``cost.wall_time_total_s``) of the cell's finished records for other seeds in
-    its output folder: same task, method and config hash (the seed is not in the hash), status ok
-    or diverged, read and checked as any record. Empty when there are none."""
-    path = _record_path(cell)
-    if path is None or not path.parent.is_dir():
-        return []
-    stem = path.name.rsplit("__seed", 1)[0]
-    times = []
-    for other in sorted(path.parent.glob(f"{glob.escape(stem)}__seed*.json")):
-        if other.name == path.name:
-            continue
+def _finished_seconds(folder: Path, stem: str) -> dict[str, float]:
+    """File name -> wall time (``cost.wall_time_total_s``) of each finished record (status ok or
+    diverged) named ``<stem>__seed*.json`` in ``folder`` whose config hash is the stem's, read and
+    checked as any record; an unreadable file is no evidence."""
+    times = {}
+    for path in sorted(folder.glob(f"{glob.escape(stem)}__seed*.json")):
         try:
-            record = load_record(other)
-        except ValueError:  # unreadable or not a record: no evidence
+            record = load_record(path)
+        except ValueError:
             continue
         seconds = (record.get("cost") or {}).get("wall_time_total_s")
         if (record.get("status") in FINAL_STATUSES and record.get("config_hash") == stem.rsplit("__", 1)[-1]
                 and isinstance(seconds, (int, float)) and seconds >= 0):
-            times.append(float(seconds))
+            times[path.name] = float(seconds)
     return times
 
 
 def estimate_rows(rows: list[dict[str, Any]], cells: list[Cell]) -> dict[str, Any]:
     """For a dry run: each "would run" row's ``estimated_s``, the median wall time of its cell's
-    other seeds here (``seconds_elsewhere``; None when there is none), and the total: how many of
-    those cells have an estimate, their seconds summed, and how many have none. Wall times are as
-    those runs ran (their machine, their load, their ``--jobs``), so this sizes, it does not promise."""
-    known, seconds = 0, 0.0
+    finished records for other seeds in its output folder (same task, method and config hash: the
+    seed is not in the hash; None when there is none), and the total: how many of those cells have
+    an estimate, their seconds summed, and how many have none. Each config's records are read once
+    for all its seeds. Wall times are as those runs ran (their machine, their load, their
+    ``--jobs``), so this sizes, it does not promise."""
+    known, seconds, to_run = 0, 0.0, 0
+    read: dict[tuple[Path, str], dict[str, float]] = {}
     for row, cell in zip(rows, cells):
         if row["status"] != "would run":
             continue
-        times = seconds_elsewhere(cell)
+        to_run += 1
+        path = _record_path(cell)
+        times = []
+        if path is not None and path.parent.is_dir():
+            key = (path.parent, path.name.rsplit("__seed", 1)[0])
+            if key not in read:
+                read[key] = _finished_seconds(*key)
+            times = [t for name, t in read[key].items() if name != path.name]
         row["estimated_s"] = round(statistics.median(times), 1) if times else None
         row["estimated_from"] = len(times)
         if times:
             known += 1
             seconds += row["estimated_s"]
-    to_run = sum(r["status"] == "would run" for r in rows)
     return {"cells": known, "seconds": round(seconds, 1), "without": to_run - known}
 
 
