@@ -28,7 +28,9 @@ offloaded. Clients whose models share a tensor (a shared head or predictor) cann
 offloaded one by one: ``attach`` refuses them in one line (use ``resident``). An offloaded
 tensor is left empty (zero elements) on its device, so code that reads one without going through
 its client (a list of models a method kept) fails on the shape rather than compute on nothing;
-checkpoints are written and read with every client back (``restore_all``).
+checkpoints are written and read with every client back (``restore_all``). Under host or disk
+state the evaluator keeps no per-client copy of the clients' validation and local test rows either:
+it gathers a client's rows when it measures the client (``Evaluator._val_rows``, ``_test_rows``).
 
 **Pins** (the evaluator's snapshot of a best round, ``hfl_bench.evaluation``): the state an
 offloaded client holds can be *pinned* instead of copied (``pin``). A pinned state is never

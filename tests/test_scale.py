@@ -71,6 +71,35 @@ def test_a_broadcast_round_brings_back_only_the_clients_it_draws(tmp_path, monke
     sim.close()
 
 
+
+def _row_copies(evaluator) -> int:
+    """Bytes of the training-set rows the evaluator holds as its own tensors (not the data's)."""
+    data = evaluator.fed.data.train_x.untyped_storage().data_ptr()
+    held = [v for v in vars(evaluator).values() if isinstance(v, torch.Tensor)]
+    held += [t for v in vars(evaluator).values() if isinstance(v, list)
+             for pair in v if isinstance(pair, tuple) for t in pair if isinstance(t, torch.Tensor)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held
+                if t.is_floating_point() and t.dim() == 4}
+    return sum(n for ptr, n in storages.items() if ptr != data)
+
+
+@pytest.mark.parametrize("mode", ["resident", "disk"])
+def test_under_client_state_the_evaluator_keeps_no_copy_of_every_clients_rows(tmp_path, mode):
+    """Resident, each client's validation and local test rows are laid out once per run (N copies);
+    under --client-state they are gathered when a client is measured, so the evaluator's memory does
+    not grow with N (the figures are the resident ones: the test above)."""
+    from hfl_bench import engine
+
+    sim = engine.Simulation(engine.load_task(RunConfig(
+        method="local", task="digits", clients=12, clients_per_round=3, rounds=30, seed=0, local_epochs=1,
+        batch_size=64, lr=0.01, eval_every=10, eval_clients=2, client_state=mode, out=str(tmp_path)))[1])
+    sim.step(1)
+    rows = sum(len(c.val_idx) + len(c.test_idx) for c in sim.fed.clients)
+    row_bytes = sim.fed.data.train_x[0].numel() * sim.fed.data.train_x.element_size()
+    held = _row_copies(sim.evaluator)
+    assert held == (rows * row_bytes if mode == "resident" else 0)
+    sim.close()
+
 def test_disk_state_is_written_atomically_and_checked_before_it_is_trusted(tmp_path):
     fed = cpu_federation(RunConfig(task="digits", clients=2, rounds=1, seed=0, local_epochs=1, batch_size=64))
     store = ClientStore("disk", tmp_path)
