@@ -341,7 +341,9 @@ def table(report: dict) -> str:
                      f"{'-' if s['cpu_s_no_snapshot'] is None else format(s['cpu_s_no_snapshot'], '.2f')} | "
                      f"{setup.get('wall_s', 0):.0f} |")
     lines += ["", f"Targets (issue 67): from N = 100 to N = 1,000 at fixed active clients, per-round time and "
-                  f"peak memory within {TARGET_RATIO}x; time judged on CPU seconds (wall beside it).", "",
+                  f"peak memory within {TARGET_RATIO}x; time judged on CPU seconds (wall beside it), memory on the "
+                  f"whole peak (the images grow with N in this shape; \"within less the images\": the rest is "
+                  f"within).", "",
               "| method | active | CPU time, 1,000 / 100 | wall time, 1,000 / 100 | peak RSS, 1,000 / 100 "
               "| peak RSS less images, 1,000 / 100 | meets the targets |",
               "|---|---|---|---|---|---|---|"]
@@ -359,6 +361,9 @@ def table(report: dict) -> str:
             verdict = ("yes" if cpu <= TARGET_RATIO and mem is not None and mem <= TARGET_RATIO else
                        "no: " + ", ".join(k for k, v in (("time", cpu), ("memory", mem))
                                           if v is None or v > TARGET_RATIO))
+            if mem is not None and mem > TARGET_RATIO and less is not None and less <= TARGET_RATIO:
+                # the images grow with N in this shape (50 a client): what the federation adds is within
+                verdict += " (within less the images)"
             if m in O_N_METHODS:
                 verdict += f" (O(N) by design: {O_N_METHODS[m]})"
             lines.append(f"| {m} | {a} | {cpu:.2f}x | {wall:.2f}x | {_fmt(mem)} | {_fmt(less)} | {verdict} |")

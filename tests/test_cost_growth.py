@@ -55,11 +55,15 @@ def test_targets_table_judges_the_ratios_and_names_failures():
         _row("fml", 100, [1.0, 1.0], [gib, gib]), _row("fml", 1000, [1.0, 1.0], [2 * gib, 2 * gib]),
         _row("crad", 100, [2.0, 2.0], [gib, gib]), _row("crad", 1000, [20.0, 20.0], [gib, gib]),
         _row("fedsocket", 100, [1.0, 1.0], [gib, gib]),
+        # memory grows by its images alone (half a GiB more of them at N = 1,000)
+        _row("fedavg", 100, [1.0, 1.0], [gib, gib]),
+        _row("fedavg", 1000, [1.0, 1.0], [1.5 * gib, 1.5 * gib], data=100 * 2**20 + gib // 2),
         {**_row("fedsocket", 1000, [], []), "error": "stopped after 900 s (the limit)"},
     ]}
     text = cg.table(report)
     assert "| local | 10 | 1.20x | 1.20x | 1.20x |" in text and text.count("| yes |") == 1
-    assert "| fml | 10 | 1.00x | 1.00x | 2.00x |" in text and "| no: memory |" in text
+    assert "| fml | 10 | 1.00x | 1.00x | 2.00x | 2.11x | no: memory |" in text
+    assert "| fedavg | 10 | 1.00x | 1.00x | 1.50x | 1.00x | no: memory (within less the images) |" in text
     assert "| crad | 10 | 10.00x | 10.00x | 1.00x | 1.00x | no: time |" in text  # judged like the others
     assert "| fedsocket | 10 | 1,000 | 50 | failed: stopped after 900 s (the limit) |" in text
     assert "| fedsocket | 10 | - | - | - | - | not measured at N = 1,000 |" in text
