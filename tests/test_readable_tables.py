@@ -52,7 +52,7 @@ def test_terminal_table_fits_the_width(width, headlines):
         assert any(row.match(line) for line in lines), (method, figure)
     # what every row of the first section shares is in its title, not in a column
     text = " ".join(result.stdout.split())
-    assert "same in every row: task digits, pool cpu, faults none, setting dirichlet alpha=0.3 N=10 R=30" in text
+    assert "same in every row: task digits, pool cpu, faults none, seeds 10" in text
     header = " ".join(line for line in lines[:12] if line.startswith("┃"))
     for lifted in ("task", "pool", "faults", "drop", "source", "match", "delta"):
         assert f" {lifted} " not in header

@@ -105,6 +105,19 @@ def _single_architecture(record: dict) -> object:
 
 
 GOLDEN = REPO / "tests" / "golden" / "older-records-read-at-38a633c.json.gz"
+# records moved to the archive after the golden file was made (their cells rerun): the golden file
+# knows them by the path they had then
+MOVED = {"leaderboards/archive/fedsocket-1.1/digits/": "leaderboards/reproduced/digits/",
+         "leaderboards/archive/uncommitted-changes/digits/": "leaderboards/reproduced/digits/"}
+
+
+def former(path: Path) -> str:
+    """``path`` (absolute) as the golden file names it: relative to the repository, before any move."""
+    where = str(path.relative_to(REPO))
+    for now, then in MOVED.items():
+        if where.startswith(now):
+            return then + where[len(now):]
+    return where
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +140,7 @@ def test_upgraded_older_records_read_as_the_fallbacks_read_the_raw_ones(older, g
     runs = 0
     for path, raw in older:
         up = upgrade(raw)
-        where = str(path.relative_to(REPO))
+        where = former(path)
         then = golden["per_record"][where]
         assert Loaded(path, up).method_version == (raw["method"].get("version") if isinstance(raw["method"].get(
             "version"), str) else None), where
@@ -194,7 +207,7 @@ def test_the_leaderboard_of_upgraded_records_is_the_one_before_the_upgrade(older
 
     monkeypatch.setattr(grouping, "precedence", newest_first)
     monkeypatch.setattr(robustness, "precedence", newest_first)
-    up = [Loaded(p.relative_to(REPO), upgrade(r)) for p, r in older]
+    up = [Loaded(Path(former(p)), upgrade(r)) for p, r in older]
     board = json.loads(json.dumps(board_json(build_board(up)), sort_keys=True))
     for group in board["groups"]:
         assert group.pop("copies_note") == "" or group["n_duplicates"] > 0
