@@ -403,9 +403,9 @@ class Evaluator:
                                                   torch.tensor(sizes, device=fed.device))
         self._val_ends = [(e - k, e) for e, k in zip(np.cumsum(sizes).tolist(), sizes)]
         if self._prepared:
-            self._val_x = self._rows(self._val_idx)
+            self._val_x = self._rows(self._val_idx)[0]
             self._val = [(self._val_x[a:b], self._val_y[a:b]) for a, b in self._val_ends]
-            self._test = [(self._rows(cl.test_idx), fed.data.train_y[cl.test_idx]) for cl in fed.clients]
+            self._test = [self._rows(cl.test_idx) for cl in fed.clients]
         # A client is tested through the modalities it observes: the global test set with the
         # others NaN (hfl_bench.modalities), one copy per distinct set of observed modalities.
         full = tuple(m.name for m in fed.info.modalities)
@@ -424,21 +424,20 @@ class Evaluator:
     def _layout(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=torch.channels_last) if self.fast_layout else x
 
-    def _rows(self, idx: torch.Tensor) -> torch.Tensor:
-        """Training-set rows ``idx`` laid out for evaluation."""
-        return self._layout(self.fed.data.train_x[idx])
+    def _rows(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training-set rows ``idx`` laid out for evaluation, and their labels."""
+        return self._layout(self.fed.data.train_x[idx]), self.fed.data.train_y[idx]
 
     def _val_rows(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._prepared:
             return self._val[cid]
         a, b = self._val_ends[cid]
-        return self._rows(self._val_idx[a:b]), self._val_y[a:b]
+        return self._rows(self._val_idx[a:b])
 
     def _test_rows(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._prepared:
             return self._test[cid]
-        idx = self.fed.clients[cid].test_idx
-        return self._rows(idx), self.fed.data.train_y[idx]
+        return self._rows(self.fed.clients[cid].test_idx)
 
     def is_test_round(self, rnd: int, last: bool = False) -> bool:
         return rnd % self.eval_every == 0 or last or rnd > self.fed.cfg.rounds - FINAL_ROUNDS
@@ -502,11 +501,11 @@ class Evaluator:
         position[cids] = torch.arange(len(cids), device=fed.device)
         where = position[self._val_owner]
         if len(cids) == fed.n_clients:  # every client's rows: the whole tensor, no copy if prepared
-            x = self._val_x if self._prepared else self._rows(self._val_idx)
+            x = self._val_x if self._prepared else self._rows(self._val_idx)[0]
             y = self._val_y
         else:
             rows = (where >= 0).nonzero().squeeze(1)
-            x = self._val_x[rows] if self._prepared else self._rows(self._val_idx[rows])
+            x = self._val_x[rows] if self._prepared else self._rows(self._val_idx[rows])[0]
             y, where = self._val_y[rows], where[rows]
         if not len(y):
             return torch.zeros(len(cids), c, device=fed.device)
